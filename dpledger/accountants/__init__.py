@@ -1,0 +1,3 @@
+"""accountants."""
+
+__all__: list[str] = []

@@ -1,0 +1,352 @@
+"""The interface every accountant implements, and the result object every answer comes in.
+
+An accountant replays a ledger (a :class:`~dpledger.ledger.PrivacyLedger` or its
+:class:`~dpledger.ledger.CompressedLedger`) and answers three questions:
+
+* :meth:`Accountant.epsilon` — the ε of the whole ledger at a given δ;
+* :meth:`Accountant.delta` — the δ of the whole ledger at a given ε;
+* :meth:`Accountant.epsilon_curve` — ε at δ after each of several step counts.
+
+Every answer is a :class:`PrivacyResult` that says what kind of number it is (design rule 4).
+This base class does what is common to all accountants, in this order, before any computation:
+validate δ or ε, turn the input into a compressed ledger, refuse a ledger the accountant cannot
+analyse (:class:`~dpledger.errors.UnsupportedLedgerError`), answer the trivial cases (an empty
+ledger spends ε = 0; a step with σ̃ = 0 and q > 0 makes ε = ∞), and time the computation.
+Subclasses implement :meth:`Accountant._epsilon` and :meth:`Accountant._delta` on ledgers that
+have at least one private step and no non-private one.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import importlib
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import attrs
+
+from dpledger.errors import InvalidParameterError, UnsupportedLedgerError
+from dpledger.ledger.events import NeighboringRelation
+from dpledger.ledger.ledger import PrivacyLedger
+from dpledger.ledger.steps import CompressedLedger, StepRun
+from dpledger.validation import check_delta
+
+__all__ = [
+    "ACCOUNTANT_MODULES",
+    "Accountant",
+    "Answer",
+    "LedgerLike",
+    "PrivacyResult",
+    "ResultKind",
+    "as_compressed",
+    "make_accountant",
+]
+
+LedgerLike = PrivacyLedger | CompressedLedger
+
+
+class ResultKind(str, enum.Enum):
+    """What a reported number is.
+
+    UPPER_BOUND: a valid DP guarantee: the true ε (or δ) is at most this value.
+    ESTIMATE: a numerical estimate of the true value with no one-sided guarantee by itself
+        (e.g. the PRV estimate; its result carries certified lower and upper bounds).
+    APPROXIMATION: an approximation with no guarantee at all (e.g. GDP through the central
+        limit theorem). Never sign off an ε of this kind.
+    """
+
+    UPPER_BOUND = "upper_bound"
+    ESTIMATE = "estimate"
+    APPROXIMATION = "approximation"
+
+
+def _frozen_mapping(value: Mapping[str, Any] | None) -> dict[str, Any]:
+    return dict(value or {})
+
+
+@attrs.frozen
+class PrivacyResult:
+    """One accountant's answer.
+
+    Attributes:
+        accountant: the accountant's name (``"rdp"``, ``"prv"``, …).
+        quantity: ``"epsilon"`` when ε was computed for a given δ, ``"delta"`` when δ was
+            computed for a given ε.
+        epsilon: ε (computed, or given).
+        delta: δ (given, or computed).
+        kind: what the computed number is (see :class:`ResultKind`).
+        lower: a certified lower bound on the computed quantity, when the method has one.
+        upper: a certified upper bound on the computed quantity, when the method has one.
+        num_steps: number of ledger steps the answer covers.
+        settings: the accountant's settings that produced the answer.
+        seconds: wall time of the computation.
+        warnings: plain-language warnings (e.g. an approximation below a certified lower bound).
+        details: method-specific extras (e.g. the optimal RDP order).
+    """
+
+    accountant: str
+    quantity: str
+    epsilon: float
+    delta: float
+    kind: ResultKind
+    lower: float | None = None
+    upper: float | None = None
+    num_steps: int = 0
+    settings: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+    seconds: float = 0.0
+    warnings: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    details: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+
+    @property
+    def value(self) -> float:
+        """The computed number: ε for an ε query, δ for a δ query."""
+        return self.epsilon if self.quantity == "epsilon" else self.delta
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready values (∞ as the string ``"inf"``)."""
+
+        def clean(x: Any) -> Any:
+            if isinstance(x, float) and not math.isfinite(x):
+                return "inf" if x > 0 else ("-inf" if x < 0 else "nan")
+            if isinstance(x, enum.Enum):
+                return x.value
+            if isinstance(x, dict):
+                return {k: clean(v) for k, v in x.items()}
+            if isinstance(x, (list, tuple)):
+                return [clean(v) for v in x]
+            return x
+
+        return clean(attrs.asdict(self, recurse=False))
+
+
+@attrs.frozen
+class Answer:
+    """What a subclass computes; the base class turns it into a :class:`PrivacyResult`.
+
+    Attributes:
+        value: the computed ε (or δ).
+        lower: certified lower bound on the value, if any.
+        upper: certified upper bound on the value, if any.
+        kind: overrides the accountant's default kind when set.
+        warnings: warnings to attach.
+        details: method-specific extras.
+    """
+
+    value: float
+    lower: float | None = None
+    upper: float | None = None
+    kind: ResultKind | None = None
+    warnings: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    details: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+
+
+def as_compressed(ledger: LedgerLike) -> CompressedLedger:
+    """The compressed view of a ledger (a compressed ledger is returned as it is)."""
+    if isinstance(ledger, CompressedLedger):
+        return ledger
+    if isinstance(ledger, PrivacyLedger):
+        return ledger.compressed()
+    raise InvalidParameterError("ledger", ledger, "a PrivacyLedger or a CompressedLedger")
+
+
+def _check_epsilon(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0.0:
+        raise InvalidParameterError("epsilon", value, "a number >= 0 (inf allowed)")
+    return float(value)
+
+
+def _is_costly(run: StepRun) -> bool:
+    return not run.releases_nothing
+
+
+class Accountant(abc.ABC):
+    """Base of every accountant. See the module docstring for the contract.
+
+    Class attributes:
+        name: short name used by the CLI and :func:`make_accountant`.
+        default_kind: the kind of the numbers this accountant reports.
+        supports_replace_one: whether ledgers with the replace-one relation are analysed
+            (correctly) or refused with :class:`~dpledger.errors.UnsupportedLedgerError`.
+    """
+
+    name: ClassVar[str]
+    default_kind: ClassVar[ResultKind] = ResultKind.UPPER_BOUND
+    supports_replace_one: ClassVar[bool] = False
+
+    # ---------------------------------------------------------------- subclass hooks
+    @abc.abstractmethod
+    def settings(self) -> dict[str, Any]:
+        """The accountant's settings, as JSON-ready values."""
+
+    @abc.abstractmethod
+    def _epsilon(self, ledger: CompressedLedger, delta: float) -> Answer:
+        """ε at δ for a ledger with private steps only (and at least one costly step)."""
+
+    @abc.abstractmethod
+    def _delta(self, ledger: CompressedLedger, epsilon: float) -> Answer:
+        """δ at ε for a ledger with private steps only (and at least one costly step)."""
+
+    def _epsilon_curve(
+        self, ledger: CompressedLedger, delta: float, steps: Sequence[int]
+    ) -> list[Answer]:
+        """ε at δ after each step count (sorted, all ≥ 1 and costly). Override to be incremental."""
+        return [self._epsilon(ledger.prefix(t), delta) for t in steps]
+
+    def check_supported(self, ledger: CompressedLedger) -> None:
+        """Raise :class:`UnsupportedLedgerError` if this accountant cannot analyse ``ledger``.
+
+        Subclasses that refuse more (e.g. some sampling probabilities) extend this and call
+        ``super().check_supported(ledger)``.
+        """
+        if ledger.neighboring is NeighboringRelation.REPLACE_ONE and not self.supports_replace_one:
+            raise UnsupportedLedgerError(
+                f"the {self.name} accountant does not support the replace-one neighboring "
+                "relation; use an accountant that does (see the accountants' documentation) "
+                "or a ledger recorded under add_remove"
+            )
+
+    # ---------------------------------------------------------------- public API
+    def epsilon(self, ledger: LedgerLike, *, delta: float) -> PrivacyResult:
+        """ε such that the ledger's steps are (ε, δ)-DP under the ledger's neighboring relation."""
+        delta = check_delta("delta", delta)
+        comp = as_compressed(ledger)
+        self.check_supported(comp)
+        start = time.perf_counter()
+        answer = self._trivial_epsilon(comp)
+        if answer is None:
+            answer = self._epsilon(comp, delta)
+        return self._result("epsilon", answer, comp, start, epsilon=answer.value, delta=delta)
+
+    def delta(self, ledger: LedgerLike, *, epsilon: float) -> PrivacyResult:
+        """δ such that the ledger's steps are (ε, δ)-DP under the ledger's neighboring relation."""
+        epsilon = _check_epsilon(epsilon)
+        comp = as_compressed(ledger)
+        self.check_supported(comp)
+        start = time.perf_counter()
+        answer = self._trivial_delta(comp)
+        if answer is None:
+            if math.isinf(epsilon):
+                answer = Answer(0.0, lower=0.0, upper=0.0)
+            else:
+                answer = self._delta(comp, epsilon)
+        return self._result("delta", answer, comp, start, epsilon=epsilon, delta=answer.value)
+
+    def epsilon_curve(
+        self, ledger: LedgerLike, *, delta: float, steps: Sequence[int]
+    ) -> tuple[PrivacyResult, ...]:
+        """ε at δ after each of ``steps`` steps (in the order given), computed incrementally."""
+        delta = check_delta("delta", delta)
+        comp = as_compressed(ledger)
+        self.check_supported(comp)
+        total = comp.num_steps
+        counts = list(steps)
+        if not counts:
+            raise InvalidParameterError("steps", steps, "a non-empty sequence of step counts")
+        for t in counts:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= total:
+                raise InvalidParameterError(
+                    "steps", t, f"step counts that are integers in [0, {total}]"
+                )
+        start = time.perf_counter()
+        todo = sorted({t for t in counts if self._trivial_epsilon(comp.prefix(t)) is None})
+        computed = dict(zip(todo, self._epsilon_curve(comp, delta, todo), strict=True))
+        seconds_each = (time.perf_counter() - start) / max(len(counts), 1)
+        results = []
+        for t in counts:
+            prefix = comp.prefix(t)
+            answer = self._trivial_epsilon(prefix) or computed[t]
+            results.append(
+                self._result(
+                    "epsilon",
+                    answer,
+                    prefix,
+                    None,
+                    epsilon=answer.value,
+                    delta=delta,
+                    seconds=seconds_each,
+                )
+            )
+        return tuple(results)
+
+    # ---------------------------------------------------------------- internals
+    def _trivial_epsilon(self, comp: CompressedLedger) -> Answer | None:
+        if any(not r.is_private for r in comp.runs):
+            return Answer(
+                math.inf,
+                lower=math.inf,
+                upper=math.inf,
+                kind=ResultKind.UPPER_BOUND,
+                warnings=(_NOT_PRIVATE,),
+            )
+        if not any(_is_costly(r) for r in comp.runs):
+            return Answer(0.0, lower=0.0, upper=0.0, kind=ResultKind.UPPER_BOUND)
+        return None
+
+    def _trivial_delta(self, comp: CompressedLedger) -> Answer | None:
+        if any(not r.is_private for r in comp.runs):
+            return Answer(
+                1.0, lower=None, upper=1.0, kind=ResultKind.UPPER_BOUND, warnings=(_NOT_PRIVATE,)
+            )
+        if not any(_is_costly(r) for r in comp.runs):
+            return Answer(0.0, lower=0.0, upper=0.0, kind=ResultKind.UPPER_BOUND)
+        return None
+
+    def _result(
+        self,
+        quantity: str,
+        answer: Answer,
+        comp: CompressedLedger,
+        start: float | None,
+        *,
+        epsilon: float,
+        delta: float,
+        seconds: float | None = None,
+    ) -> PrivacyResult:
+        if seconds is None:
+            assert start is not None
+            seconds = time.perf_counter() - start
+        return PrivacyResult(
+            accountant=self.name,
+            quantity=quantity,
+            epsilon=epsilon,
+            delta=delta,
+            kind=answer.kind or self.default_kind,
+            lower=answer.lower,
+            upper=answer.upper,
+            num_steps=comp.num_steps,
+            settings=self.settings(),
+            seconds=seconds,
+            warnings=answer.warnings,
+            details=answer.details,
+        )
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.settings().items())
+        return f"{type(self).__name__}({args})"
+
+
+_NOT_PRIVATE = (
+    "the ledger has a sum query with noise_stddev = 0 on a sampled step: the run is not "
+    "differentially private (ε = ∞)"
+)
+
+ACCOUNTANT_MODULES: dict[str, tuple[str, str]] = {
+    "rdp": ("dpledger.accountants.rdp", "RdpAccountant"),
+    "prv": ("dpledger.accountants.prv", "PrvAccountant"),
+    "gdp": ("dpledger.accountants.gdp", "GdpAccountant"),
+    "pld": ("dpledger.accountants.pld", "PldAccountant"),
+}
+
+
+def make_accountant(name: str, **settings: Any) -> Accountant:
+    """An accountant by its short name (``"rdp"``, ``"prv"``, ``"gdp"``, ``"pld"``)."""
+    try:
+        module_name, class_name = ACCOUNTANT_MODULES[name]
+    except (KeyError, TypeError):
+        valid = ", ".join(sorted(ACCOUNTANT_MODULES))
+        raise InvalidParameterError("accountant", name, f"one of {valid}") from None
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls(**settings)

@@ -1,0 +1,3 @@
+"""adapters."""
+
+__all__: list[str] = []

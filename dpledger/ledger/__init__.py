@@ -1,0 +1,32 @@
+"""The privacy ledger: events, the append-only ledger, its file format and replay views."""
+
+from dpledger.ledger.events import (
+    NeighboringRelation,
+    SamplingEvent,
+    SamplingScheme,
+    SumQueryEvent,
+)
+from dpledger.ledger.ledger import LedgerHeader, LedgerWarning, PrivacyLedger
+from dpledger.ledger.steps import (
+    CompressedLedger,
+    LedgerStep,
+    StepRun,
+    effective_noise_multiplier,
+)
+from dpledger.ledger.verify import VerificationReport, verify_ledger
+
+__all__ = [
+    "CompressedLedger",
+    "LedgerHeader",
+    "LedgerStep",
+    "LedgerWarning",
+    "NeighboringRelation",
+    "PrivacyLedger",
+    "SamplingEvent",
+    "SamplingScheme",
+    "StepRun",
+    "SumQueryEvent",
+    "VerificationReport",
+    "effective_noise_multiplier",
+    "verify_ledger",
+]

@@ -1,0 +1,155 @@
+"""``dpledger info`` and ``dpledger verify``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import warnings
+from typing import Any
+
+from dpledger.ledger.ledger import LedgerWarning, PrivacyLedger
+from dpledger.ledger.verify import verify_ledger
+
+__all__ = ["register"]
+
+_MAX_RUNS_SHOWN = 20
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ledger commands to the ``dpledger`` parser."""
+    info = subparsers.add_parser(
+        "info",
+        help="show a ledger's header, steps, events, distinct (q, z_eff) runs and labels",
+        description="Show what a ledger file holds. The file is verified as it is read.",
+    )
+    info.add_argument("ledger", metavar="LEDGER", help="path of the ledger file")
+    info.add_argument("--json", action="store_true", help="print one JSON object")
+    info.set_defaults(func=_info)
+
+    verify = subparsers.add_parser(
+        "verify",
+        help="check a ledger's hash chain; exit 0 if intact, 1 with the first bad line",
+        description=(
+            "Verify every line of a ledger file (hash chain, sequence numbers, event values). "
+            "Exit status 0: intact; 1: a line was altered or is incomplete."
+        ),
+    )
+    verify.add_argument("ledger", metavar="LEDGER", help="path of the ledger file")
+    verify.add_argument("--json", action="store_true", help="print one JSON object")
+    verify.add_argument(
+        "--require-closed",
+        action="store_true",
+        help="also fail (exit 1) when the ledger does not end with a close marker",
+    )
+    verify.add_argument(
+        "--expect-head",
+        metavar="HASH",
+        help="also fail unless the last line's hash equals HASH (detects deleted final lines)",
+    )
+    verify.set_defaults(func=_verify)
+
+
+def _z_text(z: float) -> str:
+    if math.isinf(z):
+        return "inf (no query)"
+    if z == 0.0:
+        return "0 (NOT PRIVATE)"
+    return f"{z:.6g}"
+
+
+def _json_number(x: float) -> float | str:
+    return x if math.isfinite(x) else ("inf" if x > 0 else "-inf")
+
+
+def _info(args: argparse.Namespace) -> int:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", LedgerWarning)
+        ledger = PrivacyLedger.load(args.ledger, keep_events=False)
+    notes = [str(w.message) for w in caught if issubclass(w.category, LedgerWarning)]
+    runs = ledger.runs()
+    distinct = ledger.compressed().distinct()
+    header = ledger.header
+    if args.json:
+        out: dict[str, Any] = {
+            "path": ledger.path,
+            "format_version": header.format_version,
+            "library_version": header.library_version,
+            "created": header.created,
+            "neighboring": header.neighboring.value,
+            "metadata": header.metadata,
+            "num_steps": ledger.num_steps,
+            "num_events": ledger.num_events,
+            "closed": bool(ledger.closed_cleanly),
+            "head_hash": ledger.head_hash,
+            "population_sizes": list(ledger.population_sizes),
+            "labels": list(ledger.labels),
+            "num_runs": len(runs),
+            "runs": [
+                {
+                    "sampling_probability": r.sampling_probability,
+                    "noise_multiplier": _json_number(r.noise_multiplier),
+                    "count": r.count,
+                }
+                for r in runs
+            ],
+            "num_distinct": len(distinct),
+            "warnings": notes,
+        }
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"ledger        {ledger.path}")
+    version = header.library_version
+    print(f"format        dpledger-ledger v{header.format_version} (written by {version})")
+    print(f"created       {header.created}")
+    print(f"neighboring   {header.neighboring.value}")
+    print(f"metadata      {json.dumps(header.metadata, sort_keys=True)}")
+    print(f"steps         {ledger.num_steps}")
+    print(f"events        {ledger.num_events}")
+    print(f"closed        {'yes' if ledger.closed_cleanly else 'no'}")
+    print(f"head hash     {ledger.head_hash}")
+    sizes = ", ".join("unknown" if n is None else str(n) for n in ledger.population_sizes)
+    print(f"population    {sizes or '-'}")
+    print(f"labels        {', '.join(ledger.labels) or '-'}")
+    print(f"runs          {len(runs)} runs of identical steps, {len(distinct)} distinct (q, z_eff)")
+    if runs:
+        print(f"  {'q':>12}  {'z_eff':>16}  {'steps':>10}")
+        for r in runs[:_MAX_RUNS_SHOWN]:
+            z = _z_text(r.noise_multiplier)
+            print(f"  {r.sampling_probability:>12.6g}  {z:>16}  {r.count:>10}")
+        if len(runs) > _MAX_RUNS_SHOWN:
+            print(f"  … {len(runs) - _MAX_RUNS_SHOWN} more runs (use --json for all)")
+    for note in notes:
+        print(f"warning: {note}")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    report = verify_ledger(args.ledger)
+    problems: list[str] = []
+    if not report.intact:
+        problems.append(f"line {report.first_bad_line}: {report.reason}")
+    if report.intact and args.require_closed and not report.closed:
+        problems.append(
+            "the ledger does not end with a close marker "
+            "(writer crashed or still running, or final lines deleted)"
+        )
+    if report.intact and args.expect_head and report.head_hash != args.expect_head:
+        problems.append(
+            f"head hash {report.head_hash} differs from the expected {args.expect_head}"
+        )
+    ok = not problems
+    if args.json:
+        out = report.to_dict()
+        out["ok"] = ok
+        out["problems"] = problems
+        print(json.dumps(out, indent=2))
+    elif ok:
+        closed = "closed" if report.closed else "not closed (a writer may still be appending)"
+        counts = f"{report.num_events} events in {report.num_steps} steps"
+        print(f"OK: {report.path}: {counts}, {closed}; head {report.head_hash}")
+    else:
+        print(f"FAILED: {report.path}")
+        for p in problems:
+            print(f"  {p}")
+    return 0 if ok else 1

@@ -1,0 +1,3 @@
+"""mechanisms."""
+
+__all__: list[str] = []
