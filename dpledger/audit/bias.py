@@ -104,7 +104,7 @@ def _per_example_matrix(name: str, value: Any) -> np.ndarray:
         if not value:
             raise InvalidParameterError(name, value, expected)
         parts = [np.asarray(v, dtype=np.float64) for v in value]
-        if any(p.ndim < 1 for p in parts) or len({p.shape[0] for p in parts}) != 1:
+        if any(p.ndim < 1 or p.size == 0 for p in parts) or len({p.shape[0] for p in parts}) != 1:
             raise InvalidParameterError(name, value, expected + " with one common first axis")
         mat = np.concatenate([p.reshape(p.shape[0], -1) for p in parts], axis=1)
     else:
@@ -114,6 +114,8 @@ def _per_example_matrix(name: str, value: Any) -> np.ndarray:
             raise InvalidParameterError(name, value, expected) from None
         if arr.ndim < 1:
             raise InvalidParameterError(name, value, expected)
+        if arr.shape[0] < 1 or arr.size == 0:
+            raise InvalidParameterError(name, f"(shape {arr.shape})", "at least one example")
         mat = arr.reshape(arr.shape[0], -1)
     if mat.shape[0] < 1:
         raise InvalidParameterError(name, value, "at least one example")
