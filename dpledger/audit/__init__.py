@@ -1,6 +1,7 @@
 """Audit tools: empirical privacy audits, clipping-bias and calibration metrics.
 
-Nothing here imports PyTorch or TensorFlow; plots import matplotlib when drawn.
+The ε lower bounds, the distinguishing-game harness, the verdict and the bias and calibration
+metrics import neither PyTorch nor TensorFlow; plots import matplotlib when drawn.
 """
 
 from dpledger.audit.audit_game import (
@@ -10,7 +11,12 @@ from dpledger.audit.audit_game import (
     run_distinguishing_game,
 )
 from dpledger.audit.audit_plots import plot_bound_versus_runs, plot_score_distributions
-from dpledger.audit.bias import ClippingBias, clipping_bias, clipping_bias_from_sums
+from dpledger.audit.bias import (
+    ClippingBias,
+    ClippingBiasCallback,
+    clipping_bias,
+    clipping_bias_from_sums,
+)
 from dpledger.audit.calibration_metrics import (
     Binning,
     CalibrationMetrics,
@@ -43,6 +49,7 @@ __all__ = [
     "BoundMethod",
     "CalibrationMetrics",
     "ClippingBias",
+    "ClippingBiasCallback",
     "ConfusionCounts",
     "EpsilonLowerBound",
     "FixedThreshold",

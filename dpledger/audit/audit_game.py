@@ -350,7 +350,8 @@ class _ResultsFile:
 
 def _progress_bar(enabled: bool | None, total: int, initial: int) -> Any:
     if enabled is None:
-        enabled = sys.stderr.isatty()
+        isatty = getattr(sys.stderr, "isatty", None)
+        enabled = bool(isatty()) if callable(isatty) else False
     if not enabled:
         return None
     try:
@@ -380,8 +381,11 @@ def run_distinguishing_game(
 
     Args:
         train: ``train(include_canary, seed) -> score``, picklable when ``workers > 1`` (a
-            module-level function, or a ``functools.partial`` of one). Higher score must mean
-            "more likely trained with the canary".
+            module-level function, or a ``functools.partial`` of one; with the ``"spawn"`` start
+            method a function defined in a script needs the script's work under
+            ``if __name__ == "__main__":``). Higher score must mean "more likely trained with the
+            canary". It must be deterministic given its seed for resumed audits to equal
+            uninterrupted ones.
         runs_per_side: runs on each side (≥ 1).
         seed: master seed (integer ≥ 0).
         results_path: JSON Lines file to append each finished run to; if it exists, its runs are

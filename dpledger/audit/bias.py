@@ -30,7 +30,7 @@ report a = 0, c = ĝ_clip and a cosine of 0.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -39,7 +39,7 @@ import numpy as np
 from dpledger.errors import InvalidParameterError
 from dpledger.validation import check_positive_finite
 
-__all__ = ["ClippingBias", "clipping_bias", "clipping_bias_from_sums"]
+__all__ = ["ClippingBias", "ClippingBiasCallback", "clipping_bias", "clipping_bias_from_sums"]
 
 _REL_TOL = 1e-9
 
@@ -95,6 +95,14 @@ class ClippingBias:
         if self.max_example_norm is not None:
             out["max_example_norm"] = float(self.max_example_norm)
         return out
+
+
+ClippingBiasCallback = Callable[[int, ClippingBias], None]
+"""What a training adapter calls after a step when bias metrics are on: ``callback(step, metrics)``.
+
+Adapters compute the metrics only when a callback is registered, so a step without one costs
+nothing extra. The metrics are NOT private; see the module docstring.
+"""
 
 
 def _per_example_matrix(name: str, value: Any) -> np.ndarray:
