@@ -1,3 +1,50 @@
-"""mechanisms."""
+"""Framework-neutral mechanisms: clipping, Gaussian sum queries, noise allocation, averaging.
 
-__all__: list[str] = []
+McMahan & Andrew, sections 1–4. A step draws a sample (a sampling event in the ledger) and runs
+one or more Gaussian sum queries on it; every query call appends one sum-query event
+(S_g, σ̃_g, label) with the bound it clipped to and the noise it drew. Arrays are handled through
+an :class:`ArrayBackend` (NumPy here; the PyTorch and TensorFlow adapters implement the same
+protocol), so the same mechanism code runs on every framework.
+
+Example:
+    >>> import numpy as np
+    >>> from dpledger import PrivacyLedger
+    >>> from dpledger.mechanisms import GaussianSumQuery
+    >>> ledger, rng = PrivacyLedger(), np.random.default_rng(0)
+    >>> ledger.record_sample(sampling_probability=0.01, population_size=10_000)
+    >>> query = GaussianSumQuery(l2_norm_bound=1.0, noise_stddev=1.1, label="weights")
+    >>> (noised,) = query.run(np.ones((97, 4)), ledger=ledger, generator=rng)
+    >>> ledger.runs()[0].noise_multiplier
+    1.1
+"""
+
+from dpledger.mechanisms.backend import Array, ArrayBackend, NumpyBackend, resolve_backend
+from dpledger.mechanisms.clipping import (
+    AutomaticClipping,
+    ClippingStrategy,
+    FlatClipping,
+    GlobalClipping,
+    check_record_norms,
+    clip_records,
+)
+from dpledger.mechanisms.sum_query import (
+    GaussianSumQuery,
+    ScaledGaussianSumQuery,
+    SensitivityCheckError,
+)
+
+__all__ = [
+    "Array",
+    "ArrayBackend",
+    "AutomaticClipping",
+    "ClippingStrategy",
+    "FlatClipping",
+    "GaussianSumQuery",
+    "GlobalClipping",
+    "NumpyBackend",
+    "ScaledGaussianSumQuery",
+    "SensitivityCheckError",
+    "check_record_norms",
+    "clip_records",
+    "resolve_backend",
+]
