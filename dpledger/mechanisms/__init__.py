@@ -20,6 +20,7 @@ Example:
     1.1
 """
 
+from dpledger.mechanisms.adaptive import AdaptiveClipping, adaptive_noise_multiplier
 from dpledger.mechanisms.allocation import (
     NoiseAllocation,
     dimension_adjusted_noise,
@@ -52,6 +53,7 @@ from dpledger.mechanisms.sum_query import (
 )
 
 __all__ = [
+    "AdaptiveClipping",
     "Array",
     "ArrayBackend",
     "AutomaticClipping",
@@ -67,6 +69,7 @@ __all__ = [
     "ScaledGaussianSumQuery",
     "SensitivityCheckError",
     "UnaccountedReleaseWarning",
+    "adaptive_noise_multiplier",
     "check_record_norms",
     "clip_records",
     "dimension_adjusted_noise",
