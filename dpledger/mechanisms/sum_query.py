@@ -84,11 +84,11 @@ class SensitivityCheckError(InvalidParameterError):
 
 
 # ---------------------------------------------------------------------------- field checks
-def _bound(value: Any) -> float:
+def _bound(value: float) -> float:
     return check_positive_finite("l2_norm_bound", value)
 
 
-def _stddev(value: Any) -> float:
+def _stddev(value: float) -> float:
     return check_non_negative_finite("noise_stddev", value)
 
 
@@ -102,7 +102,7 @@ def _flag(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise InvalidParameterError(attribute.name, value, "True or False")
 
 
-def _scales(value: Any) -> tuple[float, ...]:
+def _scales(value: Sequence[float]) -> tuple[float, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         try:
             value = tuple(np.asarray(value, dtype=np.float64).ravel())
