@@ -41,7 +41,7 @@ keep this cheap, it runs on a copy of the ledger with q rounded *down* and z rou
 coarse grid (:func:`~dpledger.accountants.bucketing.optimistic_buckets`; a less costly ledger —
 the privacy curve of a subsampled Gaussian is monotone in q and z — so its lower bound is still
 one for the original), with a discretisation interval chosen so that the rounding loss (less than
-the interval per composed step) stays near 10% of the GDP ε, but no finer than 10⁻⁴. Where that
+the interval per composed step) stays near 10% of the GDP ε, but no finer than 10⁻³. Where that
 loss could exceed a quarter of the GDP ε (many steps: exactly where the CLT is most accurate), or
 more than 16 distinct steps remain, the bound is skipped and the details say why. The bound is
 reported as the result's ``lower``; when the GDP ε falls below it, the result carries a warning
@@ -70,7 +70,7 @@ from dpledger.ledger.steps import CompressedLedger
 
 __all__ = ["GdpAccountant", "gdp_delta", "gdp_epsilon", "gdp_mu"]
 
-_MIN_INTERVAL = 1e-4
+_MIN_INTERVAL = 1e-3
 _MAX_INTERVAL = 1e-2
 _MAX_LOWER_BOUND_RUNS = 16
 
@@ -145,7 +145,7 @@ class GdpAccountant(Accountant):
         lower_bound: compute a certified lower bound on ε (dp-accounting's PLD, optimistic) when
             the CLT is used, report it as ``lower`` and warn if the GDP ε falls below it.
         lower_bound_interval: PLD discretisation interval for the lower bound; None chooses it
-            from the ledger (rounding loss ≈ 10% of the GDP ε, between 1e-4 and 1e-2).
+            from the ledger (rounding loss ≈ 10% of the GDP ε, between 1e-3 and 1e-2).
         lower_bound_bucketing: relative grid (q rounded down, z up) applied to the ledger before
             the lower bound, to collapse distinct steps.
         bucketing: None, or a relative precision r: round q up and z down first (conservative).

@@ -11,7 +11,10 @@ by FFT. We use exactly that, with two changes in how a ledger is fed to it:
 * each distinct (q, z) is built once and self-composed with its *total* count (composition is
   commutative), so a ledger with R runs of K distinct steps costs K PLD constructions, not R;
 * all full-batch steps (q = 1) together form one Gaussian mechanism with
-  μ = √(Σ count·(sensitivity / z)²) (Gaussian mechanisms compose exactly), built once.
+  μ = √(Σ count·(sensitivity / z)²) (Gaussian mechanisms compose exactly), built once; a ledger
+  of full-batch steps only needs no PLD at all: its privacy curve is exactly that of μ-GDP,
+  δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) (Dong, Roth & Su 2019), computed in closed form
+  (a discretised PLD of a Gaussian with large μ would need hundreds of millions of points).
 
 Results are upper bounds (pessimistic estimate). Replace-one: a full-batch step changes the sum
 by up to 2S, so it is a Gaussian with sensitivity 2 (handled). For Poisson-subsampled steps under
@@ -28,6 +31,7 @@ from typing import Any
 
 from dpledger.accountants.base import Accountant, Answer
 from dpledger.accountants.bucketing import check_bucketing, maybe_bucket
+from dpledger.accountants.gdp import gdp_delta, gdp_epsilon
 from dpledger.errors import InvalidParameterError, UnsupportedLedgerError
 from dpledger.ledger.events import NeighboringRelation
 from dpledger.ledger.steps import CompressedLedger
@@ -107,6 +111,18 @@ class PldAccountant(Accountant):
             total = total.compose(p)
         return total
 
+    def _gaussian_only(self, ledger: CompressedLedger) -> float | None:
+        """μ of the ledger if every costly step is full batch (else None)."""
+        factor = self._factor(ledger)
+        mu_squared = 0.0
+        for run in ledger.runs:
+            if run.releases_nothing:
+                continue
+            if run.sampling_probability < 1.0:
+                return None
+            mu_squared += run.count * (factor / run.noise_multiplier) ** 2
+        return math.sqrt(mu_squared)
+
     def distribution(self, ledger: CompressedLedger) -> Any:
         """The composed dp-accounting ``PrivacyLossDistribution`` of a ledger's costly steps.
 
@@ -130,11 +146,19 @@ class PldAccountant(Accountant):
 
     # ------------------------------------------------------------------ accountant hooks
     def _epsilon(self, ledger: CompressedLedger, delta: float) -> Answer:
+        mu = self._gaussian_only(maybe_bucket(ledger, self.bucketing))
+        if mu is not None:
+            eps = gdp_epsilon(mu, delta)
+            return Answer(eps, upper=eps, details={"closed_form_gaussian_mu": mu})
         pld = self.distribution(ledger)
         eps = max(0.0, float(pld.get_epsilon_for_delta(delta)))
         return Answer(eps, upper=eps, details={"distinct_runs": len(ledger.distinct())})
 
     def _delta(self, ledger: CompressedLedger, epsilon: float) -> Answer:
+        mu = self._gaussian_only(maybe_bucket(ledger, self.bucketing))
+        if mu is not None:
+            delta = gdp_delta(mu, epsilon)
+            return Answer(delta, upper=delta, details={"closed_form_gaussian_mu": mu})
         pld = self.distribution(ledger)
         delta = min(1.0, max(0.0, float(pld.get_delta_for_epsilon(epsilon))))
         return Answer(delta, upper=delta, details={"distinct_runs": len(ledger.distinct())})
@@ -142,19 +166,21 @@ class PldAccountant(Accountant):
     def _epsilon_curve(
         self, ledger: CompressedLedger, delta: float, steps: Sequence[int]
     ) -> list[Answer]:
-        """Incremental: the PLD after t_i steps is the PLD after t_{i−1} composed with the steps
-        in between (each distinct step's single-step PLD is built once)."""
+        """Incremental: the subsampled part of the PLD after t_i steps is that after t_{i−1}
+        composed with the steps in between (each distinct step's single-step PLD is built once);
+        the full-batch steps so far are one Gaussian, composed in at each point (or, with no
+        subsampled step yet, the closed form)."""
         ledger = maybe_bucket(ledger, self.bucketing)
         factor = self._factor(ledger)
         base: dict[tuple[float, float], Any] = {}
         answers = []
-        current = None
+        current = None  # PLD of the subsampled steps so far
+        full_mu_squared = 0.0
         done = 0
         run_index, used_in_run = 0, 0
         runs = ledger.runs
         for t in steps:
-            parts = []
-            mu_squared = 0.0
+            parts = [] if current is None else [current]
             need = t - done
             while need > 0:
                 run = runs[run_index]
@@ -162,7 +188,7 @@ class PldAccountant(Accountant):
                 q, z = run.sampling_probability, run.noise_multiplier
                 if not run.releases_nothing:
                     if q == 1.0:
-                        mu_squared += take * (factor / z) ** 2
+                        full_mu_squared += take * (factor / z) ** 2
                     else:
                         if (q, z) not in base:
                             base[(q, z)] = self._subsampled(q, z)
@@ -171,13 +197,15 @@ class PldAccountant(Accountant):
                 used_in_run += take
                 if used_in_run == run.count:
                     run_index, used_in_run = run_index + 1, 0
-            if mu_squared > 0.0:
-                parts.append(self._gaussian(mu_squared))
-            if current is not None:
-                parts.insert(0, current)
+            done = t
             if parts:
                 current = self._compose(parts)
-            done = t
-            eps = max(0.0, float(current.get_epsilon_for_delta(delta)))
+            if current is None:
+                eps = gdp_epsilon(math.sqrt(full_mu_squared), delta)
+            else:
+                pld = current
+                if full_mu_squared > 0.0:
+                    pld = current.compose(self._gaussian(full_mu_squared))
+                eps = max(0.0, float(pld.get_epsilon_for_delta(delta)))
             answers.append(Answer(eps, upper=eps))
         return answers
