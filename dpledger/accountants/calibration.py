@@ -5,10 +5,10 @@ certifies at a fixed δ decreases in z and increases in q and T. Calibration fin
 value — the smallest z, the largest q, the largest T — whose ε meets a target ε:
 
 * z and q: Brent's method (``scipy.optimize.brentq``) on ε(x) − target over a bracketing interval,
-  in log x (tolerance 10⁻⁶ in log x, i.e. relative 10⁻⁶ in x), then a final evaluation at the returned value; if floating point or
-  discretisation put it on the wrong side, it is nudged to the safe side (z up, q down) in steps
-  of 10⁻⁵ until ε ≤ target holds, so the value provably meets the target and lies within 0.1% of
-  the boundary;
+  in log x (tolerance 10⁻⁶ in log x, i.e. relative 10⁻⁶ in x), then a final evaluation at the
+  returned value; if floating point or discretisation put it on the wrong side, it is nudged
+  to the safe side (z up, q down) in steps of 10⁻⁵ until ε ≤ target holds, so the value provably
+  meets the target and lies within 0.1% of the boundary;
 * T: steps are integers, so the largest T with ε(T) ≤ target is found exactly by doubling and
   then bisection on the integers (Brent's method needs a continuous function).
 

@@ -171,7 +171,9 @@ class GdpAccountant(Accountant):
             or not 0.0 < lower_bound_interval <= 1.0
         ):
             raise InvalidParameterError(
-                "lower_bound_interval", lower_bound_interval, "None (automatic) or a number in (0, 1]"
+                "lower_bound_interval",
+                lower_bound_interval,
+                "None (automatic) or a number in (0, 1]",
             )
         self.lower_bound = lower_bound
         self.lower_bound_interval = (
@@ -222,16 +224,18 @@ class GdpAccountant(Accountant):
                     f"bound ε ≥ {lower:.4g} for this ledger: it understates ε by a factor of at "
                     f"least {factor:.3g}; do not report it, use an upper-bound accountant",
                 )
-        return Answer(eps, lower=lower, kind=ResultKind.APPROXIMATION, warnings=warnings,
-                      details=details)
+        return Answer(
+            eps, lower=lower, kind=ResultKind.APPROXIMATION, warnings=warnings, details=details
+        )
 
     def _delta(self, ledger: CompressedLedger, epsilon: float) -> Answer:
         mu, exact = gdp_mu(maybe_bucket(ledger, self.bucketing))
         delta = gdp_delta(mu, epsilon)
         details: dict[str, Any] = {"mu": mu, "exact": exact}
         if exact:
-            return Answer(delta, lower=delta, upper=delta, kind=ResultKind.UPPER_BOUND,
-                          details=details)
+            return Answer(
+                delta, lower=delta, upper=delta, kind=ResultKind.UPPER_BOUND, details=details
+            )
         return Answer(delta, kind=ResultKind.APPROXIMATION, details=details)
 
     def _epsilon_curve(
@@ -253,9 +257,7 @@ class GdpAccountant(Accountant):
             eps = gdp_epsilon(mu, delta)
             kind = ResultKind.UPPER_BOUND if is_exact else ResultKind.APPROXIMATION
             bounds = {"lower": eps, "upper": eps} if is_exact else {}
-            answers.append(
-                Answer(eps, kind=kind, details={"mu": mu, "exact": is_exact}, **bounds)
-            )
+            answers.append(Answer(eps, kind=kind, details={"mu": mu, "exact": is_exact}, **bounds))
         return answers
 
     # ------------------------------------------------------------------ lower bound

@@ -79,15 +79,17 @@ from dpledger.ledger.steps import CompressedLedger
 __all__ = [
     "DEFAULT_ORDERS",
     "RdpAccountant",
-    "epsilon_from_rdp",
     "delta_from_rdp",
+    "epsilon_from_rdp",
     "log_moments",
 ]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_ORDERS: tuple[float, ...] = tuple(
-    [1 + x / 10 for x in range(1, 100)] + [float(a) for a in range(11, 64)] + [128.0, 256.0]
+    [1 + x / 10 for x in range(1, 100)]
+    + [float(a) for a in range(11, 64)]
+    + [128.0, 256.0]
     + [512.0, 1024.0]
 )
 """dp-accounting's default order grid: 1.1, 1.2, …, 10.9, 11, …, 63, 128, 256, 512, 1024."""
@@ -214,7 +216,9 @@ def log_moments(
             "sampling_probability", sampling_probability, "an array of the noise multipliers' shape"
         )
     if not np.all((q > 0.0) & (q <= 1.0)):
-        raise InvalidParameterError("sampling_probability", sampling_probability, "values in (0, 1]")
+        raise InvalidParameterError(
+            "sampling_probability", sampling_probability, "values in (0, 1]"
+        )
     if not np.all((z > 0.0) & np.isfinite(z)):
         raise InvalidParameterError("noise_multiplier", noise_multiplier, "finite values > 0")
     alphas = _check_orders(alphas, sort=False)
@@ -283,11 +287,7 @@ def _log_delta_values(alphas: np.ndarray, log_moment: np.ndarray, epsilon: float
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         rdp = log_moment / (alphas - 1.0)
         kl = np.where(rdp > 0.0, 0.5 * np.log1p(-np.exp(-rdp)), -np.inf)
-        prop12 = (
-            log_moment
-            - (alphas - 1.0) * (epsilon - np.log1p(-1.0 / alphas))
-            - np.log(alphas)
-        )
+        prop12 = log_moment - (alphas - 1.0) * (epsilon - np.log1p(-1.0 / alphas)) - np.log(alphas)
         out = np.where(alphas > _MIN_CONVERSION_ORDER, np.minimum(kl, prop12), kl)
     return out
 
@@ -442,9 +442,7 @@ class _Replay:
         with np.errstate(divide="ignore"):
             self.full_weight = np.where(full, (factor / zs) ** 2, 0.0)
             tv = qs * erf(1.0 / (2.0 * math.sqrt(2.0) * zs))
-        keys, inverse = np.unique(
-            np.stack([qs[sub], zs[sub]], axis=1), axis=0, return_inverse=True
-        )
+        keys, inverse = np.unique(np.stack([qs[sub], zs[sub]], axis=1), axis=0, return_inverse=True)
         self.run_distinct = np.full(n, -1, dtype=np.int64)
         self.run_distinct[sub] = inverse.reshape(-1)
         self.counts = counts.astype(np.float64)
@@ -614,9 +612,7 @@ class RdpAccountant(Accountant):
         replay = self._replay(ledger)
         answers = []
         for t in steps:
-            i, eps, evaluated = self._search(
-                replay, t, lambda a, h: _epsilon_values(a, h, delta)
-            )
+            i, eps, evaluated = self._search(replay, t, lambda a, h: _epsilon_values(a, h, delta))
             eps = max(0.0, eps)
             answers.append(Answer(eps, upper=eps, details=self._details(replay, i, evaluated)))
         return answers
