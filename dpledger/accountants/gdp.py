@@ -43,7 +43,8 @@ the privacy curve of a subsampled Gaussian is monotone in q and z — so its low
 one for the original), with a discretisation interval chosen so that the rounding loss (less than
 the interval per composed step) stays near 10% of the GDP ε, but no finer than 10⁻³. Where that
 loss could exceed a quarter of the GDP ε (many steps: exactly where the CLT is most accurate), or
-more than 16 distinct steps remain, the bound is skipped and the details say why. The bound is
+more than 16 distinct steps remain, or some z < 0.2 (a very wide distribution), the bound is
+skipped and the details say why. The bound is
 reported as the result's ``lower``; when the GDP ε falls below it, the result carries a warning
 saying so and by what factor. ``lower_bound=False`` turns it off.
 
@@ -73,6 +74,7 @@ __all__ = ["GdpAccountant", "gdp_delta", "gdp_epsilon", "gdp_mu"]
 _MIN_INTERVAL = 1e-3
 _MAX_INTERVAL = 1e-2
 _MAX_LOWER_BOUND_RUNS = 16
+_MIN_LOWER_BOUND_Z = 0.2
 
 
 def gdp_delta(mu: float, epsilon: float) -> float:
@@ -287,6 +289,16 @@ class GdpAccountant(Accountant):
             "lower_bound_interval": interval,
             "lower_bound_distinct_runs": len(costly),
         }
+        if math.isinf(gdp_value):
+            info["lower_bound_skipped"] = "the GDP ε is infinite: nothing to certify against"
+            return None, info
+        smallest_z = min((z for (_q, z) in costly), default=math.inf)
+        if smallest_z < _MIN_LOWER_BOUND_Z:
+            info["lower_bound_skipped"] = (
+                f"noise multiplier {smallest_z:g} < {_MIN_LOWER_BOUND_Z}: its privacy loss "
+                "distribution is too wide to build cheaply"
+            )
+            return None, info
         if self.lower_bound_interval is None and subsampled_steps * interval > 0.25 * scale:
             info["lower_bound_skipped"] = (
                 f"{subsampled_steps} subsampled steps: an optimistic PLD at interval {interval:g} "
