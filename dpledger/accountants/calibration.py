@@ -30,7 +30,6 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-from scipy.optimize import brentq
 
 from dpledger.accountants.base import Accountant, PrivacyResult, ResultKind, make_accountant
 from dpledger.errors import InvalidParameterError
@@ -178,6 +177,8 @@ def _check_bracket(bracket: Any, lo_limit: float, hi_limit: float) -> tuple[floa
 def _log_brent(objective: _Objective, target: float, lo: float, hi: float) -> float:
     """Brent's method on log x: ε(x) spans orders of magnitude in x, and the first trial points
     fall at geometric (not arithmetic) midpoints, where accountants are cheap to evaluate."""
+    from scipy.optimize import brentq  # imported here: scipy.optimize takes ~1 s to import
+
     root = brentq(
         lambda u: objective(math.exp(u)) - target,
         math.log(lo),

@@ -60,7 +60,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy.optimize import brentq
 from scipy.special import log_ndtr, ndtr
 
 from dpledger.accountants.base import Accountant, Answer, ResultKind
@@ -103,6 +102,8 @@ def gdp_epsilon(mu: float, delta: float) -> float:
         hi *= 2.0
         if hi > 1e12:  # pragma: no cover - δ(ε) → 0, so this is never reached for δ > 0
             return math.inf
+    from scipy.optimize import brentq  # imported here: scipy.optimize takes ~1 s to import
+
     eps = float(brentq(lambda e: gdp_delta(mu, e) - delta, 0.0, hi, xtol=1e-14, rtol=1e-13))
     while gdp_delta(mu, eps) > delta:  # round up until δ(ε) ≤ δ holds in floating point
         eps = eps * (1.0 + 1e-13) + 1e-15
@@ -112,24 +113,18 @@ def gdp_epsilon(mu: float, delta: float) -> float:
 def _mu_squared_parts(ledger: CompressedLedger) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per run: μ² contribution of one step, whether it is exact (full batch), step count."""
     factor = 2.0 if ledger.neighboring is NeighboringRelation.REPLACE_ONE else 1.0
-    per_step, exact, counts = [], [], []
-    for run in ledger.runs:
-        q, z = run.sampling_probability, run.noise_multiplier
-        counts.append(run.count)
-        if run.releases_nothing:
-            per_step.append(0.0)
-            exact.append(True)
-        elif q == 1.0:
-            per_step.append((factor / z) ** 2)
-            exact.append(True)
-        else:
-            try:
-                growth = math.expm1(1.0 / (z * z))
-            except OverflowError:
-                growth = math.inf
-            per_step.append(q * q * growth)
-            exact.append(False)
-    return np.asarray(per_step), np.asarray(exact, dtype=bool), np.asarray(counts, dtype=np.int64)
+    runs = ledger.runs
+    n = len(runs)
+    q = np.fromiter((r.sampling_probability for r in runs), np.float64, n)
+    z = np.fromiter((r.noise_multiplier for r in runs), np.float64, n)
+    counts = np.fromiter((r.count for r in runs), np.int64, n)
+    free = (q == 0.0) | np.isinf(z)
+    full = (q == 1.0) & ~free
+    with np.errstate(divide="ignore", over="ignore"):
+        inv_sq = 1.0 / (z * z)
+        per_step = np.where(full, factor * factor * inv_sq, q * q * np.expm1(inv_sq))
+    per_step = np.where(free, 0.0, per_step)
+    return per_step, full | free, counts
 
 
 def gdp_mu(ledger: CompressedLedger) -> tuple[float, bool]:
@@ -275,11 +270,10 @@ class GdpAccountant(Accountant):
         remain after coarse bucketing — it would cost much and say little.
         """
         start = time.perf_counter()
-        coarse = optimistic_buckets(ledger, relative_precision=self.lower_bound_bucketing)
-        distinct = coarse.distinct()
-        costly = {k: c for k, c in distinct.items() if k[0] > 0.0 and math.isfinite(k[1])}
         factor = 2.0 if ledger.neighboring is NeighboringRelation.REPLACE_ONE else 1.0
-        subsampled_steps = sum(c for (q, _z), c in costly.items() if q < 1.0)
+        subsampled_steps = sum(
+            r.count for r in ledger.runs if not r.releases_nothing and r.sampling_probability < 1
+        )
         scale = max(gdp_value, 0.05)
         interval = self.lower_bound_interval
         if interval is None:
@@ -287,8 +281,16 @@ class GdpAccountant(Accountant):
         info: dict[str, Any] = {
             "lower_bound_method": "dp-accounting PLD, pessimistic_estimate=False",
             "lower_bound_interval": interval,
-            "lower_bound_distinct_runs": len(costly),
         }
+        if self.lower_bound_interval is None and subsampled_steps * interval > 0.25 * scale:
+            info["lower_bound_skipped"] = (
+                f"{subsampled_steps} subsampled steps: an optimistic PLD at interval {interval:g} "
+                "could lose more than a quarter of the GDP ε; set lower_bound_interval to force it"
+            )
+            return None, info
+        coarse = optimistic_buckets(ledger, relative_precision=self.lower_bound_bucketing)
+        costly = {k: c for k, c in coarse.distinct().items() if k[0] > 0.0 and math.isfinite(k[1])}
+        info["lower_bound_distinct_runs"] = len(costly)
         if math.isinf(gdp_value):
             info["lower_bound_skipped"] = "the GDP ε is infinite: nothing to certify against"
             return None, info
@@ -297,12 +299,6 @@ class GdpAccountant(Accountant):
             info["lower_bound_skipped"] = (
                 f"noise multiplier {smallest_z:g} < {_MIN_LOWER_BOUND_Z}: its privacy loss "
                 "distribution is too wide to build cheaply"
-            )
-            return None, info
-        if self.lower_bound_interval is None and subsampled_steps * interval > 0.25 * scale:
-            info["lower_bound_skipped"] = (
-                f"{subsampled_steps} subsampled steps: an optimistic PLD at interval {interval:g} "
-                "could lose more than a quarter of the GDP ε; set lower_bound_interval to force it"
             )
             return None, info
         if len(costly) > _MAX_LOWER_BOUND_RUNS:
