@@ -21,7 +21,8 @@ add/remove relation, for every order α > 1, with
   upper bound; each series is summed until its terms decrease and fall 30 nats below the running
   total (the stopping rule of dp-accounting, so both sum the same terms). An order whose series
   has not converged after 1000 terms is left out of the minimum (as dp-accounting does), never
-  guessed.
+  guessed. (This happens for small fractional orders when z₀/z is small — large q with small z —
+  and makes ε slightly non-monotone there: a larger q can make an order converge.)
 * Full batch (q = 1): a Gaussian mechanism, ε(α) = α / (2z²) in closed form.
 
 RDP composes by addition: the ledger's ε_T(α) = Σ_runs count · ε_run(α). Everything is computed in
@@ -102,6 +103,7 @@ _FRACTIONAL_BLOCK = 16
 _TAIL_NATS = 30.0
 _CHUNK_ELEMENTS = 1 << 17
 _SEARCH_TOLERANCE = 1e-9
+_ROUNDING_PER_STEP = 1e-15
 _INITIAL_ORDERS = (2.0, 4.0, 8.0, 16.0)
 _BATCH = 4
 
@@ -576,9 +578,13 @@ class RdpAccountant(Accountant):
         num_steps: int,
         objective: Callable[[np.ndarray, np.ndarray], np.ndarray],
     ) -> tuple[int, float, int]:
+        # Each step's log A_α is a sum of terms ≈ 1 in floating point, exact to a few ulp; adding
+        # that rounding (1e-15 per step) before converting keeps a tiny RDP from being read as 0
+        # (which the δ ≥ √(1 − e^{−RDP}) bound would turn into ε = 0).
+        slack = _ROUNDING_PER_STEP * num_steps
         return _minimise_over_orders(
             self.orders,
-            lambda idx: replay.prefix_log_moments(idx, num_steps),
+            lambda idx: np.maximum(replay.prefix_log_moments(idx, num_steps), 0.0) + slack,
             objective,
             floor_slope=replay.prefix_kl_floor(num_steps),
         )
