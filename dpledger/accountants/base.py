@@ -22,6 +22,7 @@ import abc
 import enum
 import importlib
 import math
+import numbers
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -218,7 +219,9 @@ class Accountant(abc.ABC):
         answer = self._trivial_epsilon(comp)
         if answer is None:
             answer = self._epsilon(comp, delta)
-        return self._result("epsilon", answer, comp, start, epsilon=answer.value, delta=delta)
+        return self._result(
+            "epsilon", answer, comp.num_steps, start, epsilon=answer.value, delta=delta
+        )
 
     def delta(self, ledger: LedgerLike, *, epsilon: float) -> PrivacyResult:
         """δ such that the ledger's steps are (ε, δ)-DP under the ledger's neighboring relation."""
@@ -232,37 +235,57 @@ class Accountant(abc.ABC):
                 answer = Answer(0.0, lower=0.0, upper=0.0)
             else:
                 answer = self._delta(comp, epsilon)
-        return self._result("delta", answer, comp, start, epsilon=epsilon, delta=answer.value)
+        return self._result(
+            "delta", answer, comp.num_steps, start, epsilon=epsilon, delta=answer.value
+        )
 
     def epsilon_curve(
         self, ledger: LedgerLike, *, delta: float, steps: Sequence[int]
     ) -> tuple[PrivacyResult, ...]:
-        """ε at δ after each of ``steps`` steps (in the order given), computed incrementally."""
+        """ε at δ after each of ``steps`` steps (in the order given), computed incrementally.
+
+        Step counts are integers in [0, number of steps] (numpy integers are accepted); each
+        result's ``seconds`` is the total time divided by the number of points.
+        """
         delta = check_delta("delta", delta)
         comp = as_compressed(ledger)
         self.check_supported(comp)
         total = comp.num_steps
-        counts = list(steps)
+        try:
+            counts = list(steps)
+        except TypeError:
+            raise InvalidParameterError(
+                "steps", steps, "a non-empty sequence of step counts"
+            ) from None
         if not counts:
             raise InvalidParameterError("steps", steps, "a non-empty sequence of step counts")
-        for t in counts:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= total:
+        for i, t in enumerate(counts):
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t <= total:
                 raise InvalidParameterError(
                     "steps", t, f"step counts that are integers in [0, {total}]"
                 )
+            counts[i] = int(t)
         start = time.perf_counter()
-        todo = sorted({t for t in counts if self._trivial_epsilon(comp.prefix(t)) is None})
+        first_costly, first_not_private = _first_special_steps(comp)
+
+        def trivial(t: int) -> Answer | None:
+            if t >= first_not_private:
+                return _infinite_epsilon()
+            if t < first_costly:
+                return Answer(0.0, lower=0.0, upper=0.0, kind=ResultKind.UPPER_BOUND)
+            return None
+
+        todo = sorted({t for t in counts if trivial(t) is None})
         computed = dict(zip(todo, self._epsilon_curve(comp, delta, todo), strict=True))
-        seconds_each = (time.perf_counter() - start) / max(len(counts), 1)
+        seconds_each = (time.perf_counter() - start) / len(counts)
         results = []
         for t in counts:
-            prefix = comp.prefix(t)
-            answer = self._trivial_epsilon(prefix) or computed[t]
+            answer = trivial(t) or computed[t]
             results.append(
                 self._result(
                     "epsilon",
                     answer,
-                    prefix,
+                    t,
                     None,
                     epsilon=answer.value,
                     delta=delta,
@@ -274,13 +297,7 @@ class Accountant(abc.ABC):
     # ---------------------------------------------------------------- internals
     def _trivial_epsilon(self, comp: CompressedLedger) -> Answer | None:
         if any(not r.is_private for r in comp.runs):
-            return Answer(
-                math.inf,
-                lower=math.inf,
-                upper=math.inf,
-                kind=ResultKind.UPPER_BOUND,
-                warnings=(_NOT_PRIVATE,),
-            )
+            return _infinite_epsilon()
         if not any(_is_costly(r) for r in comp.runs):
             return Answer(0.0, lower=0.0, upper=0.0, kind=ResultKind.UPPER_BOUND)
         return None
@@ -298,7 +315,7 @@ class Accountant(abc.ABC):
         self,
         quantity: str,
         answer: Answer,
-        comp: CompressedLedger,
+        num_steps: int,
         start: float | None,
         *,
         epsilon: float,
@@ -316,7 +333,7 @@ class Accountant(abc.ABC):
             kind=answer.kind or self.default_kind,
             lower=answer.lower,
             upper=answer.upper,
-            num_steps=comp.num_steps,
+            num_steps=num_steps,
             settings=self.settings(),
             seconds=seconds,
             warnings=answer.warnings,
@@ -326,6 +343,35 @@ class Accountant(abc.ABC):
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.settings().items())
         return f"{type(self).__name__}({args})"
+
+
+def _infinite_epsilon() -> Answer:
+    return Answer(
+        math.inf,
+        lower=math.inf,
+        upper=math.inf,
+        kind=ResultKind.UPPER_BOUND,
+        warnings=(_NOT_PRIVATE,),
+    )
+
+
+def _first_special_steps(comp: CompressedLedger) -> tuple[float, float]:
+    """1-based indices of the first costly step and of the first non-private step (∞ if none).
+
+    The prefix of t steps has a costly step iff t ≥ the first, a non-private one iff t ≥ the
+    second.
+    """
+    first_costly = math.inf
+    first_not_private = math.inf
+    seen = 0
+    for r in comp.runs:
+        if first_costly == math.inf and _is_costly(r):
+            first_costly = seen + 1
+        if not r.is_private:
+            first_not_private = seen + 1
+            break
+        seen += r.count
+    return first_costly, first_not_private
 
 
 _NOT_PRIVATE = (

@@ -1,0 +1,431 @@
+"""Calibration: the noise multiplier, sampling probability or number of steps that meets (ε, δ).
+
+For a training run of T identical Poisson-subsampled Gaussian steps (q, z), the ε an accountant
+certifies at a fixed δ decreases in z and increases in q and T. Calibration finds the boundary
+value — the smallest z, the largest q, the largest T — whose ε meets a target ε:
+
+* z and q: Brent's method (``scipy.optimize.brentq``) on ε(x) − target over a bracketing interval,
+  in log x (tolerance 10⁻⁶ in log x, i.e. relative 10⁻⁶ in x), then a final evaluation at the
+  returned value; if floating point or discretisation put it on the wrong side, it is nudged
+  to the safe side (z up, q down) in steps of 10⁻⁵ until ε ≤ target holds, so the value provably
+  meets the target and lies within 0.1% of the boundary;
+* T: steps are integers, so the largest T with ε(T) ≤ target is found exactly by doubling and
+  then bisection on the integers (Brent's method needs a continuous function).
+
+Which ε counts: a calibration must rest on a valid upper bound. For an accountant whose result has
+a certified ``upper`` (the PRV accountant's upper bound) that is used; otherwise the result's ε is
+used only if its kind is ``upper_bound``. An ``approximation`` or ``estimate`` without an upper
+bound (GDP through the central limit theorem) is refused unless ``allow_approximation=True``, and
+then the result says so in its kind and warnings.
+
+If no value in the bracket reaches the target, :class:`~dpledger.errors.InvalidParameterError`
+names the target and the bracket.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from dpledger.accountants.base import Accountant, PrivacyResult, ResultKind, make_accountant
+from dpledger.errors import InvalidParameterError
+from dpledger.ledger.events import NeighboringRelation
+from dpledger.ledger.steps import CompressedLedger
+from dpledger.validation import (
+    check_delta,
+    check_positive_finite,
+    check_positive_int,
+    check_probability,
+)
+
+__all__ = [
+    "CalibrationResult",
+    "calibrate_noise_multiplier",
+    "calibrate_sampling_probability",
+    "calibrate_steps",
+]
+
+_BRENT_RTOL = 1e-6
+_NUDGE = 1e-5
+_MAX_NUDGES = 100  # 100 nudges of 1e-5 stay within 0.1%
+_NOISE_LIMITS = (1e-3, 1e4)
+_DEFAULT_MAX_STEPS = 10**8
+
+
+@attrs.frozen
+class CalibrationResult:
+    """The calibrated value and the ε it gives.
+
+    Attributes:
+        parameter: ``"noise_multiplier"``, ``"sampling_probability"`` or ``"steps"``.
+        value: the calibrated value (an int for steps).
+        epsilon: the ε used for the decision at ``value`` (≤ ``target_epsilon``).
+        delta: δ.
+        target_epsilon: the target ε.
+        accountant: the accountant's name.
+        kind: the kind of ``epsilon`` (``upper_bound`` unless approximations were allowed).
+        noise_multiplier: z of the calibrated run.
+        sampling_probability: q of the calibrated run.
+        steps: T of the calibrated run.
+        evaluations: number of ε computations.
+        seconds: wall time.
+        warnings: plain-language warnings.
+    """
+
+    parameter: str
+    value: float | int
+    epsilon: float
+    delta: float
+    target_epsilon: float
+    accountant: str
+    kind: ResultKind
+    noise_multiplier: float
+    sampling_probability: float
+    steps: int
+    evaluations: int
+    seconds: float
+    warnings: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready values."""
+        out = attrs.asdict(self, recurse=False)
+        out["kind"] = self.kind.value
+        out["warnings"] = list(self.warnings)
+        return out
+
+
+class _Objective:
+    """ε of a one-run ledger as a function of the parameter being calibrated."""
+
+    def __init__(
+        self,
+        accountant: Accountant,
+        *,
+        delta: float,
+        neighboring: NeighboringRelation,
+        allow_approximation: bool,
+        build: Callable[[float], tuple[float, float, int]],
+    ) -> None:
+        self.accountant = accountant
+        self.delta = delta
+        self.neighboring = neighboring
+        self.allow_approximation = allow_approximation
+        self.build = build
+        self.evaluations = 0
+        self.kind = ResultKind.UPPER_BOUND
+        self.cache: dict[float, float] = {}
+
+    def certified(self, result: PrivacyResult) -> float:
+        if result.upper is not None:
+            return float(result.upper)
+        if result.kind is ResultKind.UPPER_BOUND:
+            return float(result.epsilon)
+        if not self.allow_approximation:
+            raise InvalidParameterError(
+                "accountant",
+                self.accountant.name,
+                "an accountant whose ε is a valid upper bound for this ledger (its result here is "
+                f"an {result.kind.value} without one); pass allow_approximation=True to calibrate "
+                "on it anyway, with the result labelled as such",
+            )
+        self.kind = result.kind
+        return float(result.epsilon)
+
+    def __call__(self, x: float) -> float:
+        if x in self.cache:
+            return self.cache[x]
+        q, z, t = self.build(x)
+        ledger = CompressedLedger.from_runs([(q, z, t)], neighboring=self.neighboring)
+        value = self.certified(self.accountant.epsilon(ledger, delta=self.delta))
+        self.evaluations += 1
+        self.cache[x] = value
+        return value
+
+
+def _resolve(accountant: str | Accountant) -> Accountant:
+    if isinstance(accountant, Accountant):
+        return accountant
+    return make_accountant(accountant)
+
+
+def _check_target(target_epsilon: Any) -> float:
+    if (
+        isinstance(target_epsilon, bool)
+        or not isinstance(target_epsilon, (int, float))
+        or not 0.0 < target_epsilon < math.inf
+    ):
+        raise InvalidParameterError("target_epsilon", target_epsilon, "a finite number > 0")
+    return float(target_epsilon)
+
+
+def _check_bracket(bracket: Any, lo_limit: float, hi_limit: float) -> tuple[float, float]:
+    try:
+        lo, hi = (float(b) for b in bracket)
+    except (TypeError, ValueError):
+        raise InvalidParameterError("bracket", bracket, "a pair (low, high)") from None
+    if not (lo_limit <= lo < hi <= hi_limit) or any(isinstance(b, bool) for b in bracket):
+        raise InvalidParameterError(
+            "bracket", bracket, f"a pair low < high within [{lo_limit:g}, {hi_limit:g}]"
+        )
+    return lo, hi
+
+
+def _log_brent(objective: _Objective, target: float, lo: float, hi: float) -> float:
+    """Brent's method on log x: ε(x) spans orders of magnitude in x, and the first trial points
+    fall at geometric (not arithmetic) midpoints, where accountants are cheap to evaluate."""
+    from scipy.optimize import brentq  # imported here: scipy.optimize takes ~1 s to import
+
+    root = brentq(
+        lambda u: objective(math.exp(u)) - target,
+        math.log(lo),
+        math.log(hi),
+        xtol=_BRENT_RTOL,
+        rtol=4 * 2.220446049250313e-16,
+    )
+    return math.exp(root)
+
+
+def _finish(
+    parameter: str,
+    value: float | int,
+    objective: _Objective,
+    target: float,
+    start: float,
+    warnings: list[str],
+) -> CalibrationResult:
+    q, z, t = objective.build(value)
+    if objective.kind is not ResultKind.UPPER_BOUND:
+        warnings.append(
+            f"calibrated on the {objective.accountant.name} accountant's {objective.kind.value}, "
+            "which is not a valid upper bound: the returned value may not meet the target"
+        )
+    return CalibrationResult(
+        parameter=parameter,
+        value=value,
+        epsilon=objective(value),
+        delta=objective.delta,
+        target_epsilon=target,
+        accountant=objective.accountant.name,
+        kind=objective.kind,
+        noise_multiplier=z,
+        sampling_probability=q,
+        steps=t,
+        evaluations=objective.evaluations,
+        seconds=time.perf_counter() - start,
+        warnings=tuple(warnings),
+    )
+
+
+def calibrate_noise_multiplier(
+    *,
+    target_epsilon: float,
+    delta: float,
+    sampling_probability: float,
+    steps: int,
+    accountant: str | Accountant = "rdp",
+    bracket: tuple[float, float] | None = None,
+    neighboring: NeighboringRelation | str = NeighboringRelation.ADD_REMOVE,
+    allow_approximation: bool = False,
+) -> CalibrationResult:
+    """The smallest noise multiplier z (to 0.1%) whose ε at δ is at most ``target_epsilon``.
+
+    Args:
+        target_epsilon: the ε to meet.
+        delta: δ in (0, 1).
+        sampling_probability: q of every step, in (0, 1].
+        steps: T, the number of steps.
+        accountant: an accountant or its name (``"rdp"``, ``"pld"``, ``"prv"``, ``"gdp"``).
+        bracket: (low, high) to search; None searches from (0.5, 4), doubling or halving within
+            [1e-3, 1e4] until the boundary is bracketed.
+        neighboring: the neighboring relation of the ledger being planned.
+        allow_approximation: accept an accountant's approximation (labelled in the result).
+
+    Returns:
+        A :class:`CalibrationResult` with ``value`` = z, ε(z) ≤ target, and ε(z / 1.001) > target
+        up to the accountant's own numerical precision.
+
+    Raises:
+        InvalidParameterError: bad arguments, or no z in the bracket reaches the target.
+    """
+    start = time.perf_counter()
+    target = _check_target(target_epsilon)
+    delta = check_delta("delta", delta)
+    q = check_probability("sampling_probability", sampling_probability)
+    if q == 0.0:
+        raise InvalidParameterError("sampling_probability", sampling_probability, "q in (0, 1]")
+    t = check_positive_int("steps", steps)
+    relation = NeighboringRelation.parse(neighboring)
+    objective = _Objective(
+        _resolve(accountant),
+        delta=delta,
+        neighboring=relation,
+        allow_approximation=bool(allow_approximation),
+        build=lambda z: (q, z, t),
+    )
+    warnings: list[str] = []
+    if bracket is None:
+        lo, hi = 0.5, 4.0
+        while objective(hi) > target:
+            lo, hi = hi, hi * 2.0
+            if hi > _NOISE_LIMITS[1]:
+                raise InvalidParameterError(
+                    "target_epsilon",
+                    target_epsilon,
+                    f"a target some noise multiplier ≤ {_NOISE_LIMITS[1]:g} reaches "
+                    f"(q = {q}, {t} steps, δ = {delta})",
+                )
+        while objective(lo) <= target:
+            lo, hi = lo / 2.0, lo
+            if lo < _NOISE_LIMITS[0]:
+                warnings.append(
+                    f"every noise multiplier ≥ {hi:g} meets the target; returning {hi:g}"
+                )
+                return _finish("noise_multiplier", hi, objective, target, start, warnings)
+    else:
+        lo, hi = _check_bracket(bracket, 1e-6, 1e9)
+        if objective(hi) > target:
+            raise InvalidParameterError(
+                "target_epsilon",
+                target_epsilon,
+                f"a target reached by a noise multiplier in the bracket [{lo:g}, {hi:g}] "
+                f"(ε at {hi:g} is {objective(hi):.6g})",
+            )
+        if objective(lo) <= target:
+            warnings.append(
+                f"the lower end {lo:g} of the bracket already meets the target; the boundary "
+                "lies below the bracket"
+            )
+            return _finish("noise_multiplier", lo, objective, target, start, warnings)
+    z = min(hi, _log_brent(objective, target, lo, hi) * (1.0 + 2.0 * _BRENT_RTOL))
+    for _ in range(_MAX_NUDGES):
+        if objective(z) <= target:
+            break
+        z = min(hi, z * (1.0 + _NUDGE))
+    else:  # pragma: no cover - only for an accountant whose ε is not monotone in z
+        raise InvalidParameterError(
+            "target_epsilon", target_epsilon, "a target the accountant meets monotonically in z"
+        )
+    return _finish("noise_multiplier", z, objective, target, start, warnings)
+
+
+def calibrate_sampling_probability(
+    *,
+    target_epsilon: float,
+    delta: float,
+    noise_multiplier: float,
+    steps: int,
+    accountant: str | Accountant = "rdp",
+    bracket: tuple[float, float] = (1e-7, 1.0),
+    neighboring: NeighboringRelation | str = NeighboringRelation.ADD_REMOVE,
+    allow_approximation: bool = False,
+) -> CalibrationResult:
+    """The largest sampling probability q (to 0.1%) whose ε at δ is at most ``target_epsilon``.
+
+    Returns q = the bracket's upper end (1.0 by default: full batch) when that already meets the
+    target. See :func:`calibrate_noise_multiplier` for the arguments and guarantees.
+
+    Raises:
+        InvalidParameterError: bad arguments, or no q in the bracket reaches the target.
+    """
+    start = time.perf_counter()
+    target = _check_target(target_epsilon)
+    delta = check_delta("delta", delta)
+    z = check_positive_finite("noise_multiplier", noise_multiplier)
+    t = check_positive_int("steps", steps)
+    relation = NeighboringRelation.parse(neighboring)
+    lo, hi = _check_bracket(bracket, 0.0, 1.0)
+    if lo == 0.0:
+        raise InvalidParameterError("bracket", bracket, "a lower end > 0")
+    objective = _Objective(
+        _resolve(accountant),
+        delta=delta,
+        neighboring=relation,
+        allow_approximation=bool(allow_approximation),
+        build=lambda q: (q, z, t),
+    )
+    if objective(hi) <= target:
+        return _finish("sampling_probability", hi, objective, target, start, [])
+    if objective(lo) > target:
+        raise InvalidParameterError(
+            "target_epsilon",
+            target_epsilon,
+            f"a target reached by a sampling probability in the bracket [{lo:g}, {hi:g}] "
+            f"(ε at {lo:g} is {objective(lo):.6g})",
+        )
+    q = max(lo, _log_brent(objective, target, lo, hi) * (1.0 - 2.0 * _BRENT_RTOL))
+    for _ in range(_MAX_NUDGES):
+        if objective(q) <= target:
+            break
+        q = max(lo, q * (1.0 - _NUDGE))
+    else:  # pragma: no cover - only for an accountant whose ε is not monotone in q
+        raise InvalidParameterError(
+            "target_epsilon", target_epsilon, "a target the accountant meets monotonically in q"
+        )
+    return _finish("sampling_probability", q, objective, target, start, [])
+
+
+def calibrate_steps(
+    *,
+    target_epsilon: float,
+    delta: float,
+    noise_multiplier: float,
+    sampling_probability: float,
+    accountant: str | Accountant = "rdp",
+    max_steps: int = _DEFAULT_MAX_STEPS,
+    neighboring: NeighboringRelation | str = NeighboringRelation.ADD_REMOVE,
+    allow_approximation: bool = False,
+) -> CalibrationResult:
+    """The largest number of steps T ≤ ``max_steps`` whose ε at δ is at most ``target_epsilon``.
+
+    Exact on the integers (doubling, then bisection). Returns ``max_steps`` with a warning when
+    even that meets the target.
+
+    Raises:
+        InvalidParameterError: bad arguments, or a single step already exceeds the target.
+    """
+    start = time.perf_counter()
+    target = _check_target(target_epsilon)
+    delta = check_delta("delta", delta)
+    z = check_positive_finite("noise_multiplier", noise_multiplier)
+    q = check_probability("sampling_probability", sampling_probability)
+    if q == 0.0:
+        raise InvalidParameterError("sampling_probability", sampling_probability, "q in (0, 1]")
+    cap = check_positive_int("max_steps", max_steps)
+    relation = NeighboringRelation.parse(neighboring)
+    objective = _Objective(
+        _resolve(accountant),
+        delta=delta,
+        neighboring=relation,
+        allow_approximation=bool(allow_approximation),
+        build=lambda t: (q, z, int(t)),
+    )
+    if objective(1) > target:
+        raise InvalidParameterError(
+            "target_epsilon",
+            target_epsilon,
+            f"a target one step already meets (one step gives ε = {objective(1):.6g})",
+        )
+    good, bad = 1, None
+    probe = 2
+    while probe <= cap:
+        if objective(probe) <= target:
+            good, probe = probe, probe * 2
+        else:
+            bad = probe
+            break
+    if bad is None:
+        if objective(cap) <= target:
+            warnings = [f"max_steps = {cap} steps still meet the target"]
+            return _finish("steps", cap, objective, target, start, warnings)
+        bad = cap
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if objective(mid) <= target:
+            good = mid
+        else:
+            bad = mid
+    return _finish("steps", good, objective, target, start, [])

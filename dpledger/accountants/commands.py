@@ -1,0 +1,320 @@
+"""``dpledger epsilon`` (post-hoc ε of a ledger file) and ``dpledger calibrate``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import warnings
+from typing import Any
+
+from dpledger.accountants.base import ACCOUNTANT_MODULES, PrivacyResult, make_accountant
+from dpledger.errors import DPLedgerError, InvalidParameterError, UnsupportedLedgerError
+
+__all__ = ["register"]
+
+_DEFAULT_CURVE_POINTS = 50
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``epsilon`` and ``calibrate`` commands to the ``dpledger`` parser."""
+    eps = subparsers.add_parser(
+        "epsilon",
+        help="compute (ε, δ) of a ledger file with one or more accountants",
+        description=(
+            "Replay a ledger file with privacy accountants and print one row per accountant: "
+            "ε, what kind of number it is (upper_bound, estimate, approximation), certified "
+            "bounds, time and warnings. Only upper_bound values (or a PRV upper bound) are "
+            "valid DP guarantees."
+        ),
+    )
+    eps.add_argument("ledger", metavar="LEDGER", help="path of the ledger file")
+    eps.add_argument("--delta", type=float, required=True, help="δ in (0, 1), e.g. 1e-5")
+    eps.add_argument(
+        "--accountant",
+        default="all",
+        help="comma-separated accountant names (" + ",".join(ACCOUNTANT_MODULES) + ") or 'all'",
+    )
+    eps.add_argument("--json", action="store_true", help="print one JSON object per accountant")
+    eps.add_argument(
+        "--curve",
+        type=int,
+        metavar="N",
+        help="also compute ε after N evenly spaced step counts (printed, or drawn with --plot)",
+    )
+    eps.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help=f"draw ε against steps for each accountant (needs matplotlib; N defaults to "
+        f"{_DEFAULT_CURVE_POINTS})",
+    )
+    eps.add_argument(
+        "--bucketing",
+        type=float,
+        metavar="R",
+        help="conservative bucketing precision passed to every accountant (e.g. 1e-3)",
+    )
+    eps.set_defaults(func=_epsilon)
+
+    cal = subparsers.add_parser(
+        "calibrate",
+        help="find the noise multiplier, sampling probability or steps that meet a target ε",
+        description=(
+            "Give --target-epsilon, --delta and exactly two of --noise-multiplier, "
+            "--sampling-probability and --steps; the third is solved for: the smallest noise "
+            "multiplier, the largest sampling probability or the largest number of steps whose "
+            "ε (a valid upper bound) is at most the target."
+        ),
+    )
+    cal.add_argument("--target-epsilon", type=float, required=True, help="the ε to meet")
+    cal.add_argument("--delta", type=float, required=True, help="δ in (0, 1)")
+    cal.add_argument("--noise-multiplier", type=float, help="z = σ̃ / S of every step")
+    cal.add_argument("--sampling-probability", type=float, help="q of every step")
+    cal.add_argument("--steps", type=int, help="number of steps T")
+    cal.add_argument("--accountant", default="rdp", help="accountant name (default rdp)")
+    cal.add_argument(
+        "--neighboring",
+        default="add_remove",
+        choices=["add_remove", "replace_one"],
+        help="neighboring relation (default add_remove)",
+    )
+    cal.add_argument(
+        "--allow-approximation",
+        action="store_true",
+        help="accept an accountant's approximation (e.g. GDP's CLT); the result is labelled",
+    )
+    cal.add_argument("--json", action="store_true", help="print one JSON object")
+    cal.set_defaults(func=_calibrate)
+
+
+# --------------------------------------------------------------------------- epsilon
+def _accountant_names(spec: str) -> list[str]:
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if names == ["all"]:
+        return list(ACCOUNTANT_MODULES)
+    if not names:
+        raise InvalidParameterError("accountant", spec, "accountant names or 'all'")
+    for n in names:
+        if n not in ACCOUNTANT_MODULES:
+            valid = ", ".join(ACCOUNTANT_MODULES)
+            raise InvalidParameterError("accountant", n, f"one of {valid}, or 'all'")
+    return names
+
+
+def _curve_steps(total: int, points: int) -> list[int]:
+    if points < 1:
+        raise InvalidParameterError("curve", points, "a number of points >= 1")
+    return sorted({max(1, round(total * (i + 1) / points)) for i in range(points)})
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    return f"{x:.6g}"
+
+
+def _load(path: str) -> tuple[Any, list[str]]:
+    from dpledger.ledger.ledger import LedgerWarning, PrivacyLedger
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", LedgerWarning)
+        ledger = PrivacyLedger.load(path, keep_events=False)
+    notes = [str(w.message) for w in caught if issubclass(w.category, LedgerWarning)]
+    return ledger.compressed(), notes
+
+
+def _epsilon(args: argparse.Namespace) -> int:
+    from dpledger.validation import check_delta
+
+    delta = check_delta("delta", args.delta)
+    names = _accountant_names(args.accountant)
+    points = args.curve
+    if points is None and args.plot:
+        points = _DEFAULT_CURVE_POINTS
+    if points is not None and points < 1:
+        raise InvalidParameterError("curve", points, "a number of points >= 1")
+    if args.plot:
+        _require_matplotlib()
+    ledger, notes = _load(args.ledger)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    steps = _curve_steps(ledger.num_steps, points) if points and ledger.num_steps else []
+    settings = {} if args.bucketing is None else {"bucketing": args.bucketing}
+    rows: list[dict[str, Any]] = []
+    curves: dict[str, list[PrivacyResult]] = {}
+    for name in names:
+        try:
+            acc = make_accountant(name, **settings)
+        except ImportError as exc:
+            print(f"note: {name}: not available in this installation ({exc})", file=sys.stderr)
+            continue
+        except TypeError:
+            print(f"note: {name}: does not take the setting(s) {settings}", file=sys.stderr)
+            continue
+        try:
+            result = acc.epsilon(ledger, delta=delta)
+            if steps:
+                curves[name] = list(acc.epsilon_curve(ledger, delta=delta, steps=steps))
+        except UnsupportedLedgerError as exc:
+            rows.append(_error_row(name, delta, str(exc)))
+            continue
+        row = result.to_dict()
+        if steps:
+            row["curve"] = [
+                {"steps": r.num_steps, "epsilon": r.to_dict()["epsilon"]} for r in curves[name]
+            ]
+        rows.append(row)
+    if args.json:
+        for row in rows:
+            print(json.dumps(row, sort_keys=True))
+    else:
+        _print_table(rows, ledger.num_steps, delta)
+        if steps and not args.plot:
+            _print_curves(curves)
+    if args.plot and curves:
+        _plot(curves, args.plot, delta)
+        if not args.json:
+            print(f"plot written to {args.plot}")
+    ok = any("error" not in row for row in rows)
+    return 0 if ok else 2
+
+
+def _error_row(name: str, delta: float, message: str) -> dict[str, Any]:
+    return {
+        "accountant": name,
+        "epsilon": None,
+        "delta": delta,
+        "kind": None,
+        "lower": None,
+        "upper": None,
+        "seconds": None,
+        "warnings": [],
+        "error": message,
+    }
+
+
+def _print_table(rows: list[dict[str, Any]], num_steps: int, delta: float) -> None:
+    print(f"{num_steps} steps, δ = {delta:g}")
+    header = f"{'accountant':<10}  {'epsilon':>10}  {'kind':<13}  {'lower':>10}  {'upper':>10}"
+    print(f"{header}  {'seconds':>8}")
+    for row in rows:
+        if "error" in row:
+            print(f"{row['accountant']:<10}  refused: {row['error']}")
+            continue
+        print(
+            f"{row['accountant']:<10}  {_fmt(_num(row['epsilon'])):>10}  {row['kind']:<13}  "
+            f"{_fmt(_num(row['lower'])):>10}  {_fmt(_num(row['upper'])):>10}  "
+            f"{row['seconds']:>8.3f}"
+        )
+        for w in row["warnings"]:
+            print(f"{'':<10}  warning: {w}")
+
+
+def _num(x: Any) -> float | None:
+    if x is None:
+        return None
+    if x == "inf":
+        return math.inf
+    return float(x)
+
+
+def _print_curves(curves: dict[str, list[PrivacyResult]]) -> None:
+    for name, results in curves.items():
+        print(f"\n{name}: ε after t steps")
+        for r in results:
+            print(f"  {r.num_steps:>10}  {_fmt(r.epsilon):>10}  {r.kind.value}")
+
+
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise DPLedgerError(
+            "--plot needs matplotlib, which is not installed: pip install 'dpledger[plot]'"
+        ) from None
+
+
+def _plot(curves: dict[str, list[PrivacyResult]], path: str, delta: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, results in curves.items():
+        xs = [r.num_steps for r in results]
+        ys = [r.epsilon for r in results]
+        kinds = {r.kind.value for r in results}
+        ax.plot(xs, ys, label=f"{name} ({', '.join(sorted(kinds))})")
+    ax.set_xlabel("steps")
+    ax.set_ylabel(f"ε at δ = {delta:g}")
+    ax.set_title("Privacy spent along the ledger")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- calibrate
+def _calibrate(args: argparse.Namespace) -> int:
+    from dpledger.accountants import calibration
+
+    given = {
+        "noise_multiplier": args.noise_multiplier,
+        "sampling_probability": args.sampling_probability,
+        "steps": args.steps,
+    }
+    missing = [k for k, v in given.items() if v is None]
+    if len(missing) != 1:
+        raise InvalidParameterError(
+            "arguments",
+            sorted(k for k, v in given.items() if v is not None),
+            "exactly two of --noise-multiplier, --sampling-probability and --steps",
+        )
+    common = {
+        "target_epsilon": args.target_epsilon,
+        "delta": args.delta,
+        "accountant": _single_accountant(args.accountant),
+        "neighboring": args.neighboring,
+        "allow_approximation": args.allow_approximation,
+    }
+    if missing == ["noise_multiplier"]:
+        result = calibration.calibrate_noise_multiplier(
+            sampling_probability=args.sampling_probability, steps=args.steps, **common
+        )
+    elif missing == ["sampling_probability"]:
+        result = calibration.calibrate_sampling_probability(
+            noise_multiplier=args.noise_multiplier, steps=args.steps, **common
+        )
+    else:
+        result = calibration.calibrate_steps(
+            noise_multiplier=args.noise_multiplier,
+            sampling_probability=args.sampling_probability,
+            **common,
+        )
+    if args.json:
+        print(json.dumps(result.to_dict(), sort_keys=True))
+        return 0
+    label = result.parameter.replace("_", " ")
+    value = f"{result.value}" if result.parameter == "steps" else f"{result.value:.6g}"
+    print(f"{label}: {value}")
+    print(
+        f"  ε = {result.epsilon:.6g} ≤ {result.target_epsilon:g} at δ = {result.delta:g} "
+        f"({result.accountant}, {result.kind.value}); q = {result.sampling_probability:.6g}, "
+        f"z = {result.noise_multiplier:.6g}, T = {result.steps}; "
+        f"{result.evaluations} evaluations, {result.seconds:.2f} s"
+    )
+    for w in result.warnings:
+        print(f"  warning: {w}")
+    return 0
+
+
+def _single_accountant(spec: str) -> str:
+    names = _accountant_names(spec)
+    if spec.strip() == "all" or len(names) != 1:
+        raise InvalidParameterError("accountant", spec, "a single accountant name for calibrate")
+    return names[0]
