@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from dpledger.accountants.base import PrivacyResult, ResultKind
@@ -137,14 +135,6 @@ def test_a_ledger_replayed_by_an_accountant_object():
     assert info.value.parameter == "accountant"
 
 
-_RDP_MISSING = importlib.util.find_spec("dpledger.accountants.rdp") is None
-
-
-@pytest.mark.skipif(
-    _RDP_MISSING,
-    reason="the RDP accountant module dpledger.accountants.rdp is not available, so "
-    'make_accountant("rdp") cannot be called',
-)
 def test_a_ledger_replayed_by_make_accountant_rdp():
     ledger = one_step_ledger(gm.CORRECT_NOISE)
     ok = audit_verdict(audit(gm.noisy_sum), ledger, accountant="rdp")
