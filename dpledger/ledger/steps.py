@@ -13,13 +13,20 @@ query released nothing (z_eff = ∞, no privacy cost); a step with a σ̃ = 0 qu
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import attrs
 
 from dpledger.errors import InvalidParameterError
-from dpledger.ledger.events import NeighboringRelation, SamplingEvent, SumQueryEvent
-from dpledger.validation import check_probability
+from dpledger.ledger.events import (
+    NeighboringRelation,
+    SamplingEvent,
+    SumQueryEvent,
+    inverse_square_term,
+)
+from dpledger.validation import check_positive_int, check_probability
 
 __all__ = [
     "CompressedLedger",
@@ -27,11 +34,17 @@ __all__ = [
     "RunCompressor",
     "StepRun",
     "effective_noise_multiplier",
+    "step_noise_multiplier",
 ]
 
 
 def effective_noise_multiplier(inverse_square_sum: float, num_queries: int = 2) -> float:
-    """z_eff from Σ_g (S_g/σ̃_g)² (paper Eq. 1): ∞ for no query, 0 for an infinite sum."""
+    """z_eff from Σ_g (S_g/σ̃_g)² (paper Eq. 1): ∞ for no query, 0 for an infinite sum.
+
+    Args:
+        inverse_square_sum: Σ_g (S_g/σ̃_g)² over the step's queries (∞ if some σ̃_g = 0).
+        num_queries: G, the number of queries in the step (0: the step released nothing).
+    """
     if num_queries == 0 or inverse_square_sum == 0.0:
         return math.inf
     if math.isinf(inverse_square_sum):
@@ -39,13 +52,27 @@ def effective_noise_multiplier(inverse_square_sum: float, num_queries: int = 2) 
     return 1.0 / math.sqrt(inverse_square_sum)
 
 
-def _step_noise_multiplier(queries: Sequence[SumQueryEvent]) -> float:
-    if len(queries) == 1:  # exact σ̃/S, no round trip through the square
-        return queries[0].noise_multiplier
+def step_noise_multiplier(queries: Iterable[SumQueryEvent | tuple[float, float]]) -> float:
+    """z_eff of one step from its queries' (S_g, σ̃_g) (paper Eq. 1).
+
+    z_eff = (Σ_g (S_g/σ̃_g)²)^(-1/2), accumulated in the order given; a single query gives
+    exactly σ̃/S (no round trip through the square); no query gives ∞; a σ̃ = 0 query gives 0.
+    This is the arithmetic the ledger's run compression uses, so both views agree bit for bit.
+    """
     total = 0.0
-    for q in queries:  # the same order and arithmetic as RunCompressor, so views agree exactly
-        total += q.inverse_square_multiplier
-    return effective_noise_multiplier(total, len(queries))
+    count = 0
+    single = math.inf
+    for query in queries:
+        if isinstance(query, SumQueryEvent):
+            s, sigma = query.l2_norm_bound, query.noise_stddev
+        else:
+            s, sigma = query
+        total += inverse_square_term(s, sigma)
+        single = sigma / s
+        count += 1
+    if count == 1:
+        return single
+    return effective_noise_multiplier(total, count)
 
 
 @attrs.frozen(slots=True)
@@ -75,17 +102,28 @@ class LedgerStep:
     @property
     def noise_multiplier(self) -> float:
         """z_eff of paper Eq. 1 (∞ for a step without queries, 0 if some σ̃ = 0)."""
-        return _step_noise_multiplier(self.queries)
+        return step_noise_multiplier(self.queries)
 
 
-def _count(_inst: object, attribute: attrs.Attribute, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidParameterError(attribute.name, value, "an integer >= 1")
+def _count(value: Any) -> int:
+    return check_positive_int("count", value)
 
 
-def _noise_multiplier(_inst: object, attribute: attrs.Attribute, value: float) -> None:
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool)) or not value >= 0.0:
-        raise InvalidParameterError(attribute.name, value, "a number >= 0 (inf allowed)")
+def _run_probability(value: Any) -> float:
+    return check_probability("sampling_probability", value)
+
+
+def _noise_multiplier(value: Any) -> float:
+    expected = "a number >= 0 (inf allowed: the steps released nothing)"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidParameterError("noise_multiplier", value, expected)
+    try:
+        z = float(value)
+    except (OverflowError, TypeError, ValueError):
+        raise InvalidParameterError("noise_multiplier", value, expected) from None
+    if not z >= 0.0:  # also NaN
+        raise InvalidParameterError("noise_multiplier", value, expected)
+    return z + 0.0
 
 
 @attrs.frozen(slots=True)
@@ -98,11 +136,9 @@ class StepRun:
         count: the number of steps, at least 1.
     """
 
-    sampling_probability: float = attrs.field(
-        converter=float, validator=lambda i, a, v: check_probability(a.name, v)
-    )
-    noise_multiplier: float = attrs.field(converter=float, validator=_noise_multiplier)
-    count: int = attrs.field(validator=_count)
+    sampling_probability: float = attrs.field(converter=_run_probability)
+    noise_multiplier: float = attrs.field(converter=_noise_multiplier)
+    count: int = attrs.field(converter=_count)
 
     @property
     def is_private(self) -> bool:
@@ -113,6 +149,13 @@ class StepRun:
     def releases_nothing(self) -> bool:
         """True when the steps cost no privacy (no query, or q = 0)."""
         return math.isinf(self.noise_multiplier) or self.sampling_probability == 0.0
+
+
+def _runs_tuple(value: Any) -> tuple[Any, ...]:
+    try:
+        return tuple(value)
+    except TypeError:
+        raise InvalidParameterError("runs", value, "an iterable of StepRun") from None
 
 
 @attrs.frozen(slots=True)
@@ -128,7 +171,7 @@ class CompressedLedger:
     neighboring: NeighboringRelation = attrs.field(
         default=NeighboringRelation.ADD_REMOVE, converter=NeighboringRelation.parse
     )
-    runs: tuple[StepRun, ...] = attrs.field(default=(), converter=tuple)
+    runs: tuple[StepRun, ...] = attrs.field(default=(), converter=_runs_tuple)
 
     def __attrs_post_init__(self) -> None:
         for i, run in enumerate(self.runs):
@@ -151,8 +194,16 @@ class CompressedLedger:
         ``history`` of (noise_multiplier, sample_rate, steps)) becomes a ledger: note the order of
         the fields there differs from this function's.
         """
-        built = tuple(r if isinstance(r, StepRun) else StepRun(*r) for r in runs)
-        return cls(neighboring=neighboring, runs=built)
+        built = []
+        for i, r in enumerate(_runs_tuple(runs)):
+            if isinstance(r, StepRun):
+                built.append(r)
+            elif isinstance(r, (tuple, list)) and len(r) == 3:
+                built.append(StepRun(*r))
+            else:
+                expected = "a StepRun or a (sampling_probability, noise_multiplier, count) triple"
+                raise InvalidParameterError(f"runs[{i}]", r, expected)
+        return cls(neighboring=neighboring, runs=tuple(built))
 
     @property
     def num_steps(self) -> int:
@@ -248,11 +299,11 @@ class RunCompressor:
         self._steps += 1
 
     def add_query(self, l2_norm_bound: float, noise_stddev: float) -> None:
-        """A sum query on the open step (the caller checks that a step is open)."""
-        if noise_stddev == 0.0:
-            self._sum = math.inf
-        else:
-            self._sum += (l2_norm_bound / noise_stddev) ** 2
+        """A sum query on the open step (the caller checks that a step is open).
+
+        Same arithmetic as :func:`step_noise_multiplier`, so runs and steps agree exactly.
+        """
+        self._sum += inverse_square_term(l2_norm_bound, noise_stddev)
         self._single = noise_stddev / l2_norm_bound
         self._nq += 1
 
