@@ -41,12 +41,15 @@ __all__ = [
     "LedgerReader",
     "TornTail",
     "dump_metadata",
+    "encode_event",
     "encode_header",
     "encode_label",
     "encode_marker",
     "encode_sample",
     "encode_sum_query",
     "line_hash",
+    "sample_body",
+    "sum_query_body",
     "utc_timestamp",
 ]
 
@@ -159,27 +162,45 @@ def encode_header(
     return _seal(content)
 
 
+def sample_body(sampling_probability: float, population_size: int | None, scheme: str) -> str:
+    """The part of a sampling-event line between ``"kind":"`` and ``,"hash":``.
+
+    Floats use repr(), the shortest exact round trip; -0.0 is written as 0.0.
+    """
+    n = "null" if population_size is None else str(population_size)
+    return (
+        f'sample","sampling_probability":{sampling_probability + 0.0!r},'
+        f'"population_size":{n},"scheme":"{scheme}"'
+    )
+
+
+def sum_query_body(l2_norm_bound: float, noise_stddev: float, label_json: str) -> str:
+    """The part of a sum-query line between ``"kind":"`` and ``,"hash":``."""
+    return (
+        f'sum_query","l2_norm_bound":{l2_norm_bound + 0.0!r},'
+        f'"noise_stddev":{noise_stddev + 0.0!r},"label":{label_json}'
+    )
+
+
+def encode_event(seq: int, prev: str, body: str) -> tuple[bytes, str]:
+    """An event line from its sequence number, previous hash and body; and its hash."""
+    raw = f'{{"seq":{seq},"prev":"{prev}","kind":"{body}'.encode("ascii")
+    digest = hashlib.sha256(raw).hexdigest()
+    return raw + b',"hash":"' + digest.encode("ascii") + b'"}\n', digest
+
+
 def encode_sample(
     seq: int, prev: str, sampling_probability: float, population_size: int | None, scheme: str
 ) -> tuple[bytes, str]:
-    """A sampling-event line and its hash. Floats use repr(), the shortest exact round trip."""
-    n = "null" if population_size is None else str(population_size)
-    return _seal(
-        f'{{"seq":{seq},"prev":"{prev}","kind":"sample",'
-        f'"sampling_probability":{sampling_probability + 0.0!r},"population_size":{n},'
-        f'"scheme":"{scheme}"'
-    )
+    """A sampling-event line and its hash."""
+    return encode_event(seq, prev, sample_body(sampling_probability, population_size, scheme))
 
 
 def encode_sum_query(
     seq: int, prev: str, l2_norm_bound: float, noise_stddev: float, label_json: str
 ) -> tuple[bytes, str]:
     """A sum-query-event line and its hash; ``label_json`` is :func:`encode_label`'s output."""
-    return _seal(
-        f'{{"seq":{seq},"prev":"{prev}","kind":"sum_query",'
-        f'"l2_norm_bound":{l2_norm_bound + 0.0!r},"noise_stddev":{noise_stddev + 0.0!r},'
-        f'"label":{label_json}'
-    )
+    return encode_event(seq, prev, sum_query_body(l2_norm_bound, noise_stddev, label_json))
 
 
 def encode_marker(seq: int, prev: str, kind: str, fields: dict[str, Any]) -> tuple[bytes, str]:

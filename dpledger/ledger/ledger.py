@@ -178,6 +178,7 @@ class PrivacyLedger:
         self._read_only = False
         self._closed = False
         self._forked = False
+        self._writable = True  # not read-only, not closed, not a forked child's copy
         self._seq = 0
         self._head = ff.GENESIS_HASH
         self._closed_cleanly: bool | None = None
@@ -214,6 +215,9 @@ class PrivacyLedger:
         self._keep_events = keep_events
         self._num_events = 0
         self._compressor = RunCompressor()
+        # Encoded event bodies by value: steps repeat, formatting floats is not free.
+        self._sample_bodies: dict[tuple[float, int | None, str], str] = {}
+        self._query_bodies: dict[tuple[float, float, int], str] = {}
 
     def _label_id(self, label: str | None) -> int:
         if label is None:
@@ -226,12 +230,16 @@ class PrivacyLedger:
             self._label_json.append(ff.encode_label(label))
         return lid
 
+    def _new_population(self, n: int | None) -> int:
+        pid = len(self._pops)
+        self._pops.append(n)
+        self._pop_ids[n] = pid
+        return pid
+
     def _append_sample(self, q: float, n: int | None, scheme: str) -> None:
         pid = self._pop_ids.get(n)
         if pid is None:
-            pid = len(self._pops)
-            self._pops.append(n)
-            self._pop_ids[n] = pid
+            pid = self._new_population(n)
         if self._keep_events:
             self._kind.append(_POISSON_SAMPLE if scheme == "poisson" else _FULL_SAMPLE)
             self._a.append(q)
@@ -473,6 +481,7 @@ class PrivacyLedger:
         self._read_only = True
         self._closed = False
         self._forked = False
+        self._writable = False
         self._buffer_size = 1
         self._flush_interval = 0.0
         self._fsync = False
@@ -535,7 +544,7 @@ class PrivacyLedger:
             InvalidParameterError: a bad value; the ledger is unchanged.
             LedgerStateError: the ledger is closed or read-only.
         """
-        if self._read_only or self._closed:
+        if not self._writable:
             raise self._not_writable()
         q = sampling_probability
         if type(q) is float and 0.0 <= q <= 1.0:
@@ -551,11 +560,30 @@ class PrivacyLedger:
             sch = SamplingScheme.parse(scheme).value
             if sch == "full" and q != 1.0:
                 raise InvalidParameterError("scheme", scheme, full_scheme_expectation(q))
-        self._append_sample(q, n, sch)
+        # _append_sample, inlined: this is the hot path of every training step.
+        pid = self._pop_ids.get(n)
+        if pid is None:
+            pid = self._new_population(n)
+        if self._keep_events:
+            self._kind.append(_POISSON_SAMPLE if sch == "poisson" else _FULL_SAMPLE)
+            self._a.append(q)
+            self._b.append(0.0)
+            self._c.append(pid)
+        self._compressor.add_sample(q)
+        self._num_events += 1
         if self._fd is not None:
+            key = (q, n, sch)
+            body = self._sample_bodies.get(key)
+            if body is None:
+                body = _remember(self._sample_bodies, key, ff.sample_body(q, n, sch))
             self._seq += 1
-            line, self._head = ff.encode_sample(self._seq, self._head, q, n, sch)
-            self._enqueue(line)
+            line, self._head = ff.encode_event(self._seq, self._head, body)
+            self._buffer.append(line)
+            if (
+                len(self._buffer) >= self._buffer_size
+                or time.monotonic() - self._last_flush >= self._flush_interval
+            ):
+                self.flush()
 
     def record_sum_query(
         self, *, l2_norm_bound: float, noise_stddev: float, label: str | None = None
@@ -577,7 +605,7 @@ class PrivacyLedger:
             LedgerStateError: no sampling event opened a step (in this session), or the
                 ledger is closed or read-only.
         """
-        if self._read_only or self._closed:
+        if not self._writable:
             raise self._not_writable()
         s = l2_norm_bound
         if not (type(s) is float and 0.0 < s < math.inf):
@@ -596,20 +624,34 @@ class PrivacyLedger:
                 "record_sum_query called with no open step: record a sampling event first "
                 "(record_sample); every sum query must belong to a sample"
             )
-        lid = self._append_query(s, sigma, label)
+        # _append_query, inlined (the hot path).
+        if label is None:
+            lid = -1
+        else:
+            lid = self._label_ids.get(label, -1)
+            if lid < 0:
+                lid = self._label_id(label)
+        if self._keep_events:
+            self._kind.append(_QUERY)
+            self._a.append(s)
+            self._b.append(sigma)
+            self._c.append(lid)
+        self._compressor.add_query(s, sigma)
+        self._num_events += 1
         if self._fd is not None:
+            key = (s, sigma, lid)
+            body = self._query_bodies.get(key)
+            if body is None:
+                label_json = "null" if lid < 0 else self._label_json[lid]
+                body = _remember(self._query_bodies, key, ff.sum_query_body(s, sigma, label_json))
             self._seq += 1
-            label_json = "null" if lid < 0 else self._label_json[lid]
-            line, self._head = ff.encode_sum_query(self._seq, self._head, s, sigma, label_json)
-            self._enqueue(line)
-
-    def _enqueue(self, line: bytes) -> None:
-        self._buffer.append(line)
-        if (
-            len(self._buffer) >= self._buffer_size
-            or time.monotonic() - self._last_flush >= self._flush_interval
-        ):
-            self.flush()
+            line, self._head = ff.encode_event(self._seq, self._head, body)
+            self._buffer.append(line)
+            if (
+                len(self._buffer) >= self._buffer_size
+                or time.monotonic() - self._last_flush >= self._flush_interval
+            ):
+                self.flush()
 
     def _append_marker(self, kind: str, fields: dict[str, Any]) -> None:
         self._seq += 1
@@ -651,6 +693,7 @@ class PrivacyLedger:
             return
         self._compressor.end_step()
         self._closed = True
+        self._writable = False
         fd = self._fd
         if fd is None:
             return
@@ -679,6 +722,7 @@ class PrivacyLedger:
         self._fd = None
         self._forked = True
         self._closed = True
+        self._writable = False
         if fd is not None:
             # Closing the child's copy does not release the parent's lock (flock locks belong
             # to the open file description, which the parent still holds).
@@ -815,6 +859,13 @@ class PrivacyLedger:
             f"PrivacyLedger({where}, neighboring={self.neighboring.value!r}, "
             f"steps={self.num_steps}, events={self.num_events})"
         )
+
+
+def _remember(cache: dict[Any, str], key: Any, body: str) -> str:
+    if len(cache) >= 1024:
+        cache.clear()
+    cache[key] = body
+    return body
 
 
 def _check_path(path: Any) -> str | None:

@@ -265,18 +265,20 @@ class RunCompressor:
     """Builds the run-length view of a ledger one event at a time, in O(1) per event.
 
     The last step stays open (more queries may arrive) until the next sampling event; ``runs()``
-    includes it as it stands.
+    includes it as it stands. The arithmetic is that of :func:`step_noise_multiplier`, written
+    out inline because this sits on the recording hot path, so runs and steps agree exactly.
     """
 
-    __slots__ = ("_nq", "_q", "_runs", "_single", "_step_open", "_steps", "_sum")
+    __slots__ = ("_last", "_nq", "_q", "_runs", "_single", "_step_open", "_steps", "_sum")
 
     def __init__(self) -> None:
-        self._runs: list[list] = []  # [q, z, count], mutable for O(1) extension
+        self._runs: list[list[Any]] = []  # [q, z, count], mutable for O(1) extension
+        self._last: list[Any] | None = None  # self._runs[-1]
         self._step_open = False
         self._q = 0.0
         self._sum = 0.0  # Σ (S/σ̃)² of the open step
         self._nq = 0
-        self._single = math.inf  # σ̃/S of the open step's only query, if it has one
+        self._single = math.inf  # σ̃/S of the open step's last query
         self._steps = 0
 
     @property
@@ -291,7 +293,8 @@ class RunCompressor:
 
     def add_sample(self, q: float) -> None:
         """A sampling event: ends the open step and opens a new one."""
-        self.end_step()
+        if self._step_open:
+            self._fold()
         self._step_open = True
         self._q = q
         self._sum = 0.0
@@ -299,29 +302,36 @@ class RunCompressor:
         self._steps += 1
 
     def add_query(self, l2_norm_bound: float, noise_stddev: float) -> None:
-        """A sum query on the open step (the caller checks that a step is open).
-
-        Same arithmetic as :func:`step_noise_multiplier`, so runs and steps agree exactly.
-        """
-        self._sum += inverse_square_term(l2_norm_bound, noise_stddev)
+        """A sum query on the open step (the caller checks that a step is open)."""
+        if noise_stddev == 0.0:
+            self._sum += math.inf
+        else:
+            ratio = l2_norm_bound / noise_stddev
+            self._sum += ratio * ratio  # inverse_square_term(l2_norm_bound, noise_stddev)
         self._single = noise_stddev / l2_norm_bound
         self._nq += 1
 
     def _open_z(self) -> float:
-        if self._nq == 1:
+        nq = self._nq
+        if nq == 1:
             return self._single
-        return effective_noise_multiplier(self._sum, self._nq)
+        return effective_noise_multiplier(self._sum, nq)
+
+    def _fold(self) -> None:
+        nq = self._nq
+        z = self._single if nq == 1 else effective_noise_multiplier(self._sum, nq)
+        last = self._last
+        if last is not None and last[0] == self._q and last[1] == z:
+            last[2] += 1
+        else:
+            self._last = [self._q, z, 1]
+            self._runs.append(self._last)
 
     def end_step(self) -> None:
         """Fold the open step into the runs; later queries need a new sampling event."""
-        if not self._step_open:
-            return
-        self._step_open = False
-        z = self._open_z()
-        if self._runs and self._runs[-1][0] == self._q and self._runs[-1][1] == z:
-            self._runs[-1][2] += 1
-        else:
-            self._runs.append([self._q, z, 1])
+        if self._step_open:
+            self._fold()
+            self._step_open = False
 
     def runs(self) -> tuple[StepRun, ...]:
         """The runs of identical steps so far, the open step included."""

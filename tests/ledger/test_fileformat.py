@@ -132,6 +132,28 @@ def test_the_documented_example_verifies_with_a_reader_written_from_the_docs() -
     assert ledger.head_hash == prev
 
 
+def test_the_documented_minimal_verifier_works(tmp_path: Path) -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, Any] = {}
+    exec(code, namespace)
+    verify = namespace["verify"]
+    head = "03725ba0494212a9e0cb13e53d319ee43d50de7ac40720b9f89161ef2c586a0d"
+    assert verify(DATA / "example.dpl") == head
+    lines = (DATA / "example.dpl").read_bytes().splitlines(keepends=True)
+    for i, tampered in enumerate(
+        [
+            [lines[0], lines[1].replace(b"0.01", b"0.02"), *lines[2:]],
+            [lines[0], lines[2], lines[3]],
+            [lines[0], lines[2], lines[1], lines[3]],
+        ]
+    ):
+        path = tmp_path / f"t{i}.dpl"
+        path.write_bytes(b"".join(tampered))
+        with pytest.raises(ValueError, match="line 2"):
+            verify(path)
+
+
 def test_every_line_is_ascii_and_ends_with_its_hash(tmp_path: Path) -> None:
     data = build_sessions(tmp_path / "s.dpl")
     data.decode("ascii")
