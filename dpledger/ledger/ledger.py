@@ -135,6 +135,8 @@ class PrivacyLedger:
             (checked when an event is recorded; there is no background thread).
         fsync: also ``os.fsync`` on every flush (durable against power loss, slower).
 
+    A ledger is not thread-safe: record from one thread, or guard the calls with a lock.
+
     Raises:
         InvalidParameterError: a bad argument (named with its value).
         LedgerExistsError: ``path`` exists and ``resume`` is False.
@@ -405,6 +407,7 @@ class PrivacyLedger:
         if meta_json is not None:
             fields["metadata"] = json.loads(meta_json)
         self._append_marker("resume", fields)
+        self._closed_cleanly = False  # the file no longer ends with its close marker
         self._compressor.end_step()  # a resumed run opens a new step before any query
         self.flush()
 
@@ -790,7 +793,10 @@ class PrivacyLedger:
 
     @property
     def closed_cleanly(self) -> bool | None:
-        """Whether the file ends with a close marker (None for an in-memory ledger)."""
+        """Whether the file ends (or, for a writer, has ended) with a close marker.
+
+        None for an in-memory ledger.
+        """
         if self.path is None:
             return None
         return bool(self._closed_cleanly)

@@ -379,6 +379,19 @@ def test_resume_continues_the_chain_and_matches_an_uninterrupted_ledger(tmp_path
     assert loaded.closed_cleanly
 
 
+def test_closed_cleanly_follows_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "cc.dpl"
+    ledger = PrivacyLedger(path)
+    assert ledger.closed_cleanly is False
+    ledger.close()
+    assert ledger.closed_cleanly is True
+    resumed = PrivacyLedger(path, resume=True)
+    assert resumed.closed_cleanly is False  # its file now ends with a resume marker
+    assert PrivacyLedger.load(path).closed_cleanly is False
+    resumed.close()
+    assert resumed.closed_cleanly is True and PrivacyLedger.load(path).closed_cleanly is True
+
+
 def test_resume_of_a_missing_file_creates_it(tmp_path: Path) -> None:
     path = tmp_path / "fresh.dpl"
     with PrivacyLedger(path, resume=True, neighboring="replace_one") as ledger:
