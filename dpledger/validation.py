@@ -32,6 +32,8 @@ def _as_float(name: str, value: Any, expected: str) -> float:
     numpy scalars are ``numbers.Real``; 0-d numpy arrays of an integer or float dtype are accepted
     too. An integer too large for a float is refused rather than raising ``OverflowError``.
     """
+    if type(value) is float:  # the common case, without the slower abstract-class checks
+        return value
     if isinstance(value, bool):
         raise InvalidParameterError(name, value, expected)
     if not isinstance(value, numbers.Real):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -261,19 +262,30 @@ def _merge_adjacent(runs: Sequence[StepRun]) -> tuple[StepRun, ...]:
     return tuple(out)
 
 
+def _trusted_run(q: float, z: float, count: int) -> StepRun:
+    """A StepRun from values the compressor produced (already valid): no re-validation."""
+    run = object.__new__(StepRun)
+    object.__setattr__(run, "sampling_probability", q)
+    object.__setattr__(run, "noise_multiplier", z)
+    object.__setattr__(run, "count", count)
+    return run
+
+
 class RunCompressor:
     """Builds the run-length view of a ledger one event at a time, in O(1) per event.
 
     The last step stays open (more queries may arrive) until the next sampling event; ``runs()``
     includes it as it stands. The arithmetic is that of :func:`step_noise_multiplier`, written
     out inline because this sits on the recording hot path, so runs and steps agree exactly.
+    Finished runs are kept in three flat arrays (24 bytes per run).
     """
 
-    __slots__ = ("_last", "_nq", "_q", "_runs", "_single", "_step_open", "_steps", "_sum")
+    __slots__ = ("_nq", "_q", "_rc", "_rq", "_rz", "_single", "_step_open", "_steps", "_sum")
 
     def __init__(self) -> None:
-        self._runs: list[list[Any]] = []  # [q, z, count], mutable for O(1) extension
-        self._last: list[Any] | None = None  # self._runs[-1]
+        self._rq = array("d")  # q of each finished run
+        self._rz = array("d")  # z_eff of each finished run
+        self._rc = array("q")  # number of steps of each finished run
         self._step_open = False
         self._q = 0.0
         self._sum = 0.0  # Σ (S/σ̃)² of the open step
@@ -285,6 +297,11 @@ class RunCompressor:
     def num_steps(self) -> int:
         """Number of steps seen (including the open one)."""
         return self._steps
+
+    @property
+    def num_runs(self) -> int:
+        """Number of finished runs (the open step not included)."""
+        return len(self._rc)
 
     @property
     def step_open(self) -> bool:
@@ -320,12 +337,13 @@ class RunCompressor:
     def _fold(self) -> None:
         nq = self._nq
         z = self._single if nq == 1 else effective_noise_multiplier(self._sum, nq)
-        last = self._last
-        if last is not None and last[0] == self._q and last[1] == z:
-            last[2] += 1
+        rc = self._rc
+        if rc and self._rq[-1] == self._q and self._rz[-1] == z:
+            rc[-1] += 1
         else:
-            self._last = [self._q, z, 1]
-            self._runs.append(self._last)
+            self._rq.append(self._q)
+            self._rz.append(z)
+            rc.append(1)
 
     def end_step(self) -> None:
         """Fold the open step into the runs; later queries need a new sampling event."""
@@ -335,11 +353,11 @@ class RunCompressor:
 
     def runs(self) -> tuple[StepRun, ...]:
         """The runs of identical steps so far, the open step included."""
-        rows = [list(r) for r in self._runs]
+        out = list(map(_trusted_run, self._rq, self._rz, self._rc))
         if self._step_open:
-            z = self._open_z()
-            if rows and rows[-1][0] == self._q and rows[-1][1] == z:
-                rows[-1][2] += 1
+            q, z = self._q, self._open_z()
+            if out and out[-1].sampling_probability == q and out[-1].noise_multiplier == z:
+                out[-1] = _trusted_run(q, z, out[-1].count + 1)
             else:
-                rows.append([self._q, z, 1])
-        return tuple(StepRun(q, z, c) for q, z, c in rows)
+                out.append(_trusted_run(q, z, 1))
+        return tuple(out)
