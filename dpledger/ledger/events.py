@@ -25,6 +25,7 @@ __all__ = [
     "SamplingEvent",
     "SamplingScheme",
     "SumQueryEvent",
+    "full_scheme_expectation",
     "inverse_square_term",
 ]
 
