@@ -372,6 +372,7 @@ def test_resume_continues_the_chain_and_matches_an_uninterrupted_ledger(tmp_path
     loaded = PrivacyLedger.load(path)
     assert list(loaded.events()) == list(whole.events())
     assert loaded.runs() == whole.runs()
+    assert loaded.to_dp_event() == whole.to_dp_event()  # so every accountant gives the same ε
     kinds = [json.loads(line)["kind"] for line in lines_of(path)]
     assert kinds.count("resume") == 2 and kinds.count("close") == 2
     resume_lines = [json.loads(line) for line in lines_of(path) if b'"resume"' in line]
@@ -607,3 +608,56 @@ def test_killed_writer_keeps_every_flushed_event(tmp_path: Path) -> None:
         resumed = PrivacyLedger(path, resume=True)
     resumed.close()
     assert PrivacyLedger.load(path).num_events == loaded.num_events
+
+
+# ---------------------------------------------------------------------------- write failures
+def _failing_write(monkeypatch, *, after_bytes: int):
+    """Make os.write write at most ``after_bytes`` bytes in total, then fail like a full disk."""
+    real_write = os.write
+    budget = [after_bytes]
+
+    def write(fd: int, data) -> int:
+        if budget[0] <= 0:
+            raise OSError(28, "No space left on device")
+        n = real_write(fd, bytes(data[: budget[0]]))
+        budget[0] -= n
+        return n
+
+    monkeypatch.setattr(os, "write", write)
+    return real_write
+
+
+def test_a_failed_flush_keeps_the_unwritten_bytes_for_the_next(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "full.dpl"
+    ledger = PrivacyLedger(path, buffer_size=10**6, flush_interval=10**6)
+    record(ledger, SMALL_EVENTS)
+    real_write = _failing_write(monkeypatch, after_bytes=300)
+    with pytest.raises(OSError, match="No space"):
+        ledger.flush()
+    assert ledger.num_events == len(SMALL_EVENTS)  # recorded in memory all the same
+    with pytest.warns(LedgerWarning, match="incomplete"):
+        assert PrivacyLedger.load(path).num_events < len(SMALL_EVENTS)
+    monkeypatch.setattr(os, "write", real_write)  # space again
+    ledger.close()
+    loaded = PrivacyLedger.load(path)
+    assert list(loaded.events()) == list(ledger.events()) and loaded.closed_cleanly
+
+
+def test_a_failed_close_releases_the_file_and_refuses_more_events(
+    tmp_path: Path, monkeypatch
+) -> None:
+    path = tmp_path / "close.dpl"
+    ledger = PrivacyLedger(path, buffer_size=10**6, flush_interval=10**6)
+    record(ledger, SMALL_EVENTS)
+    real_write = _failing_write(monkeypatch, after_bytes=500)
+    with pytest.raises(OSError, match="No space"):
+        ledger.close()
+    monkeypatch.setattr(os, "write", real_write)
+    assert ledger.closed
+    with pytest.raises(LedgerStateError, match="closed"):
+        ledger.record_sample(sampling_probability=0.5)
+    with pytest.warns(LedgerWarning, match="incomplete"):
+        cut = PrivacyLedger.load(path)  # like a crash: the prefix that reached the disk
+    assert not cut.closed_cleanly
+    with pytest.warns(LedgerWarning, match="moved to"):
+        PrivacyLedger(path, resume=True).close()  # the lock was released
