@@ -2,8 +2,12 @@
 
 Each part of the library that has commands provides a module with
 ``register(subparsers: argparse._SubParsersAction) -> None``; the parsers it adds set
-``func=handler`` where ``handler(args) -> int`` returns the exit code. Library errors are printed
-as one line on stderr with exit code 2; ``--json`` output goes to stdout.
+``func=handler`` where ``handler(args) -> int`` returns the exit code.
+
+Exit codes: 0 success; 1 a ledger failed verification (it was altered, or a requirement such as
+``--require-closed`` does not hold); 2 the command could not run (bad arguments, a missing file,
+a path that is not a ledger). Errors are printed as one line on stderr; ``--json`` output goes to
+stdout.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from dpledger._version import __version__
-from dpledger.errors import DPLedgerError
+from dpledger.errors import DPLedgerError, LedgerVerificationError
 
 __all__ = ["build_parser", "main"]
 
@@ -41,6 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
+    except LedgerVerificationError as exc:
+        print(f"dpledger {args.command}: verification failed: {exc}", file=sys.stderr)
+        return 1
     except DPLedgerError as exc:
         print(f"dpledger {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -3,12 +3,14 @@
 Each function returns the value converted to its canonical Python type, or raises
 :class:`dpledger.errors.InvalidParameterError` naming the parameter, the value and the valid range.
 ``bool`` is refused wherever a number is expected: ``True`` as a probability is a bug, not a 1.
+A zero that may be signed is returned as +0.0, so that -0.0 never reaches a ledger file.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import operator
 from typing import Any
 
 from dpledger.errors import InvalidParameterError
@@ -17,6 +19,7 @@ __all__ = [
     "check_delta",
     "check_finite",
     "check_non_negative_finite",
+    "check_non_negative_int",
     "check_positive_finite",
     "check_positive_int",
     "check_probability",
@@ -24,19 +27,23 @@ __all__ = [
 
 
 def _as_float(name: str, value: Any, expected: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        # numpy scalars are numbers.Real; 0-d arrays are not, so accept them explicitly.
-        if (
-            hasattr(value, "ndim")
-            and getattr(value, "ndim", None) == 0
-            and not isinstance(value, bool)
-        ):
-            try:
-                return float(value)
-            except (TypeError, ValueError):
-                pass
+    """``value`` as a float, for real numbers only (bools, strings, complex numbers refused).
+
+    numpy scalars are ``numbers.Real``; 0-d numpy arrays of an integer or float dtype are accepted
+    too. An integer too large for a float is refused rather than raising ``OverflowError``.
+    """
+    if type(value) is float:  # the common case, without the slower abstract-class checks
+        return value
+    if isinstance(value, bool):
         raise InvalidParameterError(name, value, expected)
-    return float(value)
+    if not isinstance(value, numbers.Real):
+        dtype = getattr(value, "dtype", None)
+        if getattr(value, "ndim", None) != 0 or getattr(dtype, "kind", None) not in ("i", "u", "f"):
+            raise InvalidParameterError(name, value, expected)
+    try:
+        return float(value)
+    except (OverflowError, TypeError, ValueError):
+        raise InvalidParameterError(name, value, expected) from None
 
 
 def check_finite(name: str, value: Any) -> float:
@@ -63,7 +70,7 @@ def check_non_negative_finite(name: str, value: Any) -> float:
     x = _as_float(name, value, expected)
     if not (x >= 0.0 and math.isfinite(x)):
         raise InvalidParameterError(name, value, expected)
-    return x
+    return x + 0.0  # -0.0 becomes 0.0
 
 
 def check_probability(name: str, value: Any) -> float:
@@ -72,7 +79,7 @@ def check_probability(name: str, value: Any) -> float:
     x = _as_float(name, value, expected)
     if not 0.0 <= x <= 1.0:  # also rejects NaN
         raise InvalidParameterError(name, value, expected)
-    return x
+    return x + 0.0  # -0.0 becomes 0.0
 
 
 def check_delta(name: str, value: Any) -> float:
@@ -84,12 +91,29 @@ def check_delta(name: str, value: Any) -> float:
     return x
 
 
+def _as_int(name: str, value: Any, expected: str) -> int:
+    """``value`` as an int: Python and numpy integers, 0-d integer arrays; never bools or floats."""
+    if isinstance(value, bool):  # numpy bools have no __index__ and fail below
+        raise InvalidParameterError(name, value, expected)
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise InvalidParameterError(name, value, expected) from None
+
+
 def check_positive_int(name: str, value: Any) -> int:
     """Return ``value`` as an int; it must be an integer ≥ 1 (floats with integer value refused)."""
     expected = "an integer >= 1"
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidParameterError(name, value, expected)
-    x = int(value)
+    x = _as_int(name, value, expected)
     if x < 1:
+        raise InvalidParameterError(name, value, expected)
+    return x
+
+
+def check_non_negative_int(name: str, value: Any) -> int:
+    """Return ``value`` as an int; it must be an integer ≥ 0 (floats with integer value refused)."""
+    expected = "an integer >= 0"
+    x = _as_int(name, value, expected)
+    if x < 0:
         raise InvalidParameterError(name, value, expected)
     return x

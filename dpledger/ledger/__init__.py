@@ -12,6 +12,7 @@ from dpledger.ledger.steps import (
     LedgerStep,
     StepRun,
     effective_noise_multiplier,
+    step_noise_multiplier,
 )
 from dpledger.ledger.verify import VerificationReport, verify_ledger
 
@@ -28,5 +29,6 @@ __all__ = [
     "SumQueryEvent",
     "VerificationReport",
     "effective_noise_multiplier",
+    "step_noise_multiplier",
     "verify_ledger",
 ]

@@ -125,31 +125,17 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    report = verify_ledger(args.ledger)
-    problems: list[str] = []
-    if not report.intact:
-        problems.append(f"line {report.first_bad_line}: {report.reason}")
-    if report.intact and args.require_closed and not report.closed:
-        problems.append(
-            "the ledger does not end with a close marker "
-            "(writer crashed or still running, or final lines deleted)"
-        )
-    if report.intact and args.expect_head and report.head_hash != args.expect_head:
-        problems.append(
-            f"head hash {report.head_hash} differs from the expected {args.expect_head}"
-        )
-    ok = not problems
+    report = verify_ledger(
+        args.ledger, require_closed=args.require_closed, expect_head=args.expect_head
+    )
     if args.json:
-        out = report.to_dict()
-        out["ok"] = ok
-        out["problems"] = problems
-        print(json.dumps(out, indent=2))
-    elif ok:
+        print(json.dumps(report.to_dict(), indent=2))
+    elif report.ok:
         closed = "closed" if report.closed else "not closed (a writer may still be appending)"
         counts = f"{report.num_events} events in {report.num_steps} steps"
         print(f"OK: {report.path}: {counts}, {closed}; head {report.head_hash}")
     else:
         print(f"FAILED: {report.path}")
-        for p in problems:
-            print(f"  {p}")
-    return 0 if ok else 1
+        for problem in report.problems:
+            print(f"  {problem}")
+    return 0 if report.ok else 1

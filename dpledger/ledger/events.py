@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import enum
 import math
-import numbers
 from typing import Any
 
 import attrs
@@ -17,6 +16,7 @@ from dpledger.errors import InvalidParameterError
 from dpledger.validation import (
     check_non_negative_finite,
     check_positive_finite,
+    check_positive_int,
     check_probability,
 )
 
@@ -25,6 +25,8 @@ __all__ = [
     "SamplingEvent",
     "SamplingScheme",
     "SumQueryEvent",
+    "full_scheme_expectation",
+    "inverse_square_term",
 ]
 
 
@@ -74,38 +76,37 @@ class SamplingScheme(str, enum.Enum):
             raise InvalidParameterError(parameter, value, f"one of {valid}") from None
 
 
-def _probability(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    check_probability(attribute.name, value)
+def _probability(value: Any) -> float:
+    return check_probability("sampling_probability", value)
 
 
-def _population_size(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+def _population_size(value: Any) -> int | None:
     if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidParameterError(attribute.name, value, "an integer >= 1, or None if unknown")
+        return None
+    expected = "an integer >= 1, or None if unknown"
+    try:
+        return check_positive_int("population_size", value)
+    except InvalidParameterError:
+        raise InvalidParameterError("population_size", value, expected) from None
+
+
+def _default_scheme(inst: SamplingEvent) -> SamplingScheme:
+    return SamplingScheme.FULL if inst.sampling_probability == 1.0 else SamplingScheme.POISSON
 
 
 def _scheme_matches(inst: SamplingEvent, _attribute: attrs.Attribute, value: Any) -> None:
     if value is SamplingScheme.FULL and inst.sampling_probability != 1.0:
         raise InvalidParameterError(
-            "sampling_probability",
-            inst.sampling_probability,
-            "1.0 when scheme='full' (the full population is used every step)",
+            "scheme", value.value, full_scheme_expectation(inst.sampling_probability)
         )
 
 
-def _to_int_or_none(value: Any) -> Any:
-    # numpy integers are stored as plain ints; anything else is left for the validator to judge.
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return int(value)
-    return value
-
-
-def _to_float(value: Any) -> Any:
-    # numpy floats and ints are stored as plain floats; strings, bools etc. reach the validator.
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return float(value)
-    return value
+def full_scheme_expectation(sampling_probability: float) -> str:
+    """What the error for scheme='full' with q < 1 says is valid."""
+    return (
+        f"'poisson' when sampling_probability={sampling_probability!r} "
+        "('full' uses the whole population, so it needs sampling_probability=1.0)"
+    )
 
 
 @attrs.frozen(slots=True)
@@ -120,31 +121,42 @@ class SamplingEvent:
             or None when it is not known. Accounting does not use n (the privacy of Poisson
             sampling depends on q only); n is kept for the fixed-denominator average q·n and
             for the record.
-        scheme: how the sample was drawn (``POISSON``, or ``FULL`` for q = 1).
+        scheme: how the sample was drawn: ``POISSON``, or ``FULL`` (only with q = 1). The
+            default is ``FULL`` when q = 1 and ``POISSON`` otherwise.
     """
 
-    sampling_probability: float = attrs.field(converter=_to_float, validator=_probability)
-    population_size: int | None = attrs.field(
-        default=None, converter=_to_int_or_none, validator=_population_size
-    )
+    sampling_probability: float = attrs.field(converter=_probability)
+    population_size: int | None = attrs.field(default=None, converter=_population_size)
     scheme: SamplingScheme = attrs.field(
-        default=SamplingScheme.POISSON,
+        default=attrs.Factory(_default_scheme, takes_self=True),
         converter=SamplingScheme.parse,
         validator=_scheme_matches,
     )
 
 
-def _norm_bound(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    check_positive_finite(attribute.name, value)
+def _norm_bound(value: Any) -> float:
+    return check_positive_finite("l2_norm_bound", value)
 
 
-def _noise_stddev(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    check_non_negative_finite(attribute.name, value)
+def _noise_stddev(value: Any) -> float:
+    return check_non_negative_finite("noise_stddev", value)
 
 
 def _label(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if value is not None and not isinstance(value, str):
         raise InvalidParameterError(attribute.name, value, "a string or None")
+
+
+def inverse_square_term(l2_norm_bound: float, noise_stddev: float) -> float:
+    """(S / σ̃)², one query's term in paper Eq. 1; ∞ when σ̃ = 0.
+
+    Computed as a product, so a ratio beyond 1e154 gives ∞ (the step is then treated as not
+    private, which is conservative) instead of raising ``OverflowError`` as ``** 2`` would.
+    """
+    if noise_stddev == 0.0:
+        return math.inf
+    ratio = l2_norm_bound / noise_stddev
+    return ratio * ratio
 
 
 @attrs.frozen(slots=True)
@@ -165,8 +177,8 @@ class SumQueryEvent:
         label: an optional name for what was queried (a layer, a metric, a count).
     """
 
-    l2_norm_bound: float = attrs.field(converter=_to_float, validator=_norm_bound)
-    noise_stddev: float = attrs.field(converter=_to_float, validator=_noise_stddev)
+    l2_norm_bound: float = attrs.field(converter=_norm_bound)
+    noise_stddev: float = attrs.field(converter=_noise_stddev)
     label: str | None = attrs.field(default=None, validator=_label)
 
     @property
@@ -177,6 +189,4 @@ class SumQueryEvent:
     @property
     def inverse_square_multiplier(self) -> float:
         """(S / σ̃)², this query's term in paper Eq. 1 (∞ when σ̃ = 0)."""
-        if self.noise_stddev == 0.0:
-            return math.inf
-        return (self.l2_norm_bound / self.noise_stddev) ** 2
+        return inverse_square_term(self.l2_norm_bound, self.noise_stddev)

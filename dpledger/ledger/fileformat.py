@@ -1,13 +1,20 @@
 """The ledger file format: JSON Lines with a SHA-256 hash chain (see docs/ledger-format.md).
 
-Every line is one JSON object, written in a fixed layout that ends with
-``,"hash":"<64 hex digits>"}``. The hash is the SHA-256 of the line's UTF-8 bytes up to (not
-including) that ``,"hash":`` suffix, and every line names the previous line's hash in its
-``"prev"`` field, so a reader in any language can check the chain without canonical JSON.
+Every line is one JSON object in ASCII, written in one fixed layout that ends with
+``,"hash":"<64 hex digits>"}``. The hash is the SHA-256 of the line's bytes up to (not including)
+that ``,"hash":`` suffix, and every line names the previous line's hash in its ``"prev"`` field,
+so a reader in any language can check the chain without canonical JSON.
 
 Line 1 is the header (``"kind":"header"``, ``"seq":0``, ``"prev"`` = 64 zeros). Then come events
 (``"sample"``, ``"sum_query"``) and session markers (``"resume"`` when a writer reopens the file,
 ``"close"`` when it closes it cleanly), numbered by ``"seq"`` 1, 2, 3, …
+
+The reader accepts exactly what the writer writes: a line must be byte for byte the line the
+writer would produce from the values it holds (field order, no spaces, floats in Python's
+shortest round-trip ``repr``, no duplicate keys). That leaves no two readings of one verified file.
+Lines written by this module's encoders are parsed by one precompiled regular expression (the
+fast path); anything else is decoded with :func:`json.loads` and checked field by field, which
+either accepts the line with identical values or names what is wrong with it.
 """
 
 from __future__ import annotations
@@ -16,9 +23,8 @@ import datetime as _dt
 import hashlib
 import json
 import math
-import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import IO, Any
 
 import attrs
@@ -30,24 +36,64 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "GENESIS_HASH",
-    "HeaderRecord",
+    "HEADER_MAGIC",
+    "LedgerHeader",
     "LedgerReader",
     "TornTail",
+    "dump_metadata",
+    "encode_event",
     "encode_header",
+    "encode_label",
     "encode_marker",
     "encode_sample",
     "encode_sum_query",
+    "line_hash",
+    "sample_body",
+    "sum_query_body",
+    "utc_timestamp",
 ]
 
 FORMAT_NAME = "dpledger-ledger"
 FORMAT_VERSION = 1
 GENESIS_HASH = "0" * 64
 HEADER_MAGIC = b'{"format":"' + FORMAT_NAME.encode() + b'",'
-_HASH_SUFFIX_START = b',"hash":"'
-_SUFFIX_LEN = len(_HASH_SUFFIX_START) + 64 + 2  # ,"hash":"<64 hex>"}
-_HEX64 = re.compile(rb"[0-9a-f]{64}\Z")
-MARKER_KINDS = ("resume", "close")
-EVENT_KINDS = ("sample", "sum_query")
+_SUFFIX_START = b',"hash":"'
+_SUFFIX_LEN = len(_SUFFIX_START) + 64 + 2  # ,"hash":"<64 hex>"}
+_HEX64 = re.compile(rb"[0-9a-f]{64}")
+_BLOCK_SIZE = 1 << 20
+_CACHE_LIMIT = 4096
+
+_HEADER_FIELDS = (
+    "format",
+    "format_version",
+    "seq",
+    "prev",
+    "kind",
+    "library_version",
+    "created",
+    "neighboring",
+    "metadata",
+    "hash",
+)
+_SAMPLE_FIELDS = (
+    "seq",
+    "prev",
+    "kind",
+    "sampling_probability",
+    "population_size",
+    "scheme",
+    "hash",
+)
+_QUERY_FIELDS = ("seq", "prev", "kind", "l2_norm_bound", "noise_stddev", "label", "hash")
+_RESUME_FIELDS = ("seq", "prev", "kind", "time", "library_version", "hash")
+_RESUME_FIELDS_META = ("seq", "prev", "kind", "time", "library_version", "metadata", "hash")
+_CLOSE_FIELDS = ("seq", "prev", "kind", "time", "events", "steps", "hash")
+
+# How the two event kinds' lines continue after ``"kind":"`` (the fast path of the reader).
+_SAMPLE_START = b'sample","sampling_probability":'
+_SAMPLE_LEN = len(_SAMPLE_START)
+_QUERY_START = b'sum_query","l2_norm_bound":'
+_QUERY_LEN = len(_QUERY_START)
 
 
 def utc_timestamp() -> str:
@@ -56,11 +102,47 @@ def utc_timestamp() -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def line_hash(content: bytes) -> str:
+    """The hash of a line: SHA-256 (lowercase hex) of its bytes before ``,"hash":``."""
+    return hashlib.sha256(content).hexdigest()
+
+
 def _seal(content: str) -> tuple[bytes, str]:
     """Append the hash suffix to a line's content; return (line bytes with newline, hash)."""
-    raw = content.encode("utf-8")
+    raw = content.encode("ascii")
     digest = hashlib.sha256(raw).hexdigest()
     return raw + b',"hash":"' + digest.encode("ascii") + b'"}\n', digest
+
+
+def _json_text(value: Any) -> str:
+    """Compact, key-sorted, ASCII JSON; refuses NaN and infinities."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def dump_metadata(metadata: Any, *, parameter: str = "metadata") -> str:
+    """Serialise user metadata as compact JSON, refusing what JSON cannot carry exactly."""
+    if not isinstance(metadata, dict):
+        raise InvalidParameterError(parameter, metadata, "a dict of JSON-serialisable values")
+    try:
+        text = _json_text(metadata)
+    except (TypeError, ValueError) as exc:
+        raise InvalidParameterError(
+            parameter, metadata, f"a dict of JSON-serialisable values with string keys ({exc})"
+        ) from None
+    # What JSON cannot carry exactly (tuples, non-string keys, subclasses of str/int/float) would
+    # come back different; refuse it rather than store something else than what was given.
+    if json.loads(text) != metadata or _json_text(json.loads(text)) != text:
+        raise InvalidParameterError(
+            parameter,
+            metadata,
+            "a dict that survives a JSON round trip unchanged (string keys, no tuples)",
+        )
+    return text
+
+
+def encode_label(label: str | None) -> str:
+    """A sum-query label as it appears in a line: a JSON string (ASCII escapes) or ``null``."""
+    return "null" if label is None else json.dumps(label)
 
 
 def encode_header(
@@ -70,69 +152,80 @@ def encode_header(
     library_version: str,
     created: str,
 ) -> tuple[bytes, str]:
-    """The header line (seq 0)."""
+    """The header line (seq 0), with its newline, and its hash."""
     content = (
         f'{{"format":"{FORMAT_NAME}","format_version":{FORMAT_VERSION},"seq":0,'
         f'"prev":"{GENESIS_HASH}","kind":"header","library_version":{json.dumps(library_version)},'
         f'"created":{json.dumps(created)},"neighboring":"{neighboring.value}",'
-        f'"metadata":{dump_metadata(metadata)}'
+        f'"metadata":{_json_text(metadata)}'
     )
     return _seal(content)
 
 
-def dump_metadata(metadata: dict[str, Any], *, parameter: str = "metadata") -> str:
-    """Serialise user metadata as compact JSON, refusing what JSON cannot carry exactly."""
-    if not isinstance(metadata, dict):
-        raise InvalidParameterError(parameter, metadata, "a dict of JSON-serialisable values")
-    try:
-        return json.dumps(metadata, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidParameterError(
-            parameter, metadata, f"a dict of JSON-serialisable values with string keys ({exc})"
-        ) from None
+def sample_body(sampling_probability: float, population_size: int | None, scheme: str) -> str:
+    """The part of a sampling-event line between ``"kind":"`` and ``,"hash":``.
+
+    Floats use repr(), the shortest exact round trip; -0.0 is written as 0.0.
+    """
+    n = "null" if population_size is None else str(population_size)
+    return (
+        f'sample","sampling_probability":{sampling_probability + 0.0!r},'
+        f'"population_size":{n},"scheme":"{scheme}"'
+    )
+
+
+def sum_query_body(l2_norm_bound: float, noise_stddev: float, label_json: str) -> str:
+    """The part of a sum-query line between ``"kind":"`` and ``,"hash":``."""
+    return (
+        f'sum_query","l2_norm_bound":{l2_norm_bound + 0.0!r},'
+        f'"noise_stddev":{noise_stddev + 0.0!r},"label":{label_json}'
+    )
+
+
+def encode_event(seq: int, prev: str, body: str) -> tuple[bytes, str]:
+    """An event line from its sequence number, previous hash and body; and its hash."""
+    raw = f'{{"seq":{seq},"prev":"{prev}","kind":"{body}'.encode("ascii")
+    digest = hashlib.sha256(raw).hexdigest()
+    return raw + b',"hash":"' + digest.encode("ascii") + b'"}\n', digest
 
 
 def encode_sample(
     seq: int, prev: str, sampling_probability: float, population_size: int | None, scheme: str
 ) -> tuple[bytes, str]:
-    """A sampling-event line. Floats use repr(), the shortest exact round-trip form."""
-    n = "null" if population_size is None else str(population_size)
-    return _seal(
-        f'{{"seq":{seq},"prev":"{prev}","kind":"sample",'
-        f'"sampling_probability":{sampling_probability!r},"population_size":{n},'
-        f'"scheme":"{scheme}"'
-    )
+    """A sampling-event line and its hash."""
+    return encode_event(seq, prev, sample_body(sampling_probability, population_size, scheme))
 
 
 def encode_sum_query(
     seq: int, prev: str, l2_norm_bound: float, noise_stddev: float, label_json: str
 ) -> tuple[bytes, str]:
-    """A sum-query-event line; ``label_json`` is the label already encoded as JSON (or null)."""
-    return _seal(
-        f'{{"seq":{seq},"prev":"{prev}","kind":"sum_query",'
-        f'"l2_norm_bound":{l2_norm_bound!r},"noise_stddev":{noise_stddev!r},"label":{label_json}'
-    )
+    """A sum-query-event line and its hash; ``label_json`` is :func:`encode_label`'s output."""
+    return encode_event(seq, prev, sum_query_body(l2_norm_bound, noise_stddev, label_json))
 
 
 def encode_marker(seq: int, prev: str, kind: str, fields: dict[str, Any]) -> tuple[bytes, str]:
-    """A session-marker line (``resume`` or ``close``)."""
-    extra = "".join(
-        f",{json.dumps(k)}:{json.dumps(v, sort_keys=True, separators=(',', ':'), allow_nan=False)}"
-        for k, v in fields.items()
-    )
+    """A session-marker line (``resume`` or ``close``) and its hash; fields in the given order."""
+    extra = "".join(f",{json.dumps(k)}:{_json_text(v)}" for k, v in fields.items())
     return _seal(f'{{"seq":{seq},"prev":"{prev}","kind":"{kind}"{extra}')
 
 
 @attrs.frozen
-class HeaderRecord:
-    """The decoded header line of a ledger file."""
+class LedgerHeader:
+    """What a ledger says about itself (its header line).
 
-    format_version: int
-    library_version: str
-    created: str
+    Attributes:
+        neighboring: the neighboring relation the ledger's guarantee is stated for.
+        metadata: user metadata given when the ledger was created (JSON values).
+        created: creation time, ISO 8601 UTC.
+        library_version: the dpledger version that created the ledger.
+        format_version: the file-format version (1).
+    """
+
     neighboring: NeighboringRelation
     metadata: dict[str, Any]
-    hash: str
+    created: str
+    library_version: str
+    format_version: int = FORMAT_VERSION
 
 
 @attrs.frozen
@@ -157,186 +250,560 @@ class TornTail:
         )
 
 
-def _is_finite_number(x: Any) -> bool:
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def _canonical_number(cache: dict[bytes, float], text: bytes) -> float | None:
+    """The finite float written as ``text`` if ``text`` is its canonical form (repr, no -0.0)."""
+    try:
+        x = float(text)
+    except ValueError:
+        return None
+    if not math.isfinite(x) or repr(x + 0.0).encode("ascii") != text:
+        return None
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    cache[text] = x
+    return x
+
+
+_NOT_CANONICAL = object()
+
+
+def _canonical_label(cache: dict[bytes, Any], text: bytes) -> Any:
+    """The label written as the JSON string ``text``, or ``_NOT_CANONICAL``."""
+    try:
+        label = json.loads(text)
+    except ValueError:  # includes invalid UTF-8 and bad escapes
+        return _NOT_CANONICAL
+    if not isinstance(label, str) or json.dumps(label).encode("ascii") != text:
+        return _NOT_CANONICAL
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    cache[text] = label
+    return label
+
+
+def _parse_event_body(
+    body: bytes, numbers: dict[bytes, float], labels: dict[bytes, Any]
+) -> tuple[bool, Any, Any, Any] | None:
+    """Parse the part of an event line between ``"kind":"`` and ``,"hash":``.
+
+    Returns ``(True, q, n, scheme)`` for a sampling event, ``(False, S, sigma, label)`` for a
+    sum query, or None unless the body is exactly what the encoders write for valid values.
+    """
+    if body[:_SAMPLE_LEN] == _SAMPLE_START:
+        parts = body[_SAMPLE_LEN:].split(b",")
+        if len(parts) != 3:
+            return None
+        q_t, n_t, sch_t = parts
+        q = numbers.get(q_t)
+        if q is None:
+            q = _canonical_number(numbers, q_t)
+        if q is None or not 0.0 <= q <= 1.0 or n_t[:18] != b'"population_size":':
+            return None
+        n_t = n_t[18:]
+        if n_t == b"null":
+            n = None
+        elif n_t.isdigit() and n_t[:1] != b"0":
+            n = int(n_t)
+        else:
+            return None
+        if sch_t == b'"scheme":"poisson"':
+            return (True, q, n, "poisson")
+        if sch_t == b'"scheme":"full"' and q == 1.0:
+            return (True, q, n, "full")
+        return None
+    if body[:_QUERY_LEN] == _QUERY_START:
+        parts = body[_QUERY_LEN:].split(b",", 2)
+        if len(parts) != 3 or parts[1][:15] != b'"noise_stddev":' or parts[2][:8] != b'"label":':
+            return None
+        s_t, sig_t, lab_t = parts[0], parts[1][15:], parts[2][8:]
+        s = numbers.get(s_t)
+        if s is None:
+            s = _canonical_number(numbers, s_t)
+        sigma = numbers.get(sig_t)
+        if sigma is None:
+            sigma = _canonical_number(numbers, sig_t)
+        if s is None or not s > 0.0 or sigma is None or not sigma >= 0.0:
+            return None
+        if lab_t == b"null":
+            return (False, s, sigma, None)
+        label = labels.get(lab_t, _NOT_CANONICAL)
+        if label is _NOT_CANONICAL:
+            label = _canonical_label(labels, lab_t)
+            if label is _NOT_CANONICAL:
+                return None
+        return (False, s, sigma, label)
+    return None
+
+
+def _complete_line(raw: bytes) -> bool:
+    """True if ``raw`` ends with a hash suffix that matches its content."""
+    return (
+        len(raw) > _SUFFIX_LEN
+        and raw[-_SUFFIX_LEN : -_SUFFIX_LEN + 9] == _SUFFIX_START
+        and raw[-2:] == b'"}'
+        and hashlib.sha256(raw[:-_SUFFIX_LEN]).hexdigest().encode("ascii") == raw[-66:-2]
+    )
+
+
+def _noop(*_args: Any) -> None:
+    return None
+
+
 class LedgerReader:
-    """Reads and verifies a ledger file line by line.
+    """Reads and verifies a ledger file, calling back for every record.
 
-    Iterating yields ``(kind, obj)`` for every event and marker line after the header, where
-    ``obj`` is the decoded JSON object. Verification happens as the lines are read: the first
-    line that breaks the format or the chain raises :class:`LedgerVerificationError` naming it.
-    An incomplete final line (no newline, does not verify) is a torn tail: it is not yielded and
-    is reported in :attr:`torn_tail` after iteration.
+    :meth:`read` goes through the file once, in blocks, and checks every line as it comes: its
+    hash, its sequence number, its link to the previous line, its values, the order rules
+    (a sum query needs a sampling event in the same session; after a close marker only a resume
+    marker may follow) and its layout. The first line that fails raises
+    :class:`~dpledger.errors.LedgerVerificationError` naming it; a file whose first line is not a
+    dpledger header raises :class:`~dpledger.errors.NotALedgerError`.
 
-    After iteration, :attr:`valid_length` is the byte length of the verified prefix,
-    :attr:`head_hash` the hash of its last line, :attr:`last_seq` its sequence number, and
-    :attr:`missing_newline` tells whether that last line lacks its newline.
+    An incomplete final line (no newline, no matching hash) that is the beginning of the line the
+    writer would have written next is a torn tail: it is not used and is reported in
+    :attr:`torn_tail`. A final line that lacks only its newline is complete and is used.
+
+    Attributes (after :meth:`read`):
+        header: the decoded header, or None when the header itself is incomplete.
+        header_torn: True when the file holds no complete header (empty, or cut in line 1).
+        torn_tail: the incomplete final line, or None.
+        valid_length: byte length of the verified prefix.
+        head_hash: hash of the last verified line (64 zeros if none).
+        last_seq: sequence number of the last verified line (-1 if none).
+        last_kind: kind of the last verified line (None if none).
+        missing_newline: the last verified line has no final newline.
+        num_events: sampling and sum-query events in the verified prefix.
+        num_steps: sampling events in the verified prefix.
     """
 
-    def __init__(self, fp: IO[bytes], *, path: str | None = None) -> None:
+    def __init__(self, fp: IO[bytes], *, path: str | None = None, fast: bool = True) -> None:
         self._fp = fp
         self.path = path
-        self.header: HeaderRecord | None = None
+        self._fast = fast
+        self.header: LedgerHeader | None = None
+        self.header_torn = False
         self.torn_tail: TornTail | None = None
         self.valid_length = 0
         self.head_hash = GENESIS_HASH
         self.last_seq = -1
         self.last_kind: str | None = None
         self.missing_newline = False
-        self.header_torn = False
+        self.num_events = 0
+        self.num_steps = 0
+        self._step_open = False
 
-    def _fail(self, line_number: int, reason: str) -> LedgerVerificationError:
-        return LedgerVerificationError(reason, line_number=line_number, path=self.path)
+    @property
+    def closed(self) -> bool:
+        """True when the verified prefix ends with a close marker."""
+        return self.last_kind == "close"
 
-    def _check_line(self, raw: bytes, line_number: int) -> dict[str, Any]:
-        """Verify one complete line (without newline); return its JSON object."""
-        if len(raw) <= _SUFFIX_LEN or raw[-_SUFFIX_LEN : -_SUFFIX_LEN + 9] != _HASH_SUFFIX_START:
-            raise self._fail(line_number, 'does not end with the ,"hash":"<64 hex>"} suffix')
-        digest = raw[-66:-2]
-        if raw[-2:] != b'"}' or not _HEX64.match(digest):
-            raise self._fail(line_number, 'does not end with the ,"hash":"<64 hex>"} suffix')
-        if hashlib.sha256(raw[:-_SUFFIX_LEN]).hexdigest().encode("ascii") != digest:
-            raise self._fail(line_number, "hash does not match the line's content (line edited)")
+    # ---------------------------------------------------------------- reading
+    def read(
+        self,
+        *,
+        on_sample: Callable[[float, int | None, str], Any] = _noop,
+        on_query: Callable[[float, float, str | None], Any] = _noop,
+        on_marker: Callable[[str, dict[str, Any]], Any] = _noop,
+    ) -> LedgerReader:
+        """Verify the whole file, calling ``on_sample(q, n, scheme)``,
+        ``on_query(S, sigma, label)`` and ``on_marker(kind, fields)`` for its records in order.
+        """
+        fp = self._fp
+        fast = self._fast
+        sha256 = hashlib.sha256
+        numbers: dict[bytes, float] = {}
+        labels: dict[bytes, Any] = {}
+        bodies: dict[bytes, tuple[bool, Any, Any, Any]] = {}
+        head = self.head_hash.encode("ascii")
+        seq = self.last_seq
+        step_open = self._step_open
+        closed = self.last_kind == "close"
+        num_events = self.num_events
+        num_steps = self.num_steps
+        line_number = 0
+        offset = 0
+        pending = b""
+        last_kind = self.last_kind
+        first_block = True
+        while True:
+            block = fp.read(_BLOCK_SIZE)
+            if not block:
+                break
+            if first_block:
+                first_block = False
+                if not HEADER_MAGIC.startswith(block[: len(HEADER_MAGIC)]):
+                    raise self._not_a_ledger()
+            if pending:
+                block = pending + block
+            lines = block.split(b"\n")
+            pending = lines.pop()
+            for raw in lines:
+                line_number += 1
+                # Fast path: an event line exactly as encode_sample / encode_sum_query write
+                # it. Its start is fixed by the state (seq and prev), its end by its hash; the
+                # body between them repeats from step to step, so its parse is cached.
+                if fast and not closed:
+                    start = b'{"seq":%d,"prev":"%s","kind":"' % (seq + 1, head)
+                    if (
+                        raw.startswith(start)
+                        and raw[-75:-66] == _SUFFIX_START
+                        and raw[-2:] == b'"}'
+                        and sha256(raw[:-75]).hexdigest().encode() == raw[-66:-2]
+                    ):
+                        body = raw[len(start) : -75]
+                        rec = bodies.get(body)
+                        if rec is None:
+                            rec = _parse_event_body(body, numbers, labels)
+                            if rec is not None:
+                                if len(bodies) >= _CACHE_LIMIT:
+                                    bodies.clear()
+                                bodies[body] = rec
+                        if rec is not None:
+                            if rec[0]:  # a sampling event
+                                on_sample(rec[1], rec[2], rec[3])
+                                step_open = True
+                                num_steps += 1
+                                num_events += 1
+                                last_kind = "sample"
+                                head = raw[-66:-2]
+                                seq += 1
+                                offset += len(raw) + 1
+                                continue
+                            if step_open:
+                                on_query(rec[1], rec[2], rec[3])
+                                num_events += 1
+                                last_kind = "sum_query"
+                                head = raw[-66:-2]
+                                seq += 1
+                                offset += len(raw) + 1
+                                continue
+                # Not a well-formed event line: decode it the slow way, which accepts it with
+                # the same values or raises naming what is wrong.
+                kind, value, digest = self._decode(
+                    raw, line_number, seq, head, step_open, closed, num_events, num_steps
+                )
+                if kind == "sample":
+                    on_sample(*value)
+                    step_open = True
+                    num_steps += 1
+                    num_events += 1
+                elif kind == "sum_query":
+                    on_query(*value)
+                    num_events += 1
+                elif kind == "header":
+                    self.header = value
+                else:
+                    on_marker(kind, value)
+                    step_open = False
+                closed = kind == "close"
+                last_kind = kind
+                head = digest
+                seq += 1
+                offset += len(raw) + 1
+        if pending:
+            line_number += 1
+            # Fold the state in first: the final line is judged against it.
+            self._store(head, seq, last_kind, step_open, num_events, num_steps, offset)
+            self._read_last(pending, line_number, offset, on_sample, on_query, on_marker)
+            return self
+        if line_number == 0:
+            self.header_torn = True  # an empty file: the writer died before its header
+        self._store(head, seq, last_kind, step_open, num_events, num_steps, offset)
+        return self
+
+    def _store(
+        self,
+        head: bytes,
+        seq: int,
+        last_kind: str | None,
+        step_open: bool,
+        num_events: int,
+        num_steps: int,
+        offset: int,
+    ) -> None:
+        self.head_hash = head.decode("ascii")
+        self.last_seq = seq
+        self.last_kind = last_kind
+        self._step_open = step_open
+        self.num_events = num_events
+        self.num_steps = num_steps
+        self.valid_length = offset
+
+    def _read_last(
+        self,
+        raw: bytes,
+        line_number: int,
+        offset: int,
+        on_sample: Callable[..., Any],
+        on_query: Callable[..., Any],
+        on_marker: Callable[..., Any],
+    ) -> None:
+        """A final line without newline: used if it verifies, else maybe a torn tail."""
+        if line_number == 1 and len(raw) < len(HEADER_MAGIC):
+            # A prefix of the magic (the first block check refused anything else).
+            self.torn_tail = TornTail(line_number=1, offset=0, length=len(raw))
+            self.header_torn = True
+            return
+        head = self.head_hash.encode("ascii")
         try:
-            obj = json.loads(raw)
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise self._fail(line_number, f"not valid JSON ({exc})") from None
-        if not isinstance(obj, dict):
-            raise self._fail(line_number, "not a JSON object")
-        expected_seq = self.last_seq + 1
-        if obj.get("seq") != expected_seq or isinstance(obj.get("seq"), bool):
-            raise self._fail(
+            kind, value, digest = self._decode(
+                raw,
                 line_number,
-                f"sequence number {obj.get('seq')!r}, expected {expected_seq} "
-                "(a line was deleted, inserted, duplicated or moved)",
+                self.last_seq,
+                head,
+                self._step_open,
+                self.last_kind == "close",
+                self.num_events,
+                self.num_steps,
             )
-        if obj.get("prev") != self.head_hash:
-            raise self._fail(
-                line_number,
-                "does not chain to the previous line's hash "
-                "(a line before it was changed, deleted, inserted or moved)",
-            )
-        return obj
+        except LedgerVerificationError:
+            if _complete_line(raw):
+                raise  # a whole line that is wrong: not a crash
+            if line_number == 1:
+                expected = _header_prefix()
+            else:
+                expected = b'{"seq":%d,"prev":"%s","kind":"' % (self.last_seq + 1, head)
+            k = min(len(raw), len(expected))
+            if raw[:k] != expected[:k]:
+                raise LedgerVerificationError(
+                    "incomplete last line that is not the beginning of the next line "
+                    f"(expected it to start with {expected.decode('ascii')!r})",
+                    line_number=line_number,
+                    path=self.path,
+                ) from None
+            self.torn_tail = TornTail(line_number=line_number, offset=offset, length=len(raw))
+            self.header_torn = line_number == 1
+            return
+        if kind == "sample":
+            on_sample(*value)
+            self._step_open = True
+            self.num_steps += 1
+            self.num_events += 1
+        elif kind == "sum_query":
+            on_query(*value)
+            self.num_events += 1
+        elif kind == "header":
+            self.header = value
+        else:
+            on_marker(kind, value)
+            self._step_open = False
+        self.last_kind = kind
+        self.last_seq += 1
+        self.head_hash = digest.decode("ascii")
+        self.valid_length = offset + len(raw)
+        self.missing_newline = True
 
-    def _check_header(self, obj: dict[str, Any], line_number: int) -> HeaderRecord:
-        if obj.get("kind") != "header" or obj.get("format") != FORMAT_NAME:
-            raise self._fail(line_number, "the first line is not a dpledger header")
-        version = obj.get("format_version")
-        if version != FORMAT_VERSION:
-            raise self._fail(
-                line_number,
-                f"format_version {version!r} is not supported (this reader knows {FORMAT_VERSION})",
-            )
-        try:
-            neighboring = NeighboringRelation.parse(obj.get("neighboring"))
-        except InvalidParameterError as exc:
-            raise self._fail(line_number, str(exc)) from None
-        metadata = obj.get("metadata")
-        if not isinstance(metadata, dict):
-            raise self._fail(line_number, "header metadata is not a JSON object")
-        return HeaderRecord(
-            format_version=version,
-            library_version=str(obj.get("library_version")),
-            created=str(obj.get("created")),
-            neighboring=neighboring,
-            metadata=metadata,
-            hash=obj["hash"],
+    # ---------------------------------------------------------------- one line, slowly
+    def _not_a_ledger(self) -> NotALedgerError:
+        return NotALedgerError(
+            f"{self.path or 'the file'} is not a dpledger ledger (it does not start with "
+            f"{HEADER_MAGIC.decode()!r})",
+            path=self.path,
         )
 
-    def _check_event(self, obj: dict[str, Any], line_number: int) -> str:
-        kind = obj.get("kind")
-        if kind == "sample":
-            q = obj.get("sampling_probability")
-            n = obj.get("population_size")
-            scheme = obj.get("scheme")
-            if not (_is_finite_number(q) and 0.0 <= q <= 1.0):
-                raise self._fail(line_number, f"sampling_probability {q!r} is not in [0, 1]")
-            if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-                raise self._fail(line_number, f"population_size {n!r} is not null or >= 1")
-            if scheme not in ("poisson", "full") or (scheme == "full" and q != 1.0):
-                raise self._fail(line_number, f"scheme {scheme!r} is invalid for q = {q!r}")
-        elif kind == "sum_query":
-            s = obj.get("l2_norm_bound")
-            sigma = obj.get("noise_stddev")
-            label = obj.get("label")
-            if not (_is_finite_number(s) and s > 0):
-                raise self._fail(line_number, f"l2_norm_bound {s!r} is not a finite number > 0")
-            if not (_is_finite_number(sigma) and sigma >= 0):
-                raise self._fail(line_number, f"noise_stddev {sigma!r} is not a finite number >= 0")
-            if label is not None and not isinstance(label, str):
-                raise self._fail(line_number, f"label {label!r} is not a string or null")
-            if self.last_kind in (None, "header", "resume"):
-                raise self._fail(line_number, "sum query before any sampling event of its session")
-        elif kind in MARKER_KINDS:
-            pass
-        else:
-            raise self._fail(line_number, f"unknown record kind {kind!r}")
-        if self.last_kind == "close" and kind != "resume":
-            raise self._fail(line_number, f"{kind!r} record after the ledger was closed")
-        return kind
+    def _decode(
+        self,
+        raw: bytes,
+        line_number: int,
+        seq: int,
+        head: bytes,
+        step_open: bool,
+        closed: bool,
+        num_events: int,
+        num_steps: int,
+    ) -> tuple[str, Any, bytes]:
+        """Check one complete line (without newline) against the state before it.
 
-    def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        offset = 0
-        line_number = 0
-        for chunk in self._fp:
-            line_number += 1
-            if chunk.endswith(b"\n"):
-                yield from self._accept(chunk[:-1], line_number, offset, len(chunk))
-                offset += len(chunk)
-            else:  # iteration only returns a line without newline at the end of the file
-                yield from self._accept_last(chunk, line_number, offset)
-        if line_number == 0:
-            self.header_torn = True  # empty file: a writer that died before its header
+        Returns ``(kind, value, hash)`` where value is a LedgerHeader for the header,
+        ``(q, n, scheme)`` for a sample, ``(S, sigma, label)`` for a sum query and the marker's
+        fields (a dict without seq, prev, kind and hash) for a marker.
+        """
 
-    def _accept(
-        self, raw: bytes, line_number: int, offset: int, size: int
-    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        def fail(reason: str) -> LedgerVerificationError:
+            return LedgerVerificationError(reason, line_number=line_number, path=self.path)
+
         if line_number == 1 and not raw.startswith(HEADER_MAGIC):
-            raise NotALedgerError(
-                f"{self.path or 'file'} is not a dpledger ledger (its first line does not start "
-                f"with {HEADER_MAGIC.decode()!r})",
-                path=self.path,
-            )
-        obj = self._check_line(raw, line_number)
+            raise self._not_a_ledger()
+        if not (
+            len(raw) > _SUFFIX_LEN
+            and raw[-_SUFFIX_LEN : -_SUFFIX_LEN + 9] == _SUFFIX_START
+            and raw[-2:] == b'"}'
+            and _HEX64.fullmatch(raw[-66:-2])
+        ):
+            raise fail('does not end with the suffix ,"hash":"<64 lowercase hex digits>"}')
+        digest = raw[-66:-2]
+        if hashlib.sha256(raw[:-_SUFFIX_LEN]).hexdigest().encode("ascii") != digest:
+            raise fail("its hash does not match its content (the line was edited)")
+        try:
+            text = raw.decode("ascii")
+        except UnicodeDecodeError:
+            raise fail("contains bytes that are not ASCII (dpledger writes ASCII only)") from None
+        try:
+            obj = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        except ValueError as exc:
+            raise fail(f"is not valid JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise fail("is not a JSON object")
         if line_number == 1:
-            self.header = self._check_header(obj, line_number)
-            kind = "header"
+            version = obj.get("format_version")
+            if type(version) is not int or version != FORMAT_VERSION:
+                raise fail(
+                    f"format_version {version!r} is not supported "
+                    f"(this reader knows version {FORMAT_VERSION})"
+                )
+        got_seq = obj.get("seq")
+        if type(got_seq) is not int or got_seq != seq + 1:
+            raise fail(
+                f"sequence number {got_seq!r}, expected {seq + 1} "
+                "(a line was deleted, inserted, duplicated or moved)"
+            )
+        prev = head.decode("ascii")
+        if obj.get("prev") != prev:
+            raise fail(
+                "does not chain to the previous line's hash "
+                "(a line before it was changed, deleted, inserted or moved)"
+            )
+        kind = obj.get("kind")
+        value: Any
+        if line_number == 1:
+            value = self._check_header(obj, fail)
+            expected, _ = encode_header(
+                neighboring=value.neighboring,
+                metadata=value.metadata,
+                library_version=value.library_version,
+                created=value.created,
+            )
+        elif kind == "header":
+            raise fail("a second header")
+        elif closed and kind != "resume":
+            raise fail(
+                f"a {kind!r} record after the close marker (only a resume marker may follow it)"
+            )
+        elif kind == "sample":
+            _check_fields(obj, _SAMPLE_FIELDS, fail)
+            q = obj["sampling_probability"]
+            n = obj["population_size"]
+            scheme = obj["scheme"]
+            if not (_is_number(q) and 0.0 <= q <= 1.0):
+                raise fail(f"sampling_probability {q!r} is not a number in [0, 1]")
+            if n is not None and (type(n) is not int or n < 1):
+                raise fail(f"population_size {n!r} is neither null nor an integer >= 1")
+            if scheme not in ("poisson", "full"):
+                raise fail(f"scheme {scheme!r} is not 'poisson' or 'full'")
+            if scheme == "full" and q != 1.0:
+                raise fail(f"scheme 'full' needs sampling_probability 1.0, not {q!r}")
+            value = (float(q), n, scheme)
+            expected, _ = encode_sample(seq + 1, prev, float(q), n, scheme)
+        elif kind == "sum_query":
+            _check_fields(obj, _QUERY_FIELDS, fail)
+            s = obj["l2_norm_bound"]
+            sigma = obj["noise_stddev"]
+            label = obj["label"]
+            if not (_is_number(s) and s > 0.0):
+                raise fail(f"l2_norm_bound {s!r} is not a finite number > 0")
+            if not (_is_number(sigma) and sigma >= 0.0):
+                raise fail(f"noise_stddev {sigma!r} is not a finite number >= 0")
+            if label is not None and not isinstance(label, str):
+                raise fail(f"label {label!r} is neither null nor a string")
+            if not step_open:
+                raise fail("a sum query with no sampling event before it in its session")
+            value = (float(s), float(sigma), label)
+            expected, _ = encode_sum_query(
+                seq + 1, prev, float(s), float(sigma), encode_label(label)
+            )
+        elif kind == "resume":
+            has_meta = "metadata" in obj
+            _check_fields(obj, _RESUME_FIELDS_META if has_meta else _RESUME_FIELDS, fail)
+            for key in ("time", "library_version"):
+                if not isinstance(obj[key], str):
+                    raise fail(f"{key} {obj[key]!r} is not a string")
+            if has_meta and not isinstance(obj["metadata"], dict):
+                raise fail("resume metadata is not a JSON object")
+            value = {k: obj[k] for k in _RESUME_FIELDS_META[3:-1] if k in obj}
+            expected, _ = encode_marker(seq + 1, prev, "resume", value)
+        elif kind == "close":
+            _check_fields(obj, _CLOSE_FIELDS, fail)
+            if not isinstance(obj["time"], str):
+                raise fail(f"time {obj['time']!r} is not a string")
+            if obj["events"] != num_events or type(obj["events"]) is not int:
+                raise fail(
+                    f"the close marker counts {obj['events']!r} events, the lines before it hold "
+                    f"{num_events}"
+                )
+            if obj["steps"] != num_steps or type(obj["steps"]) is not int:
+                raise fail(
+                    f"the close marker counts {obj['steps']!r} steps, the lines before it hold "
+                    f"{num_steps}"
+                )
+            value = {k: obj[k] for k in _CLOSE_FIELDS[3:-1]}
+            expected, _ = encode_marker(seq + 1, prev, "close", value)
         else:
-            kind = self._check_event(obj, line_number)
-        self.head_hash = obj["hash"]
-        self.last_seq = obj["seq"]
-        self.last_kind = kind
-        self.valid_length = offset + size
-        if kind != "header":
-            yield kind, obj
+            raise fail(f"unknown record kind {kind!r}")
+        if expected[:-1] != raw:
+            raise fail(
+                "is not in the exact layout dpledger writes (field order, spacing or number "
+                "format differ): the line was rewritten"
+            )
+        return ("header" if line_number == 1 else kind), value, digest
 
-    def _accept_last(
-        self, raw: bytes, line_number: int, offset: int
-    ) -> Iterator[tuple[str, dict[str, Any]]]:
-        """A final line without newline: kept if it verifies, else reported as a torn tail."""
-        if line_number == 1 and HEADER_MAGIC.startswith(raw):
-            records: list[tuple[str, dict[str, Any]]] = []
-            verified = False
-        else:
-            try:
-                records = list(self._accept(raw, line_number, offset, len(raw)))
-                verified = True
-            except LedgerVerificationError:
-                records, verified = [], False
-        if verified:
-            self.missing_newline = True
-            yield from records
-            return
-        self.torn_tail = TornTail(line_number=line_number, offset=offset, length=len(raw))
-        self.header_torn = line_number == 1
+    @staticmethod
+    def _check_header(
+        obj: dict[str, Any], fail: Callable[[str], LedgerVerificationError]
+    ) -> LedgerHeader:
+        if obj.get("kind") != "header":
+            raise fail(f"the first line has kind {obj.get('kind')!r}, not 'header'")
+        _check_fields(obj, _HEADER_FIELDS, fail)
+        try:
+            neighboring = NeighboringRelation.parse(obj["neighboring"])
+        except InvalidParameterError as exc:
+            raise fail(f"the header's {exc}") from None
+        for key in ("library_version", "created"):
+            if not isinstance(obj[key], str):
+                raise fail(f"the header's {key} {obj[key]!r} is not a string")
+        if not isinstance(obj["metadata"], dict):
+            raise fail("the header's metadata is not a JSON object")
+        return LedgerHeader(
+            neighboring=neighboring,
+            metadata=obj["metadata"],
+            created=obj["created"],
+            library_version=obj["library_version"],
+            format_version=obj["format_version"],
+        )
 
 
-def read_all(path: str | os.PathLike[str]) -> LedgerReader:
-    """Verify a whole file (helper for tests and tools); returns the exhausted reader."""
-    with open(path, "rb") as fp:
-        reader = LedgerReader(fp, path=os.fspath(path))
-        for _ in reader:
-            pass
-    return reader
+def _check_fields(
+    obj: dict[str, Any],
+    fields: tuple[str, ...],
+    fail: Callable[[str], LedgerVerificationError],
+) -> None:
+    if tuple(obj) != fields:
+        raise fail(
+            f"a {obj.get('kind')!r} line has the fields {list(obj)}; "
+            f"expected exactly {list(fields)}"
+        )
+
+
+def _header_prefix() -> bytes:
+    """What every header line starts with, up to the first value that varies."""
+    return (
+        HEADER_MAGIC
+        + f'"format_version":{FORMAT_VERSION},"seq":0,"prev":"{GENESIS_HASH}","kind":"header",'
+        '"library_version":"'.encode("ascii")
+    )

@@ -13,13 +13,21 @@ query released nothing (z_eff = ∞, no privacy cost); a step with a σ̃ = 0 qu
 from __future__ import annotations
 
 import math
+import numbers
+from array import array
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import attrs
 
 from dpledger.errors import InvalidParameterError
-from dpledger.ledger.events import NeighboringRelation, SamplingEvent, SumQueryEvent
-from dpledger.validation import check_probability
+from dpledger.ledger.events import (
+    NeighboringRelation,
+    SamplingEvent,
+    SumQueryEvent,
+    inverse_square_term,
+)
+from dpledger.validation import check_positive_int, check_probability
 
 __all__ = [
     "CompressedLedger",
@@ -27,11 +35,17 @@ __all__ = [
     "RunCompressor",
     "StepRun",
     "effective_noise_multiplier",
+    "step_noise_multiplier",
 ]
 
 
 def effective_noise_multiplier(inverse_square_sum: float, num_queries: int = 2) -> float:
-    """z_eff from Σ_g (S_g/σ̃_g)² (paper Eq. 1): ∞ for no query, 0 for an infinite sum."""
+    """z_eff from Σ_g (S_g/σ̃_g)² (paper Eq. 1): ∞ for no query, 0 for an infinite sum.
+
+    Args:
+        inverse_square_sum: Σ_g (S_g/σ̃_g)² over the step's queries (∞ if some σ̃_g = 0).
+        num_queries: G, the number of queries in the step (0: the step released nothing).
+    """
     if num_queries == 0 or inverse_square_sum == 0.0:
         return math.inf
     if math.isinf(inverse_square_sum):
@@ -39,13 +53,27 @@ def effective_noise_multiplier(inverse_square_sum: float, num_queries: int = 2) 
     return 1.0 / math.sqrt(inverse_square_sum)
 
 
-def _step_noise_multiplier(queries: Sequence[SumQueryEvent]) -> float:
-    if len(queries) == 1:  # exact σ̃/S, no round trip through the square
-        return queries[0].noise_multiplier
+def step_noise_multiplier(queries: Iterable[SumQueryEvent | tuple[float, float]]) -> float:
+    """z_eff of one step from its queries' (S_g, σ̃_g) (paper Eq. 1).
+
+    z_eff = (Σ_g (S_g/σ̃_g)²)^(-1/2), accumulated in the order given; a single query gives
+    exactly σ̃/S (no round trip through the square); no query gives ∞; a σ̃ = 0 query gives 0.
+    This is the arithmetic the ledger's run compression uses, so both views agree bit for bit.
+    """
     total = 0.0
-    for q in queries:  # the same order and arithmetic as RunCompressor, so views agree exactly
-        total += q.inverse_square_multiplier
-    return effective_noise_multiplier(total, len(queries))
+    count = 0
+    single = math.inf
+    for query in queries:
+        if isinstance(query, SumQueryEvent):
+            s, sigma = query.l2_norm_bound, query.noise_stddev
+        else:
+            s, sigma = query
+        total += inverse_square_term(s, sigma)
+        single = sigma / s
+        count += 1
+    if count == 1:
+        return single
+    return effective_noise_multiplier(total, count)
 
 
 @attrs.frozen(slots=True)
@@ -75,17 +103,28 @@ class LedgerStep:
     @property
     def noise_multiplier(self) -> float:
         """z_eff of paper Eq. 1 (∞ for a step without queries, 0 if some σ̃ = 0)."""
-        return _step_noise_multiplier(self.queries)
+        return step_noise_multiplier(self.queries)
 
 
-def _count(_inst: object, attribute: attrs.Attribute, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidParameterError(attribute.name, value, "an integer >= 1")
+def _count(value: Any) -> int:
+    return check_positive_int("count", value)
 
 
-def _noise_multiplier(_inst: object, attribute: attrs.Attribute, value: float) -> None:
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool)) or not value >= 0.0:
-        raise InvalidParameterError(attribute.name, value, "a number >= 0 (inf allowed)")
+def _run_probability(value: Any) -> float:
+    return check_probability("sampling_probability", value)
+
+
+def _noise_multiplier(value: Any) -> float:
+    expected = "a number >= 0 (inf allowed: the steps released nothing)"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidParameterError("noise_multiplier", value, expected)
+    try:
+        z = float(value)
+    except (OverflowError, TypeError, ValueError):
+        raise InvalidParameterError("noise_multiplier", value, expected) from None
+    if not z >= 0.0:  # also NaN
+        raise InvalidParameterError("noise_multiplier", value, expected)
+    return z + 0.0
 
 
 @attrs.frozen(slots=True)
@@ -98,11 +137,9 @@ class StepRun:
         count: the number of steps, at least 1.
     """
 
-    sampling_probability: float = attrs.field(
-        converter=float, validator=lambda i, a, v: check_probability(a.name, v)
-    )
-    noise_multiplier: float = attrs.field(converter=float, validator=_noise_multiplier)
-    count: int = attrs.field(validator=_count)
+    sampling_probability: float = attrs.field(converter=_run_probability)
+    noise_multiplier: float = attrs.field(converter=_noise_multiplier)
+    count: int = attrs.field(converter=_count)
 
     @property
     def is_private(self) -> bool:
@@ -113,6 +150,13 @@ class StepRun:
     def releases_nothing(self) -> bool:
         """True when the steps cost no privacy (no query, or q = 0)."""
         return math.isinf(self.noise_multiplier) or self.sampling_probability == 0.0
+
+
+def _runs_tuple(value: Any) -> tuple[Any, ...]:
+    try:
+        return tuple(value)
+    except TypeError:
+        raise InvalidParameterError("runs", value, "an iterable of StepRun") from None
 
 
 @attrs.frozen(slots=True)
@@ -128,7 +172,7 @@ class CompressedLedger:
     neighboring: NeighboringRelation = attrs.field(
         default=NeighboringRelation.ADD_REMOVE, converter=NeighboringRelation.parse
     )
-    runs: tuple[StepRun, ...] = attrs.field(default=(), converter=tuple)
+    runs: tuple[StepRun, ...] = attrs.field(default=(), converter=_runs_tuple)
 
     def __attrs_post_init__(self) -> None:
         for i, run in enumerate(self.runs):
@@ -151,8 +195,16 @@ class CompressedLedger:
         ``history`` of (noise_multiplier, sample_rate, steps)) becomes a ledger: note the order of
         the fields there differs from this function's.
         """
-        built = tuple(r if isinstance(r, StepRun) else StepRun(*r) for r in runs)
-        return cls(neighboring=neighboring, runs=built)
+        built = []
+        for i, r in enumerate(_runs_tuple(runs)):
+            if isinstance(r, StepRun):
+                built.append(r)
+            elif isinstance(r, (tuple, list)) and len(r) == 3:
+                built.append(StepRun(*r))
+            else:
+                expected = "a StepRun or a (sampling_probability, noise_multiplier, count) triple"
+                raise InvalidParameterError(f"runs[{i}]", r, expected)
+        return cls(neighboring=neighboring, runs=tuple(built))
 
     @property
     def num_steps(self) -> int:
@@ -210,22 +262,35 @@ def _merge_adjacent(runs: Sequence[StepRun]) -> tuple[StepRun, ...]:
     return tuple(out)
 
 
+def _trusted_run(q: float, z: float, count: int) -> StepRun:
+    """A StepRun from values the compressor produced (already valid): no re-validation."""
+    run = object.__new__(StepRun)
+    object.__setattr__(run, "sampling_probability", q)
+    object.__setattr__(run, "noise_multiplier", z)
+    object.__setattr__(run, "count", count)
+    return run
+
+
 class RunCompressor:
     """Builds the run-length view of a ledger one event at a time, in O(1) per event.
 
     The last step stays open (more queries may arrive) until the next sampling event; ``runs()``
-    includes it as it stands.
+    includes it as it stands. The arithmetic is that of :func:`step_noise_multiplier`, written
+    out inline because this sits on the recording hot path, so runs and steps agree exactly.
+    Finished runs are kept in three flat arrays (24 bytes per run).
     """
 
-    __slots__ = ("_nq", "_q", "_runs", "_single", "_step_open", "_steps", "_sum")
+    __slots__ = ("_nq", "_q", "_rc", "_rq", "_rz", "_single", "_step_open", "_steps", "_sum")
 
     def __init__(self) -> None:
-        self._runs: list[list] = []  # [q, z, count], mutable for O(1) extension
+        self._rq = array("d")  # q of each finished run
+        self._rz = array("d")  # z_eff of each finished run
+        self._rc = array("q")  # number of steps of each finished run
         self._step_open = False
         self._q = 0.0
         self._sum = 0.0  # Σ (S/σ̃)² of the open step
         self._nq = 0
-        self._single = math.inf  # σ̃/S of the open step's only query, if it has one
+        self._single = math.inf  # σ̃/S of the open step's last query
         self._steps = 0
 
     @property
@@ -234,13 +299,19 @@ class RunCompressor:
         return self._steps
 
     @property
+    def num_runs(self) -> int:
+        """Number of finished runs (the open step not included)."""
+        return len(self._rc)
+
+    @property
     def step_open(self) -> bool:
         """True after a sampling event, until the step is ended."""
         return self._step_open
 
     def add_sample(self, q: float) -> None:
         """A sampling event: ends the open step and opens a new one."""
-        self.end_step()
+        if self._step_open:
+            self._fold()
         self._step_open = True
         self._q = q
         self._sum = 0.0
@@ -250,35 +321,43 @@ class RunCompressor:
     def add_query(self, l2_norm_bound: float, noise_stddev: float) -> None:
         """A sum query on the open step (the caller checks that a step is open)."""
         if noise_stddev == 0.0:
-            self._sum = math.inf
+            self._sum += math.inf
         else:
-            self._sum += (l2_norm_bound / noise_stddev) ** 2
+            ratio = l2_norm_bound / noise_stddev
+            self._sum += ratio * ratio  # inverse_square_term(l2_norm_bound, noise_stddev)
         self._single = noise_stddev / l2_norm_bound
         self._nq += 1
 
     def _open_z(self) -> float:
-        if self._nq == 1:
+        nq = self._nq
+        if nq == 1:
             return self._single
-        return effective_noise_multiplier(self._sum, self._nq)
+        return effective_noise_multiplier(self._sum, nq)
+
+    def _fold(self) -> None:
+        nq = self._nq
+        z = self._single if nq == 1 else effective_noise_multiplier(self._sum, nq)
+        rc = self._rc
+        if rc and self._rq[-1] == self._q and self._rz[-1] == z:
+            rc[-1] += 1
+        else:
+            self._rq.append(self._q)
+            self._rz.append(z)
+            rc.append(1)
 
     def end_step(self) -> None:
         """Fold the open step into the runs; later queries need a new sampling event."""
-        if not self._step_open:
-            return
-        self._step_open = False
-        z = self._open_z()
-        if self._runs and self._runs[-1][0] == self._q and self._runs[-1][1] == z:
-            self._runs[-1][2] += 1
-        else:
-            self._runs.append([self._q, z, 1])
+        if self._step_open:
+            self._fold()
+            self._step_open = False
 
     def runs(self) -> tuple[StepRun, ...]:
         """The runs of identical steps so far, the open step included."""
-        rows = [list(r) for r in self._runs]
+        out = list(map(_trusted_run, self._rq, self._rz, self._rc))
         if self._step_open:
-            z = self._open_z()
-            if rows and rows[-1][0] == self._q and rows[-1][1] == z:
-                rows[-1][2] += 1
+            q, z = self._q, self._open_z()
+            if out and out[-1].sampling_probability == q and out[-1].noise_multiplier == z:
+                out[-1] = _trusted_run(q, z, out[-1].count + 1)
             else:
-                rows.append([self._q, z, 1])
-        return tuple(StepRun(q, z, c) for q, z, c in rows)
+                out.append(_trusted_run(q, z, 1))
+        return tuple(out)
