@@ -18,7 +18,7 @@ from dpledger.errors import DPLedgerError
 
 __all__ = ["build_parser", "main"]
 
-_COMMAND_MODULES = ("dpledger.ledger.commands",)
+_COMMAND_MODULES = ("dpledger.ledger.commands", "dpledger.audit.commands")
 
 
 def build_parser() -> argparse.ArgumentParser:

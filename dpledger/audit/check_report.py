@@ -267,15 +267,9 @@ class CheckReport:
             path: if given, also save the figure there (format from the file extension).
             checks: names of the checks to draw (default: all with curves).
         """
-        import matplotlib
-
-        if path is not None:
-            matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
 
-        chosen = [
-            r for r in self.results if r.curves and (checks is None or r.name in set(checks))
-        ]
+        chosen = [r for r in self.results if r.curves and (checks is None or r.name in set(checks))]
         rows = []
         for result in chosen:
             panels: dict[str, list[Curve]] = {}
@@ -284,9 +278,7 @@ class CheckReport:
             rows.append((result, panels))
         ncols = max((len(p) for _, p in rows), default=1)
         nrows = max(len(rows), 1)
-        fig, axes = plt.subplots(
-            nrows, ncols, figsize=(5.0 * ncols, 3.6 * nrows), squeeze=False
-        )
+        fig, axes = plt.subplots(nrows, ncols, figsize=(5.0 * ncols, 3.6 * nrows), squeeze=False)
         for i, (result, panels) in enumerate(rows):
             for j, (_panel, curves) in enumerate(panels.items()):
                 ax = axes[i][j]

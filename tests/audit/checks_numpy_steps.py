@@ -26,7 +26,8 @@ BUGS = {
 
 def _clip_rows(g: np.ndarray, c: float) -> np.ndarray:
     norms = np.linalg.norm(g, axis=1, keepdims=True)
-    factor = np.minimum(1.0, c / np.maximum(norms, 1e-300))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        factor = np.where(norms > c, c / norms, 1.0)
     return g * factor
 
 
@@ -41,7 +42,6 @@ class NumpyLinearHarness:
         denominator: None divides by the realised batch size; a number divides by it.
         seed: seeds the starting parameters.
         dtype: parameter dtype (float64 or float32).
-        adam: use Adam (with a fixed σ = 0 warm-up) instead of plain SGD.
     """
 
     def __init__(

@@ -72,8 +72,15 @@ def make_dp_sgd_step(*, loss: str = "mse", bug: str | None = None, denominator=N
 
     def step(model, x, y, *, max_grad_norm, noise_multiplier, lr, generator):
         upd = _noisy_update(
-            model, x, y, c=max_grad_norm, s=noise_multiplier, generator=generator, loss=loss,
-            bug=bug, denominator=denominator,
+            model,
+            x,
+            y,
+            c=max_grad_norm,
+            s=noise_multiplier,
+            generator=generator,
+            loss=loss,
+            bug=bug,
+            denominator=denominator,
         )
         with torch.no_grad():
             for n, p in model.named_parameters():
@@ -92,8 +99,15 @@ def make_adam_step(*, loss: str = "mse", bug: str | None = None, denominator=Non
 
         def step(model, x, y, *, max_grad_norm, noise_multiplier, lr, generator):
             upd = _noisy_update(
-                model, x, y, c=max_grad_norm, s=noise_multiplier, generator=generator,
-                loss=loss, bug=bug, denominator=denominator,
+                model,
+                x,
+                y,
+                c=max_grad_norm,
+                s=noise_multiplier,
+                generator=generator,
+                loss=loss,
+                bug=bug,
+                denominator=denominator,
             )
             for group in opt.param_groups:
                 group["lr"] = lr
@@ -106,3 +120,14 @@ def make_adam_step(*, loss: str = "mse", bug: str | None = None, denominator=Non
         return step
 
     return make_step
+
+
+# module-level step functions for the command-line tests
+correct_mse_step = make_dp_sgd_step(loss="mse")
+correct_ce_step = make_dp_sgd_step(loss="cross_entropy")
+clip_mean_mse_step = make_dp_sgd_step(loss="mse", bug="clip_mean")
+correct_adam_mse = make_adam_step(loss="mse")
+
+
+def small_mlp() -> torch.nn.Module:
+    return mlp(10, 3)
