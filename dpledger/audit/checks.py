@@ -16,9 +16,12 @@ model on a given batch with given C, σ and seed and returns the parameters and 
     σ = 0, B = 1, one large-gradient point, a log-spaced grid of C. Below the gradient norm ‖g‖
     the update is η·C·g/‖g‖, so the one-step loss change Δ(C) = L(θ') − L(θ) depends on C
     (linearly, to first order); above ‖g‖ it is constant. A step that does not clip gives the same
-    Δ for every C. Test: the least-squares slope of Δ against C over the grid points below the
-    knee, t-test of slope = 0 (scipy.stats.linregress); fail when Δ varies by less than
-    ``flat_rtol`` (relative) over the whole grid.
+    Δ for every C. The knee is the smallest grid C from which Δ stays within ``flat_rtol`` of
+    its value at the largest C. Test: the least-squares slope of Δ against C over the grid points
+    in the lower half of the transition below the knee (where Δ is linear in C even for Adam,
+    whose update saturates before ‖g‖), t-test of slope = 0 (scipy.stats.linregress); fail when
+    Δ varies by less than ``flat_rtol`` (relative) over the whole grid. The fitted line gives the
+    gradient-norm estimate ‖g‖ ≈ (Δ(C_max) − intercept)/slope used by the next check.
 ``per_example_clipping`` (section 3.1 and appendix A, fig. 3)
     σ = 0, C ≪ ‖g‖/B_max, synthetic batches of zero-gradient fillers plus large-gradient points.
     (a) The paper's design: B − 1 fillers and one large point, a grid of B. Per-example clipping
@@ -29,7 +32,10 @@ model on a given batch with given C, σ and seed and returns the parameters and 
     Per-example clipping gives (η/D)·k·C·g/‖g‖, so Δ ∝ k; clipping the mean (or the sum) gives
     the same update for every k. Test: slope of Δ against k, t-test. (b) also catches clipping of
     the *sum* followed by division by B, which (a) cannot tell from per-example clipping.
-    A control batch of fillers only must leave the model (nearly) unchanged.
+    Control: batches of B and B/2 fillers only must lead to the same model (zero-gradient
+    fillers add nothing; hard cross-entropy labels leave a residual gradient and fail this).
+    Flatness is judged by the effect size (``flat_rtol``), since the slope p-value of a curve
+    that is constant up to round-off is meaningless.
 ``noise_calibrated`` (section 3.2, theorem 1, appendix B, fig. 4)
     C above every per-example gradient norm, found as in appendix B (σ = 0, a grid of C, the
     smallest C from which the update stops changing), then 10 values of C in [C*, 10·C*], several
@@ -37,6 +43,8 @@ model on a given batch with given C, σ and seed and returns the parameters and 
     Test: slope of the mean distance against C, t-test, and the elasticity d log dist / d log C,
     which must lie in ``elasticity_range`` (1 for (★); 0 for noise N(0, σ²) that ignores C).
     Control: the same grid at σ = 0 must give (nearly) the same model for every C and seed.
+    The elasticity must be known to a standard error ≤ ``elasticity_max_stderr`` (0.125, so the
+    band edge 0.5 is four standard errors from both 0 and 1), else the check is inconclusive.
 ``noise_magnitude`` (appendix C; Tramèr et al. section 4)
     Plain SGD only. Two runs from the same start on the same batch differ by
     θ₁ − θ₂ = (η/D)·(n₁ − n₂) ~ N(0, 2(ησC/D)² I) in the unclipped regime, so the coordinates
@@ -52,9 +60,10 @@ model on a given batch with given C, σ and seed and returns the parameters and 
     can also show here.
 
 Adaptive optimisers (appendix E): the harness warms the optimiser state up before the measured
-step (``checks_torch.check_dp_optimizer``), the noise multiplier is chosen by the appendix-B
-search (the smallest σ whose noise visibly changes the loss), and the magnitude test is skipped
-because Adam's update m/√v is not a scaled Gaussian.
+step (``checks_torch.check_dp_optimizer``), the noise multiplier is chosen by a variant of the
+appendix-B search (the largest σ for which the model moves in proportion to σ at the largest C of
+the noise grid, so the distances stay out of Adam's saturation regime, appendix E), and the
+magnitude test is skipped because Adam's update m/√v is not a scaled Gaussian.
 
 Multiple testing. The clipping checks run at σ = 0, so a deterministic step gives deterministic
 curves: their verdict rests on the effect size (``flat_rtol``) and the slope t-test (α =
