@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import pathlib
 import subprocess
 import sys
 
@@ -432,4 +434,7 @@ def test_core_modules_import_neither_torch_nor_tensorflow():
         "bad = [m for m in ('torch', 'tensorflow', 'keras', 'matplotlib') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    root = pathlib.Path(__file__).resolve().parents[2]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)

@@ -1,0 +1,213 @@
+"""Splitting a clip bound and a noise budget over the groups of one sample (McMahan & Andrew, §3–4).
+
+A sample feeding G Gaussian sum queries with privacy tuples (S_g, σ̃_g) is, for accounting, one
+Gaussian sum query with noise multiplier (paper Eq. 1)
+
+    z_eff = (Σ_g (S_g / σ̃_g)²)^(-1/2).
+
+Clip splits (for m groups out of a total L2 bound S*; both keep Σ_g S_g² = S*²):
+
+- equal ("per-layer clipping", McMahan et al. 2018): S_g = S*/√m;
+- by dimension: S_g = S*·√(d_g/D), with d_g the number of coordinates of group g and D = Σ d_g.
+  (The paper's text writes S*/√(d_g/D); the ratio must be d_g/D for Σ_g S_g² = S*² to hold.)
+
+Noise allocations for a target z (both give z_eff = z exactly, up to float rounding):
+
+- proportional: σ̃_g = z·√G·S_g, so every term of Eq. 1 is 1/(G z²);
+- dimension-adjusted: σ̃_g = z·√(D/d_g)·S_g, so the terms are d_g/(D z²) (noise proportional to
+  the largest root-mean-square coordinate a group's bound allows).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from dpledger.errors import InvalidParameterError
+from dpledger.ledger import effective_noise_multiplier as _z_from_sum
+from dpledger.mechanisms.clipping import ClippingStrategy
+from dpledger.mechanisms.sum_query import GaussianSumQuery
+from dpledger.validation import check_non_negative_finite, check_positive_finite, check_positive_int
+
+__all__ = [
+    "NoiseAllocation",
+    "dimension_adjusted_noise",
+    "effective_noise_multiplier",
+    "proportional_noise",
+    "split_clip_by_dimension",
+    "split_clip_equally",
+]
+
+
+def _floats(name: str, values: Any, check: Any) -> tuple[float, ...]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise InvalidParameterError(name, values, "a non-empty sequence of numbers")
+    if len(values) == 0:
+        raise InvalidParameterError(name, values, "at least one group")
+    return tuple(check(f"{name}[{g}]", v) for g, v in enumerate(values))
+
+
+def _dimensions(values: Any) -> tuple[int, ...]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise InvalidParameterError("dimensions", values, "a non-empty sequence of integers >= 1")
+    if len(values) == 0:
+        raise InvalidParameterError("dimensions", values, "at least one group")
+    out = []
+    for g, d in enumerate(values):
+        if isinstance(d, numbers.Integral) and not isinstance(d, bool):
+            d = int(d)
+        out.append(check_positive_int(f"dimensions[{g}]", d))
+    return tuple(out)
+
+
+def effective_noise_multiplier(
+    *, l2_norm_bounds: Sequence[float], noise_stddevs: Sequence[float]
+) -> float:
+    """z_eff = (Σ_g (S_g/σ̃_g)²)^(-1/2) of one sample's queries (paper Eq. 1).
+
+    Computed with the same arithmetic as the ledger (the exact σ̃/S for a single query; a
+    σ̃_g = 0 gives 0), so it equals the z_eff the ledger reports for a step with these queries.
+
+    Raises:
+        InvalidParameterError: empty or mismatched sequences, S_g ≤ 0, σ̃_g < 0, or non-finite.
+    """
+    bounds = _floats("l2_norm_bounds", l2_norm_bounds, check_positive_finite)
+    stddevs = _floats("noise_stddevs", noise_stddevs, check_non_negative_finite)
+    if len(bounds) != len(stddevs):
+        raise InvalidParameterError(
+            "noise_stddevs",
+            f"{len(stddevs)} values",
+            f"one per group: {len(bounds)} values like l2_norm_bounds",
+        )
+    if len(bounds) == 1:
+        return stddevs[0] / bounds[0]
+    total = 0.0
+    for s, sigma in zip(bounds, stddevs, strict=True):
+        total += math.inf if sigma == 0.0 else (s / sigma) ** 2
+    return _z_from_sum(total, len(bounds))
+
+
+def split_clip_equally(*, total_l2_norm_bound: float, num_groups: int) -> tuple[float, ...]:
+    """S_g = S*/√m for each of m groups ("per-layer clipping"); Σ_g S_g² = S*².
+
+    Raises:
+        InvalidParameterError: S* ≤ 0 or not finite, or m not an integer ≥ 1.
+    """
+    total = check_positive_finite("total_l2_norm_bound", total_l2_norm_bound)
+    m = check_positive_int("num_groups", num_groups)
+    return (total / math.sqrt(m),) * m
+
+
+def split_clip_by_dimension(
+    *, total_l2_norm_bound: float, dimensions: Sequence[int]
+) -> tuple[float, ...]:
+    """S_g = S*·√(d_g/D) with D = Σ_g d_g; Σ_g S_g² = S*².
+
+    Raises:
+        InvalidParameterError: S* ≤ 0 or not finite, or a dimension that is not an integer ≥ 1.
+    """
+    total = check_positive_finite("total_l2_norm_bound", total_l2_norm_bound)
+    dims = _dimensions(dimensions)
+    full = sum(dims)
+    return tuple(total * math.sqrt(d / full) for d in dims)
+
+
+@attrs.frozen
+class NoiseAllocation:
+    """Per-group privacy tuples (S_g, σ̃_g) chosen for a target noise multiplier.
+
+    Attributes:
+        l2_norm_bounds: S_g per group.
+        noise_stddevs: σ̃_g per group.
+        target_noise_multiplier: the z the allocation was asked for.
+    """
+
+    l2_norm_bounds: tuple[float, ...]
+    noise_stddevs: tuple[float, ...]
+    target_noise_multiplier: float
+
+    @property
+    def effective_noise_multiplier(self) -> float:
+        """z_eff of paper Eq. 1 for these tuples (equals the target up to float rounding)."""
+        return effective_noise_multiplier(
+            l2_norm_bounds=self.l2_norm_bounds, noise_stddevs=self.noise_stddevs
+        )
+
+    def queries(
+        self,
+        *,
+        labels: Sequence[str | None] | None = None,
+        clipping: ClippingStrategy | str | Sequence[ClippingStrategy | str] = "flat",
+        check_sensitivity: bool = True,
+    ) -> tuple[GaussianSumQuery, ...]:
+        """One :class:`GaussianSumQuery` (separate clipping) per group with these tuples.
+
+        Args:
+            labels: one label per group (default: no labels).
+            clipping: one strategy for all groups, or one per group.
+            check_sensitivity: passed to every query.
+        """
+        count = len(self.l2_norm_bounds)
+        names = [None] * count if labels is None else list(labels)
+        if len(names) != count:
+            raise InvalidParameterError("labels", labels, f"one label per group ({count})")
+        if isinstance(clipping, (str, ClippingStrategy)):
+            strategies = [clipping] * count
+        else:
+            strategies = list(clipping)
+            if len(strategies) != count:
+                raise InvalidParameterError(
+                    "clipping", clipping, f"one strategy, or one per group ({count})"
+                )
+        return tuple(
+            GaussianSumQuery(
+                l2_norm_bound=s,
+                noise_stddev=sigma,
+                clipping=c,
+                label=name,
+                check_sensitivity=check_sensitivity,
+            )
+            for s, sigma, c, name in zip(
+                self.l2_norm_bounds, self.noise_stddevs, strategies, names, strict=True
+            )
+        )
+
+
+def proportional_noise(
+    *, noise_multiplier: float, l2_norm_bounds: Sequence[float]
+) -> NoiseAllocation:
+    """σ̃_g = z·√G·S_g for G groups: noise proportional to each group's bound; z_eff = z.
+
+    Raises:
+        InvalidParameterError: z ≤ 0 or not finite, or a bound ≤ 0 or not finite.
+    """
+    z = check_positive_finite("noise_multiplier", noise_multiplier)
+    bounds = _floats("l2_norm_bounds", l2_norm_bounds, check_positive_finite)
+    factor = z * math.sqrt(len(bounds))
+    return NoiseAllocation(bounds, tuple(factor * s for s in bounds), z)
+
+
+def dimension_adjusted_noise(
+    *, noise_multiplier: float, l2_norm_bounds: Sequence[float], dimensions: Sequence[int]
+) -> NoiseAllocation:
+    """σ̃_g = z·√(D/d_g)·S_g with D = Σ_g d_g; z_eff = z.
+
+    Raises:
+        InvalidParameterError: z ≤ 0 or not finite, a bad bound or dimension, or a different
+            number of bounds and dimensions.
+    """
+    z = check_positive_finite("noise_multiplier", noise_multiplier)
+    bounds = _floats("l2_norm_bounds", l2_norm_bounds, check_positive_finite)
+    dims = _dimensions(dimensions)
+    if len(dims) != len(bounds):
+        raise InvalidParameterError(
+            "dimensions", dimensions, f"one dimension per group ({len(bounds)})"
+        )
+    full = sum(dims)
+    return NoiseAllocation(
+        bounds, tuple(z * math.sqrt(full / d) * s for s, d in zip(bounds, dims, strict=True)), z
+    )

@@ -1,0 +1,198 @@
+"""Clipping strategies: per-record factors f_i from per-record norms, with ‖f_i·v_i‖ ≤ S.
+
+A strategy maps the L2 norm ‖v_i‖ of each record to a factor f_i ≥ 0; the record contributes
+f_i·v_i to the sum. Every strategy here bounds each contribution by S, so the sum has L2
+sensitivity S under add/remove-one and the Gaussian sum query's privacy tuple is (S, σ̃):
+
+- :class:`FlatClipping` (local clipping, Abadi et al. 2016; McMahan & Andrew, section 1, step 2):
+  f_i = min(1, S/‖v_i‖), i.e. π_S(v) = v·min(1, S/‖v‖).
+- :class:`GlobalClipping` (Bu et al., "On the convergence and calibration of deep learning with
+  differential privacy", Algorithm 1, option 2): f_i = 1{‖v_i‖ ≤ S}; a record with a larger norm
+  is dropped from the sum instead of being scaled down.
+- :class:`AutomaticClipping` (normalised clipping, Bu et al. 2022): f_i = S/(‖v_i‖ + γ), so
+  ‖f_i·v_i‖ = S·‖v_i‖/(‖v_i‖ + γ) < S for a stability constant γ > 0.
+
+Records whose norm is NaN or infinite are rejected with an error (never summed): a NaN norm
+means the record holds NaN, and an infinite norm cannot be scaled to a finite bound.
+
+The bounds hold in exact arithmetic. In floating point a clipped record's computed norm can
+exceed S by a relative rounding error of order (d + 4)·eps of the array's dtype (d the number
+of coordinates), which is immaterial for privacy accounting.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import attrs
+import numpy as np
+
+from dpledger.errors import InvalidParameterError
+from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
+from dpledger.validation import check_positive_finite
+
+__all__ = [
+    "AutomaticClipping",
+    "ClippingStrategy",
+    "FlatClipping",
+    "GlobalClipping",
+    "check_record_norms",
+    "clip_records",
+]
+
+
+def check_record_norms(name: str, norms: Any) -> np.ndarray:
+    """Return per-record norms as a 1-D float64 vector; each must be finite and ≥ 0.
+
+    Raises:
+        InvalidParameterError: naming ``name`` and the first offending record, for a vector that
+            is not 1-D, or a norm that is NaN, infinite or negative.
+    """
+    try:
+        v = np.asarray(norms, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InvalidParameterError(name, norms, "a 1-D vector of per-record norms") from None
+    if v.ndim != 1:
+        raise InvalidParameterError(
+            name, f"an array of shape {v.shape}", "a 1-D vector with one norm per record"
+        )
+    bad = ~(np.isfinite(v) & (v >= 0.0))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InvalidParameterError(
+            f"{name}[{i}]",
+            float(v[i]),
+            "a finite norm >= 0 (a record with a NaN or infinite norm is never clipped or "
+            f"summed; {int(bad.sum())} of {v.size} records are affected)",
+        )
+    return v
+
+
+class ClippingStrategy(abc.ABC):
+    """How records are bounded: per-record factors f_i with ‖f_i·v_i‖ ≤ S."""
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def _factors(self, norms: np.ndarray, bound: float) -> np.ndarray:
+        """Factors for validated norms (float64, finite, ≥ 0) and a validated bound."""
+
+    def factors(self, norms: Any, *, l2_norm_bound: float) -> np.ndarray:
+        """Per-record factors f_i ≥ 0 with f_i·‖v_i‖ ≤ S.
+
+        Args:
+            norms: per-record L2 norms ‖v_i‖ (1-D, finite, ≥ 0).
+            l2_norm_bound: S > 0.
+
+        Returns:
+            A float64 vector of factors, one per record.
+
+        Raises:
+            InvalidParameterError: for S ≤ 0 or not finite, or a NaN/infinite/negative norm.
+        """
+        bound = check_positive_finite("l2_norm_bound", l2_norm_bound)
+        return self._factors(check_record_norms("norms", norms), bound)
+
+    @staticmethod
+    def parse(value: Any, *, parameter: str = "clipping") -> ClippingStrategy:
+        """A strategy from an instance or a name: ``"flat"``, ``"global"``, ``"automatic"``."""
+        if isinstance(value, ClippingStrategy):
+            return value
+        strategy = _BY_NAME.get(value) if isinstance(value, str) else None
+        if strategy is None:
+            raise InvalidParameterError(
+                parameter,
+                value,
+                "a ClippingStrategy or one of 'flat', 'global', 'automatic'",
+            )
+        return strategy()
+
+
+@attrs.frozen
+class FlatClipping(ClippingStrategy):
+    """f_i = min(1, S/‖v_i‖): records longer than S are scaled onto the sphere of radius S."""
+
+    name: ClassVar[str] = "flat"
+
+    def _factors(self, norms: np.ndarray, bound: float) -> np.ndarray:
+        out = np.ones_like(norms)
+        over = norms > bound
+        out[over] = bound / norms[over]
+        return out
+
+
+@attrs.frozen
+class GlobalClipping(ClippingStrategy):
+    """f_i = 1{‖v_i‖ ≤ S}: records within the bound are kept unchanged, the others dropped."""
+
+    name: ClassVar[str] = "global"
+
+    def _factors(self, norms: np.ndarray, bound: float) -> np.ndarray:
+        return (norms <= bound).astype(np.float64)
+
+
+def _stability(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    check_positive_finite(attribute.name, value)
+
+
+@attrs.frozen
+class AutomaticClipping(ClippingStrategy):
+    """f_i = S/(‖v_i‖ + γ): every record is normalised to norm S·‖v_i‖/(‖v_i‖ + γ) < S.
+
+    Attributes:
+        stability: γ > 0 (default 0.01, as in Bu et al. 2022); it keeps the factor finite for a
+            zero record and makes small records contribute proportionally to their norm.
+    """
+
+    name: ClassVar[str] = "automatic"
+    stability: float = attrs.field(
+        default=0.01, converter=float, validator=_stability, kw_only=True
+    )
+
+    def _factors(self, norms: np.ndarray, bound: float) -> np.ndarray:
+        return bound / (norms + self.stability)
+
+
+_BY_NAME: dict[str, type[ClippingStrategy]] = {
+    "flat": FlatClipping,
+    "global": GlobalClipping,
+    "automatic": AutomaticClipping,
+}
+
+
+def clip_records(
+    records: Array | Sequence[Array],
+    *,
+    l2_norm_bound: float,
+    clipping: ClippingStrategy | str = "flat",
+    backend: ArrayBackend | None = None,
+) -> list[Array]:
+    """Clip each record of a group of arrays (one concatenated vector per record) to L2 norm S.
+
+    The norm of record i is the norm of the concatenation of its slices of every array,
+    ‖v_i‖ = (Σ_j ‖v_ij‖²)^(1/2); each array's slice is multiplied by the same factor f_i.
+
+    Args:
+        records: one records array, or a sequence of records arrays with the same leading
+            dimension B.
+        l2_norm_bound: S > 0.
+        clipping: the strategy (an instance or its name).
+        backend: the array backend (default NumPy).
+
+    Returns:
+        The clipped records arrays, in the order given.
+    """
+    from dpledger.mechanisms.sum_query import GaussianSumQuery
+
+    members = _as_members(records)
+    # Only the query's clipping stages are used; nothing is released, so the noise is moot.
+    query = GaussianSumQuery(l2_norm_bound=l2_norm_bound, noise_stddev=1.0, clipping=clipping)
+    return query.clip(members, backend=resolve_backend(backend))
+
+
+def _as_members(records: Array | Sequence[Array]) -> list[Array]:
+    if isinstance(records, (list, tuple)):
+        return list(records)
+    return [records]

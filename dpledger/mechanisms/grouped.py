@@ -1,0 +1,149 @@
+"""Several Gaussian sum queries on one sample (McMahan & Andrew, section 3).
+
+One sample can feed G queries — per-layer gradient groups, a metric, a count — each with its own
+clipping strategy and privacy tuple (S_g, σ̃_g). :class:`GroupedSumQuery` runs them together on
+the same sample and records one sum-query event per group, so the ledger's step carries the G
+tuples and accountants see the step as one Gaussian query with z_eff of paper Eq. 1.
+
+A grouped call is all or nothing: every group's inputs are validated and sensitivity-checked
+before any noise is drawn or any event recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dpledger.errors import InvalidParameterError
+from dpledger.ledger import PrivacyLedger
+from dpledger.mechanisms.allocation import effective_noise_multiplier
+from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
+from dpledger.mechanisms.sum_query import GaussianSumQuery, _draw, _record, check_ledger
+
+__all__ = ["GroupedSumQuery"]
+
+
+class GroupedSumQuery:
+    """The G Gaussian sum queries computed on one sample.
+
+    Example:
+        >>> group = GroupedSumQuery([
+        ...     GaussianSumQuery(l2_norm_bound=0.9, noise_stddev=1.0, label="kernel"),
+        ...     GaussianSumQuery(l2_norm_bound=0.3, noise_stddev=0.5, label="bias"),
+        ... ])
+        >>> round(group.effective_noise_multiplier, 6)  # (0.9² + 0.6²)^(-1/2)
+        0.9245
+
+    Args:
+        queries: the queries, one per group (:class:`GaussianSumQuery` or
+            :class:`ScaledGaussianSumQuery`); labels that are not None must be distinct.
+
+    Raises:
+        InvalidParameterError: an empty list, an element that is not a query, or a repeated label.
+    """
+
+    def __init__(self, queries: Sequence[GaussianSumQuery]) -> None:
+        if isinstance(queries, (str, bytes)) or not isinstance(queries, Sequence):
+            raise InvalidParameterError("queries", queries, "a sequence of GaussianSumQuery")
+        if len(queries) == 0:
+            raise InvalidParameterError("queries", queries, "at least one query (group)")
+        seen: set[str] = set()
+        for g, q in enumerate(queries):
+            if not isinstance(q, GaussianSumQuery):
+                raise InvalidParameterError(f"queries[{g}]", q, "a GaussianSumQuery")
+            if q.label is not None:
+                if q.label in seen:
+                    raise InvalidParameterError(
+                        f"queries[{g}].label", q.label, "a label no other group uses"
+                    )
+                seen.add(q.label)
+        self._queries = tuple(queries)
+
+    @property
+    def queries(self) -> tuple[GaussianSumQuery, ...]:
+        """The queries, in the order their events are recorded."""
+        return self._queries
+
+    @property
+    def labels(self) -> tuple[str | None, ...]:
+        """The queries' labels."""
+        return tuple(q.label for q in self._queries)
+
+    @property
+    def effective_noise_multiplier(self) -> float:
+        """z_eff = (Σ_g (S_g/σ̃_g)²)^(-1/2) of a step running these queries (paper Eq. 1)."""
+        return effective_noise_multiplier(
+            l2_norm_bounds=[q.l2_norm_bound for q in self._queries],
+            noise_stddevs=[q.noise_stddev for q in self._queries],
+        )
+
+    def __len__(self) -> int:
+        return len(self._queries)
+
+    def _check_count(self, name: str, values: Any) -> list[Any]:
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+            raise InvalidParameterError(name, values, "a sequence with one entry per group")
+        if len(values) != len(self._queries):
+            raise InvalidParameterError(
+                name, f"{len(values)} entries", f"one per group ({len(self._queries)})"
+            )
+        return list(values)
+
+    def run(
+        self,
+        records: Sequence[Array | Sequence[Array]],
+        *,
+        ledger: PrivacyLedger,
+        generator: Any,
+        backend: ArrayBackend | None = None,
+    ) -> list[list[Array]]:
+        """Run every group's query on its records arrays; one event per group.
+
+        Args:
+            records: for each group, its records arrays (all with the same leading dimension
+                |R|, the sample size, across groups too).
+            ledger: the ledger, with the sample's step open.
+            generator: the backend's random generator (noise is drawn group by group, in order).
+            backend: the array backend (default NumPy).
+
+        Returns:
+            For each group, its noised sums.
+        """
+        be = resolve_backend(backend)
+        per_group = self._check_count("records", records)
+        prepared = [q._prepare_run(r, be) for q, r in zip(self._queries, per_group, strict=True)]
+        counts = [p.num_records for p in prepared]
+        if len(set(counts)) != 1:
+            raise InvalidParameterError(
+                "records",
+                f"groups with {counts} records",
+                "the same sample, so the same number of records, in every group",
+            )
+        return self._commit(prepared, ledger, generator)
+
+    def release(
+        self,
+        clipped_sums: Sequence[Array | Sequence[Array]],
+        *,
+        num_records: int,
+        ledger: PrivacyLedger,
+        generator: Any,
+        backend: ArrayBackend | None = None,
+    ) -> list[list[Array]]:
+        """Stage (c) for every group: noise the clipped sums and record one event per group."""
+        be = resolve_backend(backend)
+        per_group = self._check_count("clipped_sums", clipped_sums)
+        prepared = [
+            q._prepare(s, num_records, be) for q, s in zip(self._queries, per_group, strict=True)
+        ]
+        return self._commit(prepared, ledger, generator)
+
+    def _commit(self, prepared: list[Any], ledger: PrivacyLedger, generator: Any) -> list:
+        check_ledger(ledger)
+        noised = [_draw(p, generator) for p in prepared]
+        for p in prepared:
+            _record(p, ledger)
+        return noised
+
+    def __repr__(self) -> str:
+        return f"GroupedSumQuery({list(self._queries)!r})"

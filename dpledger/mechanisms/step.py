@@ -1,0 +1,277 @@
+"""One sampled step: a sampling event followed by the sum queries computed on that sample.
+
+:func:`sampled_step` records the sampling event (q, n) in the ledger and yields a
+:class:`SampledStep` through which the step's queries run; the step knows its ledger, generator
+and backend, so each query call is short, and it knows q and n for the fixed-denominator average::
+
+    with sampled_step(ledger, sampling_probability=q, population_size=n, generator=rng) as step:
+        kernel, bias = step.run(layer_query, [kernel_grads, bias_grads])
+        kernel_avg, bias_avg = step.average([kernel, bias])
+
+A query through a step that has ended (the ``with`` block exited, or a later sampling event was
+recorded in the same ledger) is refused with :class:`~dpledger.errors.LedgerStateError`, so a
+query can never be attributed to the wrong sample.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, overload
+
+import numpy as np
+
+from dpledger.errors import InvalidParameterError, LedgerStateError
+from dpledger.ledger import PrivacyLedger, SamplingScheme
+from dpledger.mechanisms.averaging import fixed_denominator_average, realised_batch_average
+from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
+from dpledger.mechanisms.grouped import GroupedSumQuery
+from dpledger.mechanisms.sum_query import GaussianSumQuery
+
+if TYPE_CHECKING:
+    from dpledger.mechanisms.adaptive import AdaptiveClipping
+
+__all__ = ["SampledStep", "sampled_step"]
+
+
+class SampledStep:
+    """A step whose sampling event is recorded; queries run through it on that sample.
+
+    Created by :func:`sampled_step` (or :meth:`PoissonSampler.step`); not constructed directly.
+
+    Attributes:
+        ledger: the ledger the step's events go to.
+        sampling_probability: q of the sample.
+        population_size: n, or None if unknown.
+        index: 0-based index of the step in the ledger.
+        generator: the random generator used for noise (may be None if only given per call).
+        backend: the array backend.
+        indices: the sampled record indices, when the sample was drawn by a
+            :class:`PoissonSampler` (else None).
+    """
+
+    def __init__(
+        self,
+        *,
+        ledger: PrivacyLedger,
+        sampling_probability: float,
+        population_size: int | None,
+        generator: Any,
+        backend: ArrayBackend,
+        indices: np.ndarray | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.sampling_probability = sampling_probability
+        self.population_size = population_size
+        self.index = ledger.num_steps - 1
+        self.generator = generator
+        self.backend = backend
+        self.indices = indices
+        self._ended = False
+
+    @property
+    def is_open(self) -> bool:
+        """True while queries may still be added to this step."""
+        return (
+            not self._ended and not self.ledger.closed and self.ledger.num_steps == self.index + 1
+        )
+
+    @property
+    def expected_batch_size(self) -> float | None:
+        """q·n, the expected number of sampled records (None if n is unknown)."""
+        if self.population_size is None:
+            return None
+        return self.sampling_probability * self.population_size
+
+    def _check_open(self) -> None:
+        if not self.is_open:
+            raise LedgerStateError(
+                f"step {self.index} has ended (its block exited, the ledger was closed, or a "
+                "later sampling event was recorded); open a new step for further queries"
+            )
+
+    def _generator(self, generator: Any) -> Any:
+        return self.generator if generator is None else generator
+
+    @overload
+    def run(
+        self, query: GroupedSumQuery, records: Sequence[Any], *, generator: Any = None
+    ) -> list[list[Array]]: ...
+
+    @overload
+    def run(
+        self,
+        query: GaussianSumQuery | AdaptiveClipping,
+        records: Array | Sequence[Array],
+        *,
+        generator: Any = None,
+    ) -> list[Array]: ...
+
+    def run(self, query: Any, records: Any, *, generator: Any = None) -> Any:
+        """Run ``query`` (a sum query, a :class:`GroupedSumQuery` or an adaptive clipping) on
+        materialised records arrays of this step's sample; see the query's ``run``.
+
+        Args:
+            query: the query to run.
+            records: its records arrays (for a grouped query: one group of arrays per query).
+            generator: overrides the step's generator for this call.
+        """
+        self._check_open()
+        if not hasattr(query, "run"):
+            raise InvalidParameterError("query", query, "a sum query, grouped query or adaptive")
+        return query.run(
+            records, ledger=self.ledger, generator=self._generator(generator), backend=self.backend
+        )
+
+    @overload
+    def release(
+        self,
+        query: GroupedSumQuery,
+        clipped_sums: Sequence[Any],
+        *,
+        num_records: int,
+        generator: Any = None,
+    ) -> list[list[Array]]: ...
+
+    @overload
+    def release(
+        self,
+        query: GaussianSumQuery,
+        clipped_sums: Array | Sequence[Array],
+        *,
+        num_records: int,
+        generator: Any = None,
+    ) -> list[Array]: ...
+
+    def release(
+        self, query: Any, clipped_sums: Any, *, num_records: int, generator: Any = None
+    ) -> Any:
+        """Stage (c) of ``query`` on clipped sums the caller computed; see the query's
+        ``release``.
+
+        Args:
+            query: a :class:`GaussianSumQuery` (or scaled) or a :class:`GroupedSumQuery`.
+            clipped_sums: Σ_i f_i·v_ij per array (for a grouped query: per group).
+            num_records: |R|, the number of records in this step's sample.
+            generator: overrides the step's generator for this call.
+        """
+        self._check_open()
+        if not isinstance(query, (GaussianSumQuery, GroupedSumQuery)):
+            raise InvalidParameterError("query", query, "a GaussianSumQuery or GroupedSumQuery")
+        return query.release(
+            clipped_sums,
+            num_records=num_records,
+            ledger=self.ledger,
+            generator=self._generator(generator),
+            backend=self.backend,
+        )
+
+    def average(
+        self, noised_sums: Array | Sequence[Array], *, realised_batch_size: int | None = None
+    ) -> list[Array]:
+        """The average of noised sums: sum/(q·n) by default (unbiased, fixed denominator).
+
+        Args:
+            noised_sums: the noised sums of one query.
+            realised_batch_size: opt in to dividing by |R| instead; this is not covered by the
+                Gaussian sum query's accounting and warns (see :func:`realised_batch_average`).
+
+        Raises:
+            InvalidParameterError: the step's population size is unknown (fixed denominator).
+        """
+        if realised_batch_size is not None:
+            return realised_batch_average(
+                noised_sums, batch_size=realised_batch_size, backend=self.backend
+            )
+        if self.population_size is None:
+            raise InvalidParameterError(
+                "population_size",
+                None,
+                "a known population size n for the fixed-denominator average sum/(q·n)",
+            )
+        return fixed_denominator_average(
+            noised_sums,
+            sampling_probability=self.sampling_probability,
+            population_size=self.population_size,
+            backend=self.backend,
+        )
+
+    def end(self) -> None:
+        """End the step: later queries through this object are refused. Idempotent."""
+        self._ended = True
+
+    def __repr__(self) -> str:
+        state = "open" if self.is_open else "ended"
+        return (
+            f"SampledStep(index={self.index}, sampling_probability={self.sampling_probability!r}, "
+            f"population_size={self.population_size!r}, {state})"
+        )
+
+
+def open_step(
+    ledger: PrivacyLedger,
+    *,
+    sampling_probability: float,
+    population_size: int | None = None,
+    scheme: SamplingScheme | str | None = None,
+    generator: Any = None,
+    backend: ArrayBackend | None = None,
+    indices: np.ndarray | None = None,
+) -> SampledStep:
+    """Record the sampling event and return the :class:`SampledStep` (no ``with`` block)."""
+    if not isinstance(ledger, PrivacyLedger):
+        raise InvalidParameterError("ledger", ledger, "a dpledger.PrivacyLedger")
+    be = resolve_backend(backend)
+    ledger.record_sample(
+        sampling_probability=sampling_probability, population_size=population_size, scheme=scheme
+    )
+    return SampledStep(
+        ledger=ledger,
+        sampling_probability=float(sampling_probability),
+        population_size=None if population_size is None else int(population_size),
+        generator=generator,
+        backend=be,
+        indices=indices,
+    )
+
+
+@contextlib.contextmanager
+def sampled_step(
+    ledger: PrivacyLedger,
+    *,
+    sampling_probability: float,
+    population_size: int | None = None,
+    scheme: SamplingScheme | str | None = None,
+    generator: Any = None,
+    backend: ArrayBackend | None = None,
+) -> Iterator[SampledStep]:
+    """Record a sampling event and run the step's queries inside a ``with`` block.
+
+    The sampling event is recorded on entry (so a step that fails halfway is still counted:
+    the sample was drawn). On exit the step ends; the next sampling event opens the next step.
+
+    Args:
+        ledger: the ledger to record into.
+        sampling_probability: q, the probability with which each record was included by the
+            sampler actually used.
+        population_size: n, the number of records sampled from (needed for the average).
+        scheme: ``"poisson"`` (default for q < 1) or ``"full"`` (q = 1).
+        generator: the random generator for the step's noise (``numpy.random.Generator`` for
+            NumPy); may instead be given per call.
+        backend: the array backend (default NumPy).
+
+    Yields:
+        The :class:`SampledStep`.
+    """
+    step = open_step(
+        ledger,
+        sampling_probability=sampling_probability,
+        population_size=population_size,
+        scheme=scheme,
+        generator=generator,
+        backend=backend,
+    )
+    try:
+        yield step
+    finally:
+        step.end()
