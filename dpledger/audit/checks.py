@@ -1387,23 +1387,29 @@ class DPSGDChecker:
         nz = int(z.size)
         expected_std = sigma * float(grid[0]) * scale
         floor = 100.0 * self._eps * float(np.max(np.abs(self._params0))) if nz else 0.0
+        a = cfg.alpha_magnitude
         ks = scipy.stats.kstest(z, "norm")
         ss = float(np.sum(z * z))
         chi2 = scipy.stats.chi2(nz)
         p_var = float(min(1.0, 2.0 * min(chi2.cdf(ss), chi2.sf(ss))))
         ratio = math.sqrt(ss / nz)
-        a = cfg.alpha_magnitude
         ci = (
             math.sqrt(ss / chi2.ppf(1 - a / 2)),
             math.sqrt(ss / chi2.ppf(a / 2)),
         )
         p = float(min(1.0, 2.0 * min(float(ks.pvalue), p_var)))
+        # theorem 1: ‖θ₁ − θ₂‖ / (√2·σC·η/D) ~ r·χ_K, so each distance ratio is r·χ_K / E[χ_K]
+        # with relative standard deviation √(K − E[χ_K]²) / E[χ_K]
+        mean_dr = float(np.mean(dist_ratio))
+        rel_sd = math.sqrt(max(k - chi_mean**2, 0.0)) / chi_mean
+        half = scipy.stats.norm.ppf(1 - a / 2) * mean_dr * rel_sd / math.sqrt(len(dist_ratio))
         order = np.sort(z)
         shown = order[np.linspace(0, nz - 1, min(nz, 400)).astype(int)]
         ecdf = (np.searchsorted(order, shown, side="right")) / nz
+        grid_z = np.linspace(min(-4.0, float(order[0])), max(4.0, float(order[-1])), 200)
         curves = (
             Curve("standardised coordinates", shown, ecdf, "z = Δθ / (√2·σC·η/D)", "CDF"),
-            Curve("N(0, 1)", shown, scipy.stats.norm.cdf(shown), "z", "CDF"),
+            Curve("N(0, 1)", grid_z, scipy.stats.norm.cdf(grid_z), "z", "CDF"),
         )
         details = {
             "clip_norms": grid.tolist(),
@@ -1418,7 +1424,8 @@ class DPSGDChecker:
             "chi2_p_value": p_var,
             "scale_ratio": ratio,
             "scale_ratio_ci": list(ci),
-            "expected_distance_ratio": float(np.mean(dist_ratio)),
+            "expected_distance_ratio": mean_dr,
+            "expected_distance_ratio_ci": [mean_dr - half, mean_dr + half],
             "expected_noise_std": expected_std,
         }
         common = {

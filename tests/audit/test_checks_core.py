@@ -116,9 +116,12 @@ def test_magnitude_ratio_matches_the_scale_each_noise_bug_implies():
         ("noise_over_batch", lambda cs: 1.0 / cfg.noise_batch_size),
     ):
         result = check(NumpyLinearHarness(lr=LR, seed=6, bug=bug), seed=6)["noise_magnitude"]
-        lo, hi = result.details["scale_ratio_ci"]
         target = expected(result.details["clip_norms"])
+        lo, hi = result.details["scale_ratio_ci"]
         assert lo <= target <= hi, (bug, lo, target, hi)
+        if bug != "uncalibrated":  # one scale for every C: theorem 1's distance ratio applies
+            lo, hi = result.details["expected_distance_ratio_ci"]
+            assert lo <= target <= hi, (bug, lo, target, hi)
         if bug is not None:
             assert result.verdict is Verdict.FAIL
             assert max(result.details["clip_norms"]) < 1 or min(result.details["clip_norms"]) > 1
