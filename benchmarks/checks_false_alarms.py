@@ -11,8 +11,8 @@ full run of the checks to one DP step of the same function on the same machine (
 repeats), next to the absolute time. There is no peer implementation of these checks to compare
 with.
 
-    PYTHONPATH=. python benchmarks/checks_false_alarms.py               # 30 torch, 200 numpy
-    PYTHONPATH=. python benchmarks/checks_false_alarms.py --quick       # 5 and 20 seeds
+    PYTHONPATH=. python benchmarks/checks_false_alarms.py          # 30 torch, 20 Adam, 200 numpy
+    PYTHONPATH=. python benchmarks/checks_false_alarms.py --quick  # a few seeds each
 """
 
 from __future__ import annotations
@@ -137,6 +137,27 @@ def torch_runs(seeds: int, bug: str | None, loss: str) -> tuple[list[Any], list[
     return reports, seconds
 
 
+def adam_runs(seeds: int) -> tuple[list[Any], list[float]]:
+    from dpledger.audit.checks_torch import check_dp_optimizer
+    from tests.audit.checks_torch_steps import make_adam_step, mlp
+
+    reports, seconds = [], []
+    for s in range(seeds):
+        start = time.perf_counter()
+        reports.append(
+            check_dp_optimizer(
+                make_adam_step(loss="mse"),
+                lambda: mlp(10, 3),
+                loss="mse",
+                input_shape=(10,),
+                lr=1e-3,
+                seed=2000 + s,
+            )
+        )
+        seconds.append(time.perf_counter() - start)
+    return reports, seconds
+
+
 def one_step_seconds(loss: str, repeats: int = 50) -> float:
     import torch
 
@@ -171,11 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torch-seeds", type=int, default=30)
     parser.add_argument("--numpy-seeds", type=int, default=200)
     parser.add_argument("--bug-seeds", type=int, default=10, help="torch seeds per buggy step")
+    parser.add_argument("--adam-seeds", type=int, default=20, help="seeds for DP-Adam")
     parser.add_argument("--quick", action="store_true", help="5 torch and 20 numpy seeds")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     if args.quick:
-        args.torch_seeds, args.numpy_seeds, args.bug_seeds = 5, 20, 2
+        args.torch_seeds, args.numpy_seeds, args.bug_seeds, args.adam_seeds = 5, 20, 2, 2
     results: dict[str, Any] = {"machine": machine()}
     print(json.dumps(results["machine"]))
 
@@ -208,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             results[f"torch_{loss}_correct"] = entry
             print(f"torch MLP ({loss}), correct step:", json.dumps(entry))
+        reps, secs = adam_runs(args.adam_seeds)
+        entry = tally(reps)
+        entry.update(median_seconds=statistics.median(secs), max_seconds=max(secs))
+        results["torch_adam_correct"] = entry
+        print("torch MLP, DP-Adam (5 warm-up steps), correct step:", json.dumps(entry))
         results["torch_bugs"] = {}
         for bug, target in TORCH_BUGS.items():
             reps, _ = torch_runs(args.bug_seeds, bug, "mse")

@@ -441,3 +441,13 @@ def test_core_modules_import_neither_torch_nor_tensorflow():
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+@pytest.mark.statistical
+def test_several_steps_per_model_in_the_calibration_check():
+    # the paper trains T = 10 steps per model; the magnitude test still uses one-step runs
+    cfg = CheckConfig(noise_steps=3)
+    for bug, failed in ((None, set()), ("uncalibrated", {"noise_calibrated", "noise_magnitude"})):
+        harness = NumpyLinearHarness(lr=LR, bug=bug)
+        report = check(harness, config=cfg)
+        assert set(report.failed) == failed, report.summary()
