@@ -17,8 +17,12 @@ import sys
 
 import numpy as np
 import pytest
+import scipy.stats
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dpledger.audit import CHECK_NAMES, CheckConfig, DPSGDChecker, StepOutcome, Verdict, run_checks
+from dpledger.audit.checks import slope_test
 from dpledger.errors import InvalidParameterError
 from tests.audit.checks_numpy_steps import NumpyLinearHarness
 
@@ -97,12 +101,17 @@ def test_gradient_norm_estimate_brackets_the_true_norm():
 
 
 def test_per_example_curves_follow_one_over_b_and_k():
-    # with C ≪ ‖g‖/B the update is (η/B)·k·C·g/‖g‖: to first order Δloss ∝ k/B
+    # with C ≪ ‖g‖/B the update is (η/B)·k·C·g/‖g‖: its norm is exactly η·k·C/B, and to first
+    # order the large point's loss change is ∝ k/B
     report = check(NumpyLinearHarness(lr=LR, seed=4), seed=4)
-    by_b, by_k = report["per_example_clipping"].curves
-    assert by_b.y[0] / by_b.y[-1] == pytest.approx(by_b.x[-1] / by_b.x[0], rel=1e-3)
-    assert by_k.y[-1] / by_k.y[0] == pytest.approx(by_k.x[-1] / by_k.x[0], rel=1e-3)
-    assert report["per_example_clipping"].details["filler_update_ratio"] == 0.0
+    result = report["per_example_clipping"]
+    by_b, by_k, loss_by_b = result.curves
+    c = result.details["clip_norm"]
+    np.testing.assert_allclose(by_b.y, LR * c / by_b.x, rtol=1e-9)
+    np.testing.assert_allclose(by_k.y, LR * by_k.x * c / CheckConfig().counts_batch, rtol=1e-9)
+    ratio = loss_by_b.y[0] / loss_by_b.y[-1]
+    assert ratio == pytest.approx(loss_by_b.x[-1] / loss_by_b.x[0], rel=1e-3)
+    assert result.details["filler_update_ratio"] == 0.0
 
 
 @pytest.mark.statistical
@@ -451,3 +460,41 @@ def test_several_steps_per_model_in_the_calibration_check():
         harness = NumpyLinearHarness(lr=LR, bug=bug)
         report = check(harness, config=cfg)
         assert set(report.failed) == failed, report.summary()
+
+
+# ------------------------------------------------------------------------------ slope test
+def test_slope_test_matches_the_textbook_t_test():
+    rng = np.random.default_rng(0)
+    x = np.linspace(0, 1, 12)
+    y = 0.3 * x + rng.normal(0, 0.1, x.size)
+    res = slope_test(x, y)
+    n = x.size
+    xc = x - x.mean()
+    b = float(np.sum(xc * (y - y.mean())) / np.sum(xc**2))
+    resid = y - (y.mean() + b * xc)
+    se = math.sqrt(np.sum(resid**2) / (n - 2) / np.sum(xc**2))
+    t = b / se
+    p = 2 * scipy.stats.t.sf(abs(t), n - 2)
+    assert res.slope == pytest.approx(b) and res.stderr == pytest.approx(se)
+    assert res.t_statistic == pytest.approx(t) and res.p_value == pytest.approx(p)
+    assert res.intercept == pytest.approx(y.mean() - b * x.mean()) and res.n == n
+
+
+@given(st.lists(st.floats(-1e3, 1e3), min_size=3, max_size=20), st.floats(-5, 5))
+def test_slope_test_p_value_is_a_probability_and_slope_matches_polyfit(ys, shift):
+    x = np.arange(len(ys), dtype=float)
+    y = np.asarray(ys) + shift * x
+    res = slope_test(x, y)
+    assert 0.0 <= res.p_value <= 1.0
+    if np.ptp(y) > 0:
+        assert res.slope == pytest.approx(np.polyfit(x, y, 1)[0], rel=1e-6, abs=1e-6)
+
+
+def test_slope_test_degenerate_cases():
+    flat = slope_test([1, 2, 3], [5, 5, 5])
+    assert (flat.slope, flat.p_value, flat.t_statistic) == (0.0, 1.0, 0.0)
+    perfect = slope_test([1, 2, 3, 4], [2, 4, 6, 8])
+    assert perfect.slope == pytest.approx(2.0) and perfect.p_value == 0.0
+    for x, y in (([1, 2], [1, 2]), ([1, 1, 1], [1, 2, 3]), ([1, 2, 3], [1, math.nan, 3])):
+        with pytest.raises(InvalidParameterError):
+            slope_test(x, y)
