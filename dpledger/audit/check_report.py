@@ -18,6 +18,8 @@ from typing import Any
 import attrs
 import numpy as np
 
+from dpledger.errors import InvalidParameterError
+
 __all__ = [
     "CheckReport",
     "CheckResult",
@@ -72,7 +74,11 @@ class Curve:
 
     def __attrs_post_init__(self) -> None:
         if self.x.shape != self.y.shape:
-            raise ValueError(f"Curve {self.label!r}: x and y differ in length")
+            raise InvalidParameterError(
+                "y",
+                f"{self.y.size} values",
+                f"as many values as x ({self.x.size}) in {self.label!r}",
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The curve as JSON-ready values."""

@@ -461,11 +461,10 @@ def _trend(
     return ("ok" if last_bigger == grows else "unexpected"), test, change
 
 
-def _resolution(outcomes: Sequence[StepOutcome], idx: int | slice = slice(None)) -> float:
+def _resolution(outcomes: Sequence[StepOutcome]) -> float:
+    """Smallest loss change that is not round-off: 100 ulps of the largest loss involved."""
     eps = max(o.loss_epsilon for o in outcomes)
-    scale = max(
-        1.0, *(float(np.max(np.abs(np.asarray(o.losses_before[idx], float)))) for o in outcomes)
-    )
+    scale = max(1.0, *(float(np.max(np.abs(np.asarray(o.losses_before, float)))) for o in outcomes))
     return 100.0 * eps * scale
 
 
@@ -1295,8 +1294,8 @@ class DPSGDChecker:
                 Verdict.INCONCLUSIVE,
                 f"The elasticity d log dist / d log C = {elasticity:.3f} is too imprecise "
                 f"(standard error {el_se:.3g} > {cfg.elasticity_max_stderr:g}) to tell 1 "
-                f"from 0: raise seeds_per_clip_norm (the model has {self._params0.size} "
-                "parameters).",
+                f"from 0: raise seeds_per_clip_norm (few parameters, here "
+                f"{self._params0.size}, or an adaptive optimiser make the distances noisy).",
                 statistic_name=stat_name,
                 statistic=test.slope,
                 p_value=test.p_value,

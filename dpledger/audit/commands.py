@@ -146,6 +146,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--float32", action="store_true", help="run the model in float32")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (1 is fastest for small models on a busy machine)",
+    )
+    p.add_argument(
         "--checks", type=_checks, default=CHECK_NAMES, help="comma-separated subset of checks"
     )
     p.add_argument("--plot", metavar="PATH", help="save the curves to an image (needs matplotlib)")
@@ -166,6 +172,10 @@ def _check(args: argparse.Namespace) -> int:
     except ImportError as exc:  # pragma: no cover - torch is installed in the test environment
         print(f"dpledger check: error: PyTorch is needed ({exc})", file=sys.stderr)
         return 2
+    if args.threads is not None:
+        if args.threads < 1:
+            raise InvalidParameterError("--threads", args.threads, "an integer >= 1")
+        torch.set_num_threads(args.threads)
     if factory is None:
         shape, outputs = args.input_shape, args.outputs
 

@@ -27,7 +27,7 @@ def _one_thread():
 def test_correct_step_exits_zero_and_prints_the_report(capsys, tmp_path):
     pytest.importorskip("matplotlib")
     plot = tmp_path / "curves.png"
-    code = main(["check", f"{STEPS}:correct_mse_step", "--plot", str(plot)])
+    code = main(["check", f"{STEPS}:correct_mse_step", "--plot", str(plot), "--threads", "1"])
     out = capsys.readouterr().out
     assert code == 0
     assert "OK: 4 pass" in out and "[        PASS] noise_magnitude" in out
@@ -100,6 +100,11 @@ def test_bad_options_are_usage_errors(args):
     with pytest.raises(SystemExit) as info:
         main(["check", f"{STEPS}:correct_mse_step", *args])
     assert info.value.code == 2
+
+
+def test_bad_thread_count_exits_two(capsys):
+    assert main(["check", f"{STEPS}:correct_mse_step", "--threads", "0"]) == 2
+    assert "--threads=0" in capsys.readouterr().err
 
 
 def test_load_object_follows_dotted_attributes():

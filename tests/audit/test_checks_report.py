@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dpledger.audit import CheckReport, CheckResult, Curve, Verdict
+from dpledger.errors import InvalidParameterError
 
 
 def result(name, verdict, **kw):
@@ -96,7 +97,7 @@ def test_to_dict_is_json_with_non_finite_numbers_as_strings():
 
 
 def test_curve_validates_lengths():
-    with pytest.raises(ValueError, match="differ in length"):
+    with pytest.raises(InvalidParameterError, match="as many values as x"):
         Curve("c", [1, 2], [1], "x", "y")
     assert Curve("c", [1, 2], [3, 4], "x", "y") == Curve("c", [1, 2], [3, 4], "x", "y")
 
