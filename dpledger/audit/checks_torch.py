@@ -172,7 +172,10 @@ class TorchStepHarness:
         return torch.cat([params[n].detach().reshape(-1) for n in self._names]).cpu().numpy()
 
     def _eval_forward(self, model: Any, x: Any) -> Any:
-        state = {k: v.detach().to(torch.float64) for k, v in model.state_dict().items()}
+        state = {
+            k: v.detach().to(torch.float64) if v.is_floating_point() else v.detach()
+            for k, v in model.state_dict().items()
+        }
         return torch.func.functional_call(self._eval, state, (x.to(torch.float64),))
 
     def _losses(self, model: Any, x: Any, y: Any) -> np.ndarray:

@@ -235,3 +235,20 @@ def test_harness_rejects_bad_arguments(kwargs, parameter):
 def test_check_dp_sgd_rejects_a_non_callable_step():
     with pytest.raises(InvalidParameterError, match="step"):
         check_dp_sgd("not a function", factory, loss="mse", input_shape=(10,))
+
+
+def test_models_with_integer_buffers_are_evaluated_without_casting_them():
+    class Counted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp(10, 3)
+            self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+        def forward(self, x):
+            assert self.calls.dtype == torch.long
+            return self.net(x)
+
+    report = check_dp_sgd(
+        make_dp_sgd_step(), Counted, loss="mse", input_shape=(10,), checks=["clipping_applied"]
+    )
+    assert report.verdicts == {"clipping_applied": Verdict.PASS}
