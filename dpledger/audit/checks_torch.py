@@ -51,6 +51,7 @@ __all__ = [
     "check_dp_optimizer",
     "check_dp_sgd",
     "default_mlp",
+    "run_for_command",
 ]
 
 StepFunction = Callable[..., Any]
@@ -406,3 +407,52 @@ def assert_dp_sgd_correct(
     report = check_dp_sgd(step, model_factory, loss=loss, input_shape=input_shape, **kwargs)
     report.assert_passed(allow_inconclusive=allow_inconclusive)
     return report
+
+
+def run_for_command(
+    step: StepFunction,
+    model_factory: Callable[[], Any] | None,
+    *,
+    input_shape: Sequence[int],
+    num_outputs: int,
+    stateful: bool,
+    warmup_steps: int,
+    float32: bool,
+    threads: int | None,
+    **kwargs: Any,
+) -> CheckReport:
+    """What ``dpledger check`` runs (kept here so that the command module imports no torch).
+
+    Args:
+        step: the step function, or with ``stateful`` the factory ``make_step(model)``.
+        model_factory: the model factory; None builds :func:`default_mlp`.
+        input_shape: shape of one input.
+        num_outputs: outputs of the default MLP.
+        stateful: check a stateful optimiser with :func:`check_dp_optimizer`.
+        warmup_steps: warm-up steps for ``stateful``.
+        float32: run the model in float32 instead of float64.
+        threads: ``torch.set_num_threads`` value, or None to keep torch's default.
+        **kwargs: further keyword arguments of :func:`check_dp_sgd`.
+    """
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise InvalidParameterError("--threads", threads, "an integer >= 1")
+        torch.set_num_threads(threads)
+    if model_factory is None:
+        shape, outputs = tuple(input_shape), int(num_outputs)
+
+        def model_factory() -> Any:
+            return default_mlp(shape, outputs)
+
+    dtype = torch.float32 if float32 else torch.float64
+    if stateful:
+        return check_dp_optimizer(
+            step,
+            model_factory,
+            input_shape=input_shape,
+            warmup_steps=warmup_steps,
+            plain_sgd=False,
+            dtype=dtype,
+            **kwargs,
+        )
+    return check_dp_sgd(step, model_factory, input_shape=input_shape, dtype=dtype, **kwargs)

@@ -6,7 +6,7 @@ imports ``dp_step`` from ``mypkg.train`` (the current directory is searched firs
 model with ``--model module:factory`` or a small default MLP, runs the checks of
 :mod:`dpledger.audit.checks_torch` and prints the report. Exit status: 0 when no check failed,
 1 when a check failed (also when one was inconclusive with ``--strict``), 2 on a usage error.
-PyTorch is imported only when the command runs.
+PyTorch is imported only when the command runs, by :mod:`dpledger.audit.checks_torch`.
 """
 
 from __future__ import annotations
@@ -166,39 +166,27 @@ def _check(args: argparse.Namespace) -> int:
     if args.outputs < 1:
         raise InvalidParameterError("--outputs", args.outputs, "an integer >= 1")
     try:
-        import torch
-
         from dpledger.audit import checks_torch
     except ImportError as exc:  # pragma: no cover - torch is installed in the test environment
         print(f"dpledger check: error: PyTorch is needed ({exc})", file=sys.stderr)
         return 2
-    if args.threads is not None:
-        if args.threads < 1:
-            raise InvalidParameterError("--threads", args.threads, "an integer >= 1")
-        torch.set_num_threads(args.threads)
-    if factory is None:
-        shape, outputs = args.input_shape, args.outputs
-
-        def factory() -> Any:
-            return checks_torch.default_mlp(shape, outputs)
-
-    common: dict[str, Any] = {
-        "loss": args.loss,
-        "input_shape": args.input_shape,
-        "labels": args.labels,
-        "lr": args.lr,
-        "denominator": args.denominator,
-        "noise_multiplier": args.noise_multiplier,
-        "dtype": torch.float32 if args.float32 else torch.float64,
-        "seed": args.seed,
-        "checks": args.checks,
-    }
-    if args.stateful:
-        report = checks_torch.check_dp_optimizer(
-            step, factory, warmup_steps=args.warmup_steps, plain_sgd=False, **common
-        )
-    else:
-        report = checks_torch.check_dp_sgd(step, factory, **common)
+    report = checks_torch.run_for_command(
+        step,
+        factory,
+        input_shape=args.input_shape,
+        num_outputs=args.outputs,
+        stateful=args.stateful,
+        warmup_steps=args.warmup_steps,
+        float32=args.float32,
+        threads=args.threads,
+        loss=args.loss,
+        labels=args.labels,
+        lr=args.lr,
+        denominator=args.denominator,
+        noise_multiplier=args.noise_multiplier,
+        seed=args.seed,
+        checks=args.checks,
+    )
     if args.plot:
         report.plot(args.plot)
     if args.json:
