@@ -22,7 +22,11 @@ from dpledger.errors import DPLedgerError, LedgerVerificationError
 
 __all__ = ["build_parser", "main"]
 
-_COMMAND_MODULES = ("dpledger.ledger.commands", "dpledger.accountants.commands")
+_COMMAND_MODULES = (
+    "dpledger.ledger.commands",
+    "dpledger.accountants.commands",
+    "dpledger.audit.commands",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,10 @@
-"""Audit tools: empirical privacy audits, clipping-bias and calibration metrics.
+"""Audit tools: empirical privacy audits, clipping-bias and calibration metrics, and the
+implementation-bug checks for DP-SGD.
 
-The ε lower bounds, the distinguishing-game harness, the verdict and the bias and calibration
-metrics import neither PyTorch nor TensorFlow; plots import matplotlib when drawn.
+The ε lower bounds, the distinguishing-game harness, the verdict, the bias and calibration
+metrics and the core of the implementation-bug checks import neither PyTorch nor TensorFlow;
+plots import matplotlib when drawn. The checks' framework conveniences live in
+``dpledger.audit.checks_torch`` and ``dpledger.audit.checks_keras``.
 """
 
 from dpledger.audit.audit_game import (
@@ -24,6 +27,15 @@ from dpledger.audit.calibration_metrics import (
     calibration_metrics,
     plot_reliability_diagram,
 )
+from dpledger.audit.check_report import CheckReport, CheckResult, Curve, Verdict
+from dpledger.audit.checks import (
+    CHECK_NAMES,
+    CheckConfig,
+    DPSGDChecker,
+    StepHarness,
+    StepOutcome,
+    run_checks,
+)
 from dpledger.audit.privacy_bounds import (
     BoundMethod,
     ConfusionCounts,
@@ -43,20 +55,29 @@ from dpledger.audit.threshold_selection import (
 from dpledger.audit.verdict import AuditVerdict, audit_verdict
 
 __all__ = [
+    "CHECK_NAMES",
     "AuditVerdict",
     "Binning",
     "BonferroniThresholds",
     "BoundMethod",
     "CalibrationMetrics",
+    "CheckConfig",
+    "CheckReport",
+    "CheckResult",
     "ClippingBias",
     "ClippingBiasCallback",
     "ConfusionCounts",
+    "Curve",
+    "DPSGDChecker",
     "EpsilonLowerBound",
     "FixedThreshold",
     "GameRun",
     "GameScores",
     "HeldOutSplit",
     "ReliabilityDiagram",
+    "StepHarness",
+    "StepOutcome",
+    "Verdict",
     "audit_verdict",
     "calibration_metrics",
     "clipping_bias",
@@ -71,5 +92,6 @@ __all__ = [
     "plot_bound_versus_runs",
     "plot_reliability_diagram",
     "plot_score_distributions",
+    "run_checks",
     "run_distinguishing_game",
 ]
