@@ -1,0 +1,220 @@
+"""Time one DP-SGD step of dpledger's Keras per-example gradient engine against the plain step.
+
+Model ``cnn``: the two-conv, two-dense CNN of Opacus's and TensorFlow Privacy's MNIST examples,
+the same as benchmarks/torch_step_bench.py (Conv2D 16 k8 s2 "same" = padding 3, max-pool 2/1,
+Conv2D 32 k4 s2 "valid", max-pool 2/1, Dense 512→32, Dense 32→10; 26,010 parameters), batch 256,
+on scikit-learn's 8×8 digits upsampled to 28×28 (the timing does not depend on the pixel values).
+
+Steps, each one ``tf.function`` on the same batch:
+
+* non-private: forward, mean loss, backward, SGD step.
+* fast (book-keeping): :class:`PerExampleGradientEngine` fast path — forward, backward to the
+  layer outputs, per-example squared norms, flat clipping factors f_i = min(1, C/‖g_i‖) in the
+  graph, Σ_i f_i g_i from the stored activations and output gradients — then Gaussian noise
+  σ·C on every coordinate (a seeded ``tf.random.Generator``), division by B, SGD step.
+* fast (second backward): the same norms, then Σ_i f_i g_i as the gradient of Σ_i f_i ℓ_i by a
+  second backward pass through the recorded forward (a persistent tape around the engine), the
+  usual TensorFlow Privacy approach; kept to justify book-keeping as the engine's choice.
+* vectorized: the engine's ``tf.vectorized_map`` path (per-example gradients materialised).
+
+Times are medians over interleaved repeats (each repeat runs every step once, so drifts in the
+machine's load hit all alike); ratios are to the non-private step of the same run.
+
+Run: ``PYTHONPATH=. python benchmarks/tf_step_bench.py`` (``--help`` for options).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from dpledger.adapters.tensorflow import PerExampleGradientEngine
+
+CLIP = 1.0
+SIGMA = 1.0
+LR = 0.05
+
+
+def make_model(name: str) -> keras.Model:
+    """The benchmark models (see the module docstring)."""
+    if name == "cnn":
+        return keras.Sequential(
+            [
+                keras.Input((28, 28, 1)),
+                keras.layers.Conv2D(16, 8, strides=2, padding="same", activation="relu"),
+                keras.layers.MaxPooling2D(2, 1),
+                keras.layers.Conv2D(32, 4, strides=2, padding="valid", activation="relu"),
+                keras.layers.MaxPooling2D(2, 1),
+                keras.layers.Flatten(),
+                keras.layers.Dense(32, activation="relu"),
+                keras.layers.Dense(10),
+            ],
+            name="cnn",
+        )
+    if name == "cnn8":
+        return keras.Sequential(
+            [
+                keras.Input((8, 8, 1)),
+                keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
+                keras.layers.MaxPooling2D(2),
+                keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+                keras.layers.Flatten(),
+                keras.layers.Dense(40, activation="relu"),
+                keras.layers.Dense(10),
+            ],
+            name="cnn8",
+        )
+    raise ValueError(f"unknown model {name!r}")
+
+
+def digits_batch(batch: int, size: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """The first ``batch`` scikit-learn digits, scaled to [0, 1] and resized to size×size."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = digits.images[:batch].astype(np.float32)[..., None] / 16.0
+    if size != 8:
+        x = tf.image.resize(x, (size, size)).numpy()
+    return tf.constant(x), tf.constant(digits.target[:batch].astype(np.int32))
+
+
+def build_steps(name: str, batch: int) -> dict[str, Callable[[], tf.Tensor]]:
+    """One ``tf.function`` per method, each on its own copy of the model and optimizer."""
+    keras.utils.set_random_seed(0)
+    base = make_model(name)
+    x, y = digits_batch(batch, base.input_shape[1])
+    weights = base.get_weights()
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    generator = tf.random.Generator.from_seed(1)
+
+    def fresh() -> tuple[keras.Model, keras.optimizers.Optimizer]:
+        model = make_model(name)
+        model.set_weights(weights)
+        optimizer = keras.optimizers.SGD(LR)
+        optimizer.build(model.trainable_variables)
+        return model, optimizer
+
+    def flat_factors(squared_norms: tuple[tf.Tensor, ...]) -> tf.Tensor:
+        norm = tf.sqrt(tf.add_n(list(squared_norms)))
+        return tf.minimum(1.0, CLIP / (norm + 1e-6))
+
+    def noisy_step(optimizer, variables, sums) -> None:
+        size = tf.cast(batch, sums[0].dtype)
+        grads = [(s + generator.normal(tf.shape(s), stddev=SIGMA * CLIP)) / size for s in sums]
+        optimizer.apply_gradients(zip(grads, variables, strict=True))
+
+    steps: dict[str, Callable[[], tf.Tensor]] = {}
+
+    m0, o0 = fresh()
+
+    @tf.function
+    def non_private(x, y):
+        with tf.GradientTape() as tape:
+            value = tf.reduce_mean(loss(y, m0(x, training=True)))
+        grads = tape.gradient(value, m0.trainable_variables)
+        o0.apply_gradients(zip(grads, m0.trainable_variables, strict=True))
+        return value
+
+    steps["non-private"] = lambda: non_private(x, y)
+
+    def ours(method: str) -> Callable[[], tf.Tensor]:
+        model, optimizer = fresh()
+        engine = PerExampleGradientEngine(model, loss, method=method)
+
+        @tf.function
+        def step(x, y):
+            result = engine.clipped_gradients(x, y, clip_factors=flat_factors)
+            noisy_step(optimizer, model.trainable_variables, result.sums)
+            return tf.reduce_mean(result.losses)
+
+        return lambda: step(x, y)
+
+    steps["ours fast (book-keeping)"] = ours("fast")
+
+    m2, o2 = fresh()
+    engine2 = PerExampleGradientEngine(m2, loss, method="fast")
+
+    @tf.function
+    def second_backward(x, y):
+        with tf.GradientTape() as tape:
+            norms = engine2.norms(x, y)
+        factors = flat_factors(norms.squared_norms)
+        sums = tape.gradient(norms.losses, m2.trainable_variables, output_gradients=factors)
+        noisy_step(o2, m2.trainable_variables, sums)
+        return tf.reduce_mean(norms.losses)
+
+    steps["ours fast (second backward)"] = lambda: second_backward(x, y)
+    steps["ours vectorized"] = ours("vectorized")
+    return steps
+
+
+def time_steps(
+    steps: dict[str, Callable[[], tf.Tensor]], repeats: int, warmup: int
+) -> dict[str, tuple[float, float]]:
+    """Median (wall, process CPU) seconds per step, interleaving the methods.
+
+    Process CPU time (all of TensorFlow's threads) is less sensitive than wall time to other
+    processes sharing the machine; both are reported.
+    """
+    for f in steps.values():
+        for _ in range(warmup):
+            f().numpy()
+    wall: dict[str, list[float]] = {k: [] for k in steps}
+    cpu: dict[str, list[float]] = {k: [] for k in steps}
+    for _ in range(repeats):
+        for k, f in steps.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            f().numpy()
+            wall[k].append(time.perf_counter() - t0)
+            cpu[k].append(time.process_time() - c0)
+    return {k: (statistics.median(wall[k]), statistics.median(cpu[k])) for k in steps}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="cnn", help="comma-separated: cnn, cnn8")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument(
+        "--threads", type=int, default=0, help="TensorFlow intra- and inter-op threads (0: default)"
+    )
+    args = parser.parse_args()
+    if args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    logging.basicConfig(level=logging.ERROR)
+    tf.get_logger().setLevel("ERROR")
+    print(
+        f"python {platform.python_version()}, tensorflow {tf.__version__}, keras "
+        f"{keras.__version__}, devices {[d.name for d in tf.config.list_logical_devices()]}, "
+        f"threads intra {tf.config.threading.get_intra_op_parallelism_threads() or 'default'} "
+        f"inter {tf.config.threading.get_inter_op_parallelism_threads() or 'default'}"
+    )
+    for name in args.models.split(","):
+        steps = build_steps(name, args.batch)
+        nparams = make_model(name).count_params()
+        med = time_steps(steps, args.repeats, args.warmup)
+        base = med["non-private"]
+        print(f"\n## {name}: {nparams} parameters, batch {args.batch}, {args.repeats} repeats")
+        print(
+            f"{'method':30s} {'wall ms':>8s} {'x non-private':>14s} {'CPU ms':>8s} "
+            f"{'x non-private':>14s}"
+        )
+        for k, (w, c) in med.items():
+            print(f"{k:30s} {w * 1e3:8.2f} {w / base[0]:14.2f} {c * 1e3:8.2f} {c / base[1]:14.2f}")
+
+
+if __name__ == "__main__":
+    main()
