@@ -1,8 +1,7 @@
 """TensorFlow / Keras 3 adapter: per-example gradients, fast clipping and Poisson sampling.
 
-Importing this package imports TensorFlow and Keras (``import dpledger`` and
-``import dpledger.adapters`` do not). The exceptions live in
-:mod:`dpledger.adapters.tensorflow.errors`, which imports no framework.
+Importing this package imports TensorFlow and Keras; ``import dpledger`` and
+``import dpledger.adapters`` do not.
 """
 
 from dpledger.adapters.tensorflow.engine import (
@@ -31,6 +30,7 @@ from dpledger.adapters.tensorflow.registry import (
     registered_layer_types,
     unregister_layer_rule,
 )
+from dpledger.adapters.tensorflow.sampling import PoissonSampler
 
 __all__ = [
     "ClippedGradients",
@@ -45,6 +45,7 @@ __all__ = [
     "PerExampleLoss",
     "PerExampleLossError",
     "PerExampleNorms",
+    "PoissonSampler",
     "RecordMixingLayerError",
     "UnsupportedLayerError",
     "layer_rule",

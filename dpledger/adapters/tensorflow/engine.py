@@ -286,6 +286,11 @@ class PerExampleGradientEngine:
 
     The model must be built (called once, or ``model.build(shape)``) before the first step.
     The engine calls ``model(inputs, training=True)``.
+
+    Errors raised while a ``tf.function`` with AutoGraph traces a step reach the caller as
+    TensorFlow's ``StagingError`` carrying the original message (AutoGraph re-creates only
+    exception types with a plain constructor); calling a method once eagerly, or tracing with
+    ``autograph=False``, gives the typed error.
     """
 
     def __init__(
@@ -308,6 +313,11 @@ class PerExampleGradientEngine:
         self._while_loops_logged = False
         self._last_path: str | None = None
         self._forced_vectorized: str | None = None
+        self._refuse_record_mixing()
+        if model.built:
+            analysis = self._analysis()
+            if method == "fast" and analysis.fast_unsupported is not None:
+                self._use_vectorized(analysis.fast_unsupported)
 
     # ---------------------------------------------------------------- properties
 
@@ -358,6 +368,8 @@ class PerExampleGradientEngine:
 
     def _refuse_record_mixing(self) -> None:
         for layer in _all_layers(self._model):
+            if isinstance(layer, keras.layers.LayerNormalization):
+                self._refuse_batch_axis_normalization(layer)
             if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable:
                 raise RecordMixingLayerError(
                     f"layer {layer.name!r} (BatchNormalization) normalises each example with the "
@@ -369,6 +381,21 @@ class PerExampleGradientEngine:
                     layer_name=layer.name,
                     layer_type=type(layer).__name__,
                 )
+
+    @staticmethod
+    def _refuse_batch_axis_normalization(layer: keras.layers.Layer) -> None:
+        axes = layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis]
+        try:
+            rank: int | None = len(layer.input.shape)
+        except (AttributeError, ValueError):  # not a functional layer: checked when traced
+            rank = None
+        if any(a == 0 or (rank is not None and a % rank == 0) for a in axes):
+            raise RecordMixingLayerError(
+                f"layer {layer.name!r} (LayerNormalization) normalises over axis 0, the batch, "
+                "so it mixes the records of a batch; normalise over the feature axes (axis=-1)",
+                layer_name=layer.name,
+                layer_type=type(layer).__name__,
+            )
 
     def _plan(self, variables: tuple[Any, ...]) -> tuple[tuple[_PlanEntry, ...] | None, str | None]:
         if self._method == "vectorized":
@@ -456,9 +483,52 @@ class PerExampleGradientEngine:
             PerExampleLossError: when the loss does not return per-example values.
         """
         analysis = self._analysis()
+        inputs = tf.nest.map_structure(tf.convert_to_tensor, inputs)
+        static_batch = _static_batch_size(inputs)
+        if static_batch is not None and static_batch > 0:
+            return self._dispatch(analysis, inputs, targets, sample_weight, None)
+        # The batch may be empty (Poisson sampling). TensorFlow's oneDNN convolutions fail on
+        # empty batches, so an empty batch is run as one all-zero record whose loss is masked
+        # to 0 (its output gradients are then 0), and the results are cut back to B rows.
+        batch = _batch_size(inputs)
+        nonempty = batch > 0
+
+        def pad(t: Any) -> Any:
+            if t is None:
+                return None
+            t = tf.convert_to_tensor(t)
+            return tf.cond(
+                nonempty,
+                lambda: t,
+                lambda: tf.zeros(tf.concat([[1], tf.shape(t)[1:]], axis=0), t.dtype),
+            )
+
+        padded_batch = tf.maximum(batch, 1)
+        mask = tf.range(padded_batch) < batch
+        result = self._dispatch(
+            analysis,
+            tf.nest.map_structure(pad, inputs),
+            None if targets is None else tf.nest.map_structure(pad, targets),
+            None if sample_weight is None else pad(tf.reshape(sample_weight, [-1])),
+            mask,
+        )
+
+        def cut(t: Any) -> Any:
+            return t[:batch] if tf.is_tensor(t) and t.shape.rank else t
+
+        return PerExampleNorms(
+            squared_norms=tuple(n[:batch] for n in result.squared_norms),
+            losses=result.losses[:batch],
+            predictions=tf.nest.map_structure(cut, result.predictions),
+            residual={**result.residual, "padding": padded_batch - batch},
+        )
+
+    def _dispatch(
+        self, analysis: _Analysis, inputs: Any, targets: Any, sample_weight: Any, mask: Any
+    ) -> PerExampleNorms:
         if analysis.entries is not None and self._forced_vectorized is None:
             try:
-                result = self._fast_norms(analysis, inputs, targets, sample_weight)
+                result = self._fast_norms(analysis, inputs, targets, sample_weight, mask)
                 self._last_path = "fast"
                 return result
             except _FastPathUnsupportedError as exc:
@@ -466,7 +536,7 @@ class PerExampleGradientEngine:
         reason = self._forced_vectorized or analysis.fast_unsupported or "unknown"
         if self._method != "vectorized":
             self._use_vectorized(reason)
-        result = self._vectorized_norms(analysis, inputs, targets, sample_weight)
+        result = self._vectorized_norms(analysis, inputs, targets, sample_weight, mask)
         self._last_path = "vectorized"
         return result
 
@@ -492,6 +562,8 @@ class PerExampleGradientEngine:
         variables = analysis.variables
         per_variable = self._factors(factors, variables)
         residual = norms.residual
+        if "padding" in residual:  # an empty batch was run as one masked record
+            per_variable = tuple(tf.pad(f, [[0, residual["padding"]]]) for f in per_variable)
         if "vectorized" in residual:
             return tuple(
                 tf.tensordot(f, g, axes=1)
@@ -504,8 +576,9 @@ class PerExampleGradientEngine:
             )
         sums: list[tf.Tensor | None] = [None] * len(variables)
         for entry, layer_residual in zip(entries, residual["fast"], strict=True):
-            if not layer_residual:
+            if "calls" not in layer_residual:
                 continue  # the layer was not called: its gradient is zero
+            layer_residual = layer_residual["calls"]
             ones = None
             rule_factors = []
             for v, slot in zip(entry.variables, entry.slots, strict=True):
@@ -577,14 +650,18 @@ class PerExampleGradientEngine:
             )
         return tuple(tf.cast(f, v.dtype) for v in variables)
 
-    def _per_example_losses(self, targets: Any, predictions: Any, sample_weight: Any) -> tf.Tensor:
+    def _per_example_losses(
+        self, targets: Any, predictions: Any, sample_weight: Any, mask: Any = None
+    ) -> tf.Tensor:
         losses = self._loss(targets, predictions)
         if sample_weight is not None:
             losses = losses * tf.cast(tf.reshape(sample_weight, [-1]), losses.dtype)
+        if mask is not None:
+            losses = tf.where(mask, losses, tf.zeros_like(losses))
         return losses
 
     def _fast_norms(
-        self, analysis: _Analysis, inputs: Any, targets: Any, sample_weight: Any
+        self, analysis: _Analysis, inputs: Any, targets: Any, sample_weight: Any, mask: Any
     ) -> PerExampleNorms:
         entries = analysis.entries
         assert entries is not None
@@ -597,7 +674,7 @@ class PerExampleGradientEngine:
             recorder = _Recorder(entries, tape, probe, batch_size, _static_batch_size(inputs))
             with recorder.patched():
                 predictions = self._model(inputs, training=True)
-            losses = self._per_example_losses(targets, predictions, sample_weight)
+            losses = self._per_example_losses(targets, predictions, sample_weight, mask)
             total = tf.reduce_sum(losses)
         trainable = {id(_underlying(v)): v for v in variables}
         stray = [trainable[id(w)] for w in probe.watched_variables() if id(w) in trainable]
@@ -617,7 +694,7 @@ class PerExampleGradientEngine:
         residuals: list[Any] = []
         for entry, calls in zip(entries, recorder.calls, strict=True):
             if not calls:
-                residuals.append(())
+                residuals.append({})
                 continue
             layer_calls = [
                 LayerCall(saved=saved, output_gradients=tuple(grads[i] for i in indices))
@@ -626,7 +703,7 @@ class PerExampleGradientEngine:
             layer_norms, layer_residual = entry.rule.squared_norms(
                 entry.layer, layer_calls, batch_size=batch_size
             )
-            residuals.append(layer_residual)
+            residuals.append({"calls": layer_residual})
             for slot, n in zip(entry.slots, layer_norms, strict=True):
                 if slot is not None:
                     norms[slot] = n
@@ -642,7 +719,7 @@ class PerExampleGradientEngine:
         )
 
     def _vectorized_norms(
-        self, analysis: _Analysis, inputs: Any, targets: Any, sample_weight: Any
+        self, analysis: _Analysis, inputs: Any, targets: Any, sample_weight: Any, mask: Any
     ) -> PerExampleNorms:
         variables = analysis.variables
         elems: dict[str, Any] = {"x": inputs}
@@ -650,6 +727,8 @@ class PerExampleGradientEngine:
             elems["y"] = targets
         if sample_weight is not None:
             elems["w"] = tf.reshape(sample_weight, [-1])
+        if mask is not None:
+            elems["m"] = mask
 
         @tf.autograph.experimental.do_not_convert
         def one(e: dict[str, Any]) -> tuple[Any, ...]:
@@ -658,30 +737,28 @@ class PerExampleGradientEngine:
             with tf.GradientTape() as tape:
                 predictions = self._model(x, training=True)
                 loss = self._per_example_losses(
-                    y, predictions, tf.expand_dims(e["w"], 0) if "w" in e else None
+                    y,
+                    predictions,
+                    tf.expand_dims(e["w"], 0) if "w" in e else None,
+                    tf.expand_dims(e["m"], 0) if "m" in e else None,
                 )
                 total = tf.reduce_sum(loss)
             grads = tape.gradient(
                 total, list(variables), unconnected_gradients=tf.UnconnectedGradients.ZERO
             )
             squeezed = tf.nest.map_structure(lambda t: tf.squeeze(t, 0), predictions)
-            return tuple(grads), tf.reshape(loss, []), squeezed
+            dense = tuple(tf.convert_to_tensor(g) for g in grads)  # IndexedSlices → dense
+            return dense, tf.reshape(loss, []), squeezed
 
-        static_batch = _static_batch_size(inputs)
-        if static_batch == 0:
-            predictions = self._model(inputs, training=True)
-            losses = self._per_example_losses(targets, predictions, sample_weight)
-            grads = tuple(tf.zeros([0, *v.shape], v.dtype) for v in variables)
-        else:
-            (grads, losses, predictions), loops = per_example_map(one, elems)
-            if loops and not self._while_loops_logged:
-                self._while_loops_logged = True
-                _log.warning(
-                    "model %r: the vectorised path runs some ops one example at a time in a "
-                    "tf.while_loop because they have no vectorised (pfor) converter: %s",
-                    self._model.name,
-                    "; ".join(loops),
-                )
+        (grads, losses, predictions), loops = per_example_map(one, elems)
+        if loops and not self._while_loops_logged:
+            self._while_loops_logged = True
+            _log.warning(
+                "model %r: the vectorised path runs some ops one example at a time in a "
+                "tf.while_loop because they have no vectorised (pfor) converter: %s",
+                self._model.name,
+                "; ".join(loops),
+            )
         squared = tuple(
             tf.reduce_sum(tf.square(g), axis=list(range(1, g.shape.rank))) for g in grads
         )

@@ -2,8 +2,7 @@
 
 They extend the hierarchy of :mod:`dpledger.errors`: every one is a
 :class:`dpledger.errors.DPLedgerError`, and each is caused by a model, a loss or an argument the
-caller can change, so each also subclasses :class:`ValueError`. This module imports neither
-TensorFlow nor Keras, so code can catch these errors without importing a framework.
+caller can change, so each also subclasses :class:`ValueError`.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 import string
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -556,10 +557,10 @@ class EmbeddingRule(LayerGradientRule):
 class LayerNormalizationRule(LayerGradientRule):
     """``keras.layers.LayerNormalization``: y = γ ⊙ x̂ + β over ``layer.axis``.
 
-    The forward is Keras's own; x̂ is recomputed from the saved input for the norms
-    (x̂ = (x − mean)/√(var + ε), or x/√(var + ε) with the deprecated ``rms_scaling``, as Keras
-    does). Per-example γ and β gradients are materialised: they have the size of the
-    normalised axes only.
+    The forward is Keras's own; x̂ is recomputed from the saved input for the norms with Keras's
+    ``ops.layer_normalization`` without γ and β (x̂ = (x − mean)/√(var + ε), or x/√(var + ε)
+    with the deprecated ``rms_scaling``). Per-example γ and β gradients are materialised: they
+    have the size of the normalised axes only.
     """
 
     def unsupported_reason(self, layer: keras.layers.Layer) -> str | None:
@@ -596,12 +597,15 @@ class LayerNormalizationRule(LayerGradientRule):
         dtype = variables[0].dtype
         per_example: list[tf.Tensor | None] = [None] * len(variables)
         for c in calls:
-            x = tf.cast(c.saved, tf.float64 if dtype == tf.float64 else tf.float32)
+            x = c.saved
             rank = x.shape.rank
             axes = self._axes(layer, rank)
-            mean, variance = tf.nn.moments(x, axes=axes, keepdims=True)
-            inv = tf.math.rsqrt(variance + tf.cast(layer.epsilon, x.dtype))
-            x_hat = x * inv if layer.rms_scaling else (x - mean) * inv
+            with warnings.catch_warnings():  # rms_scaling's deprecation, already shown by Keras
+                warnings.simplefilter("ignore")
+                # Keras's own formula without γ and β, so that x̂ rounds as in the forward.
+                x_hat = keras.ops.layer_normalization(
+                    x, None, None, axis=axes, epsilon=layer.epsilon, rms_scaling=layer.rms_scaling
+                )
             x_hat = tf.cast(x_hat, dtype)
             g = tf.cast(c.output_gradients[0], dtype)
             reduce = [a for a in range(1, rank) if a not in axes]

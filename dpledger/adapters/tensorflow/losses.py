@@ -28,6 +28,7 @@ import keras
 import tensorflow as tf
 
 from dpledger.adapters.tensorflow.errors import PerExampleLossError
+from dpledger.errors import InvalidParameterError
 
 __all__ = ["PerExampleLoss", "per_example_loss"]
 
@@ -121,8 +122,8 @@ def per_example_loss(loss: Any, *, auto_reduction: bool = True) -> PerExampleLos
     """
     if isinstance(loss, PerExampleLoss):
         return loss
-    if isinstance(auto_reduction, bool) is False:
-        raise PerExampleLossError(f"auto_reduction={auto_reduction!r} must be True or False")
+    if not isinstance(auto_reduction, bool):
+        raise InvalidParameterError("auto_reduction", auto_reduction, "True or False")
     if isinstance(loss, str):
         try:
             resolved = keras.losses.get(loss)

@@ -17,6 +17,9 @@ Pitfalls, and what this module does about them:
 * The converter for ``MaxPoolGrad`` emits a bare gradient op that oneDNN builds of TensorFlow
   cannot pair with its forward pooling, so it runs a slow generic kernel (90× slower on the
   benchmark CNN); this module's converter keeps the fast kernel.
+* ``pfor`` cannot vectorise every graph: gradients through ``tf.cond`` fail (it cannot stack
+  their variant-typed intermediates). The map then runs every record in a ``tf.map_fn`` loop —
+  correct, slow, and reported like the while loops above.
 * ``pfor`` vectorises one graph: eager callers get a ``tf.function`` traced for them.
 * Random ops (``Dropout``) inside the loop body draw the same mask for every record (the seed is
   loop invariant). That is still independent of the data, so privacy is unaffected.
@@ -201,13 +204,39 @@ def per_example_map(
     handler = _WhileLoopMessages()
     tf_logger = logging.getLogger("tensorflow")
     tf_logger.addHandler(handler)
+    failure = None
     try:
         with _faster_converters():
             outputs = tf.vectorized_map(fn, elems, fallback_to_while_loop=fallback_to_while_loop)
+    except (ValueError, TypeError, NotImplementedError, tf.errors.OpError) as exc:
+        if not fallback_to_while_loop:
+            raise
+        failure = exc
     finally:
         tf_logger.removeHandler(handler)
+    if failure is not None:
+        # pfor cannot vectorise some graphs at all (e.g. gradients through tf.cond, whose
+        # variant-typed intermediates it cannot stack): run every record in a loop instead.
+        message = str(failure).strip().splitlines()
+        outputs = _map_in_loop(fn, elems)
+        return outputs, [
+            "tf.vectorized_map failed ("
+            + type(failure).__name__
+            + (f": {message[-1]}" if message else "")
+            + "), so every record runs in a tf.map_fn loop"
+        ]
     loops = sorted({op.name for op in graph.get_operations()[before:] if op.type in _WHILE_OPS})
     described = list(dict.fromkeys(handler.messages))
     if loops and not described:
         described = [f"while loop(s) in the vectorised graph: {', '.join(loops)}"]
     return outputs, described
+
+
+def _map_in_loop(fn: Callable[[Any], Any], elems: Any) -> Any:
+    """``tf.map_fn`` over the records, with the output signature traced from one record."""
+    element_spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape[1:], t.dtype), elems)
+    concrete = tf.function(fn, autograph=False).get_concrete_function(element_spec)
+    signature = tf.nest.map_structure(
+        lambda t: tf.TensorSpec(t.shape, t.dtype), concrete.structured_outputs
+    )
+    return tf.map_fn(fn, elems, fn_output_signature=signature)
