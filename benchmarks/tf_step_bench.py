@@ -46,8 +46,53 @@ SIGMA = 1.0
 LR = 0.05
 
 
+class Attention(keras.layers.Layer):
+    """Single-head self-attention from four Dense layers."""
+
+    def __init__(self, width: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.q = keras.layers.Dense(width)
+        self.k = keras.layers.Dense(width)
+        self.v = keras.layers.Dense(width)
+        self.out = keras.layers.Dense(width)
+
+    def call(self, x):
+        scores = tf.matmul(self.q(x), self.k(x), transpose_b=True) / float(x.shape[-1]) ** 0.5
+        return self.out(tf.matmul(tf.nn.softmax(scores, axis=-1), self.v(x)))
+
+
+class TinyTransformer(keras.Model):
+    """Token + position embeddings, one pre-LayerNorm block, mean pooling, linear head."""
+
+    def __init__(self, *, vocab: int = 1000, width: int = 64, length: int = 32, mha: bool = False):
+        super().__init__(name="transformer-mha" if mha else "transformer")
+        self.tokens = keras.layers.Embedding(vocab, width)
+        self.positions = keras.layers.Embedding(length, width)
+        self.ln1 = keras.layers.LayerNormalization()
+        self.attn = keras.layers.MultiHeadAttention(4, width // 4) if mha else Attention(width)
+        self.mha = mha
+        self.ln2 = keras.layers.LayerNormalization()
+        self.mlp1 = keras.layers.Dense(2 * width, activation="gelu")
+        self.mlp2 = keras.layers.Dense(width)
+        self.ln3 = keras.layers.LayerNormalization()
+        self.head = keras.layers.Dense(4)
+
+    def call(self, ids):
+        # Position ids per record, so that the embedding sees the batch on axis 0.
+        pos = tf.tile(tf.range(tf.shape(ids)[1])[None, :], [tf.shape(ids)[0], 1])
+        h = self.tokens(ids) + self.positions(pos)
+        x = self.ln1(h)
+        h = h + (self.attn(x, x) if self.mha else self.attn(x))
+        h = h + self.mlp2(self.mlp1(self.ln2(h)))
+        return self.head(tf.reduce_mean(self.ln3(h), axis=1))
+
+
 def make_model(name: str) -> keras.Model:
     """The benchmark models (see the module docstring)."""
+    if name in ("transformer", "transformer-mha"):
+        model = TinyTransformer(mha=name == "transformer-mha")
+        model(np.zeros((1, 32), np.int32))
+        return model
     if name == "cnn":
         return keras.Sequential(
             [
@@ -89,11 +134,22 @@ def digits_batch(batch: int, size: int) -> tuple[tf.Tensor, tf.Tensor]:
     return tf.constant(x), tf.constant(digits.target[:batch].astype(np.int32))
 
 
+def model_batch(name: str, model: keras.Model, batch: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """The batch a model is timed on."""
+    if name.startswith("transformer"):
+        rng = np.random.default_rng(1)
+        return (
+            tf.constant(rng.integers(0, 1000, size=(batch, 32)), tf.int32),
+            tf.constant(rng.integers(0, 4, size=batch), tf.int32),
+        )
+    return digits_batch(batch, model.input_shape[1])
+
+
 def build_steps(name: str, batch: int) -> dict[str, Callable[[], tf.Tensor]]:
     """One ``tf.function`` per method, each on its own copy of the model and optimizer."""
     keras.utils.set_random_seed(0)
     base = make_model(name)
-    x, y = digits_batch(batch, base.input_shape[1])
+    x, y = model_batch(name, base, batch)
     weights = base.get_weights()
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     generator = tf.random.Generator.from_seed(1)
@@ -183,8 +239,12 @@ def time_steps(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="cnn", help="comma-separated: cnn, cnn8")
-    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument(
+        "--models", default="cnn", help="comma-separated: cnn, cnn8, transformer, transformer-mha"
+    )
+    parser.add_argument(
+        "--batch", type=int, default=0, help="batch size (0: 256 for CNNs, 64 for transformers)"
+    )
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument(
@@ -203,11 +263,12 @@ def main() -> None:
         f"inter {tf.config.threading.get_inter_op_parallelism_threads() or 'default'}"
     )
     for name in args.models.split(","):
-        steps = build_steps(name, args.batch)
+        batch = args.batch or (64 if name.startswith("transformer") else 256)
+        steps = build_steps(name, batch)
         nparams = make_model(name).count_params()
         med = time_steps(steps, args.repeats, args.warmup)
         base = med["non-private"]
-        print(f"\n## {name}: {nparams} parameters, batch {args.batch}, {args.repeats} repeats")
+        print(f"\n## {name}: {nparams} parameters, batch {batch}, {args.repeats} repeats")
         print(
             f"{'method':30s} {'wall ms':>8s} {'x non-private':>14s} {'CPU ms':>8s} "
             f"{'x non-private':>14s}"

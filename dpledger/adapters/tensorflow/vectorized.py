@@ -17,6 +17,10 @@ Pitfalls, and what this module does about them:
 * The converter for ``MaxPoolGrad`` emits a bare gradient op that oneDNN builds of TensorFlow
   cannot pair with its forward pooling, so it runs a slow generic kernel (90× slower on the
   benchmark CNN); this module's converter keeps the fast kernel.
+* TensorFlow 2.21's oneDNN ``BatchMatMulV2`` crashes the process for some rank-4 × rank-2
+  products with a size-1 axis, exactly what ``pfor`` makes of an ``EinsumDense`` projection
+  (``keras.layers.MultiHeadAttention``); this module computes record-dependent × fixed-matrix
+  products as one flattened 2-D matmul instead.
 * ``pfor`` cannot vectorise every graph: gradients through ``tf.cond`` fail (it cannot stack
   their variant-typed intermediates). The map then runs every record in a ``tf.map_fn`` loop —
   correct, slow, and reported like the while loops above.
@@ -132,7 +136,40 @@ def _max_pool_grad_converter(pfor: Any, original: Callable[[Any], Any]) -> Calla
     return convert
 
 
+def _batch_matmul_converter(pfor: Any, original: Callable[[Any], Any]) -> Callable:
+    """A ``pfor`` converter for ``BatchMatMulV2`` of a record-dependent x and a fixed matrix.
+
+    ``x @ W`` with x of shape (…, m, k) and a loop-invariant 2-D W (a Dense or EinsumDense
+    kernel) is computed as one 2-D matmul of the flattened x. TensorFlow's converter emits a
+    ``BatchMatMulV2`` of a rank-4 x with a size-1 axis (records, 1, m, k), which crashes the
+    process (segmentation fault) in TensorFlow 2.21's oneDNN kernel on this benchmark's CPU
+    (``keras.layers.MultiHeadAttention`` under ``tf.vectorized_map`` hits it).
+    """
+
+    def convert(pfor_input: Any) -> Any:
+        x, x_stacked, _ = pfor_input.input(0)
+        y, y_stacked, _ = pfor_input.input(1)
+        if (
+            not x_stacked
+            or y_stacked
+            or y.shape.rank != 2
+            or pfor_input.get_attr("adj_x")
+            or x.shape.rank is None
+            or x.shape[-1] is None
+        ):
+            return original(pfor_input)
+        adj_y = pfor_input.get_attr("adj_y")
+        flat = tf.reshape(x, [-1, x.shape[-1]])
+        product = tf.matmul(flat, y, transpose_b=adj_y)
+        out_dim = tf.shape(y)[0] if adj_y else tf.shape(y)[1]
+        shape = tf.concat([tf.shape(x)[:-1], [out_dim]], axis=0)
+        return pfor.wrap(tf.reshape(product, shape), True)
+
+    return convert
+
+
 _CONVERTERS: dict[str, Callable[[Any, Callable[[Any], Any]], Callable]] = {
+    "BatchMatMulV2": _batch_matmul_converter,
     "Conv2DBackpropFilter": _conv2d_backprop_filter_converter,
     "MaxPoolGrad": _max_pool_grad_converter,
 }

@@ -93,6 +93,17 @@ def case_einsum_ellipsis_and_generic(rng):
     )
 
 
+def case_multi_head_attention(rng):
+    # Keras's attention is built from EinsumDense sub-layers, so the fast path covers it.
+    inputs = keras.Input((3, 8))
+    h = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)(inputs, inputs)
+    return (
+        _functional(inputs, _head(h)),
+        rng.normal(size=(BATCH, 3, 8)).astype(np.float32),
+        _labels(rng),
+    )
+
+
 def case_conv_grouped(rng):
     model = keras.Sequential(
         [
