@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -192,6 +193,7 @@ class _Recorder:
         self.static_batch = static_batch
         self.graph = _graph_token()
         self.taps: list[tf.Tensor] = []
+        self.index_of = {id(entry.layer): i for i, entry in enumerate(entries)}
         # per entry: list of (saved, [tap indices])
         self.calls: list[list[tuple[Any, list[int]]]] = [[] for _ in entries]
 
@@ -235,35 +237,84 @@ class _Recorder:
 
     @contextlib.contextmanager
     def patched(self) -> Iterator[None]:
-        restore: list[tuple[keras.layers.Layer, Any]] = []
+        """Route calls of the planned layers, made by this thread, through :meth:`call`."""
+        layers = [entry.layer for entry in self.entries]
+        _CALL_ROUTER.install(layers)
+        stack = _active_recorders()
+        stack.append(self)
         try:
-            for index, entry in enumerate(self.entries):
-                layer = entry.layer
-                previous = layer.__dict__.get("call", _MISSING)
-                original = layer.call
-                object.__setattr__(layer, "call", self._patched_call(index, entry, original))
-                restore.append((layer, previous))
             yield
         finally:
-            for layer, previous in reversed(restore):
+            stack.pop()
+            _CALL_ROUTER.uninstall(layers)
+
+    def call(self, layer: keras.layers.Layer, original: Callable, args: Any, kwargs: Any) -> Any:
+        """The tapped forward of one call of ``layer``, or its own ``call`` if not planned."""
+        index = self.index_of.get(id(layer))
+        if index is None:
+            return original(*args, **kwargs)
+        entry = self.entries[index]
+        indices: list[int] = []
+        with self.probe.stop_recording():
+            outputs, saved = entry.rule.forward(
+                entry.layer, original, args, kwargs, self._tap(entry, indices)
+            )
+        self.calls[index].append((saved, indices))
+        return outputs
+
+
+_local = threading.local()
+
+
+def _active_recorders() -> list[_Recorder]:
+    stack = getattr(_local, "recorders", None)
+    if stack is None:
+        stack = _local.recorders = []
+    return stack
+
+
+class _CallRouter:
+    """Installs, reference-counted, an instance-level ``call`` on layers that dispatches to the
+    recorder active in the calling thread (``tf.distribute`` traces replicas in threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._installed: dict[int, tuple[int, Any]] = {}  # id(layer) -> (count, previous)
+
+    def install(self, layers: Sequence[keras.layers.Layer]) -> None:
+        with self._lock:
+            for layer in layers:
+                count, previous = self._installed.get(id(layer), (0, None))
+                if count == 0:
+                    previous = layer.__dict__.get("call", _MISSING)
+                    object.__setattr__(layer, "call", self._router(layer, layer.call))
+                self._installed[id(layer)] = (count + 1, previous)
+
+    def uninstall(self, layers: Sequence[keras.layers.Layer]) -> None:
+        with self._lock:
+            for layer in layers:
+                count, previous = self._installed[id(layer)]
+                if count > 1:
+                    self._installed[id(layer)] = (count - 1, previous)
+                    continue
+                del self._installed[id(layer)]
                 if previous is _MISSING:
                     object.__delattr__(layer, "call")
                 else:
                     object.__setattr__(layer, "call", previous)
 
-    def _patched_call(self, index: int, entry: _PlanEntry, original: Callable) -> Callable:
+    @staticmethod
+    def _router(layer: keras.layers.Layer, original: Callable) -> Callable:
         def call(*args: Any, **kwargs: Any) -> Any:
-            indices: list[int] = []
-            with self.probe.stop_recording():
-                outputs, saved = entry.rule.forward(
-                    entry.layer, original, args, kwargs, self._tap(entry, indices)
-                )
-            self.calls[index].append((saved, indices))
-            return outputs
+            stack = _active_recorders()
+            if not stack:
+                return original(*args, **kwargs)
+            return stack[-1].call(layer, original, args, kwargs)
 
         return call
 
 
+_CALL_ROUTER = _CallRouter()
 _MISSING = object()
 
 

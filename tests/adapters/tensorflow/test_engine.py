@@ -416,3 +416,72 @@ def test_variables_frozen_after_construction_are_dropped():
             assert_close(got, want, dtype=tf.float32)
     finally:
         first.trainable = True
+
+
+@pytest.mark.parametrize("method", ["fast", "vectorized"])
+def test_two_stages_in_separate_tf_functions_with_host_factors(method):
+    """Norms leave one tf.function, factors are computed on the host in float64, and the
+    clipped sums come from the residual in another tf.function (no second forward pass)."""
+    rng = np.random.default_rng(9)
+    model, x, y = case_conv_strided_dilated(rng)
+    loss = _scce()
+    engine = PerExampleGradientEngine(model, loss, method=method)
+    stage_a = tf.function(lambda x, y: engine.norms(x, y))
+    stage_c = tf.function(lambda norms, factors: engine.clipped_sum(norms, factors=factors))
+    norms = stage_a(x, y)
+    total = np.sqrt(sum(n.numpy().astype(np.float64) for n in norms.squared_norms))
+    clip = float(np.median(total))
+    factors = np.minimum(1.0, clip / total)
+    sums = stage_c(norms, tf.constant(factors, tf.float32))
+    expected = per_example_gradients(model, loss, x, y)
+    for got, want in zip(sums, weighted_sums(expected, [factors] * len(expected)), strict=True):
+        assert_close(got, want, dtype=tf.float32)
+
+
+def test_concurrent_traces_in_threads_keep_their_own_taps():
+    """tf.distribute traces replicas in threads: two fast-path traces of the same model that
+    are inside the forward pass at the same time must not see each other's layer calls."""
+    import threading
+
+    barrier = threading.Barrier(2, timeout=30)
+    armed = threading.Event()
+
+    class Rendezvous(keras.layers.Layer):
+        def call(self, x):
+            if armed.is_set():
+                barrier.wait()  # both threads are now inside the tapped forward pass
+            return x
+
+    model = keras.Sequential(
+        [
+            keras.Input((5,)),
+            keras.layers.Dense(4, activation="tanh"),
+            Rendezvous(),
+            keras.layers.Dense(2),
+        ]
+    )
+    loss = _scce()
+    rng = np.random.default_rng(11)
+    batches = [
+        (rng.normal(size=(3, 5)).astype(np.float32), rng.integers(0, 2, size=3).astype(np.int32)),
+        (rng.normal(size=(4, 5)).astype(np.float32), rng.integers(0, 2, size=4).astype(np.int32)),
+    ]
+    engine = PerExampleGradientEngine(model, loss, method="fast")
+    results: dict[int, object] = {}
+
+    def run(i):
+        x, y = batches[i]
+        results[i] = tf.function(lambda x, y: engine.norms(x, y).squared_norms)(x, y)
+
+    armed.set()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    armed.clear()
+    for i, (x, y) in enumerate(batches):
+        expected = squared_norms(per_example_gradients(model, loss, x, y))
+        for got, want in zip(results[i], expected, strict=True):
+            assert_close(got, want, dtype=tf.float32)
+    assert "call" not in model.layers[0].__dict__  # the routing was removed afterwards
