@@ -94,22 +94,17 @@ def _records(t: tf.Tensor, batch_size: tf.Tensor) -> tf.Tensor:
     return tf.reshape(t, [batch_size, _num_positions(t, 1, t.shape.rank)])
 
 
-def _ghost_is_cheaper(positions: int | None, k: int, c: int, *, overhead: float = 1.0) -> bool:
+def _ghost_is_cheaper(positions: int | None, k: int, c: int) -> bool:
     """Whether the ghost norm, O(T²(K + C)), beats materialising, O(T·K·C).
 
-    ``overhead`` weighs the ghost side (see ``_PATCH_OVERHEAD``); unknown T materialises, whose
-    memory is bounded by B times the number of parameters.
+    Unknown T materialises, whose memory is bounded by B times the number of parameters. For
+    Conv2D the comparison was checked on whole DP steps of the benchmark CNNs: building the
+    patches for the ghost norm costs extra data movement, but a 4× penalty on the ghost side
+    made both CNN steps slower (benchmarks/RESULTS.md), so the plain operation count decides.
     """
     if positions is None:
         return False
-    return overhead * positions * (k + c) < k * c
-
-
-# A convolution's ghost norm needs the input patches, and building them
-# (tf.image.extract_patches) moves T·K values per record, which on CPU cost about four times
-# more per value than the multiply-adds of the grouped per-example kernel gradient (measured on
-# the benchmark CNN: patches + Gram matrices 4-5x slower at a 1.1x lower operation count).
-_PATCH_OVERHEAD = 4.0
+    return positions * (k + c) < k * c
 
 
 def _outer_norms(a: tf.Tensor, g: tf.Tensor) -> tuple[tf.Tensor, bool]:
@@ -426,7 +421,7 @@ class Conv2DRule(LayerGradientRule):
         xs = [self._nhwc(layer, c.saved, dtype) for c in calls]
         gs = [self._nhwc(layer, c.output_gradients[0], dtype) for c in calls]
         g_flat = _concat_positions([_positions(g, batch_size, dtype) for g in gs])
-        if _ghost_is_cheaper(g_flat.shape[1], kh * kw * cin, cout, overhead=_PATCH_OVERHEAD):
+        if _ghost_is_cheaper(g_flat.shape[1], kh * kw * cin, cout):
             patches = _concat_positions(
                 [
                     _positions(

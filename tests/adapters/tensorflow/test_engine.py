@@ -143,6 +143,20 @@ def case_conv_ghost(rng):
     return model, rng.normal(size=(BATCH, 4, 4, 8)).astype(np.float32), _labels(rng)
 
 
+def case_conv_ghost_strided_dilated(rng):
+    # T = 4 output pixels (stride 2, "same") and T = 16 (dilation 2): both ghost-norm branch.
+    model = keras.Sequential(
+        [
+            keras.Input((6, 6, 8)),
+            keras.layers.Conv2D(64, 2, dilation_rate=2),
+            keras.layers.Conv2D(32, 3, strides=2, padding="same"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(2),
+        ]
+    )
+    return model, rng.normal(size=(BATCH, 6, 6, 8)).astype(np.float32), _labels(rng)
+
+
 def case_conv_channels_first(rng):
     model = keras.Sequential(
         [
