@@ -250,7 +250,16 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=0, help="TensorFlow intra- and inter-op threads (0: default)"
     )
+    parser.add_argument(
+        "--tf-pfor-converters",
+        action="store_true",
+        help="vectorised path with TensorFlow's own pfor converters only (to measure ours)",
+    )
     args = parser.parse_args()
+    if args.tf_pfor_converters:
+        from dpledger.adapters.tensorflow import vectorized
+
+        vectorized._CONVERTERS.clear()
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
