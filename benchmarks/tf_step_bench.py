@@ -1,9 +1,16 @@
 """Time one DP-SGD step of dpledger's Keras per-example gradient engine against the plain step.
 
-Model ``cnn``: the two-conv, two-dense CNN of Opacus's and TensorFlow Privacy's MNIST examples,
-the same as benchmarks/torch_step_bench.py (Conv2D 16 k8 s2 "same" = padding 3, max-pool 2/1,
-Conv2D 32 k4 s2 "valid", max-pool 2/1, Dense 512→32, Dense 32→10; 26,010 parameters), batch 256,
-on scikit-learn's 8×8 digits upsampled to 28×28 (the timing does not depend on the pixel values).
+Models (``--models``):
+
+* ``cnn`` (default): the two-conv, two-dense CNN of Opacus's and TensorFlow Privacy's MNIST
+  examples, as in benchmarks/torch_step_bench.py (Conv2D 16 k8 s2 "same" = padding 3, max-pool
+  2/1, Conv2D 32 k4 s2 "valid", max-pool 2/1, Dense 512→32, Dense 32→10; 26,010 parameters),
+  batch 256, on scikit-learn's 8×8 digits upsampled to 28×28 (timing does not depend on pixels).
+* ``cnn8``: a two-conv, two-dense CNN on the digits at 8×8 (25,730 parameters), batch 256.
+* ``transformer`` / ``transformer-mha``: token and position embeddings, one pre-LayerNorm block
+  with single-head attention from four Dense layers (or ``keras.layers.MultiHeadAttention``), a
+  Dense MLP, mean pooling and a Dense head; width 64, length 32, vocabulary 1000, batch 64, as
+  in the PyTorch benchmark.
 
 Steps, each one ``tf.function`` on the same batch:
 
@@ -18,7 +25,9 @@ Steps, each one ``tf.function`` on the same batch:
 * vectorized: the engine's ``tf.vectorized_map`` path (per-example gradients materialised).
 
 Times are medians over interleaved repeats (each repeat runs every step once, so drifts in the
-machine's load hit all alike); ratios are to the non-private step of the same run.
+machine's load hit all alike) of wall time and of process CPU time; ratios are to the
+non-private step of the same run. ``--tf-pfor-converters`` times the vectorised path with
+TensorFlow's own ``pfor`` converters instead of the engine's.
 
 Run: ``PYTHONPATH=. python benchmarks/tf_step_bench.py`` (``--help`` for options).
 """

@@ -26,7 +26,7 @@ Two paths compute (a) and (c):
   backward pass on Σ_i f_i ℓ_i — the usual TensorFlow Privacy approach, correct because the f_i
   are constants — because (1) it allows a different factor per variable or group, which a
   reweighted loss cannot express, (2) the factors may be computed outside the traced step, and
-  (3) it was faster on the benchmark CNN (the second backward repeats the input-gradient
+  (3) it was faster on every benchmark model (the second backward repeats the input-gradient
   chain through every layer; see benchmarks/RESULTS.md).
 * **vectorized** — ``tf.vectorized_map`` of a per-example forward and backward pass
   (:mod:`~dpledger.adapters.tensorflow.vectorized`); works for any differentiable model and
