@@ -1,0 +1,135 @@
+"""Per-example kernel gradients of a 2-D convolution.
+
+For record b with input x_b and output gradient G_b, the kernel gradient is
+Σ_t a_{b,t}ᵀ G_{b,t} over the output pixels t, with a_{b,t} ∈ R^{k_h·k_w·C} the input patch at t
+(flattened in (i, j, c) order, the layout of a (k_h, k_w, C, F) kernel).
+
+Two implementations, both exact:
+
+* **grouped** — folding the batch into the channel axis turns the B per-record products into
+  one *grouped* convolution with B groups, so a single ``Conv2DBackpropFilter`` (TensorFlow's own
+  kernel, with strides, dilation and padding as in the forward convolution) computes all of them.
+  On the benchmark CNN (CPU, oneDNN) the whole fast-path DP step took 1.7× the non-private step
+  with it and 2.4× with the patch matrices below.
+* **patches** — ``tf.image.extract_patches`` and one batched matmul A_bᵀ G_b. Used where grouped
+  convolutions are not available: TensorFlow's CPU kernels support them only through oneDNN and
+  only for some dtypes (float64 is refused, for instance).
+
+Whether grouped convolutions work for a dtype is probed once, eagerly, on the default device,
+with a two-record problem whose answer is checked against the patch implementation.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["grouped_convolution_supported", "per_example_conv2d_kernel_gradients"]
+
+_probe_lock = threading.Lock()
+_probed: dict[str, bool] = {}
+
+
+def _grouped(
+    x: tf.Tensor,
+    g: tf.Tensor,
+    kernel_shape: Sequence[int],
+    strides: Sequence[int],
+    dilation_rate: Sequence[int],
+    padding: str,
+) -> tf.Tensor:
+    kh, kw, cin, cout = (int(d) for d in kernel_shape)
+    batch = tf.shape(x)[0]
+    h, w = x.shape[1], x.shape[2]
+    ho, wo = g.shape[1], g.shape[2]
+    xi = tf.reshape(tf.transpose(x, [1, 2, 0, 3]), [1, h, w, batch * cin])
+    gi = tf.reshape(tf.transpose(g, [1, 2, 0, 3]), [1, ho, wo, batch * cout])
+    grads = tf.raw_ops.Conv2DBackpropFilter(
+        input=xi,
+        filter_sizes=tf.stack([kh, kw, cin, batch * cout]),
+        out_backprop=gi,
+        strides=[1, *strides, 1],
+        padding=padding.upper(),
+        dilations=[1, *dilation_rate, 1],
+        data_format="NHWC",
+    )
+    return tf.transpose(tf.reshape(grads, [kh, kw, cin, batch, cout]), [3, 0, 1, 2, 4])
+
+
+def _patches(
+    x: tf.Tensor,
+    g: tf.Tensor,
+    kernel_shape: Sequence[int],
+    strides: Sequence[int],
+    dilation_rate: Sequence[int],
+    padding: str,
+) -> tf.Tensor:
+    kh, kw, cin, cout = (int(d) for d in kernel_shape)
+    batch = tf.shape(x)[0]
+    patches = tf.image.extract_patches(
+        x,
+        sizes=[1, kh, kw, 1],
+        strides=[1, *strides, 1],
+        rates=[1, *dilation_rate, 1],
+        padding=padding.upper(),
+    )
+    positions = g.shape[1] * g.shape[2]
+    a = tf.reshape(patches, [batch, positions, kh * kw * cin])
+    b = tf.reshape(g, [batch, positions, cout])
+    return tf.reshape(tf.matmul(a, b, transpose_a=True), [batch, kh, kw, cin, cout])
+
+
+def grouped_convolution_supported(dtype: tf.DType) -> bool:
+    """Whether grouped ``Conv2DBackpropFilter`` gives correct results for ``dtype`` here.
+
+    Probed once per dtype, eagerly (outside any ``tf.function`` being traced), on the default
+    device.
+    """
+    key = tf.as_dtype(dtype).name
+    with _probe_lock:
+        if key in _probed:
+            return _probed[key]
+        with tf.init_scope():
+            rng = np.random.default_rng(0)
+            x = tf.constant(rng.normal(size=(2, 4, 4, 2)), dtype)
+            g = tf.constant(rng.normal(size=(2, 3, 3, 3)), dtype)
+            args = ((2, 2, 2, 3), (1, 1), (1, 1), "valid")
+            try:
+                got = _grouped(x, g, *args).numpy()
+                want = _patches(x, g, *args).numpy()
+                ok = bool(np.allclose(got, want, rtol=1e-3, atol=1e-3))
+            except (tf.errors.OpError, ValueError, TypeError):
+                ok = False
+        _probed[key] = ok
+        return ok
+
+
+def per_example_conv2d_kernel_gradients(
+    x: tf.Tensor,
+    g: tf.Tensor,
+    *,
+    kernel_shape: Sequence[int],
+    strides: Sequence[int],
+    dilation_rate: Sequence[int],
+    padding: str,
+) -> tf.Tensor:
+    """Per-example kernel gradients (B, k_h, k_w, C, F) of a conv2d.
+
+    Args:
+        x: the convolution's input, NHWC, static H, W and C.
+        g: the gradient of the summed loss with respect to its output, NHWC, static sizes.
+        kernel_shape: (k_h, k_w, C, F).
+        strides: (s_h, s_w).
+        dilation_rate: (d_h, d_w).
+        padding: ``"same"`` or ``"valid"`` (any case).
+
+    Returns:
+        The gradient of record b's loss with respect to the kernel, for every b.
+    """
+    args = (kernel_shape, strides, dilation_rate, padding)
+    if grouped_convolution_supported(x.dtype):
+        return _grouped(x, g, *args)
+    return _patches(x, g, *args)
