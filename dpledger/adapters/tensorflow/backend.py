@@ -160,7 +160,9 @@ class TensorFlowBackend:
         """See :meth:`ArrayBackend.scale` (``factor`` may also be a scalar tensor)."""
         t = _floating(_tensor(x))
         with tf.device(t.device or None):
-            return t * tf.cast(factor, t.dtype)
+            if tf.is_tensor(factor):
+                return t * tf.cast(factor, t.dtype)
+            return t * tf.constant(float(factor), t.dtype)
 
     def add_gaussian_noise(self, x: Any, *, stddev: Any, generator: Any) -> tf.Tensor:
         """See :meth:`ArrayBackend.add_gaussian_noise`: x + N(0, stddev² I), drawn in float64
@@ -180,7 +182,13 @@ class TensorFlowBackend:
         t = _floating(_tensor(x))
         with tf.device(t.device or None):
             noise = generator.normal(tf.shape(t), dtype=tf.float64)
-            value = tf.cast(t, tf.float64) + noise * tf.cast(stddev, tf.float64)
+            # A Python float goes to float64 directly (tf.cast would round it to float32 first).
+            sd = (
+                tf.cast(stddev, tf.float64)
+                if tf.is_tensor(stddev)
+                else tf.constant(float(stddev), tf.float64)
+            )
+            value = tf.cast(t, tf.float64) + noise * sd
             return value if t.dtype == tf.float64 else tf.cast(value, t.dtype)
 
     def to_host(self, x: Any) -> np.ndarray:

@@ -168,6 +168,7 @@ class DPKerasModel(keras.Model):
         # The engine refuses record-mixing layers now; it gets the loss at compile time.
         PerExampleGradientEngine(model, lambda y, p: tf.zeros(tf.shape(p)[:1]), method=method)
         self.model = model
+        self._dp_groups = groups
         self._dp_sampling = (q, n)
         self._dp_ledger = ledger_of(ledger)
         self._dp_generator = generator_of(generator, seed)
@@ -203,6 +204,29 @@ class DPKerasModel(keras.Model):
         super().compile(optimizer=optimizer, loss=loss, **kwargs)
         self._dp_step = None
         self.train_function = None
+
+    def update_queries(self, **query_arguments: Any) -> GradientQueries:
+        """Change the privacy parameters from the next executed step on (no retracing).
+
+        Takes the arguments of :func:`~dpledger.adapters.tensorflow.gradient_queries`
+        (``l2_norm_clip``, ``noise_multiplier``, ``clipping``, ``clip_split``,
+        ``noise_allocation``, ``scales`` or ``queries``) with the groups fixed at construction;
+        the ledger records the new (S_g, σ̃_g) of every later step (e.g. a noise schedule).
+
+        Raises:
+            InvalidParameterError: for a bad argument, or ``groups`` (fixed).
+        """
+        if "groups" in query_arguments:
+            raise InvalidParameterError(
+                "groups", query_arguments["groups"], "unchanged: groups are fixed"
+            )
+        queries = gradient_queries(
+            self.model.trainable_variables, groups=self._dp_groups, **query_arguments
+        )
+        if self._dp_step is not None:
+            self._dp_step.set_queries(queries)
+        self._dp_queries = queries
+        return queries
 
     @property
     def ledger(self) -> PrivacyLedger:

@@ -178,13 +178,31 @@ class DPStep:
         self.variables = variables
         self._dtypes = [tf.as_dtype(v.dtype) for v in variables]
         self._shapes = [tuple(int(d) for d in v.shape) for v in variables]
-        if clip_margin is None:
-            self.margins = tuple(
+        self._clip_margin = clip_margin
+        self.set_queries(queries)
+
+    def set_queries(self, queries: GradientQueries) -> None:
+        """Use ``queries`` from the next executed step on (the graph does not depend on them:
+        factors and noise scales come from the host stages)."""
+        if len(queries.group_of) != len(self.variables):
+            raise InvalidParameterError(
+                "queries",
+                f"queries over {len(queries.group_of)} variables",
+                f"queries over the {len(self.variables)} trainable variables",
+            )
+        if self._clip_margin is None:
+            margins = tuple(
                 max(default_clip_margin(self._dtypes[j]) for j in members)
                 for members in queries.members
             )
         else:
-            self.margins = (float(clip_margin),) * len(queries.members)
+            margins = (float(self._clip_margin),) * len(queries.members)
+        if len(queries.members) != len(getattr(self, "queries", queries).members):
+            raise InvalidParameterError(
+                "queries", "a different number of groups", "the same groups as before"
+            )
+        with self._lock:
+            self.queries, self.margins = queries, margins
 
     # ------------------------------------------------------------------ host callbacks
     def _fail(self, exc: BaseException) -> None:
@@ -200,9 +218,11 @@ class DPStep:
     def _host_factors(self, *squared: np.ndarray) -> tuple[np.ndarray, ...]:
         try:
             vectors = [np.asarray(s, dtype=np.float64) for s in squared]
+            with self._lock:
+                queries, margins = self.queries, self.margins
             out = []
             for query, members, margin in zip(
-                self.queries.queries, self.queries.members, self.margins, strict=True
+                queries.queries, queries.members, margins, strict=True
             ):
                 norms = query.group_norms(squared_norms=[vectors[j] for j in members])
                 bound = query.l2_norm_bound * (1.0 - margin)
@@ -214,6 +234,8 @@ class DPStep:
 
     def _host_release(self, num_records: np.ndarray, *squared_sum_norms: np.ndarray) -> np.ndarray:
         try:
+            with self._lock:
+                queries = self.queries
             summaries = []
             for j, sq in enumerate(squared_sum_norms):
                 info = np.finfo(self._dtypes[j].as_numpy_dtype)
@@ -233,14 +255,14 @@ class DPStep:
             )
             try:
                 released = step.release(
-                    self.queries.grouped,
-                    [[summaries[j] for j in members] for members in self.queries.members],
+                    queries.grouped,
+                    [[summaries[j] for j in members] for members in queries.members],
                     num_records=int(num_records),
                 )
             finally:
                 step.end()
             stddevs = np.zeros(len(summaries), dtype=np.float64)
-            for members, orders in zip(self.queries.members, released, strict=True):
+            for members, orders in zip(queries.members, released, strict=True):
                 for j, order in zip(members, orders, strict=True):
                     stddevs[j] = order.stddev
             return stddevs
