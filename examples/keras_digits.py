@@ -23,7 +23,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import attrs
 import keras
-import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dpledger import PrivacyLedger
 from dpledger.adapters.tensorflow import (
     DPKerasModel,
     PerExampleLossError,
