@@ -173,6 +173,12 @@ class TensorFlowBackend:
             stddev: σ ≥ 0, a Python float or a scalar float64 tensor (inside a graph).
             generator: a ``tf.random.Generator``.
         """
+        return self.add_scaled_noise(x, self.standard_normal(x, generator=generator), stddev=stddev)
+
+    def standard_normal(self, x: Any, *, generator: Any) -> tf.Tensor:
+        """float64 N(0, I) draws of x's shape on x's device (the first half of
+        :meth:`add_gaussian_noise`, so a graph can draw before the standard deviation is known).
+        """
         if not isinstance(generator, tf.random.Generator):
             raise InvalidParameterError(
                 "generator",
@@ -181,13 +187,18 @@ class TensorFlowBackend:
             )
         t = _floating(_tensor(x))
         with tf.device(t.device or None):
-            noise = generator.normal(tf.shape(t), dtype=tf.float64)
+            return generator.normal(tf.shape(t), dtype=tf.float64)
+
+    def add_scaled_noise(self, x: Any, noise: tf.Tensor, *, stddev: Any) -> tf.Tensor:
+        """x + stddev·noise computed in float64 and rounded once to x's dtype (the second half
+        of :meth:`add_gaussian_noise`)."""
+        t = _floating(_tensor(x))
+        with tf.device(t.device or None):
             # A Python float goes to float64 directly (tf.cast would round it to float32 first).
-            sd = (
-                tf.cast(stddev, tf.float64)
-                if tf.is_tensor(stddev)
-                else tf.constant(float(stddev), tf.float64)
-            )
+            if tf.is_tensor(stddev):
+                sd = tf.cast(stddev, tf.float64)
+            else:
+                sd = tf.constant(float(stddev), tf.float64)
             value = tf.cast(t, tf.float64) + noise * sd
             return value if t.dtype == tf.float64 else tf.cast(value, t.dtype)
 

@@ -11,8 +11,9 @@ One DP step on a Poisson sample R of the n records (McMahan & Andrew, sections 1
    sensitivity check ‖clipped sum‖ ≤ |R|·S_g and one sum-query event (S_g, σ̃_g, label) per
    group — and returns the noise standard deviation of every variable (σ̃_g, or α_j·σ̃_g under
    joint scaling);
-5. in the graph: Gaussian noise of exactly those standard deviations is drawn in float64 on the
-   sums' device and rounded once (:class:`~dpledger.adapters.tensorflow.TensorFlowBackend`), and
+5. in the graph: Gaussian noise of exactly those standard deviations, drawn in float64 on the
+   sums' device (the standard normals are drawn before stage 4, overlapping it), is added and
+   the result rounded once (:class:`~dpledger.adapters.tensorflow.TensorFlowBackend`), and
    the fixed-denominator average sum/(q·n) is returned (:func:`fixed_denominator_average`).
 
 The host stages run in ``tf.numpy_function`` callbacks, so the whole step is one
@@ -344,6 +345,9 @@ class DPStep:
         num_clipped: tf.Tensor | None = None,
     ) -> list[tf.Tensor]:
         """Stages 4–5 (once per step, in cross-replica context): noise, record, average."""
+        # The standard normals do not depend on the release, so they are drawn first and can
+        # overlap with the host stage; the release's standard deviations scale them after.
+        normals = [self.backend.standard_normal(s, generator=self.generator) for s in sums]
         squared = [tf.reduce_sum(tf.square(tf.cast(s, tf.float64))) for s in sums]
         stddevs = tf.numpy_function(
             self._host_release,
@@ -372,7 +376,7 @@ class DPStep:
             dependencies.append(token)
         with tf.control_dependencies(dependencies):
             noised = [
-                self.backend.add_gaussian_noise(s, stddev=stddevs[j], generator=self.generator)
+                self.backend.add_scaled_noise(s, normals[j], stddev=stddevs[j])
                 for j, s in enumerate(sums)
             ]
         return fixed_denominator_average(
