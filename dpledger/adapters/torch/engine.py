@@ -209,6 +209,7 @@ class PerExampleGradientEngine:
                 self._owners[g] += 1
 
         self._recomputing = False
+        self._direct_backward = False
         self._stale = False
         self._state_batch = 0
         self._state: _StepState | None = None
@@ -349,7 +350,7 @@ class PerExampleGradientEngine:
         self._on_output_grad(capture, k, grads[output_nr])
 
     def _on_output_grad(self, capture: _Capture, k: int, grad: torch.Tensor | None) -> None:
-        if grad is not None:
+        if grad is not None and not self._direct_backward:
             capture.store(k, grad)
             self._mark_changed()
 
@@ -386,7 +387,13 @@ class PerExampleGradientEngine:
                 "nothing to backpropagate to: run the model's forward with gradients enabled "
                 "before engine.backward(loss)"
             )
-        grads = torch.autograd.grad(loss, [c.edges[k] for c, k in pending], allow_unused=True)
+        # The node pre-hooks of units whose outputs lie between the loss and other units' outputs
+        # fire during this call as well; the gradients are taken from its return value instead.
+        self._direct_backward = True
+        try:
+            grads = torch.autograd.grad(loss, [c.edges[k] for c, k in pending], allow_unused=True)
+        finally:
+            self._direct_backward = False
         for (c, k), g in zip(pending, grads, strict=True):
             self._on_output_grad(c, k, g)
 
@@ -468,6 +475,10 @@ class PerExampleGradientEngine:
         return not sampler.prefer_per_example(unit.module, capture.args, capture.grads[0])
 
     def _finalize(self) -> _StepState:
+        with torch.no_grad():
+            return self._finalize_step()
+
+    def _finalize_step(self) -> _StepState:
         if self._stale:
             raise EngineStateError(
                 "the model ran forward or backward again after this step's per-example "
@@ -613,9 +624,9 @@ class PerExampleGradientEngine:
                 covering every name of :attr:`parameter_names`.
         """
         state = self._finalize()
-        return self._clipped_sum(
-            state, expand_factors(factors, names=self.parameter_names, batch_size=state.batch_size)
-        )
+        expanded = expand_factors(factors, names=self.parameter_names, batch_size=state.batch_size)
+        with torch.no_grad():
+            return self._clipped_sum(state, expanded)
 
     def write_clipped_sum(self, factors: torch.Tensor | Mapping[str, torch.Tensor]) -> None:
         """Set every trainable parameter's ``.grad`` to Σ_i f_i g_i (replacing its content)."""
@@ -627,9 +638,10 @@ class PerExampleGradientEngine:
         """The per-example gradients g_i, ``{name: (B, *shape)}`` (materialises every layer)."""
         state = self._finalize()
         out: dict[str, torch.Tensor] = {}
-        for unit, c in state.ghost:
-            for n, g in self._unit_per_example(unit, c).items():
-                out[unit.local_to_global[n]] = g
+        with torch.no_grad():
+            for unit, c in state.ghost:
+                for n, g in self._unit_per_example(unit, c).items():
+                    out[unit.local_to_global[n]] = g
         out.update(state.per_example)
         result = {}
         for n, p in self._params.items():

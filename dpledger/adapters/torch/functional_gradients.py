@@ -183,8 +183,7 @@ def module_per_example_gradients(
 def squared_norms_of(per_example: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """‖g_i‖² of each parameter, shape (B,), from per-example gradients of shape (B, ...)."""
     return {
-        n: torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1).square()
-        for n, g in per_example.items()
+        n: torch.linalg.vector_norm(g.flatten(1), dim=1).square() for n, g in per_example.items()
     }
 
 
@@ -195,7 +194,7 @@ def clipped_sum_of(
     out = {}
     for n, g in per_example.items():
         f = factors[n].to(dtype=g.dtype)
-        out[n] = f.view(1, -1).mm(g.reshape(g.shape[0], -1)).view(g.shape[1:])
+        out[n] = f.view(1, -1).mm(g.flatten(1)).view(g.shape[1:])
     return out
 
 

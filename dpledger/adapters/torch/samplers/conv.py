@@ -81,13 +81,16 @@ def _unfold(module: Conv, xp: torch.Tensor) -> torch.Tensor:
     v = v.reshape(batch, groups, module.in_channels // groups, *v.shape[2:])
     v = v.permute(0, 1, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd))
     cols = module.in_channels // groups * math.prod(module.kernel_size)
-    return v.reshape(batch, groups, -1, cols)
+    return v.reshape(batch, groups, math.prod(v.shape[2 : 2 + nd]), cols)
 
 
 def _grouped_backprops(module: Conv, backprops: torch.Tensor) -> torch.Tensor:
     """b of shape (B, g, C_out/g, L)."""
     return backprops.reshape(
-        backprops.shape[0], module.groups, module.out_channels // module.groups, -1
+        backprops.shape[0],
+        module.groups,
+        module.out_channels // module.groups,
+        math.prod(backprops.shape[2:]),
     )
 
 
@@ -129,7 +132,6 @@ def conv_norms(
     if method not in ("auto", "ghost", "per_example"):
         raise InvalidParameterError("method", method, "'auto', 'ghost' or 'per_example'")
     out: dict[str, torch.Tensor] = {}
-    batch = backprops.shape[0]
     if module.weight.requires_grad:
         ghost = method == "ghost" or (method == "auto" and _ghost_is_cheaper(module, backprops))
         xp = _padded_input(module, activations[0])
@@ -147,7 +149,7 @@ def conv_norms(
             parts.append(sq.view(hi - lo, module.groups).sum(1))
         out["weight"] = torch.cat(parts) if len(parts) > 1 else parts[0]
     if module.bias is not None and module.bias.requires_grad:
-        out["bias"] = backprops.reshape(batch, module.out_channels, -1).sum(2).square().sum(1)
+        out["bias"] = backprops.flatten(2).sum(2).square().sum(1)
     return out
 
 
@@ -181,7 +183,7 @@ def conv_clipped_sum(
             (False, True, False),
         )[1]
     if "bias" in factors:
-        summed = backprops.reshape(batch, module.out_channels, -1).sum(2)
+        summed = backprops.flatten(2).sum(2)
         out["bias"] = factors["bias"].view(1, -1).mm(summed).view(-1)
     return out
 
@@ -191,7 +193,6 @@ def conv_per_example(
 ) -> dict[str, torch.Tensor]:
     """G_i of shape (B, *weight.shape) and β_i of shape (B, C_out)."""
     out: dict[str, torch.Tensor] = {}
-    batch = backprops.shape[0]
     if module.weight.requires_grad:
         xp = _padded_input(module, activations[0])
         b = _grouped_backprops(module, backprops)
@@ -201,7 +202,7 @@ def conv_per_example(
             parts.append(g.reshape(hi - lo, *module.weight.shape))
         out["weight"] = torch.cat(parts) if len(parts) > 1 else parts[0]
     if module.bias is not None and module.bias.requires_grad:
-        out["bias"] = backprops.reshape(batch, module.out_channels, -1).sum(2)
+        out["bias"] = backprops.flatten(2).sum(2)
     return out
 
 

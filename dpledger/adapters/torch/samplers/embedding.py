@@ -17,6 +17,7 @@ by the engine.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
@@ -30,8 +31,9 @@ __all__ = ["embedding_clipped_sum", "embedding_norms", "embedding_per_example"]
 def _flatten(module: nn.Embedding, activations: tuple, backprops: torch.Tensor):
     idx = activations[0]
     batch = idx.shape[0]
-    idx = idx.reshape(batch, -1)
-    b = backprops.reshape(batch, -1, module.embedding_dim)
+    positions = math.prod(idx.shape[1:])
+    idx = idx.reshape(batch, positions)
+    b = backprops.reshape(batch, positions, module.embedding_dim)
     if module.padding_idx is not None:
         keep = (idx != module.padding_idx).unsqueeze(-1)
         b = b * keep.to(b.dtype)

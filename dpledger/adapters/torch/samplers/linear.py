@@ -20,6 +20,7 @@ example and materialising G_i costs O(T·d_in·d_out); ``prefer_per_example`` pi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
@@ -37,9 +38,10 @@ __all__ = [
 
 def _flatten(module: nn.Linear, activations: tuple, backprops: torch.Tensor):
     a = activations[0]
-    batch = a.shape[0]
-    return a.reshape(batch, -1, module.in_features), backprops.reshape(
-        batch, -1, module.out_features
+    batch, positions = a.shape[0], math.prod(a.shape[1:-1])
+    return (
+        a.reshape(batch, positions, module.in_features),
+        backprops.reshape(batch, positions, module.out_features),
     )
 
 

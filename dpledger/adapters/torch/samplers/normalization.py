@@ -19,6 +19,8 @@ forward. A LayerNorm whose ``normalized_shape`` covers the batch dimension mixes
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
@@ -47,11 +49,12 @@ def _affine(
 ) -> dict[str, torch.Tensor]:
     """Σ over the middle dimension of (B, -1, *trailing) views of b ⊙ x̂ and b."""
     out: dict[str, torch.Tensor] = {}
-    bb = b.reshape(batch, -1, *trailing)
+    middle = math.prod(b.shape[1 : b.dim() - len(trailing)])
+    bb = b.reshape(batch, middle, *trailing)
     weight = getattr(module, "weight", None)
     bias = getattr(module, "bias", None)
     if weight is not None and weight.requires_grad:
-        out["weight"] = (bb * xhat.reshape(batch, -1, *trailing)).sum(1)
+        out["weight"] = (bb * xhat.reshape(batch, middle, *trailing)).sum(1)
     if bias is not None and bias.requires_grad:
         out["bias"] = bb.sum(1)
     return out
@@ -62,12 +65,11 @@ def _channel_affine(
 ) -> dict[str, torch.Tensor]:
     """Σ over the positions of (B, C, *) tensors of b ⊙ x̂ and b, shape (B, C)."""
     out: dict[str, torch.Tensor] = {}
-    batch, channels = b.shape[0], b.shape[1]
-    bb = b.reshape(batch, channels, -1)
+    bb = b.flatten(2) if b.dim() > 2 else b.unsqueeze(2)
     weight = getattr(module, "weight", None)
     bias = getattr(module, "bias", None)
     if weight is not None and weight.requires_grad:
-        out["weight"] = (bb * xhat.reshape(batch, channels, -1)).sum(2)
+        out["weight"] = (bb * xhat.reshape(bb.shape)).sum(2)
     if bias is not None and bias.requires_grad:
         out["bias"] = bb.sum(2)
     return out
