@@ -9,6 +9,7 @@ from torch import nn
 
 from dpledger.adapters.torch import PerExampleGradientEngine, registered_module_types
 from dpledger.adapters.torch.samplers.conv import conv_norms
+from dpledger.errors import InvalidParameterError
 from tests.adapters.torch.reference import (
     assert_close_dicts,
     loop_per_example_grads,
@@ -140,8 +141,41 @@ def test_conv_norms_chunked(monkeypatch):
 
 
 def test_conv_norms_rejects_unknown_method():
-    from dpledger.errors import InvalidParameterError
 
     layer, x, _ = _setup("conv2d-stride")
     with pytest.raises(InvalidParameterError, match="method"):
         conv_norms(layer, (x,), layer(x), method="fast")
+
+
+@pytest.mark.parametrize("method", ["ghost", "per_example"])
+@pytest.mark.parametrize("name", [n for n in CASES if n.startswith("linear")])
+def test_linear_norm_methods(name, method, monkeypatch):
+    from dpledger.adapters.torch.samplers import linear
+
+    layer, x, target = _setup(name)
+    want = squared_norms(loop_per_example_grads(layer, _mean_loss, (x,), target))
+    for budget in (1 << 20, 1):  # one chunk, then one example per chunk
+        monkeypatch.setattr(linear, "_MAX_CHUNK_ELEMENTS", budget)
+        out = layer(x)
+        (b,) = torch.autograd.grad(_mean_loss(out, target) * B, out)
+        got = linear.linear_norms(layer, (x,), b, method=method)
+        assert_close_dicts({n: got[n] for n in want}, want)
+    with pytest.raises(InvalidParameterError, match="method"):
+        linear.linear_norms(layer, (x,), b, method="fast")
+
+
+def test_prefer_per_example_decisions():
+    from dpledger.adapters.torch.samplers.conv import conv_prefers_per_example
+    from dpledger.adapters.torch.samplers.linear import linear_prefers_per_example
+
+    # Linear(64, 64): keep G_i iff T²·128 > 4096 (T >= 6) and 4096 <= T·128 (T >= 32)
+    wide = nn.Linear(64, 64)
+    for t, keep in ((1, False), (5, False), (31, False), (32, True), (500, True)):
+        x = torch.zeros(2, t, 64)
+        assert linear_prefers_per_example(wide, (x,), x) is keep
+    conv1 = nn.Conv2d(1, 16, 8, 2, padding=3)  # 196 positions: materialise, G_i small: keep
+    x1 = torch.zeros(2, 1, 28, 28)
+    assert conv_prefers_per_example(conv1, (x1,), conv1(x1))
+    conv2 = nn.Conv2d(16, 32, 4, 2)  # G_i (8192) larger than input + output (3504): fast path
+    x2 = torch.zeros(2, 16, 13, 13)
+    assert not conv_prefers_per_example(conv2, (x2,), conv2(x2))

@@ -10,12 +10,15 @@ of the sequence, ‖G_i‖² has two routes:
 * materialised: G_i = b_i U_i by one batched product, O(L·C_out·C_in·K/g) per example.
 
 :func:`conv_norms` takes the cheaper route and works through the batch in chunks, so the transient
-memory stays bounded and no per-example gradient outlives its chunk. The clipped sum Σ_i f_i G_i
-is always the ordinary weight gradient of the convolution for the output gradient f_i·b_i,
+memory stays bounded and no per-example gradient outlives its chunk. The fast-path clipped sum
+Σ_i f_i G_i is the ordinary weight gradient of the convolution for the output gradient f_i·b_i,
 computed by the same kernel autograd uses (``aten.convolution_backward``), without unfolding
-(book-keeping, Bu et al. 2023). The unfolding uses a strided view of the input
-(``Tensor.unfold``) and one copy, several times faster on CPU than ``F.unfold``. Padding modes
-other than zeros and ``padding="same"`` are handled by padding the input explicitly.
+(book-keeping, Bu et al. 2023). Where materialising is cheaper and one G_i is no larger than the
+example's stored input and output gradient, :func:`conv_prefers_per_example` asks the engine to
+keep the G_i and form the clipped sum as their weighted sum. The unfolding uses a strided view
+of the input (``Tensor.unfold``) and one copy, several times faster on CPU than ``F.unfold``.
+Padding modes other than zeros and ``padding="same"`` are handled by padding the input
+explicitly.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from torch import nn
 from dpledger.adapters.torch.registry import register_grad_sampler
 from dpledger.errors import InvalidParameterError
 
-__all__ = ["conv_clipped_sum", "conv_norms", "conv_per_example"]
+__all__ = ["conv_clipped_sum", "conv_norms", "conv_per_example", "conv_prefers_per_example"]
 
 Conv = nn.Conv1d | nn.Conv2d
 
@@ -111,6 +114,23 @@ def _ghost_is_cheaper(module: Conv, backprops: torch.Tensor) -> bool:
     k = module.in_channels // module.groups * math.prod(module.kernel_size)
     o = module.out_channels // module.groups
     return positions * (k + o) <= k * o
+
+
+def conv_prefers_per_example(module: Conv, activations: tuple, backprops: torch.Tensor) -> bool:
+    """Keep the materialised G_i when that is cheaper for the whole step and not larger.
+
+    As for ``nn.Linear`` with L output positions, k = C_in·K/g and o = C_out/g: G_i are kept when
+    L²(k + o) > k·o (the fast path's norms plus its convolution-backward clipped sum cost more
+    than materialising plus a weighted sum) and one G_i (the weight's size) is no larger than the
+    example's stored input and output gradient.
+    """
+    if backprops.shape[0] == 0:
+        return False
+    positions = _positions(module, backprops)
+    k = module.in_channels // module.groups * math.prod(module.kernel_size)
+    o = module.out_channels // module.groups
+    stored = activations[0][0].numel() + backprops[0].numel()
+    return positions * positions * (k + o) > k * o and module.weight.numel() <= stored
 
 
 def conv_norms(
@@ -212,4 +232,5 @@ for _conv_type in (nn.Conv1d, nn.Conv2d):
         norm_fn=conv_norms,
         clipped_sum_fn=conv_clipped_sum,
         per_example_fn=conv_per_example,
+        prefer_per_example=conv_prefers_per_example,
     )
