@@ -550,13 +550,16 @@ class PerExampleGradientEngine:
 
     def _consistency_check(self, state: _StepState) -> None:
         """Raise unless Σ_i g_i equals autograd's batch gradient (times B for a mean loss)."""
-        ones = torch.ones(state.batch_size, dtype=torch.float64)
+        ones = torch.ones(state.batch_size)  # moved to each layer's device and dtype
         with torch.no_grad():
             ours = self._clipped_sum(state, dict.fromkeys(self._params, ones))
             # Rounding in a sum of B terms is relative to the terms (Σ_i ‖g_i‖), not to the
             # result; a parameter whose true gradient vanishes (a key bias under softmax) keeps
             # only rounding noise, so an absolute floor relative to the whole gradient is added.
-            total = torch.stack([v.to(torch.float64) for v in state.norms.values()]).sum(0)
+            device = next(iter(state.norms.values())).device
+            total = torch.zeros(state.batch_size, device=device)
+            for v in state.norms.values():
+                total += v.float().to(device)
             whole = float(total.clamp_min(0).sqrt().sum())
             bad = []
             for n, p in self._params.items():

@@ -39,7 +39,7 @@ __all__ = ["conv_clipped_sum", "conv_norms", "conv_per_example", "conv_prefers_p
 Conv = nn.Conv1d | nn.Conv2d
 
 # The batch is processed in chunks whose unfolded input has at most this many elements.
-_MAX_CHUNK_ELEMENTS = 1 << 20
+_MAX_CHUNK_ELEMENTS = 1 << 21
 
 
 def _padding_amounts(module: Conv) -> tuple[int, ...]:
@@ -218,8 +218,9 @@ def conv_per_example(
         b = _grouped_backprops(module, backprops)
         parts = []
         for lo, hi in _chunks(module, backprops):
-            g = torch.matmul(b[lo:hi], _unfold(module, xp[lo:hi]))  # (n, g, o, k)
-            parts.append(g.reshape(hi - lo, *module.weight.shape))
+            u = _unfold(module, xp[lo:hi]).flatten(0, 1)  # (n·g, L, k)
+            g = torch.bmm(b[lo:hi].flatten(0, 1), u)  # (n·g, o, k)
+            parts.append(g.view(hi - lo, *module.weight.shape))
         out["weight"] = torch.cat(parts) if len(parts) > 1 else parts[0]
     if module.bias is not None and module.bias.requires_grad:
         out["bias"] = backprops.flatten(2).sum(2)
