@@ -626,20 +626,24 @@ class PerExampleGradientEngine:
         return {n: out[n] if n in out else torch.zeros_like(p) for n, p in self._params.items()}
 
     def clipped_sum(
-        self, factors: torch.Tensor | Mapping[str, torch.Tensor]
+        self, factors: torch.Tensor | Mapping[str | tuple[str, ...], torch.Tensor]
     ) -> dict[str, torch.Tensor]:
         """Σ_i f_i g_i for every trainable parameter, ``{name: tensor of the parameter's shape}``.
 
         Args:
-            factors: one tensor of shape (B,) for all parameters, or ``{name: (B,) tensor}``
-                covering every name of :attr:`parameter_names`.
+            factors: one tensor of shape (B,) for all parameters, or a mapping from parameter
+                names, or tuples of names for a group sharing one factor, to (B,) tensors that
+                covers every name of :attr:`parameter_names` once (see
+                :func:`~dpledger.adapters.torch.factors.expand_factors`).
         """
         state = self._finalize()
         expanded = expand_factors(factors, names=self.parameter_names, batch_size=state.batch_size)
         with torch.no_grad():
             return self._clipped_sum(state, expanded)
 
-    def write_clipped_sum(self, factors: torch.Tensor | Mapping[str, torch.Tensor]) -> None:
+    def write_clipped_sum(
+        self, factors: torch.Tensor | Mapping[str | tuple[str, ...], torch.Tensor]
+    ) -> None:
         """Set every trainable parameter's ``.grad`` to Σ_i f_i g_i (replacing its content)."""
         for n, s in self.clipped_sum(factors).items():
             p = self._params[n]

@@ -3,8 +3,9 @@
 Clipping strategies reduce to per-example factors (flat clipping f_i = min(1, C/‖g_i‖), global
 clipping f_i = 1{‖g_i‖ ≤ C}, automatic clipping f_i = C/(‖g_i‖ + γ), one factor per group for
 per-layer clipping), and the engines form Σ_i f_i g_i from them. A caller passes either one
-tensor of shape (B,) used for every parameter, or a mapping from parameter name to a tensor of
-shape (B,) that covers every trainable parameter.
+tensor of shape (B,) used for every parameter, or a mapping from parameter names (or tuples of
+names, for a group of parameters clipped together) to tensors of shape (B,) that covers every
+trainable parameter exactly once.
 """
 
 from __future__ import annotations
@@ -30,16 +31,23 @@ def _check_vector(name: str, value: object, batch_size: int) -> torch.Tensor:
 
 
 def expand_factors(
-    factors: torch.Tensor | Mapping[str, torch.Tensor],
+    factors: torch.Tensor | Mapping[str | tuple[str, ...], torch.Tensor],
     *,
     names: Sequence[str],
     batch_size: int,
 ) -> dict[str, torch.Tensor]:
     """Return ``{name: f}`` for every name in ``names``, each f of shape (batch_size,).
 
+    Args:
+        factors: one tensor of shape (B,) for every parameter, or a mapping whose keys are
+            parameter names or tuples of parameter names (a group sharing one factor tensor);
+            every name must be covered exactly once.
+        names: the trainable parameter names.
+        batch_size: B.
+
     Raises:
         InvalidParameterError: a tensor of the wrong shape or dtype, a mapping that misses a
-            trainable parameter or names one the engine does not know.
+            trainable parameter, names one twice, or names one the engine does not know.
     """
     if isinstance(factors, torch.Tensor):
         f = _check_vector("factors", factors, batch_size)
@@ -48,15 +56,24 @@ def expand_factors(
         raise InvalidParameterError(
             "factors", type(factors).__name__, "a tensor of shape (B,) or a mapping name -> tensor"
         )
-    missing = [n for n in names if n not in factors]
+    known = set(names)
+    out: dict[str, torch.Tensor] = {}
+    for key, value in factors.items():
+        group = key if isinstance(key, tuple) else (key,)
+        f = _check_vector(f"factors[{key!r}]", value, batch_size)
+        for n in group:
+            if n not in known:
+                raise InvalidParameterError(
+                    "factors", f"<mapping with unknown name {n!r}>", f"names among {list(names)}"
+                )
+            if n in out:
+                raise InvalidParameterError(
+                    "factors", f"<mapping that names {n!r} twice>", "each parameter once"
+                )
+            out[n] = f
+    missing = [n for n in names if n not in out]
     if missing:
         raise InvalidParameterError(
             "factors", f"<mapping without {missing}>", "a factor tensor for every parameter"
         )
-    known = set(names)
-    unknown = [k for k in factors if k not in known]
-    if unknown:
-        raise InvalidParameterError(
-            "factors", f"<mapping with unknown names {unknown}>", f"names among {list(names)}"
-        )
-    return {n: _check_vector(f"factors[{n!r}]", factors[n], batch_size) for n in names}
+    return {n: out[n] for n in names}

@@ -271,7 +271,7 @@ class FunctionalPerExampleEngine:
         return squared_norms_of(self._require())
 
     def clipped_sum(
-        self, factors: torch.Tensor | Mapping[str, torch.Tensor]
+        self, factors: torch.Tensor | Mapping[str | tuple[str, ...], torch.Tensor]
     ) -> dict[str, torch.Tensor]:
         """Σ_i f_i g_i per parameter; ``factors`` as in the hook-based engine."""
         grads = self._require()
@@ -279,7 +279,9 @@ class FunctionalPerExampleEngine:
             grads, expand_factors(factors, names=self.parameter_names, batch_size=self.batch_size)
         )
 
-    def write_clipped_sum(self, factors: torch.Tensor | Mapping[str, torch.Tensor]) -> None:
+    def write_clipped_sum(
+        self, factors: torch.Tensor | Mapping[str | tuple[str, ...], torch.Tensor]
+    ) -> None:
         """Set each trainable parameter's ``.grad`` to Σ_i f_i g_i (replacing what was there)."""
         for n, s in self.clipped_sum(factors).items():
             p = self._params[n]

@@ -155,6 +155,20 @@ def test_mapping_factors_per_parameter():
         torch.testing.assert_close(got[n], weighted_sum({n: want[n]}, factors[n])[n])
 
 
+def test_group_keyed_factors():
+    model, inputs, y = mixed_model()
+    engine = PerExampleGradientEngine(model, loss_reduction="mean")
+    _step(engine, model, inputs, y)
+    names = engine.parameter_names
+    g = torch.Generator().manual_seed(6)
+    f_head, f_rest = (torch.rand(5, generator=g, dtype=torch.float64) for _ in range(2))
+    head = tuple(n for n in names if n.startswith("head."))
+    rest = tuple(n for n in names if n not in head)
+    grouped = engine.clipped_sum({head: f_head, rest: f_rest})
+    per_name = engine.clipped_sum({n: f_head if n in head else f_rest for n in names})
+    assert_close_dicts(grouped, per_name)
+
+
 def test_factor_validation():
     model, inputs, y = mixed_model()
     engine = PerExampleGradientEngine(model, loss_reduction="mean")
@@ -168,6 +182,8 @@ def test_factor_validation():
     full = dict.fromkeys(engine.parameter_names, torch.ones(5))
     with pytest.raises(InvalidParameterError, match="unknown"):
         engine.clipped_sum({**full, "nope": torch.ones(5)})
+    with pytest.raises(InvalidParameterError, match="twice"):
+        engine.clipped_sum({**full, ("head.weight", "head.bias"): torch.ones(5)})
     with pytest.raises(InvalidParameterError, match="factors"):
         engine.clipped_sum([1.0] * 5)
 
