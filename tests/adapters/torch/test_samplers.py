@@ -56,6 +56,10 @@ CASES = {
         lambda: nn.Conv2d(4, 4, 3, groups=4, bias=False, padding="valid"),
         lambda: torch.randn(B, 4, 5, 5),
     ),
+    "conv2d-groups-channels-inner": (
+        lambda: nn.Conv2d(8, 4, (3, 2), stride=(1, 2), groups=2),
+        lambda: torch.randn(B, 8, 5, 6),
+    ),
     "embedding": (lambda: nn.Embedding(7, 3), lambda: _idx((B, 6), 7)),
     "embedding-padding-idx": (
         lambda: nn.Embedding(7, 3, padding_idx=0),

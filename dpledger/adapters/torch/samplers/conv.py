@@ -69,22 +69,52 @@ def _padded_input(module: Conv, x: torch.Tensor) -> torch.Tensor:
     return F.pad(x, pad, mode=mode)
 
 
-def _unfold(module: Conv, xp: torch.Tensor) -> torch.Tensor:
-    """U of shape (B, g, L, C_in/g·K) from the padded input."""
-    batch, groups = xp.shape[0], module.groups
-    v = xp
-    for i, (k, s, d) in enumerate(
-        zip(module.kernel_size, module.stride, module.dilation, strict=True)
-    ):
-        v = v.unfold(2 + i, d * (k - 1) + 1, s)
+def _channels_inner(module: Conv) -> bool:
+    """Whether unfolding with the channels innermost copies longer contiguous runs.
+
+    Unfolding copies, for every output position, C/g·K input values. In the input's layout the
+    innermost kernel dimension is contiguous (a run of k_w values, 1 with dilation); with the
+    input in channels-last layout the C/g channels are (a run of C/g values). The longer run
+    makes the copy several times faster; the order of the columns of U only matters for
+    materialised gradients, which :func:`_weight_order` restores.
+    """
+    run_kernel = module.kernel_size[-1] if module.dilation[-1] == 1 else 1
+    return module.in_channels // module.groups > run_kernel
+
+
+def _unfold(module: Conv, xp: torch.Tensor, channels_inner: bool) -> torch.Tensor:
+    """U of shape (B, g, L, C_in/g·K) from the padded input.
+
+    Columns are ordered (C/g, *kernel) like the weight, or (*kernel, C/g) if ``channels_inner``.
+    """
+    batch, groups, nd = xp.shape[0], module.groups, len(module.kernel_size)
+    cg = module.in_channels // groups
+    first = 1 if channels_inner else 2  # the first spatial dimension
+    v = xp.movedim(1, -1).contiguous() if channels_inner else xp
+    geometry = zip(module.kernel_size, module.stride, module.dilation, strict=True)
+    for i, (k, s, d) in enumerate(geometry):
+        v = v.unfold(first + i, d * (k - 1) + 1, s)
         if d > 1:
             v = v[..., ::d]
-    # v: (B, C, *positions, *kernel) -> (B, g, *positions, C/g, *kernel)
+    positions = math.prod(v.shape[first : first + nd])
+    kernel = list(range(3 + nd, 3 + 2 * nd))
+    if channels_inner:  # v: (B, *positions, C, *kernel) -> (B, g, *positions, *kernel, C/g)
+        v = v.reshape(batch, *v.shape[1 : 1 + nd], groups, cg, *v.shape[2 + nd :])
+        v = v.permute(0, 1 + nd, *range(1, 1 + nd), *kernel, 2 + nd)
+    else:  # v: (B, C, *positions, *kernel) -> (B, g, *positions, C/g, *kernel)
+        v = v.reshape(batch, groups, cg, *v.shape[2:])
+        v = v.permute(0, 1, *range(3, 3 + nd), 2, *kernel)
+    return v.reshape(batch, groups, positions, cg * math.prod(module.kernel_size))
+
+
+def _weight_order(module: Conv, g: torch.Tensor, channels_inner: bool) -> torch.Tensor:
+    """Per-example gradients (n, g, C_out/g, cols) in the weight's shape (n, *weight.shape)."""
+    n = g.shape[0]
+    if not channels_inner:
+        return g.reshape(n, *module.weight.shape)
     nd = len(module.kernel_size)
-    v = v.reshape(batch, groups, module.in_channels // groups, *v.shape[2:])
-    v = v.permute(0, 1, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd))
-    cols = module.in_channels // groups * math.prod(module.kernel_size)
-    return v.reshape(batch, groups, math.prod(v.shape[2 : 2 + nd]), cols)
+    g = g.reshape(n, module.out_channels, *module.kernel_size, module.in_channels // module.groups)
+    return g.permute(0, 1, 2 + nd, *range(2, 2 + nd)).reshape(n, *module.weight.shape)
 
 
 def _grouped_backprops(module: Conv, backprops: torch.Tensor) -> torch.Tensor:
@@ -156,9 +186,10 @@ def conv_norms(
         ghost = method == "ghost" or (method == "auto" and _ghost_is_cheaper(module, backprops))
         xp = _padded_input(module, activations[0])
         b = _grouped_backprops(module, backprops)
+        inner = _channels_inner(module)
         parts = []
         for lo, hi in _chunks(module, backprops):
-            u = _unfold(module, xp[lo:hi]).flatten(0, 1)  # (n·g, L, k)
+            u = _unfold(module, xp[lo:hi], inner).flatten(0, 1)  # (n·g, L, k)
             bb = b[lo:hi].flatten(0, 1)  # (n·g, o, L)
             if ghost:
                 gram_u = torch.bmm(u, u.transpose(1, 2))
@@ -216,11 +247,13 @@ def conv_per_example(
     if module.weight.requires_grad:
         xp = _padded_input(module, activations[0])
         b = _grouped_backprops(module, backprops)
+        inner = _channels_inner(module)
         parts = []
         for lo, hi in _chunks(module, backprops):
-            u = _unfold(module, xp[lo:hi]).flatten(0, 1)  # (n·g, L, k)
+            u = _unfold(module, xp[lo:hi], inner).flatten(0, 1)  # (n·g, L, k)
             g = torch.bmm(b[lo:hi].flatten(0, 1), u)  # (n·g, o, k)
-            parts.append(g.view(hi - lo, *module.weight.shape))
+            g = g.view(hi - lo, module.groups, module.out_channels // module.groups, u.shape[-1])
+            parts.append(_weight_order(module, g, inner))
         out["weight"] = torch.cat(parts) if len(parts) > 1 else parts[0]
     if module.bias is not None and module.bias.requires_grad:
         out["bias"] = backprops.flatten(2).sum(2)
