@@ -46,7 +46,10 @@ BatchNorm with batch statistics is refused at construction and at every forward
 (:class:`~dpledger.adapters.torch.errors.RecordMixingModuleError`); frozen BatchNorm (evaluation
 mode, running statistics) is a per-example affine map and is supported, trainable or not.
 
-Records are along dimension 0 of every unit's inputs and outputs.
+A *step* is one forward of the model with gradients enabled and the backward after it: each such
+forward of the model (the module the engine was attached to) drops what was stored for the
+previous step. Forwards under ``torch.no_grad()`` store nothing and keep the step. Records are
+along dimension 0 of every unit's inputs and outputs.
 """
 
 from __future__ import annotations
