@@ -54,6 +54,7 @@ along dimension 0 of every unit's inputs and outputs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -141,6 +142,7 @@ class _StepState:
     norms: dict[str, torch.Tensor]
     ghost: list[tuple[_Unit, _Capture]]
     per_example: dict[str, torch.Tensor]
+    grad_eps: float  # machine epsilon of the least precise output gradient (autocast)
 
 
 class PerExampleGradientEngine:
@@ -208,6 +210,7 @@ class PerExampleGradientEngine:
             n: p for n, p in model.named_parameters() if p.requires_grad
         }
         self._name_of: dict[int, str] = {id(p): n for n, p in self._params.items()}
+        self._device_types = sorted({p.device.type for p in self._params.values()} | {"cpu"})
         self._units: list[_Unit] = []
         self._discover(model, "", set())
         self._owners: dict[str, int] = dict.fromkeys(self._params, 0)
@@ -443,7 +446,7 @@ class PerExampleGradientEngine:
             and len(capture.grads) == 1
             and capture.grads[0] is not None
         ):
-            out = sampler.per_example_fn(unit.module, capture.args, capture.grads[0])
+            out = sampler.per_example_fn(unit.module, *_aligned(capture))
         else:
             self._recomputing = True
             try:
@@ -479,10 +482,18 @@ class PerExampleGradientEngine:
             return True
         if sampler.prefer_per_example is None:
             return True
-        return not sampler.prefer_per_example(unit.module, capture.args, capture.grads[0])
+        return not sampler.prefer_per_example(unit.module, *_aligned(capture))
+
+    def _exact(self) -> contextlib.ExitStack:
+        """No autograd recording and no autocast for the engine's own computations."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.no_grad())
+        for device_type in self._device_types:
+            stack.enter_context(torch.autocast(device_type, enabled=False))
+        return stack
 
     def _finalize(self) -> _StepState:
-        with torch.no_grad():
+        with self._exact():
             return self._finalize_step()
 
     def _finalize_step(self) -> _StepState:
@@ -497,6 +508,16 @@ class PerExampleGradientEngine:
         batch = self._batch_size()
         self._state_batch = batch
         scale = float(batch) if (self._loss_reduction == "mean" and batch > 0) else 1.0
+        grad_eps = max(
+            (
+                torch.finfo(g.dtype).eps
+                for u in self._units
+                for c in u.captures
+                for g in c.grads
+                if g is not None and g.is_floating_point()
+            ),
+            default=0.0,
+        )
         norms: dict[str, torch.Tensor] = {}
         ghost: list[tuple[_Unit, _Capture]] = []
         per_example: dict[str, torch.Tensor] = {}
@@ -511,9 +532,7 @@ class PerExampleGradientEngine:
             if len(captures) == 1 and not shared and self._use_fast_path(unit, captures[0]):
                 c = captures[0]
                 assert unit.sampler is not None and unit.sampler.norm_fn is not None
-                local = self._checked(
-                    unit, unit.sampler.norm_fn(unit.module, c.args, c.grads[0]), "norm"
-                )
+                local = self._checked(unit, unit.sampler.norm_fn(unit.module, *_aligned(c)), "norm")
                 for n, v in local.items():
                     norms[unit.local_to_global[n]] = v
                 ghost.append((unit, c))
@@ -545,6 +564,7 @@ class PerExampleGradientEngine:
             norms={n: norms[n] for n in self._params},
             ghost=ghost,
             per_example=per_example,
+            grad_eps=grad_eps,
         )
         if self._checks_remaining > 0 and batch > 0 and self._grad_seen:
             self._consistency_check(self._state)
@@ -569,7 +589,7 @@ class PerExampleGradientEngine:
                 ref = self._autograd_grads.get(n)
                 ref = torch.zeros_like(p) if ref is None else ref * state.scale
                 o = ours[n].to(dtype=ref.dtype)
-                rtol = max(1e-3, 10 * torch.finfo(ref.dtype).eps)
+                rtol = max(1e-3, 10 * torch.finfo(ref.dtype).eps, 10 * state.grad_eps)
                 size = float(state.norms[n].clamp_min(0).sqrt().sum()) + float(ref.norm())
                 tol = rtol * size + 1e-4 * rtol * whole + 1e-30
                 diff = float((o - ref).norm())
@@ -608,15 +628,14 @@ class PerExampleGradientEngine:
     ) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for unit, c in state.ghost:
-            g = c.grads[0]
-            assert g is not None and unit.sampler is not None
-            assert unit.sampler.clipped_sum_fn is not None
+            args, g = _aligned(c)
+            assert unit.sampler is not None and unit.sampler.clipped_sum_fn is not None
             local = {
                 n: factors[gname].to(device=g.device, dtype=g.dtype) * state.scale
                 for n, gname in unit.local_to_global.items()
             }
             res = self._checked(
-                unit, unit.sampler.clipped_sum_fn(unit.module, c.args, g, local), "clipped sum"
+                unit, unit.sampler.clipped_sum_fn(unit.module, args, g, local), "clipped sum"
             )
             for n, v in res.items():
                 out[unit.local_to_global[n]] = v
@@ -641,7 +660,7 @@ class PerExampleGradientEngine:
         """
         state = self._finalize()
         expanded = expand_factors(factors, names=self.parameter_names, batch_size=state.batch_size)
-        with torch.no_grad():
+        with self._exact():
             return self._clipped_sum(state, expanded)
 
     def write_clipped_sum(
@@ -656,7 +675,7 @@ class PerExampleGradientEngine:
         """The per-example gradients g_i, ``{name: (B, *shape)}`` (materialises every layer)."""
         state = self._finalize()
         out: dict[str, torch.Tensor] = {}
-        with torch.no_grad():
+        with self._exact():
             for unit, c in state.ghost:
                 for n, g in self._unit_per_example(unit, c).items():
                     out[unit.local_to_global[n]] = g
@@ -668,6 +687,25 @@ class PerExampleGradientEngine:
                 g = p.new_zeros((state.batch_size, *p.shape))
             result[n] = g * state.scale if state.scale != 1.0 else g
         return result
+
+
+def _aligned(capture: _Capture) -> tuple[tuple, torch.Tensor]:
+    """A registered unit's activations and output gradient in one floating dtype, ≥ float32.
+
+    Under autocast a layer's input and its output gradient can differ in precision (float32 in,
+    bfloat16 out), and sums of many squares lose most of their digits in 16-bit arithmetic, so
+    both are promoted to the wider of their types and float32 for the per-example computations.
+    """
+    g = capture.grads[0]
+    assert g is not None
+    args = capture.args
+    x = args[0] if args else None
+    dtype = torch.promote_types(g.dtype, torch.float32)
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        dtype = torch.promote_types(dtype, x.dtype)
+        if x.dtype != dtype:
+            args = (x.to(dtype), *args[1:])
+    return args, g.to(dtype)
 
 
 def _refuse_batch_stats(name: str, module: nn.Module, args: tuple) -> None:

@@ -181,20 +181,30 @@ def module_per_example_gradients(
 
 
 def squared_norms_of(per_example: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """‖g_i‖² of each parameter, shape (B,), from per-example gradients of shape (B, ...)."""
+    """‖g_i‖² of each parameter, shape (B,), from per-example gradients of shape (B, ...).
+
+    Accumulated in at least float32 (16-bit gradients are promoted).
+    """
     return {
-        n: torch.linalg.vector_norm(g.flatten(1), dim=1).square() for n, g in per_example.items()
+        n: torch.linalg.vector_norm(
+            g.flatten(1), dim=1, dtype=torch.promote_types(g.dtype, torch.float32)
+        ).square()
+        for n, g in per_example.items()
     }
 
 
 def clipped_sum_of(
     per_example: Mapping[str, torch.Tensor], factors: Mapping[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
-    """Σ_i f_i g_i of each parameter from per-example gradients and factors of shape (B,)."""
+    """Σ_i f_i g_i of each parameter from per-example gradients and factors of shape (B,).
+
+    Computed in at least float32 (16-bit gradients are promoted).
+    """
     out = {}
     for n, g in per_example.items():
-        f = factors[n].to(dtype=g.dtype)
-        out[n] = f.view(1, -1).mm(g.flatten(1)).view(g.shape[1:])
+        dtype = torch.promote_types(g.dtype, torch.float32)
+        f = factors[n].to(device=g.device, dtype=dtype)
+        out[n] = f.view(1, -1).mm(g.flatten(1).to(dtype)).view(g.shape[1:])
     return out
 
 

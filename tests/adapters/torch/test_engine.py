@@ -578,3 +578,47 @@ def test_float32_model_keeps_its_dtype():
     assert all(v.dtype == torch.float32 for v in engine.squared_norms().values())
     engine.write_clipped_sum(torch.ones(5, dtype=torch.float64))
     assert all(p.grad.dtype == torch.float32 for p in model.parameters())
+
+
+def test_autocast_bfloat16_step():
+    """Inputs in float32 and output gradients in bfloat16 are promoted, not refused."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.Flatten(), nn.Linear(12, 3))
+    x = torch.randn(6, 2, 4, 4)
+    y = torch.randint(0, 3, (6,))
+
+    def loss_fn(out, target):
+        return F.cross_entropy(out.float(), target)
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = loop_per_example_grads(model, loss_fn, (x,), y)
+        engine = PerExampleGradientEngine(model, loss_reduction="mean")
+        loss_fn(model(x), y).backward()  # the first-step check runs here too
+        norms = engine.squared_norms()
+    assert all(v.dtype == torch.float32 for v in norms.values())
+    # per-example bfloat16 arithmetic in the loop vs batched in the step: bfloat16 has 8
+    # significant bits, so agreement is to a few units of 2^-8 relative
+    tol = {"rtol": 8 * 2.0**-8, "atol": 1e-3}
+    assert_close_dicts(norms, squared_norms(want), **tol)
+
+
+def test_bfloat16_model_computes_in_float32_and_keeps_parameter_dtype():
+    model, (idx, img), y = mixed_model()
+    model = model.to(torch.bfloat16)
+    img = img.to(torch.bfloat16)
+
+    def loss_fn(out, target):
+        return F.cross_entropy(out.float(), target)
+
+    want = loop_per_example_grads(model, loss_fn, (idx, img), y)
+    for strategy in ("auto", "per_example"):
+        engine = PerExampleGradientEngine(model, loss_reduction="mean", strategy=strategy)
+        loss_fn(model(idx, img), y).backward()
+        norms = engine.squared_norms()
+        assert all(v.dtype == torch.float32 for v in norms.values())
+        # the same bfloat16 gradients, reduced in float32 here and in bfloat16 in the reference
+        tol = {"rtol": 8 * 2.0**-8, "atol": 1e-3}
+        assert_close_dicts(norms, {n: v.float() for n, v in squared_norms(want).items()}, **tol)
+        engine.write_clipped_sum(torch.ones(5))
+        assert all(p.grad.dtype == torch.bfloat16 for p in model.parameters())
+        engine.remove()

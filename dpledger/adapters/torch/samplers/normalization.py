@@ -126,9 +126,8 @@ def batch_norm_per_example(
     if uses_batch_statistics(module):
         raise RecordMixingModuleError(batch_norm_refusal_message(module))
     x = activations[0]
-    xhat = F.batch_norm(
-        x, module.running_mean, module.running_var, None, None, False, 0.0, module.eps
-    )
+    mean, var = module.running_mean.to(x.dtype), module.running_var.to(x.dtype)
+    xhat = F.batch_norm(x, mean, var, None, None, False, 0.0, module.eps)
     return _channel_affine(module, backprops, xhat)
 
 
