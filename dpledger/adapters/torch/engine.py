@@ -1,0 +1,713 @@
+"""The hook-based per-example gradient engine (fast path with a generic fallback).
+
+The engine attaches to a model and observes an ordinary training step::
+
+    engine = PerExampleGradientEngine(model, loss_reduction="mean")
+    loss = F.cross_entropy(model(x), y)          # reduction "mean", as declared
+    loss.backward()                              # or engine.backward(loss), see below
+    norms = engine.squared_norms()               # {name: ‖g_i‖² of shape (B,)}
+    factors = clip_factors(norms)                # per-example f_i, one (B,) tensor or per name
+    engine.write_clipped_sum(factors)            # p.grad = Σ_i f_i g_i for every parameter
+    optimizer.step()
+
+with g_i the gradient of example i's loss ℓ_i, where the batch loss is Σ_i ℓ_i
+(``loss_reduction="sum"``) or (1/B) Σ_i ℓ_i (``"mean"``; the engine undoes the 1/B).
+
+How: the model is split into *units*. A module whose exact type has a registered grad sampler
+(:mod:`~dpledger.adapters.torch.registry`) is a unit for its parameters; a module of another type
+that owns trainable parameters directly is a *generic* unit for all the parameters of its subtree.
+During the forward each unit's call stores its inputs (autograd keeps most of them anyway) and
+hooks the autograd node that produced its output; during the backward that hook stores the
+gradient with respect to the output (taken before any later in-place operation). After the
+backward, squared norms come from the samplers' ghost-norm functions (Li et al. 2022) or from
+materialised per-example gradients, whichever is cheaper for the layer's shapes, and the clipped
+sum is formed from the same stored tensors and the factors (book-keeping, Bu et al. 2023): no
+second backward pass. Generic units compute their per-example gradients with ``torch.func``
+(``vmap`` of the module's vector-Jacobian product over the stored inputs and output gradients).
+
+A parameter used by two units (tied weights) or a unit called several times in one forward gets
+its per-example gradient as the sum of the materialised per-example gradients of every use, so
+its norm is exact. A parameter whose gradient comes from outside the forward of its unit (a child
+module's weight used directly by its parent) cannot be seen by the hooks: the engine refuses it
+when the parameter receives gradient without any observed use, and on the first ``check_steps``
+steps it compares its Σ_i g_i with autograd's batch gradient.
+
+``loss_reduction`` is a declaration the gradients cannot confirm (a mean loss and a sum loss
+differ by a constant factor that every gradient shares). A wrong declaration scales every g_i by
+B or 1/B: the clipped contributions are still bounded by the clip norm, so the privacy bound
+holds, but clipping then acts at a different effective norm.
+
+``engine.backward(loss)`` can replace ``loss.backward()``: it asks autograd only for the
+gradients with respect to the units' outputs (``torch.autograd.grad`` on their gradient edges),
+which skips computing the batch gradient of every weight that the clipped sum replaces anyway.
+On checking steps it runs the ordinary backward.
+
+BatchNorm with batch statistics is refused at construction and at every forward
+(:class:`~dpledger.adapters.torch.errors.RecordMixingModuleError`); frozen BatchNorm (evaluation
+mode, running statistics) is a per-example affine map and is supported, trainable or not.
+
+A *step* is one forward of the model with gradients enabled and the backward after it: each such
+forward of the model (the module the engine was attached to) drops what was stored for the
+previous step. Forwards under ``torch.no_grad()`` store nothing and keep the step. Records are
+along dimension 0 of every unit's inputs and outputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.autograd.graph import get_gradient_edge
+from torch.utils._pytree import tree_flatten
+
+from dpledger.adapters.torch import samplers as _builtin_samplers  # noqa: F401  (registers)
+from dpledger.adapters.torch.errors import (
+    EngineStateError,
+    RecordMixingModuleError,
+    UnsupportedModuleError,
+    UnsupportedParameterUseError,
+)
+from dpledger.adapters.torch.factors import expand_factors
+from dpledger.adapters.torch.functional_gradients import (
+    clipped_sum_of,
+    module_per_example_gradients,
+    squared_norms_of,
+)
+from dpledger.adapters.torch.module_checks import check_module_configuration
+from dpledger.adapters.torch.registry import GradSampler, get_grad_sampler
+from dpledger.adapters.torch.samplers.normalization import (
+    batch_norm_refusal_message,
+    uses_batch_statistics,
+)
+from dpledger.errors import InvalidParameterError
+
+__all__ = ["LossReduction", "PerExampleGradientEngine", "Strategy"]
+
+logger = logging.getLogger(__name__)
+
+LossReduction = Literal["mean", "sum"]
+Strategy = Literal["auto", "ghost", "per_example", "generic"]
+_STRATEGIES = ("auto", "ghost", "per_example", "generic")
+
+
+class _Capture:
+    """One observed forward call of a unit and the gradients with respect to its outputs."""
+
+    __slots__ = ("args", "edges", "grads", "kwargs", "out_indices")
+
+    def __init__(self, args: tuple, kwargs: dict, out_indices: list[int]) -> None:
+        self.args = args
+        self.kwargs = kwargs
+        self.out_indices = out_indices
+        self.edges: list[Any] = []
+        self.grads: list[torch.Tensor | None] = [None] * len(out_indices)
+
+    @property
+    def has_grad(self) -> bool:
+        return any(g is not None for g in self.grads)
+
+    def store(self, k: int, grad: torch.Tensor | None) -> None:
+        if grad is None:
+            return
+        self.grads[k] = grad if self.grads[k] is None else self.grads[k] + grad
+
+    def output_grads(self) -> list[tuple[int, torch.Tensor]]:
+        return [(i, g) for i, g in zip(self.out_indices, self.grads, strict=True) if g is not None]
+
+
+@dataclass
+class _Unit:
+    name: str
+    module: nn.Module
+    sampler: GradSampler | None
+    local_to_global: dict[str, str]
+    captures: list[_Capture] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name or '<model>'} ({type(self.module).__name__})"
+
+
+@dataclass
+class _StepState:
+    batch_size: int
+    scale: float
+    norms: dict[str, torch.Tensor]
+    ghost: list[tuple[_Unit, _Capture]]
+    per_example: dict[str, torch.Tensor]
+    grad_eps: float  # machine epsilon of the least precise output gradient (autocast)
+
+
+class PerExampleGradientEngine:
+    """Per-example squared gradient norms and clipped sums from an ordinary forward and backward.
+
+    Args:
+        model: the model (the module whose forward starts a step). Create the engine after
+            freezing parameters (``requires_grad=False``): only the parameters trainable at
+            construction are handled.
+        loss_reduction: how the loss the caller differentiates combines the per-example losses:
+            "sum" (Σ_i ℓ_i) or "mean" ((1/B) Σ_i ℓ_i, e.g. ``F.cross_entropy``'s default).
+        strategy: "auto" (each registered layer picks ghost norms or materialised per-example
+            gradients by cost), "ghost" (the fast path wherever a sampler has one),
+            "per_example" (registered samplers materialise), or "generic" (every module through
+            ``torch.func``, no registered sampler used).
+        check_steps: on this many first steps with a non-empty batch and an ordinary backward,
+            compare Σ_i g_i with autograd's batch gradient and raise
+            :class:`UnsupportedParameterUseError` on a mismatch (a parameter used outside its
+            module's forward, a regulariser in the loss). 0 disables the check.
+        generic_chunk_size: examples per ``vmap`` chunk in generic units; None for all.
+
+    Raises:
+        RecordMixingModuleError: BatchNorm that uses batch statistics.
+        UnsupportedModuleError: a module option that mixes records (``scale_grad_by_freq``).
+        InvalidParameterError: a bad argument.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        loss_reduction: LossReduction,
+        strategy: Strategy = "auto",
+        check_steps: int = 1,
+        generic_chunk_size: int | None = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise InvalidParameterError("model", model, "a torch.nn.Module")
+        if loss_reduction not in ("mean", "sum"):
+            raise InvalidParameterError(
+                "loss_reduction",
+                loss_reduction,
+                "'mean' (loss = average of per-example losses) or 'sum' (their sum)",
+            )
+        if strategy not in _STRATEGIES:
+            raise InvalidParameterError("strategy", strategy, f"one of {_STRATEGIES}")
+        if isinstance(check_steps, bool) or not isinstance(check_steps, int) or check_steps < 0:
+            raise InvalidParameterError("check_steps", check_steps, "an integer >= 0")
+        if generic_chunk_size is not None and (
+            isinstance(generic_chunk_size, bool)
+            or not isinstance(generic_chunk_size, int)
+            or generic_chunk_size < 1
+        ):
+            raise InvalidParameterError(
+                "generic_chunk_size", generic_chunk_size, "an integer >= 1, or None"
+            )
+        check_module_configuration(model)
+
+        self._model = model
+        self._loss_reduction = loss_reduction
+        self._strategy = strategy
+        self._checks_remaining = check_steps
+        self._generic_chunk_size = generic_chunk_size
+        self._params: dict[str, nn.Parameter] = {
+            n: p for n, p in model.named_parameters() if p.requires_grad
+        }
+        self._name_of: dict[int, str] = {id(p): n for n, p in self._params.items()}
+        self._device_types = sorted({p.device.type for p in self._params.values()} | {"cpu"})
+        self._units: list[_Unit] = []
+        self._discover(model, "", set())
+        self._owners: dict[str, int] = dict.fromkeys(self._params, 0)
+        for unit in self._units:
+            for g in unit.local_to_global.values():
+                self._owners[g] += 1
+
+        self._recomputing = False
+        self._direct_backward = False
+        self._stale = False
+        self._state_batch = 0
+        self._state: _StepState | None = None
+        self._grad_seen: set[str] = set()
+        self._autograd_grads: dict[str, torch.Tensor] = {}
+        self._handles: list[Any] = []
+        self._handles.append(model.register_forward_pre_hook(self._on_model_forward))
+        for unit in self._units:
+            self._handles.append(
+                unit.module.register_forward_hook(
+                    functools.partial(self._on_unit_forward, unit), with_kwargs=True
+                )
+            )
+        for name, module in model.named_modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                self._handles.append(
+                    module.register_forward_pre_hook(functools.partial(_refuse_batch_stats, name))
+                )
+        for name, p in self._params.items():
+            self._handles.append(p.register_hook(functools.partial(self._on_param_grad, name)))
+
+        generic = [u.label for u in self._units if u.sampler is None]
+        if generic and strategy != "generic":
+            logger.warning(
+                "no grad sampler is registered for %d module(s); their per-example gradients "
+                "use the generic torch.func path (slower, materialised): %s",
+                len(generic),
+                ", ".join(generic),
+            )
+
+    # ------------------------------------------------------------------ structure
+
+    def _discover(self, module: nn.Module, prefix: str, seen: set[int]) -> None:
+        if id(module) in seen:
+            return
+        seen.add(id(module))
+        if not any(p.requires_grad for p in module.parameters()):
+            return
+        sampler = None if self._strategy == "generic" else get_grad_sampler(type(module))
+        direct = any(p.requires_grad for p in module.parameters(recurse=False))
+        if sampler is not None or direct:
+            local_to_global = {
+                n: self._name_of[id(p)] for n, p in module.named_parameters() if p.requires_grad
+            }
+            self._units.append(_Unit(prefix.rstrip("."), module, sampler, local_to_global))
+            return
+        for name, child in module.named_children():
+            self._discover(child, f"{prefix}{name}.", seen)
+
+    @property
+    def model(self) -> nn.Module:
+        """The model the engine is attached to."""
+        return self._model
+
+    @property
+    def loss_reduction(self) -> LossReduction:
+        """The declared reduction of the loss over the batch."""
+        return self._loss_reduction
+
+    @property
+    def parameter_names(self) -> tuple[str, ...]:
+        """Trainable parameter names, in ``model.named_parameters()`` order (tied: first name)."""
+        return tuple(self._params)
+
+    @property
+    def generic_modules(self) -> tuple[str, ...]:
+        """Names of the modules whose per-example gradients use the generic path."""
+        return tuple(u.name for u in self._units if u.sampler is None)
+
+    def remove(self) -> None:
+        """Detach every hook from the model and drop what the engine stored."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self.clear()
+
+    def __enter__(self) -> PerExampleGradientEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    def clear(self) -> None:
+        """Drop the stored activations, gradients and results of the current step."""
+        for unit in self._units:
+            unit.captures.clear()
+        self._state = None
+        self._stale = False
+        self._grad_seen.clear()
+        self._autograd_grads.clear()
+
+    # ------------------------------------------------------------------ hooks
+
+    def _on_model_forward(self, module: nn.Module, args: tuple) -> None:
+        if self._recomputing or not torch.is_grad_enabled():
+            return
+        self.clear()
+
+    def _on_unit_forward(
+        self, unit: _Unit, module: nn.Module, args: tuple, kwargs: dict, output: Any
+    ) -> None:
+        if self._recomputing or not torch.is_grad_enabled():
+            return
+        leaves, _ = tree_flatten(output)
+        indices = [
+            i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.requires_grad
+        ]
+        if not indices:
+            return
+        if unit.sampler is not None:
+            if not isinstance(output, torch.Tensor):
+                raise UnsupportedModuleError(
+                    f"the grad sampler of {unit.label} needs a single tensor output, got "
+                    f"{type(output).__name__}; register the type with a per_example_fn only "
+                    "or unregister it to use the generic path"
+                )
+            if kwargs:
+                bound = inspect.signature(module.forward).bind(*args, **kwargs)
+                args, kwargs = tuple(bound.arguments.values()), {}
+        capture = _Capture(args, kwargs, indices)
+        for k, i in enumerate(indices):
+            t = leaves[i]
+            if t.grad_fn is None:  # the output is a leaf tensor (e.g. a parameter returned)
+                t.register_hook(functools.partial(self._on_output_grad, capture, k))
+            else:
+                t.grad_fn.register_prehook(
+                    functools.partial(self._on_node_grads, capture, k, t.output_nr)
+                )
+            capture.edges.append(get_gradient_edge(t))
+        unit.captures.append(capture)
+        self._mark_changed()
+
+    def _mark_changed(self) -> None:
+        if self._state is not None:
+            self._stale = True
+
+    def _on_node_grads(self, capture: _Capture, k: int, output_nr: int, grads: tuple) -> None:
+        self._on_output_grad(capture, k, grads[output_nr])
+
+    def _on_output_grad(self, capture: _Capture, k: int, grad: torch.Tensor | None) -> None:
+        if grad is not None and not self._direct_backward:
+            capture.store(k, grad)
+            self._mark_changed()
+
+    def _on_param_grad(self, name: str, grad: torch.Tensor) -> None:
+        self._grad_seen.add(name)
+        if self._checks_remaining > 0:
+            prev = self._autograd_grads.get(name)
+            self._autograd_grads[name] = grad if prev is None else prev + grad
+        self._mark_changed()
+
+    # ------------------------------------------------------------------ backward
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate ``loss`` to the units' outputs only (a cheaper ``loss.backward()``).
+
+        Parameters' ``.grad`` is left untouched (call :meth:`write_clipped_sum`). On the first
+        ``check_steps`` steps the ordinary ``loss.backward()`` runs instead, so that the
+        consistency check has autograd's batch gradient.
+        """
+        if not isinstance(loss, torch.Tensor):
+            raise InvalidParameterError("loss", type(loss).__name__, "a scalar torch.Tensor")
+        if self._checks_remaining > 0:
+            loss.backward()
+            return
+        pending = [
+            (c, k)
+            for u in self._units
+            for c in u.captures
+            for k in range(len(c.edges))
+            if c.grads[k] is None
+        ]
+        if not pending:
+            raise EngineStateError(
+                "nothing to backpropagate to: run the model's forward with gradients enabled "
+                "before engine.backward(loss)"
+            )
+        # The node pre-hooks of units whose outputs lie between the loss and other units' outputs
+        # fire during this call as well; the gradients are taken from its return value instead.
+        self._direct_backward = True
+        try:
+            grads = torch.autograd.grad(loss, [c.edges[k] for c, k in pending], allow_unused=True)
+        finally:
+            self._direct_backward = False
+        for (c, k), g in zip(pending, grads, strict=True):
+            self._on_output_grad(c, k, g)
+
+    # ------------------------------------------------------------------ step results
+
+    def _batch_size(self) -> int:
+        batch = None
+        for unit in self._units:
+            for c in unit.captures:
+                for g in c.grads:
+                    if g is None:
+                        continue
+                    b = g.shape[0] if g.dim() > 0 else -1
+                    if batch is None:
+                        batch = b
+                    elif b != batch:
+                        raise EngineStateError(
+                            f"{unit.label} has an output gradient with {b} records along "
+                            f"dimension 0 where other modules have {batch}; the engine needs "
+                            "the records along dimension 0 of every module's input and output"
+                        )
+        if batch is None:
+            if any(u.captures for u in self._units):
+                raise EngineStateError(
+                    "no gradient reached the model's parameters yet: call loss.backward() (or "
+                    "engine.backward(loss)) after the forward"
+                )
+            raise EngineStateError(
+                "no forward of the model with gradients enabled since the last step"
+            )
+        if batch < 0:
+            raise EngineStateError("a module output is a scalar: records must be along dim 0")
+        return batch
+
+    def _unit_per_example(self, unit: _Unit, capture: _Capture) -> dict[str, torch.Tensor]:
+        sampler = unit.sampler
+        if (
+            sampler is not None
+            and sampler.per_example_fn is not None
+            and len(capture.grads) == 1
+            and capture.grads[0] is not None
+        ):
+            out = sampler.per_example_fn(unit.module, *_aligned(capture))
+        else:
+            self._recomputing = True
+            try:
+                out = module_per_example_gradients(
+                    unit.module,
+                    capture.args,
+                    capture.kwargs,
+                    capture.output_grads(),
+                    batch_size=self._state_batch,
+                    chunk_size=self._generic_chunk_size,
+                )
+            finally:
+                self._recomputing = False
+        return self._checked(unit, out, "per-example gradient")
+
+    def _checked(self, unit: _Unit, out: Mapping[str, torch.Tensor], what: str) -> dict:
+        missing = [n for n in unit.local_to_global if n not in out]
+        if missing:
+            raise UnsupportedModuleError(
+                f"the grad sampler of {unit.label} returned no {what} for {missing}"
+            )
+        return {n: out[n] for n in unit.local_to_global}
+
+    def _use_fast_path(self, unit: _Unit, capture: _Capture) -> bool:
+        sampler = unit.sampler
+        if sampler is None or not sampler.has_fast_path:
+            return False
+        if len(capture.grads) != 1 or capture.grads[0] is None:
+            return False
+        if self._strategy == "per_example" and sampler.per_example_fn is not None:
+            return False
+        if self._strategy == "ghost" or sampler.per_example_fn is None:
+            return True
+        if sampler.prefer_per_example is None:
+            return True
+        return not sampler.prefer_per_example(unit.module, *_aligned(capture))
+
+    def _exact(self) -> contextlib.ExitStack:
+        """No autograd recording and no autocast for the engine's own computations."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.no_grad())
+        for device_type in self._device_types:
+            stack.enter_context(torch.autocast(device_type, enabled=False))
+        return stack
+
+    def _finalize(self) -> _StepState:
+        with self._exact():
+            return self._finalize_step()
+
+    def _finalize_step(self) -> _StepState:
+        if self._stale:
+            raise EngineStateError(
+                "the model ran forward or backward again after this step's per-example "
+                "quantities were computed; start the next step with a forward of the model "
+                "(or call engine.clear())"
+            )
+        if self._state is not None:
+            return self._state
+        batch = self._batch_size()
+        self._state_batch = batch
+        scale = float(batch) if (self._loss_reduction == "mean" and batch > 0) else 1.0
+        grad_eps = max(
+            (
+                torch.finfo(g.dtype).eps
+                for u in self._units
+                for c in u.captures
+                for g in c.grads
+                if g is not None and g.is_floating_point()
+            ),
+            default=0.0,
+        )
+        norms: dict[str, torch.Tensor] = {}
+        ghost: list[tuple[_Unit, _Capture]] = []
+        per_example: dict[str, torch.Tensor] = {}
+
+        used: set[str] = set()
+        for unit in self._units:
+            captures = [c for c in unit.captures if c.has_grad]
+            if not captures:
+                continue
+            used.update(unit.local_to_global.values())
+            shared = any(self._owners[g] > 1 for g in unit.local_to_global.values())
+            if len(captures) == 1 and not shared and self._use_fast_path(unit, captures[0]):
+                c = captures[0]
+                assert unit.sampler is not None and unit.sampler.norm_fn is not None
+                local = self._checked(unit, unit.sampler.norm_fn(unit.module, *_aligned(c)), "norm")
+                for n, v in local.items():
+                    norms[unit.local_to_global[n]] = v
+                ghost.append((unit, c))
+                continue
+            for c in captures:
+                for n, g in self._unit_per_example(unit, c).items():
+                    key = unit.local_to_global[n]
+                    per_example[key] = g if key not in per_example else per_example[key] + g
+            unit.captures.clear()  # the materialised gradients replace the stored tensors
+
+        unseen = sorted(self._grad_seen - used)
+        if unseen:
+            raise UnsupportedParameterUseError(
+                f"parameter(s) {unseen} received gradient in the backward but were not used in "
+                "the forward of a module the engine observed (e.g. a child's weight used "
+                "directly by its parent's forward, or a model that is not the one the engine "
+                "was attached to). Use the parameter only through its module's forward, or "
+                "register a grad sampler for the parent module type."
+            )
+        norms.update(squared_norms_of(per_example))
+        for n, p in self._params.items():
+            if n not in norms:
+                norms[n] = p.new_zeros(batch)
+        if scale != 1.0:
+            norms = {n: v * (scale * scale) for n, v in norms.items()}
+        self._state = _StepState(
+            batch_size=batch,
+            scale=scale,
+            norms={n: norms[n] for n in self._params},
+            ghost=ghost,
+            per_example=per_example,
+            grad_eps=grad_eps,
+        )
+        if self._checks_remaining > 0 and batch > 0 and self._grad_seen:
+            self._consistency_check(self._state)
+            self._checks_remaining -= 1
+        return self._state
+
+    def _consistency_check(self, state: _StepState) -> None:
+        """Raise unless Σ_i g_i equals autograd's batch gradient (times B for a mean loss)."""
+        ones = torch.ones(state.batch_size)  # moved to each layer's device and dtype
+        with torch.no_grad():
+            ours = self._clipped_sum(state, dict.fromkeys(self._params, ones))
+            # Rounding in a sum of B terms is relative to the terms (Σ_i ‖g_i‖), not to the
+            # result; a parameter whose true gradient vanishes (a key bias under softmax) keeps
+            # only rounding noise, so an absolute floor relative to the whole gradient is added.
+            device = next(iter(state.norms.values())).device
+            total = torch.zeros(state.batch_size, device=device)
+            for v in state.norms.values():
+                total += v.float().to(device)
+            whole = float(total.clamp_min(0).sqrt().sum())
+            bad = []
+            for n, p in self._params.items():
+                ref = self._autograd_grads.get(n)
+                ref = torch.zeros_like(p) if ref is None else ref * state.scale
+                o = ours[n].to(dtype=ref.dtype)
+                rtol = max(1e-3, 10 * torch.finfo(ref.dtype).eps, 10 * state.grad_eps)
+                size = float(state.norms[n].clamp_min(0).sqrt().sum()) + float(ref.norm())
+                tol = rtol * size + 1e-4 * rtol * whole + 1e-30
+                diff = float((o - ref).norm())
+                if diff > tol:
+                    bad.append(f"{n} (|difference|={diff:.3g}, |autograd|={float(ref.norm()):.3g})")
+        if bad:
+            raise UnsupportedParameterUseError(
+                "the sum of per-example gradients differs from autograd's batch gradient for "
+                f"{', '.join(bad)}. These parameters receive gradient from computations outside "
+                "the forward of the module that owns them (a tied weight used directly by a "
+                "parent module, a regulariser added to the loss, or a loss that is not a sum or "
+                "mean of per-example terms). Use each parameter only through its module's "
+                "forward and put weight decay in the optimizer."
+            )
+
+    @property
+    def batch_size(self) -> int:
+        """B, the number of records in the current step (after the backward)."""
+        return self._finalize().batch_size
+
+    def squared_norms(self) -> dict[str, torch.Tensor]:
+        """‖g_i‖² of every trainable parameter: ``{name: tensor of shape (B,)}``.
+
+        g_i is the gradient of example i's own loss ℓ_i (the 1/B of a mean loss undone). Tied
+        parameters get the norm of the sum of their per-use gradients. Parameters the step did
+        not use get zeros.
+
+        Raises:
+            EngineStateError: no forward with gradients, or no backward after it.
+            UnsupportedParameterUseError: see the class docstring.
+        """
+        return dict(self._finalize().norms)
+
+    def _clipped_sum(
+        self, state: _StepState, factors: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for unit, c in state.ghost:
+            args, g = _aligned(c)
+            assert unit.sampler is not None and unit.sampler.clipped_sum_fn is not None
+            local = {
+                n: factors[gname].to(device=g.device, dtype=g.dtype) * state.scale
+                for n, gname in unit.local_to_global.items()
+            }
+            res = self._checked(
+                unit, unit.sampler.clipped_sum_fn(unit.module, args, g, local), "clipped sum"
+            )
+            for n, v in res.items():
+                out[unit.local_to_global[n]] = v
+        if state.per_example:
+            scaled = {
+                n: factors[n].to(device=g.device, dtype=g.dtype) * state.scale
+                for n, g in state.per_example.items()
+            }
+            out.update(clipped_sum_of(state.per_example, scaled))
+        return {n: out[n] if n in out else torch.zeros_like(p) for n, p in self._params.items()}
+
+    def clipped_sum(
+        self, factors: torch.Tensor | Mapping[str | tuple[str, ...], torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """Σ_i f_i g_i for every trainable parameter, ``{name: tensor of the parameter's shape}``.
+
+        Args:
+            factors: one tensor of shape (B,) for all parameters, or a mapping from parameter
+                names, or tuples of names for a group sharing one factor, to (B,) tensors that
+                covers every name of :attr:`parameter_names` once (see
+                :func:`~dpledger.adapters.torch.factors.expand_factors`).
+        """
+        state = self._finalize()
+        expanded = expand_factors(factors, names=self.parameter_names, batch_size=state.batch_size)
+        with self._exact():
+            return self._clipped_sum(state, expanded)
+
+    def write_clipped_sum(
+        self, factors: torch.Tensor | Mapping[str | tuple[str, ...], torch.Tensor]
+    ) -> None:
+        """Set every trainable parameter's ``.grad`` to Σ_i f_i g_i (replacing its content)."""
+        for n, s in self.clipped_sum(factors).items():
+            p = self._params[n]
+            p.grad = s.to(dtype=p.dtype)
+
+    def per_example_gradients(self) -> dict[str, torch.Tensor]:
+        """The per-example gradients g_i, ``{name: (B, *shape)}`` (materialises every layer)."""
+        state = self._finalize()
+        out: dict[str, torch.Tensor] = {}
+        with self._exact():
+            for unit, c in state.ghost:
+                for n, g in self._unit_per_example(unit, c).items():
+                    out[unit.local_to_global[n]] = g
+        out.update(state.per_example)
+        result = {}
+        for n, p in self._params.items():
+            g = out.get(n)
+            if g is None:
+                g = p.new_zeros((state.batch_size, *p.shape))
+            result[n] = g * state.scale if state.scale != 1.0 else g
+        return result
+
+
+def _aligned(capture: _Capture) -> tuple[tuple, torch.Tensor]:
+    """A registered unit's activations and output gradient in one floating dtype, ≥ float32.
+
+    Under autocast a layer's input and its output gradient can differ in precision (float32 in,
+    bfloat16 out), and sums of many squares lose most of their digits in 16-bit arithmetic, so
+    both are promoted to the wider of their types and float32 for the per-example computations.
+    """
+    g = capture.grads[0]
+    assert g is not None
+    args = capture.args
+    x = args[0] if args else None
+    dtype = torch.promote_types(g.dtype, torch.float32)
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        dtype = torch.promote_types(dtype, x.dtype)
+        if x.dtype != dtype:
+            args = (x.to(dtype), *args[1:])
+    return args, g.to(dtype)
+
+
+def _refuse_batch_stats(name: str, module: nn.Module, args: tuple) -> None:
+    if uses_batch_statistics(module):
+        raise RecordMixingModuleError(batch_norm_refusal_message(module, name or None))

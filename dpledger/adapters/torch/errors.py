@@ -1,0 +1,53 @@
+"""Exceptions of the PyTorch adapter.
+
+They extend the hierarchy of :mod:`dpledger.errors`: every one is a
+:class:`dpledger.errors.DPLedgerError`, and those caused by a model or an argument the caller can
+change also subclass :class:`ValueError`.
+"""
+
+from __future__ import annotations
+
+from dpledger.errors import DPLedgerError
+
+__all__ = [
+    "EngineStateError",
+    "RecordMixingModuleError",
+    "UnsupportedModuleError",
+    "UnsupportedParameterUseError",
+]
+
+
+class UnsupportedModuleError(DPLedgerError, ValueError):
+    """A module cannot be given correct per-example gradients as it is configured.
+
+    Examples: ``nn.Embedding(scale_grad_by_freq=True)`` (the scale depends on the whole batch), or
+    a module with randomness (dropout) inside a part of the model whose forward the engine has to
+    recompute per example.
+    """
+
+
+class RecordMixingModuleError(UnsupportedModuleError):
+    """A module combines several records of the batch into one output.
+
+    Batch normalisation in training mode normalises each example with statistics of the whole
+    batch, so one record's gradient depends on every other record and per-example clipping no
+    longer bounds any record's influence. Use ``nn.GroupNorm`` or ``nn.LayerNorm`` instead, or
+    freeze the layer (``module.eval()`` with running statistics).
+    """
+
+
+class UnsupportedParameterUseError(DPLedgerError, ValueError):
+    """A parameter's gradient does not come (only) from forward calls the engine observed.
+
+    Raised when a trainable parameter receives gradient from a computation outside the forward of
+    the module it belongs to (for example ``F.linear(h, self.embedding.weight)`` written in a
+    parent module), or when the engine's sum of per-example gradients disagrees with autograd's
+    batch gradient (which is also what a wrong ``loss_reduction`` looks like).
+    """
+
+
+class EngineStateError(DPLedgerError, RuntimeError):
+    """The engine was asked for something before the step reached the point that provides it.
+
+    Example: per-example norms asked for before ``loss.backward()`` ran on the last forward.
+    """

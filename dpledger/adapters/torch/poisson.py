@@ -1,0 +1,210 @@
+"""Poisson sampling of records for DP-SGD.
+
+Every step, each of the n records of the data set is in the batch independently with probability
+q, so the batch size is Binomial(n, q) and may be zero (Abadi et al. 2016; McMahan & Andrew,
+section 2: "sample"). Privacy amplification by sampling is analysed for exactly this scheme, so
+the accountant must be given this q and not 1/(number of batches).
+
+The sampler does not write to the privacy ledger: the training step that consumes a batch
+records one sampling event (n, q) per logical step, reading :attr:`PoissonBatchSampler.
+sampling_probability` and :attr:`PoissonBatchSampler.population_size`. Recording here as well
+would count every step twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+from torch.utils.data._utils.collate import default_collate
+
+from dpledger.errors import InvalidParameterError
+from dpledger.validation import check_positive_int, check_probability
+
+__all__ = ["EmptyBatchCollate", "PoissonBatchSampler", "poisson_data_loader"]
+
+
+def _check_q(value: Any) -> float:
+    q = check_probability("sampling_probability", value)
+    if q == 0.0:
+        raise InvalidParameterError(
+            "sampling_probability", value, "a probability in (0, 1] (q = 0 never samples)"
+        )
+    return q
+
+
+def _check_generator(generator: Any) -> torch.Generator | None:
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise InvalidParameterError("generator", generator, "a torch.Generator or None")
+    return generator
+
+
+class PoissonBatchSampler(Sampler[list[int]]):
+    """Yields, for each step, the indices of the records drawn by Poisson sampling.
+
+    Each of ``population_size`` records is included independently with probability
+    ``sampling_probability`` in every batch; batches are lists of indices in increasing order and
+    may be empty.
+
+    Args:
+        population_size: n, the number of records (``len(dataset)``).
+        sampling_probability: q in (0, 1].
+        steps: batches per iteration over the sampler (an "epoch"); default round(1/q), so that
+            an epoch sees n records in expectation.
+        generator: the random generator to draw from (on the CPU). Iterating again continues its
+            stream, so successive epochs differ and the whole run is reproducible from its seed.
+        seed: a seed for a new generator, when ``generator`` is not given; None draws one from
+            the global generator (``torch.seed()``-like non-reproducible behaviour).
+
+    Raises:
+        InvalidParameterError: n < 1, q outside (0, 1], steps < 1, or both ``generator`` and
+            ``seed`` given.
+    """
+
+    def __init__(
+        self,
+        *,
+        population_size: int,
+        sampling_probability: float,
+        steps: int | None = None,
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self._n = check_positive_int("population_size", population_size)
+        self._q = _check_q(sampling_probability)
+        self._steps = (
+            max(1, round(1.0 / self._q)) if steps is None else check_positive_int("steps", steps)
+        )
+        generator = _check_generator(generator)
+        if generator is not None and seed is not None:
+            raise InvalidParameterError("seed", seed, "None when a generator is given")
+        if generator is None:
+            generator = torch.Generator()
+            if seed is None:
+                generator.seed()
+            else:
+                if isinstance(seed, bool) or not isinstance(seed, int):
+                    raise InvalidParameterError("seed", seed, "an integer or None")
+                generator.manual_seed(seed)
+        self._generator = generator
+
+    @property
+    def population_size(self) -> int:
+        """n, the number of records each batch is drawn from."""
+        return self._n
+
+    @property
+    def sampling_probability(self) -> float:
+        """q, the probability that a given record is in a given batch."""
+        return self._q
+
+    @property
+    def steps(self) -> int:
+        """Batches per iteration over the sampler."""
+        return self._steps
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The generator the batches are drawn from."""
+        return self._generator
+
+    @property
+    def expected_batch_size(self) -> float:
+        """q·n, the mean batch size (the fixed denominator of DP-SGD's average)."""
+        return self._q * self._n
+
+    def __len__(self) -> int:
+        return self._steps
+
+    def sample(self) -> list[int]:
+        """Draw one batch: the indices i with U_i < q for fresh uniforms U_1..U_n."""
+        if self._q == 1.0:
+            return list(range(self._n))
+        mask = torch.rand(self._n, generator=self._generator) < self._q
+        return mask.nonzero().view(-1).tolist()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for _ in range(self._steps):
+            yield self.sample()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The generator's state, to resume the same stream of batches."""
+        return {"generator_state": self._generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict`."""
+        self._generator.set_state(state["generator_state"])
+
+
+class EmptyBatchCollate:
+    """A collate function that also turns an empty list of samples into an empty batch.
+
+    ``default_collate([])`` fails; a Poisson batch can be empty. For an empty list this returns
+    the collation of one template sample with every tensor cut to zero records along dim 0, so
+    the model sees tensors of the right dtype and trailing shape, e.g. (0, 1, 28, 28).
+
+    Args:
+        collate_fn: the collate function for non-empty batches.
+        template: one sample of the data set (``dataset[0]``).
+    """
+
+    def __init__(self, collate_fn: Callable[[list[Any]], Any], template: Any) -> None:
+        self._collate_fn = collate_fn
+        self._template = template
+
+    def __call__(self, samples: list[Any]) -> Any:
+        if len(samples) > 0:
+            return self._collate_fn(samples)
+        one = self._collate_fn([self._template])
+        return tree_map(lambda t: t[:0] if isinstance(t, torch.Tensor) else t, one)
+
+
+def poisson_data_loader(
+    dataset: Dataset,
+    *,
+    sampling_probability: float,
+    steps: int | None = None,
+    generator: torch.Generator | None = None,
+    seed: int | None = None,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    **loader_kwargs: Any,
+) -> DataLoader:
+    """A ``DataLoader`` whose batches are Poisson samples of ``dataset``.
+
+    Its ``batch_sampler`` is a :class:`PoissonBatchSampler` over n = ``len(dataset)`` records;
+    read q and n from it (``loader.batch_sampler.sampling_probability``) when recording the
+    sampling event. Empty batches come out as empty tensors (see :class:`EmptyBatchCollate`).
+
+    Args:
+        dataset: a map-style data set with ``len``.
+        sampling_probability: q in (0, 1].
+        steps: batches per epoch; default round(1/q).
+        generator: the generator of the batch sampler.
+        seed: a seed for the batch sampler's generator when ``generator`` is not given.
+        collate_fn: how to collate a non-empty list of samples (default ``default_collate``).
+        **loader_kwargs: passed to ``DataLoader`` (``num_workers``, ``pin_memory``, …);
+            ``batch_size``, ``shuffle``, ``sampler``, ``batch_sampler`` and ``drop_last`` are
+            refused, as they would replace the sampling.
+    """
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        raise InvalidParameterError(
+            "dataset", type(dataset).__name__, "a map-style dataset with __len__ and __getitem__"
+        )
+    for key in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):
+        if key in loader_kwargs:
+            raise InvalidParameterError(
+                key, loader_kwargs[key], "not given: Poisson sampling decides the batches"
+            )
+    n = len(dataset)
+    sampler = PoissonBatchSampler(
+        population_size=n,
+        sampling_probability=sampling_probability,
+        steps=steps,
+        generator=generator,
+        seed=seed,
+    )
+    collate = EmptyBatchCollate(collate_fn or default_collate, dataset[0])
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, **loader_kwargs)

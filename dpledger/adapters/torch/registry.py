@@ -1,0 +1,168 @@
+"""The registry of per-layer gradient samplers, keyed by module type.
+
+A *grad sampler* tells the engine how to get per-example quantities of one layer type from what
+the engine stores during a step: the layer's positional forward arguments (its *activations*,
+records along dimension 0) and the gradient of the loss with respect to its output (the
+*backprops*, already rescaled so that the loss is the sum of the per-example losses). With
+g_i the gradient of example i's loss with respect to one of the layer's parameters, a sampler
+provides any of
+
+* ``norm_fn(module, activations, backprops) -> {name: ‖g_i‖² of shape (B,)}``,
+* ``clipped_sum_fn(module, activations, backprops, factors) -> {name: Σ_i f_i g_i}``, with
+  ``factors[name]`` the per-example factors f of shape (B,),
+* ``per_example_fn(module, activations, backprops) -> {name: g of shape (B, *param.shape)}``,
+
+keyed by the parameter names local to the module (``"weight"``, ``"bias"``). The first two
+together are the fast path (norms without materialising g_i, Li et al. 2022; Bu et al. 2023); the
+third materialises g_i, which is cheaper for some shapes and needed when a parameter is used more
+than once in a step. ``prefer_per_example(module, activations, backprops) -> bool`` lets a
+sampler choose between the two by cost for the shapes at hand. A sampler must provide either
+both fast-path functions or ``per_example_fn`` (or all three).
+
+Lookups use the exact type: a subclass of ``nn.Linear`` with its own ``forward`` is not a
+``nn.Linear`` for the engine until it is registered. Unregistered modules that own trainable
+parameters are handled by the generic path (``torch.func``), so registering is an optimisation,
+never a requirement for correctness.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dpledger.errors import InvalidParameterError
+
+__all__ = [
+    "ClippedSumFn",
+    "GradSampler",
+    "NormFn",
+    "PerExampleFn",
+    "PreferPerExampleFn",
+    "get_grad_sampler",
+    "register_grad_sampler",
+    "registered_module_types",
+    "unregister_grad_sampler",
+]
+
+NormFn = Callable[[nn.Module, tuple, torch.Tensor], dict[str, torch.Tensor]]
+ClippedSumFn = Callable[
+    [nn.Module, tuple, torch.Tensor, Mapping[str, torch.Tensor]], dict[str, torch.Tensor]
+]
+PerExampleFn = Callable[[nn.Module, tuple, torch.Tensor], dict[str, torch.Tensor]]
+PreferPerExampleFn = Callable[[nn.Module, tuple, torch.Tensor], bool]
+
+
+@dataclass(frozen=True)
+class GradSampler:
+    """The per-layer functions registered for one module type (see the module docstring).
+
+    Attributes:
+        norm_fn: per-example squared gradient norms of each parameter, or None.
+        clipped_sum_fn: Σ_i f_i g_i for each parameter, or None.
+        per_example_fn: the per-example gradients g_i themselves, or None.
+        prefer_per_example: chooses materialising over the fast path for given shapes, or None
+            (then the fast path is used whenever it exists).
+    """
+
+    norm_fn: NormFn | None = None
+    clipped_sum_fn: ClippedSumFn | None = None
+    per_example_fn: PerExampleFn | None = None
+    prefer_per_example: PreferPerExampleFn | None = None
+
+    @property
+    def has_fast_path(self) -> bool:
+        """True when norms and clipped sums can be computed without materialising g_i."""
+        return self.norm_fn is not None and self.clipped_sum_fn is not None
+
+
+_REGISTRY: dict[type[nn.Module], GradSampler] = {}
+_LOCK = threading.Lock()
+
+
+def _check_callable(name: str, value: object) -> None:
+    if value is not None and not callable(value):
+        raise InvalidParameterError(name, value, "a callable or None")
+
+
+def register_grad_sampler(
+    module_type: type[nn.Module],
+    *,
+    norm_fn: NormFn | None = None,
+    clipped_sum_fn: ClippedSumFn | None = None,
+    per_example_fn: PerExampleFn | None = None,
+    prefer_per_example: PreferPerExampleFn | None = None,
+    replace: bool = False,
+) -> GradSampler:
+    """Register how the engine computes per-example quantities for ``module_type``.
+
+    Args:
+        module_type: an ``nn.Module`` subclass; matched exactly (not its subclasses).
+        norm_fn: ``(module, activations, backprops) -> {name: (B,) tensor}`` of ‖g_i‖².
+        clipped_sum_fn: ``(module, activations, backprops, factors) -> {name: Σ_i f_i g_i}``.
+        per_example_fn: ``(module, activations, backprops) -> {name: (B, *shape) tensor}``.
+        prefer_per_example: ``(module, activations, backprops) -> bool``, True to materialise.
+        replace: allow replacing an existing registration (the built-in ones included).
+
+    Returns:
+        The registered :class:`GradSampler`.
+
+    Raises:
+        InvalidParameterError: ``module_type`` is not an ``nn.Module`` subclass, a function is
+            not callable, neither the fast-path pair nor ``per_example_fn`` is given, or the
+            type is already registered and ``replace`` is False.
+    """
+    if not (isinstance(module_type, type) and issubclass(module_type, nn.Module)):
+        raise InvalidParameterError("module_type", module_type, "a subclass of torch.nn.Module")
+    for name, fn in (
+        ("norm_fn", norm_fn),
+        ("clipped_sum_fn", clipped_sum_fn),
+        ("per_example_fn", per_example_fn),
+        ("prefer_per_example", prefer_per_example),
+    ):
+        _check_callable(name, fn)
+    if (norm_fn is None) != (clipped_sum_fn is None):
+        raise InvalidParameterError(
+            "norm_fn" if norm_fn is None else "clipped_sum_fn",
+            None,
+            "norm_fn and clipped_sum_fn given together (the fast path needs both)",
+        )
+    if norm_fn is None and per_example_fn is None:
+        raise InvalidParameterError(
+            "per_example_fn", None, "a callable when norm_fn and clipped_sum_fn are not given"
+        )
+    sampler = GradSampler(
+        norm_fn=norm_fn,
+        clipped_sum_fn=clipped_sum_fn,
+        per_example_fn=per_example_fn,
+        prefer_per_example=prefer_per_example,
+    )
+    with _LOCK:
+        if module_type in _REGISTRY and not replace:
+            raise InvalidParameterError(
+                "module_type",
+                module_type,
+                "a type without a registered grad sampler (pass replace=True to override)",
+            )
+        _REGISTRY[module_type] = sampler
+    return sampler
+
+
+def unregister_grad_sampler(module_type: type[nn.Module]) -> GradSampler | None:
+    """Remove the registration of ``module_type``; return it (None if there was none)."""
+    with _LOCK:
+        return _REGISTRY.pop(module_type, None)
+
+
+def get_grad_sampler(module_type: type[nn.Module]) -> GradSampler | None:
+    """The sampler registered for exactly ``module_type``, or None."""
+    return _REGISTRY.get(module_type)
+
+
+def registered_module_types() -> tuple[type[nn.Module], ...]:
+    """Every module type with a registered sampler, in registration order."""
+    with _LOCK:
+        return tuple(_REGISTRY)

@@ -1,0 +1,96 @@
+"""Per-example gradient norms and clipped sums for ``nn.Embedding``.
+
+Example i looks up indices x_i1..x_iT and receives output gradients b_i1..b_iT ∈ R^d. Its
+gradient is non-zero only in the rows it used: row v is r_iv = Σ_{t: x_it = v} b_it (the row of
+``padding_idx``, if any, gets no gradient). Hence
+
+    ‖G_i‖² = Σ_v ‖r_iv‖² = Σ_{s,t: x_is = x_it ≠ padding_idx} b_is·b_it,
+
+computed by grouping the (example, index) pairs, summing the b_it within each group and squaring:
+O(B·T·d) time and memory, never the dense (B, V, d) per-example gradient. The clipped sum adds
+f_i·b_it into row x_it, as the ordinary embedding backward does with f_i = 1.
+
+``scale_grad_by_freq=True`` divides each row's gradient by how often the index occurs in the
+*whole batch*, which makes one example's gradient depend on the others; such a layer is refused
+by the engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from dpledger.adapters.torch.registry import register_grad_sampler
+
+__all__ = ["embedding_clipped_sum", "embedding_norms", "embedding_per_example"]
+
+
+def _flatten(module: nn.Embedding, activations: tuple, backprops: torch.Tensor):
+    idx = activations[0]
+    batch = idx.shape[0]
+    positions = math.prod(idx.shape[1:])
+    idx = idx.reshape(batch, positions)
+    b = backprops.reshape(batch, positions, module.embedding_dim)
+    if module.padding_idx is not None:
+        keep = (idx != module.padding_idx).unsqueeze(-1)
+        b = b * keep.to(b.dtype)
+    return idx, b
+
+
+def embedding_norms(
+    module: nn.Embedding, activations: tuple, backprops: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """‖G_i‖² from the rows each example touched (see the module docstring)."""
+    if not module.weight.requires_grad:
+        return {}
+    idx, b = _flatten(module, activations, backprops)
+    batch = idx.shape[0]
+    rows = torch.arange(batch, device=idx.device).unsqueeze(1)
+    keys = (rows * module.num_embeddings + idx).reshape(-1)
+    unique, inverse = torch.unique(keys, return_inverse=True)
+    sums = b.new_zeros(unique.shape[0], module.embedding_dim)
+    sums.index_add_(0, inverse, b.reshape(-1, module.embedding_dim))
+    norms = b.new_zeros(batch)
+    norms.index_add_(0, unique // module.num_embeddings, sums.square().sum(1))
+    return {"weight": norms}
+
+
+def embedding_clipped_sum(
+    module: nn.Embedding,
+    activations: tuple,
+    backprops: torch.Tensor,
+    factors: Mapping[str, torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """Σ_i f_i G_i: f_i·b_it added into row x_it."""
+    if "weight" not in factors:
+        return {}
+    idx, b = _flatten(module, activations, backprops)
+    scaled = (b * factors["weight"].view(-1, 1, 1)).reshape(-1, module.embedding_dim)
+    out = b.new_zeros(module.num_embeddings, module.embedding_dim)
+    out.index_add_(0, idx.reshape(-1), scaled)
+    return {"weight": out}
+
+
+def embedding_per_example(
+    module: nn.Embedding, activations: tuple, backprops: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The dense per-example gradients, shape (B, V, d) (used only for tied or reused weights)."""
+    if not module.weight.requires_grad:
+        return {}
+    idx, b = _flatten(module, activations, backprops)
+    batch = idx.shape[0]
+    out = b.new_zeros(batch * module.num_embeddings, module.embedding_dim)
+    rows = torch.arange(batch, device=idx.device).unsqueeze(1)
+    out.index_add_(0, (rows * module.num_embeddings + idx).reshape(-1), b.reshape(-1, b.shape[-1]))
+    return {"weight": out.view(batch, module.num_embeddings, module.embedding_dim)}
+
+
+register_grad_sampler(
+    nn.Embedding,
+    norm_fn=embedding_norms,
+    clipped_sum_fn=embedding_clipped_sum,
+    per_example_fn=embedding_per_example,
+)
