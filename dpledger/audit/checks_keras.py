@@ -105,12 +105,17 @@ class KerasStepHarness:
         self._warmup_steps = warmup_steps
         self._warmup_clip = check_positive_finite("warmup_clip_norm", warmup_clip_norm)
         previous = keras.config.floatx()
+        # Keras caches its global dtype policy from floatx the first time a layer is made, so
+        # both are set (and restored) for the model to be built in ``dtype``.
+        previous_policy = keras.config.dtype_policy()
         keras.config.set_floatx(dtype)
+        keras.config.set_dtype_policy(dtype)
         try:
             keras.utils.set_random_seed(int(init_seed))
             model = model_factory()
         finally:
             keras.config.set_floatx(previous)
+            keras.config.set_dtype_policy(previous_policy)
         if not isinstance(model, keras.Model):
             raise InvalidParameterError(
                 "model_factory", model_factory, "a callable returning a keras.Model"

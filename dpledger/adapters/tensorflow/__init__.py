@@ -1,9 +1,11 @@
-"""TensorFlow / Keras 3 adapter: per-example gradients, fast clipping and Poisson sampling.
+"""TensorFlow / Keras 3 adapter: DP training with ``model.fit``, privatised gradients for custom
+loops, per-example gradients, fast clipping, Poisson sampling and a TensorFlow array backend.
 
 Importing this package imports TensorFlow and Keras; ``import dpledger`` and
 ``import dpledger.adapters`` do not.
 """
 
+from dpledger.adapters.tensorflow.backend import TensorFlowBackend, make_generator
 from dpledger.adapters.tensorflow.engine import (
     ClippedGradients,
     PerExampleGradientEngine,
@@ -14,6 +16,8 @@ from dpledger.adapters.tensorflow.errors import (
     RecordMixingLayerError,
     UnsupportedLayerError,
 )
+from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, gradient_queries
+from dpledger.adapters.tensorflow.keras_model import DPKerasModel, make_private
 from dpledger.adapters.tensorflow.layer_rules import (
     Conv2DRule,
     DenseRule,
@@ -22,6 +26,7 @@ from dpledger.adapters.tensorflow.layer_rules import (
     LayerNormalizationRule,
 )
 from dpledger.adapters.tensorflow.losses import PerExampleLoss, per_example_loss
+from dpledger.adapters.tensorflow.private_gradients import PrivateGradients, default_clip_margin
 from dpledger.adapters.tensorflow.registry import (
     LayerCall,
     LayerGradientRule,
@@ -35,9 +40,11 @@ from dpledger.adapters.tensorflow.sampling import PoissonSampler
 __all__ = [
     "ClippedGradients",
     "Conv2DRule",
+    "DPKerasModel",
     "DenseRule",
     "EinsumDenseRule",
     "EmbeddingRule",
+    "GradientQueries",
     "LayerCall",
     "LayerGradientRule",
     "LayerNormalizationRule",
@@ -46,9 +53,15 @@ __all__ = [
     "PerExampleLossError",
     "PerExampleNorms",
     "PoissonSampler",
+    "PrivateGradients",
     "RecordMixingLayerError",
+    "TensorFlowBackend",
     "UnsupportedLayerError",
+    "default_clip_margin",
+    "gradient_queries",
     "layer_rule",
+    "make_generator",
+    "make_private",
     "per_example_loss",
     "register_layer_rule",
     "registered_layer_types",

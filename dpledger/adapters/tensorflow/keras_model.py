@@ -1,0 +1,353 @@
+"""DP training of a Keras 3 model through ordinary ``compile`` / ``fit``, with any optimizer.
+
+:class:`DPKerasModel` wraps a built ``keras.Model``; compiled with whatever
+``keras.optimizers.Optimizer`` the user chooses (SGD, Adam, AdamW, a custom one) and a loss, its
+``fit`` runs DP steps: each step clips per-example gradients (the fast ghost-norm path or the
+vectorised one), adds Gaussian noise, averages with the fixed denominator q·n and hands the
+privatised gradient to the optimizer, recording one sampling event (q, n) and the step's
+sum-query events in the ledger (see :mod:`~dpledger.adapters.tensorflow.private_gradients` for
+the stages and their precision). The optimizer only post-processes privatised gradients, so its
+choice never changes the accounting.
+
+Why not ``train_step``: Keras runs ``train_step`` inside a ``tf.function`` (and a loop of
+``steps_per_execution`` steps inside one graph), where Python code runs only while tracing.
+:class:`DPKerasModel` overrides :meth:`make_train_function` instead, with a Python loop over
+``steps_per_execution`` calls of one compiled DP step; the ledger is written by host callbacks
+when the step executes, so the ledger has exactly one sampling event per executed step (tests
+check this across retracing, epochs and ``steps_per_execution`` > 1).
+
+Per-example losses are required: a Keras loss passed to :meth:`compile` is used with
+``reduction="none"`` (a copy is made); a callable must return one value per example. The loss
+reported in the logs is the mean per-example loss of the step's batch (0 for an empty batch); it
+and the compiled metrics are computed from the training data and are NOT private.
+
+Under ``tf.distribute.MirroredStrategy`` (create the model and :class:`DPKerasModel` inside
+``strategy.scope()``), each replica clips its own records, the clipped sums are summed across
+replicas, one noise draw of the full variance is added and the update is applied once to the
+mirrored variables; there is one ledger and one sampling event per step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine
+from dpledger.adapters.tensorflow.errors import PerExampleLossError, UnsupportedLayerError
+from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, gradient_queries
+from dpledger.adapters.tensorflow.losses import per_example_loss
+from dpledger.adapters.tensorflow.private_gradients import (
+    DPStep,
+    check_bias_callback,
+    check_clip_margin,
+    generator_of,
+    ledger_of,
+    sampling_of,
+)
+from dpledger.audit.bias import ClippingBiasCallback
+from dpledger.errors import InvalidParameterError
+from dpledger.ledger import PrivacyLedger
+from dpledger.mechanisms import ClippingStrategy, GaussianSumQuery
+
+__all__ = ["DPKerasModel", "make_private"]
+
+_log = logging.getLogger(__name__)
+
+_METHODS = ("auto", "fast", "vectorized")
+
+
+def _refuse_regularizers(model: keras.Model) -> None:
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        for attribute in ("activity_regularizer", "kernel_regularizer", "bias_regularizer"):
+            if getattr(layer, attribute, None) is not None:
+                raise UnsupportedLayerError(
+                    f"layer {layer.name!r} has a {attribute}; its loss is not a per-example term "
+                    "and is not part of the privatised gradient. Remove it and use the "
+                    "optimizer's weight_decay (e.g. keras.optimizers.AdamW or "
+                    "SGD(weight_decay=...)), which is data-independent and costs no privacy.",
+                    layer_name=layer.name,
+                    layer_type=type(layer).__name__,
+                )
+
+
+class DPKerasModel(keras.Model):
+    """A Keras model whose ``fit`` trains with DP-SGD (or DP-Adam, …), recording a ledger.
+
+    Example::
+
+        sampler = PoissonSampler(population_size=len(x), sampling_probability=256 / len(x),
+                                 seed=0)
+        dp_model = DPKerasModel(model, l2_norm_clip=1.0, noise_multiplier=1.1,
+                                sampler=sampler, ledger=PrivacyLedger("run.ledger"), seed=1)
+        dp_model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                         metrics=["accuracy"])
+        dp_model.fit(sampler.sample((x, y)), epochs=10)
+        dp_model.ledger  # replay with any accountant
+
+    Args:
+        model: the built ``keras.Model`` to train (its weights are the ones trained).
+        l2_norm_clip: S* > 0, the bound on each example's gradient (split over groups).
+        noise_multiplier: z ≥ 0 (the step's z_eff; 0 is recorded and means ε = ∞).
+        sampler: the :class:`~dpledger.adapters.tensorflow.PoissonSampler` that makes the
+            training batches (its q and n are recorded); or give ``sampling_probability`` and
+            ``population_size`` of the pipeline you use.
+        sampling_probability: q in (0, 1].
+        population_size: n ≥ 1.
+        ledger: the ledger to record into (default: a new in-memory ledger).
+        generator: the noise ``tf.random.Generator``; or ``seed``.
+        seed: seed of the noise generator (None: OS entropy).
+        clipping: ``"flat"``, ``"global"``, ``"automatic"`` or a :class:`ClippingStrategy`.
+        groups: None (one group), ``"per_layer"``, ``"per_variable"`` or lists of variable paths.
+        clip_split: ``"equal"`` or ``"dimension"``: how S* is split over groups.
+        noise_allocation: ``"proportional"`` or ``"dimension"``.
+        scales: joint scaled clipping, α per variable path.
+        queries: explicit :class:`GaussianSumQuery` per group instead of the above.
+        method: ``"auto"``, ``"fast"`` or ``"vectorized"`` per-example gradients.
+        clip_margin: ρ in [0, 0.5) (default by dtype; see
+            :func:`~dpledger.adapters.tensorflow.default_clip_margin`).
+        bias_callback: ``callback(step, ClippingBias)`` after each step; NOT private.
+        name: the wrapper's name.
+
+    Raises:
+        InvalidParameterError: a bad argument (naming it).
+        RecordMixingLayerError: a BatchNormalization layer in training mode.
+        UnsupportedLayerError: a layer with a regulariser (use the optimizer's weight decay).
+    """
+
+    def __init__(
+        self,
+        model: keras.Model,
+        *,
+        l2_norm_clip: float | None = None,
+        noise_multiplier: float | None = None,
+        sampler: Any = None,
+        sampling_probability: float | None = None,
+        population_size: int | None = None,
+        ledger: PrivacyLedger | None = None,
+        generator: tf.random.Generator | None = None,
+        seed: int | None = None,
+        clipping: ClippingStrategy | str = "flat",
+        groups: Any = None,
+        clip_split: str = "equal",
+        noise_allocation: str = "proportional",
+        scales: Any = None,
+        queries: Sequence[GaussianSumQuery] | None = None,
+        method: str = "auto",
+        clip_margin: float | None = None,
+        bias_callback: ClippingBiasCallback | None = None,
+        name: str | None = None,
+    ) -> None:
+        if not isinstance(model, keras.Model):
+            raise InvalidParameterError("model", model, "a keras.Model")
+        if not model.built:
+            raise InvalidParameterError(
+                "model", model.name, "a built model (call it once or model.build(input_shape))"
+            )
+        if method not in _METHODS:
+            raise InvalidParameterError("method", method, "one of 'auto', 'fast', 'vectorized'")
+        super().__init__(name=name or f"dp_{model.name}")
+        q, n = sampling_of(sampler, sampling_probability, population_size)
+        _refuse_regularizers(model)
+        # Built here so that bad clipping arguments fail now, not at the first fit.
+        self._dp_queries = gradient_queries(
+            model.trainable_variables,
+            l2_norm_clip=l2_norm_clip,
+            noise_multiplier=noise_multiplier,
+            clipping=clipping,
+            groups=groups,
+            clip_split=clip_split,
+            noise_allocation=noise_allocation,
+            scales=scales,
+            queries=queries,
+        )
+        # The engine refuses record-mixing layers now; it gets the loss at compile time.
+        PerExampleGradientEngine(model, lambda y, p: tf.zeros(tf.shape(p)[:1]), method=method)
+        self.model = model
+        self._dp_groups = groups
+        self._dp_sampling = (q, n)
+        self._dp_ledger = ledger_of(ledger)
+        self._dp_generator = generator_of(generator, seed)
+        self._dp_method = method
+        self._dp_margin = check_clip_margin(clip_margin)
+        self._dp_bias_callback = check_bias_callback(bias_callback)
+        self._dp_loss: Any = None
+        self._dp_step: DPStep | None = None
+        self.built = True
+
+    # ------------------------------------------------------------------ Keras API
+    def call(self, inputs: Any, training: bool | None = None) -> Any:
+        """The wrapped model's forward pass."""
+        return self.model(inputs, training=training)
+
+    def compile(self, optimizer: Any = "rmsprop", loss: Any = None, **kwargs: Any) -> None:
+        """``keras.Model.compile`` with a per-example loss (switched to ``reduction="none"``).
+
+        Raises:
+            PerExampleLossError: no loss, or a loss that cannot give per-example values.
+        """
+        if loss is None:
+            raise PerExampleLossError(
+                "DPKerasModel.compile needs a loss: DP training clips each example's gradient "
+                "of it, e.g. loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)"
+            )
+        if isinstance(loss, (dict, list, tuple)):
+            raise PerExampleLossError(
+                f"loss={loss!r}: one loss per output is not supported; pass one callable "
+                "loss(y_true, y_pred) returning the per-example total, shape (batch,)"
+            )
+        self._dp_loss = per_example_loss(loss)
+        super().compile(optimizer=optimizer, loss=loss, **kwargs)
+        self._dp_step = None
+        self.train_function = None
+
+    def update_queries(self, **query_arguments: Any) -> GradientQueries:
+        """Change the privacy parameters from the next executed step on (no retracing).
+
+        Takes the arguments of :func:`~dpledger.adapters.tensorflow.gradient_queries`
+        (``l2_norm_clip``, ``noise_multiplier``, ``clipping``, ``clip_split``,
+        ``noise_allocation``, ``scales`` or ``queries``) with the groups fixed at construction;
+        the ledger records the new (S_g, σ̃_g) of every later step (e.g. a noise schedule).
+
+        Raises:
+            InvalidParameterError: for a bad argument, or ``groups`` (fixed).
+        """
+        if "groups" in query_arguments:
+            raise InvalidParameterError(
+                "groups", query_arguments["groups"], "unchanged: groups are fixed"
+            )
+        queries = gradient_queries(
+            self.model.trainable_variables, groups=self._dp_groups, **query_arguments
+        )
+        if self._dp_step is not None:
+            self._dp_step.set_queries(queries)
+        self._dp_queries = queries
+        return queries
+
+    @property
+    def ledger(self) -> PrivacyLedger:
+        """The ledger the training steps are recorded in."""
+        return self._dp_ledger
+
+    @property
+    def queries(self) -> GradientQueries:
+        """The sum queries of every step and the variables each covers."""
+        return self._dp_queries
+
+    @property
+    def sampling_probability(self) -> float:
+        """q recorded for every step."""
+        return self._dp_sampling[0]
+
+    @property
+    def population_size(self) -> int:
+        """n recorded for every step."""
+        return self._dp_sampling[1]
+
+    @property
+    def dp_step(self) -> DPStep | None:
+        """The compiled DP step (after the first ``fit`` / ``train_on_batch``), or None."""
+        return self._dp_step
+
+    def _make_dp_step(self) -> DPStep:
+        if self._dp_loss is None:
+            raise PerExampleLossError("compile the DPKerasModel with a loss before fit")
+        engine = PerExampleGradientEngine(self.model, self._dp_loss, method=self._dp_method)
+        variables = engine.trainable_variables
+        expected = [id(v) for v in variables]
+        queries = self._dp_queries
+        if len(queries.group_of) != len(expected):
+            raise InvalidParameterError(
+                "model",
+                self.model.name,
+                "the same trainable variables as when the DPKerasModel was created",
+            )
+        q, n = self._dp_sampling
+        return DPStep(
+            engine,
+            queries=queries,
+            sampling_probability=q,
+            population_size=n,
+            ledger=self._dp_ledger,
+            generator=self._dp_generator,
+            clip_margin=self._dp_margin,
+            bias_callback=self._dp_bias_callback,
+        )
+
+    def _replica_logs(self, x: Any, y: Any, sample_weight: Any, out: dict[str, Any]) -> Any:
+        losses = out["losses"]
+        count = tf.cast(tf.shape(losses)[0], losses.dtype)
+        mean = tf.math.divide_no_nan(tf.reduce_sum(losses), count)
+        tracker = getattr(self, "_loss_tracker", None)
+        if tracker is not None:
+            tracker.update_state(mean, sample_weight=count)
+        return self.compute_metrics(x, y, out["predictions"], sample_weight=sample_weight)
+
+    def make_train_function(self, force: bool = False) -> Callable[[Any], Any]:
+        """The function ``fit`` calls per execution: up to ``steps_per_execution`` DP steps.
+
+        Each step is one call of a compiled ``tf.function`` (retraced only for new batch
+        signatures); the ledger is written when it executes.
+        """
+        if self.train_function is not None and not force:
+            return self.train_function
+        step = self._make_dp_step()
+        self._dp_step = step
+        strategy = self.distribute_strategy
+        with strategy.scope():
+            if not self.optimizer.built:
+                self.optimizer.build(list(step.variables))
+        bias = step.bias_callback is not None
+
+        def replica(data: Any) -> tuple[dict[str, Any], Any]:
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+            out = step.clip_replica(x, y, sample_weight)
+            logs = self._replica_logs(x, y, sample_weight, out)
+            kept = {k: v for k, v in out.items() if k not in ("losses", "predictions")}
+            return kept, logs
+
+        def sum_over_replicas(value: Any) -> Any:
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
+
+        @tf.autograph.experimental.do_not_convert
+        def one_step(data: Any) -> Any:
+            out, logs = strategy.run(replica, args=(data,))
+            sums = [sum_over_replicas(s) for s in out["sums"]]
+            count = sum_over_replicas(out["num_records"])
+            extras: dict[str, Any] = {}
+            if bias:
+                extras["unclipped"] = [sum_over_replicas(s) for s in out["unclipped"]]
+                extras["norms"] = tf.concat(strategy.experimental_local_results(out["norms"]), 0)
+                extras["num_clipped"] = sum_over_replicas(out["num_clipped"])
+            grads = step.release(sums, count, **extras)
+            self.optimizer.apply(grads, list(step.variables))
+            return tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], logs)
+
+        compiled = tf.function(one_step, autograph=False, reduce_retracing=True)
+
+        def train_function(iterator: Any) -> Any:
+            logs = None
+            for _ in range(self.steps_per_execution):
+                try:
+                    data = next(iterator)
+                except (StopIteration, tf.errors.OutOfRangeError):
+                    if logs is None:
+                        raise StopIteration from None
+                    break
+                try:
+                    logs = compiled(data)
+                except tf.errors.OpError as exc:
+                    step.reraise(exc)
+            return logs
+
+        self.train_function = train_function
+        return train_function
+
+
+def make_private(model: keras.Model, **privacy: Any) -> DPKerasModel:
+    """Wrap ``model`` for DP training: ``DPKerasModel(model, **privacy)``; compile and fit it."""
+    return DPKerasModel(model, **privacy)

@@ -1,0 +1,632 @@
+"""Privatised gradients for a custom training loop, and the DP step shared with Keras ``fit``.
+
+One DP step on a Poisson sample R of the n records (McMahan & Andrew, sections 1–3):
+
+1. per-example squared norms of every trainable variable's gradient (the engine, in the graph);
+2. on the host, in float64: each group's norm ‖g_i‖_g and clip factors f_{i,g} by the group's
+   :class:`~dpledger.mechanisms.GaussianSumQuery` and its clipping strategy (flat, global,
+   automatic; joint scaled clipping through :class:`~dpledger.mechanisms.ScaledGaussianSumQuery`);
+3. the clipped sums Σ_i f_{i,g} g_{i,j} (the engine's book-keeping, in the graph);
+4. on the host: the sampling event (q, n) is recorded, then the mechanisms' release runs — the
+   sensitivity check ‖clipped sum‖ ≤ |R|·S_g and one sum-query event (S_g, σ̃_g, label) per
+   group — and returns the noise standard deviation of every variable (σ̃_g, or α_j·σ̃_g under
+   joint scaling);
+5. in the graph: Gaussian noise of exactly those standard deviations, drawn in float64 on the
+   sums' device (the standard normals are drawn before stage 4, overlapping it), is added and
+   the result rounded once (:class:`~dpledger.adapters.tensorflow.TensorFlowBackend`), and
+   the fixed-denominator average sum/(q·n) is returned (:func:`fixed_denominator_average`).
+
+The host stages run in ``tf.numpy_function`` callbacks, so the whole step is one
+``tf.function`` and the ledger is written when the step *executes* — exactly once per executed
+step, never at trace time, whatever the retracing, the epochs or ``steps_per_execution``. The
+release in stage 4 is the mechanisms' own code (:meth:`SampledStep.release` of a
+:class:`~dpledger.mechanisms.GroupedSumQuery`), run on summaries of the sums (their float64 norms,
+shapes and dtypes) instead of the tensors; the standard deviations it draws with are what the
+graph then uses, so the ledger records exactly the (S_g, σ̃_g) applied. Under
+``tf.distribute`` stage 1–3 run per replica (each replica clips its own records); the clipped sums
+are summed across replicas and stages 4–5 run once, so there is one noise draw of the full
+variance and one sampling event per step.
+
+**Float32 rounding.** The norms come from float32 reductions for float32 models, the factors
+are rounded to float32 and multiplied in float32. To keep every record's contribution at or
+below S_g despite that, the factors are computed for the slightly smaller bound S_g·(1 − ρ),
+while S_g is what is recorded (and what the sensitivity check enforces). The default margin is
+ρ = min(0.05, 2¹³·eps) of the variables' dtype (9.8·10⁻⁴ for float32, 1.8·10⁻¹² for float64): it
+covers the worst-case relative error γ_d ≈ d·eps of a float sum of d ≤ 8,000 squares plus the
+roundings of the factor and the product (Higham, *Accuracy and Stability of Numerical
+Algorithms*, §3–4), and in practice far larger d, since TensorFlow reduces in blocks and trees
+(error growing like log d). A ghost norm computed from Gram matrices (long sequences, large
+convolutions) can lose more to cancellation; train in float64 where a proof is needed.
+
+**Bias metrics** (``bias_callback``): the clipping bias of Knolle et al. (Σ g_i and Σ clip(g_i)
+before noise, the per-example norms) via
+:func:`dpledger.audit.bias.clipping_bias_from_sums`. They are **not private**: for debugging on
+data you may look at. With no callback nothing extra is traced or computed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from dpledger.adapters.tensorflow.backend import TensorFlowBackend, make_generator
+from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine
+from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, gradient_queries
+from dpledger.audit.bias import ClippingBiasCallback, clipping_bias_from_sums
+from dpledger.errors import InvalidParameterError
+from dpledger.ledger import PrivacyLedger
+from dpledger.mechanisms import ClippingStrategy, GaussianSumQuery, fixed_denominator_average
+from dpledger.mechanisms.step import open_step
+from dpledger.validation import check_positive_int, check_probability
+
+__all__ = ["PrivateGradients", "default_clip_margin"]
+
+_log = logging.getLogger(__name__)
+
+
+def default_clip_margin(dtype: Any) -> float:
+    """ρ = min(0.05, 2¹³·eps) for a floating dtype: the factors clip to S·(1 − ρ).
+
+    Args:
+        dtype: a TensorFlow, NumPy or Keras floating dtype (or its name).
+    """
+    eps = float(np.finfo(tf.as_dtype(dtype).as_numpy_dtype).eps)
+    return min(0.05, 2.0**13 * eps)
+
+
+# --------------------------------------------------------------------------- host release
+class _SumSummary:
+    """What the release needs of a clipped sum: its float64 norm, its shape, its dtype's eps."""
+
+    __slots__ = ("eps", "norm", "shape", "tiny")
+
+    def __init__(self, *, norm: float, shape: tuple[int, ...], eps: float, tiny: float) -> None:
+        self.norm, self.shape, self.eps, self.tiny = norm, shape, eps, tiny
+
+
+class _NoiseOrder:
+    """The release's request: add N(0, stddev² I) to this sum (carried out in the graph)."""
+
+    __slots__ = ("stddev", "summary")
+
+    def __init__(self, summary: _SumSummary, stddev: float) -> None:
+        self.summary, self.stddev = summary, float(stddev)
+
+
+class _SummaryBackend:
+    """An :class:`~dpledger.mechanisms.ArrayBackend` over :class:`_SumSummary` values.
+
+    It lets the mechanisms' release validate, sensitivity-check and record a step whose sums
+    stay on the device: the noise draw is returned as a :class:`_NoiseOrder`, which the graph
+    executes with :class:`TensorFlowBackend`.
+    """
+
+    name = "tensorflow-host"
+
+    def shape(self, x: Any) -> tuple[int, ...]:
+        return x.shape
+
+    def float_info(self, x: Any) -> tuple[float, float]:
+        return x.eps, x.tiny
+
+    def record_norms(self, x: Any) -> np.ndarray:
+        raise NotImplementedError("the host release has no records")  # pragma: no cover
+
+    def norm(self, x: Any) -> float:
+        return x.norm
+
+    def weighted_sum(self, x: Any, factors: np.ndarray) -> Any:
+        raise NotImplementedError("the host release has no records")  # pragma: no cover
+
+    def scale_records(self, x: Any, factors: np.ndarray) -> Any:
+        raise NotImplementedError("the host release has no records")  # pragma: no cover
+
+    def scale(self, x: Any, factor: float) -> Any:
+        raise NotImplementedError("averaging happens in the graph")  # pragma: no cover
+
+    def add_gaussian_noise(self, x: Any, *, stddev: float, generator: Any) -> Any:
+        return _NoiseOrder(x, stddev)
+
+    def to_host(self, x: Any) -> np.ndarray:
+        raise NotImplementedError("the host release has no arrays")  # pragma: no cover
+
+    def from_host(self, values: np.ndarray, *, like: Any | None) -> Any:
+        raise NotImplementedError("the host release has no arrays")  # pragma: no cover
+
+
+def _unwrap_variable(v: Any) -> Any:
+    value = getattr(v, "value", None)
+    return value if isinstance(value, tf.Variable) else v
+
+
+# --------------------------------------------------------------------------- the DP step
+class DPStep:
+    """The DP step's stages, shared by :class:`PrivateGradients` and the Keras model.
+
+    Not constructed by users; see the module docstring for the stages.
+    """
+
+    def __init__(
+        self,
+        engine: PerExampleGradientEngine,
+        *,
+        queries: GradientQueries,
+        sampling_probability: float,
+        population_size: int,
+        ledger: PrivacyLedger,
+        generator: tf.random.Generator,
+        clip_margin: float | None,
+        bias_callback: ClippingBiasCallback | None,
+    ) -> None:
+        self.engine = engine
+        self.queries = queries
+        self.sampling_probability = sampling_probability
+        self.population_size = population_size
+        self.ledger = ledger
+        self.generator = generator
+        self.bias_callback = bias_callback
+        self.backend = TensorFlowBackend()
+        self._host_backend = _SummaryBackend()
+        self._lock = threading.Lock()
+        self._errors: list[BaseException] = []
+        variables = engine.trainable_variables
+        self.variables = variables
+        self._dtypes = [tf.as_dtype(v.dtype) for v in variables]
+        self._shapes = [tuple(int(d) for d in v.shape) for v in variables]
+        self._clip_margin = clip_margin
+        self.set_queries(queries)
+
+    def set_queries(self, queries: GradientQueries) -> None:
+        """Use ``queries`` from the next executed step on (the graph does not depend on them:
+        factors and noise scales come from the host stages)."""
+        if len(queries.group_of) != len(self.variables):
+            raise InvalidParameterError(
+                "queries",
+                f"queries over {len(queries.group_of)} variables",
+                f"queries over the {len(self.variables)} trainable variables",
+            )
+        if self._clip_margin is None:
+            margins = tuple(
+                max(default_clip_margin(self._dtypes[j]) for j in members)
+                for members in queries.members
+            )
+        else:
+            margins = (float(self._clip_margin),) * len(queries.members)
+        if len(queries.members) != len(getattr(self, "queries", queries).members):
+            raise InvalidParameterError(
+                "queries", "a different number of groups", "the same groups as before"
+            )
+        with self._lock:
+            self.queries, self.margins = queries, margins
+
+    # ------------------------------------------------------------------ host callbacks
+    def _fail(self, exc: BaseException) -> None:
+        with self._lock:
+            self._errors.append(exc)
+
+    def take_error(self) -> BaseException | None:
+        """The first exception a host stage raised since the last call (and forget them)."""
+        with self._lock:
+            errors, self._errors = self._errors, []
+        return errors[0] if errors else None
+
+    def _host_factors(self, *squared: np.ndarray) -> tuple[np.ndarray, ...]:
+        try:
+            vectors = [np.asarray(s, dtype=np.float64) for s in squared]
+            with self._lock:
+                queries, margins = self.queries, self.margins
+            out = []
+            for query, members, margin in zip(
+                queries.queries, queries.members, margins, strict=True
+            ):
+                norms = query.group_norms(squared_norms=[vectors[j] for j in members])
+                bound = query.l2_norm_bound * (1.0 - margin)
+                out.append(query.clipping.factors(norms, l2_norm_bound=bound))
+            return tuple(out)
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+
+    def _host_release(self, num_records: np.ndarray, *squared_sum_norms: np.ndarray) -> np.ndarray:
+        try:
+            with self._lock:
+                queries = self.queries
+            summaries = []
+            for j, sq in enumerate(squared_sum_norms):
+                info = np.finfo(self._dtypes[j].as_numpy_dtype)
+                summaries.append(
+                    _SumSummary(
+                        norm=math.sqrt(float(sq)),
+                        shape=self._shapes[j],
+                        eps=float(info.eps),
+                        tiny=float(info.tiny),
+                    )
+                )
+            step = open_step(
+                self.ledger,
+                sampling_probability=self.sampling_probability,
+                population_size=self.population_size,
+                backend=self._host_backend,
+            )
+            try:
+                released = step.release(
+                    queries.grouped,
+                    [[summaries[j] for j in members] for members in queries.members],
+                    num_records=int(num_records),
+                )
+            finally:
+                step.end()
+            stddevs = np.zeros(len(summaries), dtype=np.float64)
+            for members, orders in zip(queries.members, released, strict=True):
+                for j, order in zip(members, orders, strict=True):
+                    stddevs[j] = order.stddev
+            return stddevs
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+
+    def _host_bias(
+        self,
+        num_records: np.ndarray,
+        norms: np.ndarray,
+        num_clipped: np.ndarray,
+        *sums: np.ndarray,
+    ) -> np.int64:
+        try:
+            count = int(num_records)
+            if count > 0 and self.bias_callback is not None:
+                half = len(sums) // 2
+                metrics = clipping_bias_from_sums(
+                    unclipped_sum=[np.ravel(s) for s in sums[:half]],
+                    clipped_sum=[np.ravel(s) for s in sums[half:]],
+                    num_examples=count,
+                    per_example_norms=np.asarray(norms, np.float64),
+                    num_clipped=int(num_clipped),
+                    denominator=self.sampling_probability * self.population_size,
+                )
+                self.bias_callback(self.ledger.num_steps - 1, metrics)
+            return np.int64(0)
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+
+    # ------------------------------------------------------------------ graph stages
+    def _cast_factors(self, f: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+        out = tf.cast(f, dtype)
+        tiny = np.finfo(dtype.as_numpy_dtype).tiny  # a subnormal factor counts as 0
+        return tf.where(out < tiny, tf.zeros_like(out), out)
+
+    def clip_replica(self, inputs: Any, targets: Any, sample_weight: Any = None) -> dict[str, Any]:
+        """Stages 1–3 on this replica's records: clipped sums, counts, losses, predictions."""
+        norms = self.engine.norms(inputs, targets, sample_weight=sample_weight)
+        squared = list(norms.squared_norms)
+        count = len(self.queries.members)
+        factors = tf.numpy_function(
+            self._host_factors, squared, [tf.float64] * count, stateful=True, name="dp_factors"
+        )
+        if not isinstance(factors, (list, tuple)):
+            factors = [factors]
+        batch = tf.shape(norms.losses)[0]
+        for f in factors:
+            f.set_shape(norms.losses.shape)
+        per_variable = [
+            self._cast_factors(factors[g], self._dtypes[j])
+            for j, g in enumerate(self.queries.group_of)
+        ]
+        sums = self.engine.clipped_sum(norms, factors=per_variable)
+        out: dict[str, Any] = {
+            "sums": tuple(sums),
+            "num_records": batch,
+            "losses": norms.losses,
+            "predictions": norms.predictions,
+        }
+        if self.bias_callback is not None:
+            ones = [tf.ones_like(f) for f in per_variable]
+            out["unclipped"] = tuple(self.engine.clipped_sum(norms, factors=ones))
+            total = tf.add_n([tf.cast(s, tf.float64) for s in squared])
+            out["norms"] = tf.sqrt(tf.maximum(total, 0.0))
+            clipped = tf.reduce_any(tf.stack([f < 1.0 for f in factors]), axis=0)
+            out["num_clipped"] = tf.reduce_sum(tf.cast(clipped, tf.int32))
+        return out
+
+    def release(
+        self,
+        sums: Sequence[tf.Tensor],
+        num_records: tf.Tensor,
+        *,
+        unclipped: Sequence[tf.Tensor] | None = None,
+        norms: tf.Tensor | None = None,
+        num_clipped: tf.Tensor | None = None,
+    ) -> list[tf.Tensor]:
+        """Stages 4–5 (once per step, in cross-replica context): noise, record, average."""
+        # The standard normals do not depend on the release, so they are drawn first and can
+        # overlap with the host stage; the release's standard deviations scale them after.
+        normals = [self.backend.standard_normal(s, generator=self.generator) for s in sums]
+        squared = [tf.reduce_sum(tf.square(tf.cast(s, tf.float64))) for s in sums]
+        stddevs = tf.numpy_function(
+            self._host_release,
+            [tf.cast(num_records, tf.int64), *squared],
+            tf.float64,
+            stateful=True,
+            name="dp_release",
+        )
+        stddevs.set_shape([len(sums)])
+        dependencies = [stddevs]
+        if self.bias_callback is not None:
+            with tf.control_dependencies([stddevs]):
+                token = tf.numpy_function(
+                    self._host_bias,
+                    [
+                        tf.cast(num_records, tf.int64),
+                        norms,
+                        num_clipped,
+                        *unclipped,
+                        *sums,
+                    ],
+                    tf.int64,
+                    stateful=True,
+                    name="dp_bias_metrics",
+                )
+            dependencies.append(token)
+        with tf.control_dependencies(dependencies):
+            noised = [
+                self.backend.add_scaled_noise(s, normals[j], stddev=stddevs[j])
+                for j, s in enumerate(sums)
+            ]
+        return fixed_denominator_average(
+            noised,
+            sampling_probability=self.sampling_probability,
+            population_size=self.population_size,
+            backend=self.backend,
+        )
+
+    def gradients(
+        self, inputs: Any, targets: Any, sample_weight: Any = None
+    ) -> tuple[list[tf.Tensor], dict[str, Any]]:
+        """Stages 1–5 for one replica (no ``tf.distribute``): the averaged noised gradients."""
+        out = self.clip_replica(inputs, targets, sample_weight)
+        grads = self.release(
+            out["sums"],
+            out["num_records"],
+            unclipped=out.get("unclipped"),
+            norms=out.get("norms"),
+            num_clipped=out.get("num_clipped"),
+        )
+        return grads, out
+
+    def reraise(self, exc: BaseException) -> None:
+        """Raise the typed error a host stage stored, from the TensorFlow error ``exc``."""
+        stored = self.take_error()
+        if stored is not None:
+            raise stored from exc
+        raise exc
+
+
+# --------------------------------------------------------------------------- configuration
+def sampling_of(
+    sampler: Any, sampling_probability: float | None, population_size: int | None
+) -> tuple[float, int]:
+    """(q, n) from a sampler or from explicit values, validated."""
+    if sampler is not None:
+        if sampling_probability is not None or population_size is not None:
+            raise InvalidParameterError(
+                "sampler",
+                sampler,
+                "either a sampler or sampling_probability and population_size, not both",
+            )
+        q = getattr(sampler, "sampling_probability", None)
+        n = getattr(sampler, "population_size", None)
+        if q is None or n is None:
+            raise InvalidParameterError(
+                "sampler",
+                sampler,
+                "a PoissonSampler (with sampling_probability and population_size)",
+            )
+        sampling_probability, population_size = q, n
+    if sampling_probability is None or population_size is None:
+        raise InvalidParameterError(
+            "sampling_probability",
+            sampling_probability,
+            "the sampler's q in (0, 1] and population_size n (or sampler=PoissonSampler(...)); "
+            "q must be the probability with which the data pipeline includes each record",
+        )
+    q = check_probability("sampling_probability", sampling_probability)
+    if q == 0.0:
+        raise InvalidParameterError(
+            "sampling_probability", sampling_probability, "a probability in (0, 1]"
+        )
+    n = check_positive_int("population_size", population_size)
+    return q, n
+
+
+def check_clip_margin(clip_margin: float | None) -> float | None:
+    """None, or a margin ρ in [0, 0.5)."""
+    if clip_margin is None:
+        return None
+    if (
+        isinstance(clip_margin, bool)
+        or not isinstance(clip_margin, (int, float))
+        or not 0.0 <= float(clip_margin) < 0.5
+    ):
+        raise InvalidParameterError("clip_margin", clip_margin, "None or a number in [0, 0.5)")
+    return float(clip_margin)
+
+
+def check_bias_callback(callback: Any) -> ClippingBiasCallback | None:
+    """None or a callable ``callback(step, metrics)``."""
+    if callback is not None and not callable(callback):
+        raise InvalidParameterError(
+            "bias_callback", callback, "None or a callable callback(step, ClippingBias)"
+        )
+    return callback
+
+
+def generator_of(generator: Any, seed: int | None) -> tf.random.Generator:
+    """The noise generator: the one given, or a Philox generator from ``seed``."""
+    if generator is not None:
+        if seed is not None:
+            raise InvalidParameterError("seed", seed, "None when a generator is given")
+        if not isinstance(generator, tf.random.Generator):
+            raise InvalidParameterError("generator", generator, "a tf.random.Generator")
+        return generator
+    return make_generator(seed)
+
+
+def ledger_of(ledger: Any) -> PrivacyLedger:
+    """The ledger given, or a new in-memory one."""
+    if ledger is None:
+        return PrivacyLedger()
+    if not isinstance(ledger, PrivacyLedger):
+        raise InvalidParameterError("ledger", ledger, "a dpledger.PrivacyLedger or None")
+    return ledger
+
+
+# --------------------------------------------------------------------------- public helper
+class PrivateGradients:
+    """Privatised gradients of a Keras model for a custom ``tf.GradientTape``-style loop.
+
+    Each call is one DP step on a batch drawn with probability q from n records: it records one
+    sampling event (q, n) and the step's sum-query events in ``ledger`` and returns the noised,
+    clipped gradient average Σ_i clip(g_i) + N(0, σ̃² I), divided by q·n (fixed denominator),
+    one tensor per trainable variable (see the module docstring for the stages).
+
+    Example::
+
+        sampler = PoissonSampler(population_size=n, sampling_probability=q, seed=1)
+        private = PrivateGradients(model, keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction="none"), l2_norm_clip=1.0, noise_multiplier=1.1,
+            sampler=sampler, ledger=ledger, seed=2)
+        for x, y in sampler.sample((images, labels)):
+            grads = private(x, y)
+            optimizer.apply(grads, private.variables)
+
+    A call may be made eagerly (the step is compiled into a ``tf.function`` once per batch
+    signature) or inside the caller's own ``tf.function``; either way the ledger is written when
+    the step executes.
+
+    Args:
+        model: a built ``keras.Model``; its trainable variables are privatised.
+        loss: the per-example loss ``loss(y_true, y_pred)`` (a Keras loss is switched to
+            ``reduction="none"``).
+        l2_norm_clip: S* > 0 (see :func:`~dpledger.adapters.tensorflow.gradient_queries`).
+        noise_multiplier: z ≥ 0.
+        sampler: the :class:`~dpledger.adapters.tensorflow.PoissonSampler` whose batches are
+            passed, for q and n; or give them as ``sampling_probability`` and ``population_size``.
+        sampling_probability: q in (0, 1].
+        population_size: n ≥ 1.
+        ledger: where the events go (default: a new in-memory ledger, see :attr:`ledger`).
+        generator: the noise ``tf.random.Generator``; or ``seed`` (None: OS entropy).
+        seed: seed of the noise generator.
+        clipping, groups, clip_split, noise_allocation, scales, queries: the queries, as in
+            :func:`~dpledger.adapters.tensorflow.gradient_queries`.
+        method: the engine's path: ``"auto"``, ``"fast"`` or ``"vectorized"``.
+        clip_margin: ρ in [0, 0.5): factors clip to S_g·(1 − ρ) (default by dtype, see
+            :func:`default_clip_margin`).
+        bias_callback: ``callback(step, ClippingBias)`` after each step (NOT private metrics).
+
+    Raises:
+        InvalidParameterError: for a bad argument (naming it).
+        PerExampleLossError: for a loss without per-example values.
+        RecordMixingLayerError: for BatchNormalization in training mode.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        loss: Any,
+        *,
+        l2_norm_clip: float | None = None,
+        noise_multiplier: float | None = None,
+        sampler: Any = None,
+        sampling_probability: float | None = None,
+        population_size: int | None = None,
+        ledger: PrivacyLedger | None = None,
+        generator: tf.random.Generator | None = None,
+        seed: int | None = None,
+        clipping: ClippingStrategy | str = "flat",
+        groups: Any = None,
+        clip_split: str = "equal",
+        noise_allocation: str = "proportional",
+        scales: Any = None,
+        queries: Sequence[GaussianSumQuery] | None = None,
+        method: str = "auto",
+        clip_margin: float | None = None,
+        bias_callback: ClippingBiasCallback | None = None,
+    ) -> None:
+        q, n = sampling_of(sampler, sampling_probability, population_size)
+        engine = PerExampleGradientEngine(model, loss, method=method)
+        if not model.built:
+            raise InvalidParameterError(
+                "model", model.name, "a built model (call it once or model.build(input_shape))"
+            )
+        self._step = DPStep(
+            engine,
+            queries=gradient_queries(
+                engine.trainable_variables,
+                l2_norm_clip=l2_norm_clip,
+                noise_multiplier=noise_multiplier,
+                clipping=clipping,
+                groups=groups,
+                clip_split=clip_split,
+                noise_allocation=noise_allocation,
+                scales=scales,
+                queries=queries,
+            ),
+            sampling_probability=q,
+            population_size=n,
+            ledger=ledger_of(ledger),
+            generator=generator_of(generator, seed),
+            clip_margin=check_clip_margin(clip_margin),
+            bias_callback=check_bias_callback(bias_callback),
+        )
+        self._compiled: Callable[..., Any] | None = None
+
+    @property
+    def variables(self) -> tuple[Any, ...]:
+        """The trainable variables, in the order of the returned gradients."""
+        return self._step.variables
+
+    @property
+    def ledger(self) -> PrivacyLedger:
+        """The ledger the steps are recorded in."""
+        return self._step.ledger
+
+    @property
+    def queries(self) -> GradientQueries:
+        """The step's sum queries and the variables each covers."""
+        return self._step.queries
+
+    @property
+    def engine(self) -> PerExampleGradientEngine:
+        """The per-example gradient engine."""
+        return self._step.engine
+
+    def _raw(self, inputs: Any, targets: Any, sample_weight: Any) -> list[tf.Tensor]:
+        grads, _ = self._step.gradients(inputs, targets, sample_weight)
+        return grads
+
+    def __call__(
+        self, inputs: Any, targets: Any = None, *, sample_weight: Any = None
+    ) -> list[tf.Tensor]:
+        """One DP step on a batch: the privatised gradient average per trainable variable.
+
+        Args:
+            inputs: the model's inputs for the batch (B records, B may be 0).
+            targets: the loss's ``y_true``.
+            sample_weight: optional per-example loss weights (B,).
+        """
+        if tf.inside_function():
+            return self._raw(inputs, targets, sample_weight)
+        if self._compiled is None:
+            self._compiled = tf.function(self._raw, autograph=False, reduce_retracing=True)
+        try:
+            return self._compiled(inputs, targets, sample_weight)
+        except tf.errors.OpError as exc:
+            self._step.reraise(exc)
+            raise  # pragma: no cover - reraise always raises
