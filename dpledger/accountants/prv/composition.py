@@ -1,0 +1,452 @@
+"""Composition of discretised privacy losses in the Fourier domain, with certified error terms.
+
+Let Ỹ_r be the discretised loss of distinct run r (one direction), on the mesh hℤ, composed k_r
+times. The composed loss S̃ = Σ_r Σ_{i ≤ k_r} Ỹ_{r,i} has characteristic function
+
+    G(ω) = Π_r F_r(ω)^{k_r},   F_r(ω) = Σ_j p_{r,j} e^{−iωjh}.
+
+Sampled at ω_m = 2πm/(Nh), G is the DFT of the N-periodic wrap of the law of S̃; Gopi, Lee &
+Wutschitz (2021) take the inverse FFT on a window [A, A + Nh) chosen so that little mass wraps.
+Three errors separate the wrapped, computed law from the law of S̃, and each is bounded here:
+
+* **wrap**: the mass of S̃ below A or above A + Nh, bounded by Chernoff's inequality with the MGF
+  of the discrete steps (``window``);
+* **band**: we compute G_m only for m ≤ M when the rest is provably negligible:
+  Σ_{m>M} |G_m| ≤ Σ_m Π_r β_r(ω_m)^{k_r} for per-run bounds β_r ≥ |F_r| (the Taylor bound
+  |1 − ω²σ²/2| + |ω|³ρ₃/6, the total-variation bound TV/(2|sin(ωh/2)|), and a small FFT of the
+  run's dense atoms with a Lipschitz margin). A δ computed from the band-limited G differs from
+  the wrapped one by at most 2·Σ_{m>M}|G_m|. When no small M exists the full spectrum is used.
+  Band limiting is what makes ledgers with many distinct runs cheap: the per-run cost is the
+  number of atoms, not the window size.
+* **floating point**: an estimate from the relative error of each F_r(ω_m), amplified by k_r.
+
+The coupling of the discretisation (``discretisation`` module) gives the lower-bound shift t: by
+Chernoff's inequality with the per-bin-width MGF bound e^{λc(r) + λ²r²/8},
+Pr[Σ(Ỹ − Y) > t] ≤ η for t = min_λ (Σ_r k_r log M_r(λ) + log(1/η))/λ.
+
+A full-batch (q = 1) part is a Gaussian mechanism of parameter μ and is not discretised: its
+privacy profile δ_μ is folded in exactly, δ(ε) = Σ_s f(s)·δ_μ(ε − s).
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+import scipy.fft
+import scipy.signal
+
+from dpledger.accountants.prv.discretisation import (
+    FACTORIALS,
+    TERMS,
+    DiscretePrv,
+    DiscreteSteps,
+    conditional_bias,
+    dot,
+)
+from dpledger.accountants.prv.gaussian import gaussian_delta
+
+__all__ = ["ComposedLoss", "compose", "coupling_shift"]
+
+_U = np.finfo(float).eps
+_MAX_CLOSED_FORM_BAND = 8192
+_TARGET_TRUNCATION = 1e-21
+
+
+# ---------------------------------------------------------------------------- MGF and window
+def _support(steps: DiscreteSteps, counts: np.ndarray) -> tuple[int, int]:
+    """Mesh indices of the smallest and largest value S̃ can take."""
+    return int(counts @ steps.lowest), int(counts @ steps.highest)
+
+
+class _Chernoff:
+    """Λ(λ) = Σ_r k_r·log E[e^{λỸ_r}] on a grid of λ around the composed law's scale."""
+
+    def __init__(self, steps: DiscreteSteps, counts: np.ndarray, eta: float) -> None:
+        h = steps.h
+        sigma = max(math.sqrt(dot(counts.astype(float), steps.var)), 4 * h)
+        base = math.sqrt(2 * math.log(1 / eta)) / sigma
+        lam = base * np.logspace(-3, 2.5, 45, base=2.0)
+        self.lam = lam[lam <= 3.0 / h]  # keeps λ·block·h/2 ≤ 1.5 with block ≥ 1
+        if self.lam.size == 0:
+            self.lam = np.array([3.0 / h])
+        block = 1
+        while (2 * block) * h * self.lam[-1] / 2 <= 1.5 and block < (1 << 20):
+            block *= 2
+        self.block = block
+        both = np.concatenate([self.lam, -self.lam])
+        used = counts > 0
+        logs = steps.log_mgf(both, block)[used]
+        total = np.einsum("r,rl->l", counts[used].astype(float), logs)
+        self.up, self.down = total[: self.lam.size], total[self.lam.size :]
+
+    def above(self, s: float) -> float:
+        """Bound on Pr[S̃ ≥ s]."""
+        return math.exp(min(0.0, float(np.min(self.up - self.lam * s))))
+
+    def below(self, s: float) -> float:
+        """Bound on Pr[S̃ ≤ s]."""
+        return math.exp(min(0.0, float(np.min(self.down + self.lam * s))))
+
+    def quantiles(self, eta: float) -> tuple[float, float]:
+        """(s_lo, s_hi) with Pr[S̃ ≤ s_lo] ≤ eta and Pr[S̃ ≥ s_hi] ≤ eta."""
+        log_eta = math.log(eta)
+        s_hi = float(np.min((self.up - log_eta) / self.lam))
+        s_lo = float(np.max(-(self.down - log_eta) / self.lam))
+        return s_lo, s_hi
+
+
+# ---------------------------------------------------------------------------- coupling
+def coupling_shift(steps: DiscreteSteps, counts: np.ndarray, eta: float) -> float:
+    """t with Pr[Σ(Ỹ − Y) > t] ≤ eta for the discretisation coupling (the lower-bound shift).
+
+    Given Y in a bin of width w, Ỹ − Y has conditional mean ≤ c(w) and lies in an interval of
+    length w, so E[e^{λ(Ỹ−Y)}] ≤ Σ_w m_w·e^{λc(w) + λ²w²/8} + m_out (Hoeffding's lemma per bin;
+    out-of-range steps are excluded from the lower bound, so their error counts as 0).
+    """
+    h = steps.h
+    k = float(counts.sum())
+    log_eta = -math.log(eta)
+    scale = math.sqrt(8.0 * log_eta / (k * h * h))
+    lam = scale * np.logspace(-2.5, 1.5, 161)
+    w = steps.widths * h
+    bias = np.array([conditional_bias(float(x)) for x in w])
+    expo = lam[:, None] * bias[None, :] + (lam[:, None] * w[None, :]) ** 2 / 8.0  # (λ, widths)
+    used = counts > 0
+    with np.errstate(divide="ignore"):
+        log_m = np.log(np.c_[steps.width_masses[used], steps.out_mass[used]])  # (steps, widths+1)
+    expo = np.c_[expo, np.zeros(lam.size)]  # out-of-range steps: error 0
+    terms = log_m[:, None, :] + expo[None, :, :]  # (steps, λ, widths+1)
+    top = terms.max(axis=2, keepdims=True)
+    log_mgf = np.log(np.exp(terms - top).sum(axis=2)) + top[:, :, 0]
+    total = np.einsum("r,rl->l", counts[used].astype(float), log_mgf)
+    return float(np.min((total + log_eta) / lam))
+
+
+# ---------------------------------------------------------------------------- band limit
+def _cells(n_half: int) -> np.ndarray:
+    """Start indices of geometric cells covering the fine frequencies 1..n_half (and the end)."""
+    edges = [1]
+    while edges[-1] <= n_half:
+        edges.append(max(edges[-1] + 1, math.ceil(edges[-1] * 1.04)))
+    edges[-1] = n_half + 1
+    return np.array(edges, dtype=np.int64)
+
+
+def _taylor(w_lo: np.ndarray, w_hi: np.ndarray, var: np.ndarray, rho3: np.ndarray) -> np.ndarray:
+    """|1 − ω²σ²/2| + |ω|³ρ₃/6 maximised over each cell (steps × cells)."""
+    v = var[:, None]
+    a = np.maximum(np.abs(1 - 0.5 * v * w_lo**2), np.abs(1 - 0.5 * v * w_hi**2))
+    return a + rho3[:, None] * w_hi**3 / 6.0
+
+
+def _bounds(steps: DiscreteSteps, used: np.ndarray, w_lo: np.ndarray, w_hi: np.ndarray) -> np.ndarray:
+    """β ≥ |F_r(ω)| on each cell [w_lo, w_hi] (ω ≤ π/h), for the steps in ``used``."""
+    h = steps.h
+    mass = steps.mass[used][:, None]
+    sparse = steps.sparse_mass[used][:, None]
+    bound = mass * _taylor(w_lo, w_hi, steps.var[used], steps.rho3[used])
+    dense = steps.dense_mass[used][:, None]
+    dense_taylor = dense * _taylor(w_lo, w_hi, steps.dense_var[used], steps.dense_rho3[used])
+    bound = np.minimum(bound, np.where(dense > 0, dense_taylor + sparse, np.inf))
+    with np.errstate(divide="ignore"):
+        tv = steps.dense_tv[used][:, None] / (2 * np.sin(np.minimum(w_lo * h, math.pi) / 2))
+    bound = np.minimum(bound, np.where(dense > 0, tv + sparse, np.inf))
+    return np.minimum(bound, mass)
+
+
+def _fft_bound(prv: DiscretePrv, w_lo: np.ndarray, w_hi: np.ndarray) -> np.ndarray:
+    """max |F_dense| over each cell from an oversampled FFT, plus a Lipschitz margin."""
+    dense = prv.dense
+    if dense.size == 0:
+        return np.zeros(w_lo.size)
+    n_f = scipy.fft.next_fast_len(max(8 * dense.size, 256), real=True)
+    spec = np.abs(scipy.fft.rfft(dense, n_f))
+    step = 2 * math.pi / (n_f * prv.h)
+    c_lo = np.clip(np.rint(w_lo / step).astype(np.int64), 0, spec.size - 1)
+    c_hi = np.clip(np.rint(w_hi / step).astype(np.int64), 0, spec.size - 1)
+    out = np.array([spec[a : b + 1].max() for a, b in zip(c_lo, c_hi, strict=True)])
+    return out + prv.dense_abs_deviation * step / 2
+
+
+def band_limit(
+    steps: DiscreteSteps, counts: np.ndarray, n: int, eta: float
+) -> tuple[int, float]:
+    """(M, bound): the smallest band M found with 2·Σ_{m>M}|G_m| ≤ eta, and that bound.
+
+    Returns (n//2, 0.0) when no band below Nyquist is certified.
+    """
+    h = steps.h
+    n_half = n // 2
+    edges = _cells(n_half)
+    step = 2 * math.pi / (n * h)
+    w_lo = edges[:-1] * step
+    w_hi = (edges[1:] - 1) * step
+    widths = np.diff(edges).astype(float)
+    used = np.flatnonzero(counts > 0)
+    k = counts[used].astype(float)
+
+    def tail(log_b: np.ndarray) -> np.ndarray:
+        terms = widths * np.exp(np.minimum(log_b, 0.0))
+        return 2 * np.cumsum(terms[::-1])[::-1]
+
+    with np.errstate(divide="ignore"):
+        log_beta = np.log(_bounds(steps, used, w_lo, w_hi))  # (steps, cells)
+    log_b = np.einsum("r,rc->c", k, np.where(np.isfinite(log_beta), log_beta, -1e300))
+    best = _first_cell(tail(log_b), eta)
+    # sharpen with small FFTs of the strongest steps while that can still move the band
+    for i in np.argsort(-k * steps.var[used])[:8]:
+        if best is not None and edges[best] <= 64:
+            break
+        fft = _fft_bound(steps.prvs[used[i]], w_lo, w_hi) + steps.sparse_mass[used[i]]
+        with np.errstate(divide="ignore"):
+            new = np.maximum(np.log(np.minimum(fft, 1.0)), -1e300)
+        improved = np.minimum(new, log_beta[i])
+        log_b += k[i] * (improved - np.maximum(log_beta[i], -1e300))
+        log_beta[i] = improved
+        found = _first_cell(tail(log_b), eta)
+        if found is not None and (best is None or found < best):
+            best = found
+    if best is None:
+        return n_half, 0.0
+    return int(edges[best]) - 1, float(tail(log_b)[best])
+
+
+def _first_cell(tails: np.ndarray, eta: float) -> int | None:
+    ok = np.flatnonzero(tails <= eta)
+    if ok.size == 0:
+        return None
+    # tails is non-increasing, so the first index that passes starts a passing suffix
+    return int(ok[0])
+
+
+# ---------------------------------------------------------------------------- composed law
+@attrs.frozen(eq=False, slots=False)
+class ComposedLoss:
+    """The composed discrete loss of one direction on a window, with its error terms.
+
+    Attributes:
+        h: mesh width.
+        start: mesh index J_A of the window's first point.
+        size: N, the number of mesh points of the window (and of the DFT).
+        spectrum: G_m for m = 0..band.
+        band: the highest frequency index kept (N//2 means the full spectrum).
+        gaussian_mu: μ of the exact Gaussian part (0 for none).
+        wrap_below: Chernoff bound on the mass below the window.
+        wrap_above: Chernoff bound on the mass above the window.
+        band_error: bound on the δ error of dropping frequencies above the band.
+        float_error: estimate of the δ error of floating-point arithmetic.
+        out_probability: probability that some step falls outside its discretised range.
+        shift: the coupling shift t of the lower bound.
+        shift_failure: the probability η with which the shift may fail.
+        method: ``"band"`` or ``"full"``.
+    """
+
+    h: float
+    start: int
+    size: int
+    spectrum: np.ndarray
+    band: int
+    gaussian_mu: float
+    wrap_below: float
+    wrap_above: float
+    band_error: float
+    float_error: float
+    out_probability: float
+    shift: float
+    shift_failure: float
+    method: str
+
+    @property
+    def upper_slack(self) -> float:
+        """What the upper bound adds to the computed δ."""
+        return self.out_probability + self.wrap_above + self.band_error + self.float_error
+
+    @property
+    def lower_slack(self) -> float:
+        """What the lower bound subtracts from the computed δ (at ε + shift)."""
+        return (
+            self.shift_failure
+            + self.wrap_below
+            + self.wrap_above
+            + self.band_error
+            + self.float_error
+        )
+
+    @property
+    def top(self) -> float:
+        """The loss at the window's last point."""
+        return (self.start + self.size - 1) * self.h
+
+    # ------------------------------------------------------------------ evaluation
+    def delta(self, epsilon: float) -> float:
+        """δ(ε) of the computed (wrapped, band-limited) law, with the Gaussian part folded in."""
+        if self.gaussian_mu == 0.0 and self.band < min(self.size // 2, _MAX_CLOSED_FORM_BAND):
+            return self._delta_closed_form(epsilon)
+        return self._delta_materialised(epsilon)
+
+    def _delta_closed_form(self, epsilon: float) -> float:
+        n, h = self.size, self.h
+        j0 = max(self.start, math.floor(epsilon / h) + 1)
+        j1 = self.start + n - 1
+        if j0 > j1:
+            return 0.0
+        count = j1 - j0 + 1
+        scale = math.exp(epsilon - j0 * h)  # ≤ 1
+        g = self.spectrum
+        m = np.arange(1, self.band + 1, dtype=np.int64)
+        theta = 2 * math.pi * m / n
+        z_j0 = np.exp(2j * math.pi * np.mod(m * j0, n) / n)
+        theta_count = 2 * math.pi * np.mod(m * count, n) / n
+        first = -np.expm1(1j * theta_count) / -np.expm1(1j * theta)
+        second = scale * -np.expm1(-count * h + 1j * theta_count) / -np.expm1(-h + 1j * theta)
+        k = z_j0 * (first - second)
+        k0 = count - scale * (-math.expm1(-count * h)) / (-math.expm1(-h))
+        value = (g[0].real * k0 + 2 * np.sum(g[1:] * k).real) / n
+        return max(value, 0.0)
+
+    def _density(self) -> np.ndarray:
+        cache = self.__dict__
+        if "_f" not in cache:
+            full = np.zeros(self.size // 2 + 1, dtype=complex)
+            full[: self.band + 1] = self.spectrum[: self.band + 1]
+            f = scipy.fft.irfft(full, n=self.size)
+            cache["_f"] = np.roll(f, -(self.start % self.size))
+        return cache["_f"]
+
+    def _suffix(self) -> tuple[np.ndarray, np.ndarray]:
+        """U(i) = Σ_{j>i} f_j(1 − e^{−(j−i)h}) and V(i) = Σ_{j≥i} f_j e^{−(j−i)h}."""
+        cache = self.__dict__
+        if "_uv" not in cache:
+            f = self._density()
+            decay = math.exp(-self.h)
+            rev = f[::-1]
+            v = scipy.signal.lfilter([1.0], [1.0, -decay], rev)[::-1]
+            tail = np.cumsum(rev)[::-1]  # T1(i) = Σ_{j≥i} f_j
+            shifted = np.r_[tail[1:], 0.0]
+            u = scipy.signal.lfilter([-math.expm1(-self.h)], [1.0, -decay], shifted[::-1])[::-1]
+            cache["_uv"] = (u, v)
+        return cache["_uv"]
+
+    def _delta_materialised(self, epsilon: float) -> float:
+        f = self._density()
+        h = self.h
+        if self.gaussian_mu > 0:
+            s = (self.start + np.arange(self.size)) * h
+            return max(dot(f, gaussian_delta(epsilon - s, self.gaussian_mu)), 0.0)
+        i0 = max(math.floor(epsilon / h) + 1 - self.start, 0)
+        if i0 >= self.size:
+            return 0.0
+        u, v = self._suffix()
+        s0 = (self.start + i0) * h
+        return max(float(u[i0] + (-math.expm1(epsilon - s0)) * v[i0]), 0.0)
+
+
+def _float_error(spectrum: np.ndarray, rel: np.ndarray, n: int) -> float:
+    """Estimate of the δ error from the relative error ``rel`` of each G_m."""
+    err = np.abs(spectrum) * np.minimum(rel, 1e300)
+    size = float(np.abs(spectrum[0]) + 2 * np.abs(spectrum[1:]).sum())
+    return float(4 * (err[0] + 2 * err[1:].sum()) + 4 * _U * math.log2(max(n, 2)) * size)
+
+
+def compose(
+    steps: DiscreteSteps,
+    counts: np.ndarray,
+    *,
+    gaussian_mu: float,
+    eta_wrap: float,
+    eta_band: float,
+    eta_shift: float,
+    max_points: int,
+    method: str = "auto",
+) -> ComposedLoss:
+    """Compose the steps of one direction ``counts`` times each and bound every error term.
+
+    Args:
+        steps: the discretised distinct steps.
+        counts: how many times each is composed (at least one count ≥ 1).
+        gaussian_mu: μ of the exact Gaussian (full-batch) part, 0 for none.
+        eta_wrap: target wrap mass on each side of the window.
+        eta_band: target band-limit error.
+        eta_shift: failure probability of the lower-bound shift.
+        max_points: largest window (in mesh points) the full spectrum may use.
+        method: ``"auto"``, or ``"full"`` to force the full spectrum (for checks).
+
+    Raises:
+        MemoryError: when neither a certified band nor a full spectrum of at most
+            ``max_points`` points is available (the caller coarsens the mesh).
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    h = steps.h
+    used = np.flatnonzero(counts > 0)
+    chernoff = _Chernoff(steps, counts, eta_wrap)
+    s_lo, s_hi = chernoff.quantiles(eta_wrap)
+    lo, hi = _support(steps, counts)
+    j_lo = max(math.floor(s_lo / h), lo)  # S̃ cannot leave [Σ k_r·min_r, Σ k_r·max_r]
+    j_hi = max(min(math.ceil(s_hi / h), hi), j_lo)
+    n = scipy.fft.next_fast_len(j_hi - j_lo + 1, real=True)
+    if n % 2:
+        n = scipy.fft.next_fast_len(n + 1, real=True)
+    j_hi = j_lo + n - 1
+    above = 0.0 if j_hi >= hi else chernoff.above((j_hi + 1) * h)
+    below = 0.0 if j_lo <= lo else chernoff.below((j_lo - 1) * h)
+    atoms = int(sum(steps.prvs[i].positions.size for i in used))
+    full_cost = used.size * n * math.log2(n) + n
+    band, band_error = n // 2, 0.0
+    if n > 4096 and method != "full":
+        band, band_error = band_limit(steps, counts, n, eta_band)
+    band_cost = atoms * TERMS + used.size * 64 * band * TERMS
+    use_band = band < n // 2 and (band_cost < full_cost or n > max_points) and method != "full"
+    if not use_band:
+        if n > max_points:
+            raise MemoryError(f"window of {n} points exceeds the limit of {max_points}")
+        band, band_error = n // 2, 0.0
+    k = counts[used].astype(float)
+    if use_band:
+        block, terms, remainder = _spectral_block(chernoff.block, n, band)
+        spectra = steps.band_spectrum(n, band, block, terms)[used]
+    else:
+        remainder = 0.0
+        spectra = np.stack([steps.full_spectrum(i, n) for i in used])
+    mag = np.abs(spectra)
+    per_unit = 16 * _U + remainder * steps.mass[used][:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_g = np.einsum("r,rm->m", k, np.log(spectra))
+        rel = np.einsum("r,rm->m", k, per_unit / np.maximum(mag, 1e-300))
+    spectrum = np.exp(log_g)
+    spectrum[~np.isfinite(log_g)] = 0.0
+    out = -math.expm1(float(k @ np.log1p(-np.minimum(steps.out_mass[used], 0.5))))
+    return ComposedLoss(
+        h=h,
+        start=j_lo,
+        size=n,
+        spectrum=spectrum,
+        band=band,
+        gaussian_mu=gaussian_mu,
+        wrap_below=below,
+        wrap_above=above,
+        band_error=band_error,
+        float_error=_float_error(spectrum, rel, n),
+        out_probability=out,
+        shift=coupling_shift(steps, counts, eta_shift),
+        shift_failure=eta_shift,
+        method="band" if use_band else "full",
+    )
+
+
+def _spectral_block(block: int, n: int, band: int) -> tuple[int, int, float]:
+    """(block, terms, remainder) for the band spectrum.
+
+    The block is the Chernoff block (whose moments are cached) halved until θ = ω_band·h·block/2
+    ≤ 1/4, and the Taylor terms are TERMS unless the block cannot shrink further; ``remainder``
+    = θ^terms/terms! bounds the relative truncation error per unit of mass.
+    """
+    theta_unit = 2 * math.pi / n
+    while block > 1 and theta_unit * band * block / 2 > 0.25:
+        block //= 2
+    theta_max = theta_unit * band * block / 2
+    terms = TERMS
+    while theta_max**terms / FACTORIALS[terms] > _TARGET_TRUNCATION and theta_max > 0.25:
+        terms += 1
+    return block, terms, theta_max**terms / FACTORIALS[terms]
