@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 _REPORTS = ("upper", "estimate")
 _DELTA_QUERY_ERROR = 1e-12
 _MAX_COARSENINGS = 6
-_SHIFT_SHARE = 1.35  # the lower bound's shift t is about this times eps_error
+_SHIFT_SHARE = 1.2  # the mesh aims at a lower-bound shift t of about 1.4 eps_error
 
 
 class PrvNumericalError(DPLedgerError, ArithmeticError):
@@ -109,6 +109,15 @@ def _plan(ledger: CompressedLedger) -> _Plan:
     return _Plan(
         runs=runs, gaussian=tuple(gaussian), replace_one=replace, sequence=tuple(sequence)
     )
+
+
+@attrs.frozen
+class _Tuning:
+    """What sets the mesh: the δ budget of the truncations, the target shift t, coarsening."""
+
+    budget: float
+    shift: float
+    coarsen: int = 0
 
 
 @attrs.frozen(eq=False)
@@ -224,11 +233,12 @@ class PrvAccountant(Accountant):
             info["distinct_after_bucketing"] = len(ledger.distinct())
         return _plan(ledger), info
 
-    def _mesh(self, plan: _Plan, eta_shift: float, eta_out: float, coarsen: int) -> _Mesh:
+    def _mesh(self, plan: _Plan, tuning: _Tuning) -> _Mesh:
         k = plan.steps
+        eta_shift, eta_out = 0.5 * tuning.budget, 0.2 * tuning.budget
         log_eta = math.log(1 / eta_shift)
-        h = _SHIFT_SHARE * self.eps_error / math.sqrt(k * log_eta / 2)
-        h = min(h, 0.05) * (2.0**coarsen)
+        h = tuning.shift / math.sqrt(k * log_eta / 2)
+        h = min(h, self.eps_error / 4) * (2.0**tuning.coarsen)
         lam = math.sqrt(8 * log_eta / k) / h  # where the lower bound's Chernoff bound is tight
         remove, add = discretise_steps(
             [StepPair(q, z, plan.replace_one) for q, z, _ in plan.runs],
@@ -240,7 +250,7 @@ class PrvAccountant(Accountant):
         return _Mesh(h=h, remove=remove, add=add)
 
     def _compose(
-        self, plan: _Plan, mesh: _Mesh, counts: Sequence[int], mu: float, budget: float
+        self, mesh: _Mesh, counts: Sequence[int], mu: float, budget: float
     ) -> _Bounds:
         directions = []
         counts_array = np.asarray(counts, dtype=np.int64)
@@ -261,20 +271,24 @@ class PrvAccountant(Accountant):
         return _Bounds(directions=tuple(directions), mesh_width=mesh.h)
 
     def _solve(
-        self, plan: _Plan, budget: float, run: Callable[[_Mesh], Any]
-    ) -> tuple[Any, _Mesh, list[str]]:
+        self, plan: _Plan, tuning: _Tuning, run: Callable[[_Mesh, _Tuning], Any]
+    ) -> tuple[Any, _Mesh, _Tuning]:
         """Build the mesh and run ``run`` on it, coarsening the mesh if memory limits demand."""
-        warnings: list[str] = []
         for coarsen in range(_MAX_COARSENINGS + 1):
-            mesh = self._mesh(plan, 0.5 * budget, 0.2 * budget, coarsen)
+            tried = attrs.evolve(tuning, coarsen=coarsen)
+            mesh = self._mesh(plan, tried)
             try:
-                return run(mesh), mesh, warnings
+                return run(mesh, tried), mesh, tried
             except MemoryError as exc:
                 logger.info("PRV mesh %.3g too fine (%s); coarsening", mesh.h, exc)
         raise PrvNumericalError(
             "the PRV composition needs more than max_points="
             f"{self.max_points} mesh points even on a {2**_MAX_COARSENINGS}x coarser mesh"
         )
+
+    def _initial_tuning(self, delta: float) -> _Tuning:
+        budget = self.delta_error if self.delta_error is not None else delta * 1e-3
+        return _Tuning(budget=min(budget, 0.5 * delta), shift=_SHIFT_SHARE * self.eps_error)
 
     # ------------------------------------------------------------------ ε
     def _epsilon(self, ledger: CompressedLedger, delta: float) -> Answer:
@@ -287,27 +301,50 @@ class PrvAccountant(Accountant):
             lower, upper = gaussian_epsilon(delta, mu)
             details = {**info, "estimate": upper, "method": "gaussian_closed_form", "mu": mu}
             return Answer(upper, lower=lower, upper=upper, kind=self._kind, details=details)
-        budget = self.delta_error if self.delta_error is not None else delta * 1e-3
-        budget = min(budget, 0.5 * delta)
         counts = [c for _, _, c in plan.runs]
+        tuning = self._initial_tuning(delta)
+
+        def run(mesh: _Mesh, tried: _Tuning) -> tuple[_Bounds, dict[str, float]]:
+            return self._epsilon_on_mesh(mesh, counts, mu, delta, tried.budget)
+
         try:
-            (bounds, found), mesh, warnings = self._solve(
-                plan, budget, lambda m: self._epsilon_on_mesh(plan, m, counts, mu, delta, budget)
-            )
+            for _ in range(4):
+                (bounds, found), mesh, used = self._solve(plan, tuning, run)
+                retuned = self._retune(used, bounds, found, delta)
+                if retuned is None:
+                    break
+                tuning = retuned
         except PrvNumericalError as exc:
             return self._fallback(plan, mu, delta, info, str(exc))
-        return self._answer(found, bounds, mesh, info, warnings)
+        return self._answer(found, bounds, mesh, used, info)
+
+    def _retune(
+        self, used: _Tuning, bounds: _Bounds, found: dict[str, float], delta: float
+    ) -> _Tuning | None:
+        """A finer tuning when the certified interval is wider than 2·eps_error, else None.
+
+        The width is the lower bound's shift t plus the effect of the δ budget; each is
+        shrunk in proportion. Not retuned when memory limits already coarsened the mesh.
+        """
+        width = found["upper"] - found["lower"]
+        if width <= 2 * self.eps_error or used.coarsen > 0:
+            return None
+        shift = max(d.shift for d in bounds.directions)
+        rest = max(width - shift, 0.0)
+        budget = used.budget
+        if self.delta_error is None and rest > 0.2 * self.eps_error:
+            budget = used.budget * max(1e-4, 0.15 * self.eps_error / rest)
+            rest = 0.15 * self.eps_error
+        target = max(0.2 * self.eps_error, 1.9 * self.eps_error - rest)
+        new_shift = used.shift * min(1.0, target / max(shift, 1e-300))
+        if budget == used.budget and new_shift >= used.shift * 0.999:
+            return None
+        return _Tuning(budget=budget, shift=new_shift)
 
     def _epsilon_on_mesh(
-        self,
-        plan: _Plan,
-        mesh: _Mesh,
-        counts: Sequence[int],
-        mu: float,
-        delta: float,
-        budget: float,
+        self, mesh: _Mesh, counts: Sequence[int], mu: float, delta: float, budget: float
     ) -> tuple[_Bounds, dict[str, float]]:
-        bounds = self._compose(plan, mesh, counts, mu, budget)
+        bounds = self._compose(mesh, counts, mu, budget)
         for d in bounds.directions:
             if d.float_error > 0.25 * delta:
                 raise PrvNumericalError(
@@ -321,18 +358,25 @@ class PrvAccountant(Accountant):
         found: dict[str, float],
         bounds: _Bounds,
         mesh: _Mesh,
+        used: _Tuning,
         info: dict[str, Any],
-        warnings: list[str],
     ) -> Answer:
         lower, estimate, upper = found["lower"], found["estimate"], found["upper"]
+        warnings: list[str] = []
         if upper - lower > 2 * self.eps_error * (1 + 1e-9):
-            warnings = [
-                *warnings,
+            why = (
+                f"the mesh was coarsened {2**used.coarsen}x to stay within max_points"
+                if used.coarsen
+                else "the delta_error budget given limits it"
+                if self.delta_error is not None
+                else "refining the mesh further did not narrow it"
+            )
+            warnings.append(
                 f"the certified interval [{lower:.6g}, {upper:.6g}] is wider than "
-                f"2*eps_error={2 * self.eps_error:g} (the mesh was limited by max_points)",
-            ]
+                f"2*eps_error={2 * self.eps_error:g}: {why}"
+            )
         value = upper if self.report == "upper" else estimate
-        details = {**info, **_describe(bounds, mesh), "estimate": estimate}
+        details = {**info, **_describe(bounds, mesh, used), "estimate": estimate}
         return Answer(
             value, lower=lower, upper=upper, kind=self._kind, warnings=warnings, details=details
         )
@@ -363,32 +407,37 @@ class PrvAccountant(Accountant):
     def _epsilon_curve(
         self, ledger: CompressedLedger, delta: float, steps: Sequence[int]
     ) -> list[Answer]:
+        """ε after each prefix, on one mesh: the steps are discretised once for the whole ledger
+        (a mesh fine enough for the last prefix is fine enough for every earlier one) and each
+        prefix only recomposes in the Fourier domain. A point whose interval comes out wider
+        than 2·eps_error is recomputed on its own, with the adaptive mesh of a single call.
+        """
         plan, info = self._prepare(ledger)
-        total_mu = plan.gaussian_mu()
         if not plan.runs:
             return [self._epsilon_plan(_prefix_plan(plan, t), delta, info) for t in steps]
-        budget = self.delta_error if self.delta_error is not None else delta * 1e-3
-        budget = min(budget, 0.5 * delta)
-        del total_mu
+        tuning = self._initial_tuning(delta)
 
-        def run(mesh: _Mesh) -> list[Answer]:
-            answers = []
+        def run(mesh: _Mesh, tried: _Tuning) -> list[Answer | None]:
+            answers: list[Answer | None] = []
             for t in steps:
                 counts, gaussian_counts = _prefix_counts(plan, t)
-                mu = plan.gaussian_mu(gaussian_counts)
                 if not any(counts):
-                    prefix = _prefix_plan(plan, t)
-                    answers.append(self._epsilon_plan(prefix, delta, info))
+                    answers.append(None)
                     continue
-                bounds, found = self._epsilon_on_mesh(plan, mesh, counts, mu, delta, budget)
-                answers.append(self._answer(found, bounds, mesh, info, []))
+                mu = plan.gaussian_mu(gaussian_counts)
+                bounds, found = self._epsilon_on_mesh(mesh, counts, mu, delta, tried.budget)
+                answer = self._answer(found, bounds, mesh, tried, info)
+                answers.append(None if answer.warnings else answer)
             return answers
 
         try:
-            answers, _, warnings = self._solve(plan, budget, run)
+            computed, _, _ = self._solve(plan, tuning, run)
         except PrvNumericalError:
-            return [self._epsilon(ledger.prefix(t), delta) for t in steps]
-        return answers
+            computed = [None] * len(steps)
+        return [
+            a if a is not None else self._epsilon_plan(_prefix_plan(plan, t), delta, info)
+            for a, t in zip(computed, steps, strict=True)
+        ]
 
     # ------------------------------------------------------------------ δ
     def _delta(self, ledger: CompressedLedger, epsilon: float) -> Answer:
@@ -399,9 +448,10 @@ class PrvAccountant(Accountant):
             details = {**info, "estimate": value, "method": "gaussian_closed_form", "mu": mu}
             return Answer(value, lower=value, upper=value, kind=self._kind, details=details)
         budget = self.delta_error if self.delta_error is not None else _DELTA_QUERY_ERROR
+        tuning = _Tuning(budget=budget, shift=_SHIFT_SHARE * self.eps_error)
         counts = [c for _, _, c in plan.runs]
-        bounds, mesh, warnings = self._solve(
-            plan, budget, lambda m: self._compose(plan, m, counts, mu, budget)
+        bounds, mesh, used = self._solve(
+            plan, tuning, lambda m, tried: self._compose(m, counts, mu, tried.budget)
         )
         estimate = min(bounds.estimate(epsilon), 1.0)
         upper = min(bounds.upper(epsilon), 1.0)
@@ -410,10 +460,8 @@ class PrvAccountant(Accountant):
         )
         lower = min(lower, estimate)
         value = upper if self.report == "upper" else estimate
-        details = {**info, **_describe(bounds, mesh), "estimate": estimate}
-        return Answer(
-            value, lower=lower, upper=upper, kind=self._kind, warnings=warnings, details=details
-        )
+        details = {**info, **_describe(bounds, mesh, used), "estimate": estimate}
+        return Answer(value, lower=lower, upper=upper, kind=self._kind, details=details)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -457,34 +505,55 @@ def _bisect(pred: Callable[[int], bool], lo: int, hi: int) -> tuple[int, int | N
     return hi, lo
 
 
+def _crossing(ok: Callable[[float], bool], h: float, hi: int) -> tuple[float | None, float]:
+    """(a, b) with ok(b) and not ok(a) (a is None when ok(0)), b − a tiny, given ok(hi·h).
+
+    First a bisection over mesh points, then over the reals inside the last mesh cell.
+    """
+    j, last_false = _bisect(lambda i: ok(i * h), 0, hi)
+    if last_false is None:
+        return None, 0.0
+    a, b = last_false * h, j * h
+    for _ in range(60):
+        if b - a <= 1e-13 * max(1.0, b):
+            break
+        mid = 0.5 * (a + b)
+        if ok(mid):
+            b = mid
+        else:
+            a = mid
+    return a, b
+
+
 def _search_epsilon(bounds: _Bounds, delta: float) -> dict[str, float]:
+    """Certified lower and upper ε and the estimate (see the module docstring)."""
     h = bounds.mesh_width
     extra = 0.0
     mu = bounds.directions[0].gaussian_mu
     if mu > 0:
         extra = gaussian_epsilon(delta / 4, mu)[1]
     hi = math.ceil((max(bounds.top(), 0.0) + extra) / h) + 2
-
-    def upper_ok(j: int) -> bool:
-        return bounds.upper(j * h) <= delta
-
-    while not upper_ok(hi):
+    while bounds.upper(hi * h) > delta:
         hi = 2 * hi + 16
-    j_up, _ = _bisect(upper_ok, 0, hi)
-    j_est, _ = _bisect(lambda j: bounds.estimate(j * h) <= delta, 0, j_up)
+    _, upper = _crossing(lambda e: bounds.upper(e) <= delta, h, hi)
+    a, b = _crossing(lambda e: bounds.estimate(e) <= delta, h, hi)
+    estimate = b if a is None else 0.5 * (a + b)
     lower = 0.0
     for d in bounds.directions:
-        _, last_false = _bisect(lambda j, d=d: d.delta(j * h) - d.lower_slack <= delta, 0, j_up)
-        if last_false is not None:
-            lower = max(lower, last_false * h - d.shift)
-    upper = j_up * h
-    estimate = j_est * h
-    return {"lower": min(lower, estimate), "estimate": estimate, "upper": upper}
+        a, _ = _crossing(lambda e, d=d: d.delta(e) - d.lower_slack <= delta, h, hi)
+        if a is not None:
+            lower = max(lower, a - d.shift)
+    return {"lower": min(lower, estimate), "estimate": estimate, "upper": max(upper, estimate)}
 
 
-def _describe(bounds: _Bounds, mesh: _Mesh) -> dict[str, Any]:
+def _describe(bounds: _Bounds, mesh: _Mesh, used: _Tuning) -> dict[str, Any]:
     names = ("remove", "add")
-    out: dict[str, Any] = {"method": "prv", "mesh_width": mesh.h}
+    out: dict[str, Any] = {
+        "method": "prv",
+        "mesh_width": mesh.h,
+        "delta_budget": used.budget,
+        "mesh_coarsened": 2**used.coarsen,
+    }
     for name, d in zip(names, bounds.directions, strict=False):
         out[name] = {
             "window_points": d.size,

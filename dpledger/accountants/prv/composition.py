@@ -51,6 +51,7 @@ __all__ = ["ComposedLoss", "compose", "coupling_shift"]
 
 _U = np.finfo(float).eps
 _MAX_CLOSED_FORM_BAND = 8192
+_MAX_BAND_WORK = 4e9
 _TARGET_TRUNCATION = 1e-21
 
 
@@ -67,8 +68,10 @@ class _Chernoff:
         h = steps.h
         sigma = max(math.sqrt(dot(counts.astype(float), steps.var)), 4 * h)
         base = math.sqrt(2 * math.log(1 / eta)) / sigma
-        lam = base * np.logspace(-3, 2.5, 45, base=2.0)
-        self.lam = lam[lam <= 3.0 / h]  # keeps λ·block·h/2 ≤ 1.5 with block ≥ 1
+        # small λ matter for heavy tails (few steps of a heavy-tailed loss); λ ≤ 3/h keeps the
+        # Taylor blocks at least one mesh point wide
+        lam = base * np.logspace(-16, 3, 77, base=2.0)
+        self.lam = lam[lam <= 3.0 / h]
         if self.lam.size == 0:
             self.lam = np.array([3.0 / h])
         block = 1
@@ -391,23 +394,26 @@ def compose(
     j_hi = j_lo + n - 1
     above = 0.0 if j_hi >= hi else chernoff.above((j_hi + 1) * h)
     below = 0.0 if j_lo <= lo else chernoff.below((j_lo - 1) * h)
-    atoms = int(sum(steps.prvs[i].positions.size for i in used))
-    full_cost = used.size * n * math.log2(n) + n
+    full_cost = used.size * n * math.log2(n) * 2.0
     band, band_error = n // 2, 0.0
     if n > 4096 and method != "full":
         band, band_error = band_limit(steps, counts, n, eta_band)
-    band_cost = atoms * TERMS + used.size * 64 * band * TERMS
-    use_band = band < n // 2 and (band_cost < full_cost or n > max_points) and method != "full"
+    use_band = False
+    if band < n // 2:
+        block, terms, remainder = _spectral_block(chernoff.block, n, band)
+        blocks = steps.block_moments(block, terms)[0].size
+        band_cost = blocks * (band + 1) * (terms + 8.0)
+        use_band = band_cost < full_cost or n > max_points
+        if use_band and band_cost > _MAX_BAND_WORK:
+            raise MemoryError(f"a band of {band} frequencies over {blocks} blocks is too large")
     if not use_band:
         if n > max_points:
             raise MemoryError(f"window of {n} points exceeds the limit of {max_points}")
-        band, band_error = n // 2, 0.0
+        band, band_error, remainder = n // 2, 0.0, 0.0
     k = counts[used].astype(float)
     if use_band:
-        block, terms, remainder = _spectral_block(chernoff.block, n, band)
         spectra = steps.band_spectrum(n, band, block, terms)[used]
     else:
-        remainder = 0.0
         spectra = np.stack([steps.full_spectrum(i, n) for i in used])
     mag = np.abs(spectra)
     per_unit = 16 * _U + remainder * steps.mass[used][:, None]

@@ -45,7 +45,7 @@ def gaussian_epsilon(delta: float, mu: float) -> tuple[float, float]:
     hi = max(1.0, mu * mu / 2 + mu * math.sqrt(2 * math.log(1 / delta)) + 1.0)
     while excess(hi) > 0:
         hi *= 2
-    root = scipy.optimize.brentq(excess, 0.0, hi, xtol=1e-13 * max(1.0, hi), rtol=4e-16)
+    root = scipy.optimize.brentq(excess, 0.0, hi, xtol=1e-13 * max(1.0, hi), rtol=1e-15)
     upper = root
     step = 1e-12 * max(1.0, root)
     while excess(upper) > 0:
