@@ -80,8 +80,9 @@ class _Plan:
 
     def gaussian_mu(self, counts: Sequence[int] | None = None) -> float:
         s = self.sensitivity
-        pairs = self.gaussian if counts is None else list(zip([z for z, _ in self.gaussian], counts))
-        return math.sqrt(sum(c * (s / z) ** 2 for z, c in pairs))
+        zs = [z for z, _ in self.gaussian]
+        used = [c for _, c in self.gaussian] if counts is None else list(counts)
+        return math.sqrt(sum(c * (s / z) ** 2 for z, c in zip(zs, used, strict=True)))
 
 
 def _plan(ledger: CompressedLedger) -> _Plan:
@@ -106,9 +107,7 @@ def _plan(ledger: CompressedLedger) -> _Plan:
         counts[index[key]] += run.count
         sequence.append(("run", index[key], run.count))
     runs = tuple((q, z, counts[i]) for (q, z), i in index.items())
-    return _Plan(
-        runs=runs, gaussian=tuple(gaussian), replace_one=replace, sequence=tuple(sequence)
-    )
+    return _Plan(runs=runs, gaussian=tuple(gaussian), replace_one=replace, sequence=tuple(sequence))
 
 
 @attrs.frozen
@@ -250,7 +249,12 @@ class PrvAccountant(Accountant):
         return _Mesh(h=h, remove=remove, add=add)
 
     def _compose(
-        self, mesh: _Mesh, counts: Sequence[int], mu: float, budget: float
+        self,
+        mesh: _Mesh,
+        counts: Sequence[int],
+        mu: float,
+        budget: float,
+        precise: bool = False,
     ) -> _Bounds:
         directions = []
         counts_array = np.asarray(counts, dtype=np.int64)
@@ -266,9 +270,25 @@ class PrvAccountant(Accountant):
                     eta_band=0.1 * budget,
                     eta_shift=0.5 * budget,
                     max_points=self.max_points,
+                    precise=precise,
                 )
             )
         return _Bounds(directions=tuple(directions), mesh_width=mesh.h)
+
+    def _checked_compose(
+        self, mesh: _Mesh, counts: Sequence[int], mu: float, budget: float, target: float
+    ) -> _Bounds:
+        """Compose; redo in extended precision when the float64 rounding estimate is not small
+        against ``target`` (the δ of interest); raise when even that does not suffice."""
+        bounds = self._compose(mesh, counts, mu, budget)
+        if max(d.float_error for d in bounds.directions) > 0.05 * target:
+            bounds = self._compose(mesh, counts, mu, budget, precise=True)
+        worst = max(d.float_error for d in bounds.directions)
+        if worst > 0.25 * target:
+            raise PrvNumericalError(
+                f"floating-point error estimate {worst:.3g} is not small against {target:g}"
+            )
+        return bounds
 
     def _solve(
         self, plan: _Plan, tuning: _Tuning, run: Callable[[_Mesh, _Tuning], Any]
@@ -344,13 +364,7 @@ class PrvAccountant(Accountant):
     def _epsilon_on_mesh(
         self, mesh: _Mesh, counts: Sequence[int], mu: float, delta: float, budget: float
     ) -> tuple[_Bounds, dict[str, float]]:
-        bounds = self._compose(mesh, counts, mu, budget)
-        for d in bounds.directions:
-            if d.float_error > 0.25 * delta:
-                raise PrvNumericalError(
-                    f"floating-point error estimate {d.float_error:.3g} is not small against "
-                    f"delta={delta:g}"
-                )
+        bounds = self._checked_compose(mesh, counts, mu, budget, delta)
         return bounds, _search_epsilon(bounds, delta)
 
     def _answer(
@@ -455,9 +469,7 @@ class PrvAccountant(Accountant):
         )
         estimate = min(bounds.estimate(epsilon), 1.0)
         upper = min(bounds.upper(epsilon), 1.0)
-        lower = max(
-            0.0, max(d.delta(epsilon + d.shift) - d.lower_slack for d in bounds.directions)
-        )
+        lower = max(0.0, max(d.delta(epsilon + d.shift) - d.lower_slack for d in bounds.directions))
         lower = min(lower, estimate)
         value = upper if self.report == "upper" else estimate
         details = {**info, **_describe(bounds, mesh, used), "estimate": estimate}

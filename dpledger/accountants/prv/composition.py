@@ -52,6 +52,7 @@ __all__ = ["ComposedLoss", "compose", "coupling_shift"]
 _U = np.finfo(float).eps
 _MAX_CLOSED_FORM_BAND = 8192
 _MAX_BAND_WORK = 4e9
+_PI_LONG = np.longdouble("3.14159265358979323846264338327950288")
 _TARGET_TRUNCATION = 1e-21
 
 
@@ -144,7 +145,9 @@ def _taylor(w_lo: np.ndarray, w_hi: np.ndarray, var: np.ndarray, rho3: np.ndarra
     return a + rho3[:, None] * w_hi**3 / 6.0
 
 
-def _bounds(steps: DiscreteSteps, used: np.ndarray, w_lo: np.ndarray, w_hi: np.ndarray) -> np.ndarray:
+def _bounds(
+    steps: DiscreteSteps, used: np.ndarray, w_lo: np.ndarray, w_hi: np.ndarray
+) -> np.ndarray:
     """β ≥ |F_r(ω)| on each cell [w_lo, w_hi] (ω ≤ π/h), for the steps in ``used``."""
     h = steps.h
     mass = steps.mass[used][:, None]
@@ -173,9 +176,7 @@ def _fft_bound(prv: DiscretePrv, w_lo: np.ndarray, w_hi: np.ndarray) -> np.ndarr
     return out + prv.dense_abs_deviation * step / 2
 
 
-def band_limit(
-    steps: DiscreteSteps, counts: np.ndarray, n: int, eta: float
-) -> tuple[int, float]:
+def band_limit(steps: DiscreteSteps, counts: np.ndarray, n: int, eta: float) -> tuple[int, float]:
     """(M, bound): the smallest band M found with 2·Σ_{m>M}|G_m| ≤ eta, and that bound.
 
     Returns (n//2, 0.0) when no band below Nyquist is certified.
@@ -296,18 +297,22 @@ class ComposedLoss:
         if j0 > j1:
             return 0.0
         count = j1 - j0 + 1
-        scale = math.exp(epsilon - j0 * h)  # ≤ 1
         g = self.spectrum
+        # the arithmetic follows the spectrum's precision (extended when it was computed so)
+        real = np.longdouble if g.dtype == np.clongdouble else np.float64
+        tau = 2 * (_PI_LONG if real is np.longdouble else real(math.pi))
+        hh = real(h)
+        scale = np.exp(real(epsilon) - real(j0) * hh)  # ≤ 1
         m = np.arange(1, self.band + 1, dtype=np.int64)
-        theta = 2 * math.pi * m / n
-        z_j0 = np.exp(2j * math.pi * np.mod(m * j0, n) / n)
-        theta_count = 2 * math.pi * np.mod(m * count, n) / n
+        theta = (tau / n) * m.astype(real)
+        z_j0 = np.exp(1j * (tau / n) * (np.mod(m * j0, n).astype(real)))
+        theta_count = (tau / n) * np.mod(m * count, n).astype(real)
         first = -np.expm1(1j * theta_count) / -np.expm1(1j * theta)
-        second = scale * -np.expm1(-count * h + 1j * theta_count) / -np.expm1(-h + 1j * theta)
+        second = scale * -np.expm1(-count * hh + 1j * theta_count) / -np.expm1(-hh + 1j * theta)
         k = z_j0 * (first - second)
-        k0 = count - scale * (-math.expm1(-count * h)) / (-math.expm1(-h))
+        k0 = count - scale * (-np.expm1(-count * hh)) / (-np.expm1(-hh))
         value = (g[0].real * k0 + 2 * np.sum(g[1:] * k).real) / n
-        return max(value, 0.0)
+        return max(float(value), 0.0)
 
     def _density(self) -> np.ndarray:
         cache = self.__dict__
@@ -346,11 +351,20 @@ class ComposedLoss:
         return max(float(u[i0] + (-math.expm1(epsilon - s0)) * v[i0]), 0.0)
 
 
-def _float_error(spectrum: np.ndarray, rel: np.ndarray, n: int) -> float:
-    """Estimate of the δ error from the relative error ``rel`` of each G_m."""
-    err = np.abs(spectrum) * np.minimum(rel, 1e300)
-    size = float(np.abs(spectrum[0]) + 2 * np.abs(spectrum[1:]).sum())
-    return float(4 * (err[0] + 2 * err[1:].sum()) + 4 * _U * math.log2(max(n, 2)) * size)
+def _float_error(spectrum: np.ndarray, rel: np.ndarray, n: int, ulp: float) -> float:
+    """Estimate of the δ error from the relative error ``rel`` of each computed G_m.
+
+    δ = (1/N)·Σ_m G_m·K_m with |K_m|/N ≤ 1 for m = 0 and ≤ 1/m otherwise (the kernel is a
+    geometric sum), so the error is at most Σ_m |ΔG_m|·min(1, 1/m), counted twice for ±m; the
+    final summation adds a few ulps of Σ|G_m|.
+    """
+    weight = 1.0 / np.maximum(np.arange(spectrum.size), 1)
+    mag = np.abs(spectrum).astype(float)
+    err = mag * np.minimum(rel, 1e300) * weight
+    size = mag * weight
+    if spectrum.size > _MAX_CLOSED_FORM_BAND:  # evaluated through an inverse FFT
+        size = size * math.log2(max(n, 2))
+    return float(err[0] + 2 * err[1:].sum() + 8 * ulp * (size[0] + 2 * size[1:].sum()))
 
 
 def compose(
@@ -363,6 +377,7 @@ def compose(
     eta_shift: float,
     max_points: int,
     method: str = "auto",
+    precise: bool = False,
 ) -> ComposedLoss:
     """Compose the steps of one direction ``counts`` times each and bound every error term.
 
@@ -375,6 +390,9 @@ def compose(
         eta_shift: failure probability of the lower-bound shift.
         max_points: largest window (in mesh points) the full spectrum may use.
         method: ``"auto"``, or ``"full"`` to force the full spectrum (for checks).
+        precise: compute the spectra and their powers in extended precision
+            (``numpy.longdouble``), for small δ where float64 rounding, amplified k-fold by
+            the powers, would not be small against δ.
 
     Raises:
         MemoryError: when neither a certified band nor a full spectrum of at most
@@ -412,16 +430,22 @@ def compose(
         band, band_error, remainder = n // 2, 0.0, 0.0
     k = counts[used].astype(float)
     if use_band:
-        spectra = steps.band_spectrum(n, band, block, terms)[used]
+        spectra = steps.band_spectrum(n, band, block, terms, precise)[used]
     else:
-        spectra = np.stack([steps.full_spectrum(i, n) for i in used])
-    mag = np.abs(spectra)
-    per_unit = 16 * _U + remainder * steps.mass[used][:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log_g = np.einsum("r,rm->m", k, np.log(spectra))
+        spectra = np.stack([steps.full_spectrum(i, n, precise) for i in used])
+    mag = np.abs(spectra).astype(float)
+    # relative error of each F_r(ω_m): a few ulps for the block sums (phases reduced exactly),
+    # ~log2(n) ulps of the total mass for an FFT; k_r-fold amplified by the power
+    ulp = float(np.finfo(np.longdouble).eps) if precise else _U
+    unit = 4 * ulp if use_band else 2 * ulp * math.log2(n)
+    per_unit = (unit + remainder) * steps.mass[used][:, None]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        log_g = np.einsum("r,rm->m", k.astype(spectra.real.dtype), np.log(spectra))
         rel = np.einsum("r,rm->m", k, per_unit / np.maximum(mag, 1e-300))
-    spectrum = np.exp(log_g)
-    spectrum[~np.isfinite(log_g)] = 0.0
+        spectrum = np.exp(log_g)
+    spectrum[~np.isfinite(log_g.real.astype(float))] = 0.0
+    if not (precise and use_band and band < _MAX_CLOSED_FORM_BAND and gaussian_mu == 0.0):
+        spectrum = spectrum.astype(complex)  # only the closed form evaluates in extended precision
     out = -math.expm1(float(k @ np.log1p(-np.minimum(steps.out_mass[used], 0.5))))
     return ComposedLoss(
         h=h,
@@ -433,7 +457,7 @@ def compose(
         wrap_below=below,
         wrap_above=above,
         band_error=band_error,
-        float_error=_float_error(spectrum, rel, n),
+        float_error=_float_error(spectrum, rel, n, float(np.finfo(spectrum.real.dtype).eps)),
         out_probability=out,
         shift=coupling_shift(steps, counts, eta_shift),
         shift_failure=eta_shift,

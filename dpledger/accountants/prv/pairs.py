@@ -50,7 +50,8 @@ def noise_at_loss(loss: np.ndarray, q: np.ndarray, z: np.ndarray, replace_one: b
             half = 0.5 * loss
             y = np.exp(np.minimum(log_c, 700.0)) * np.sinh(half)
             small = (np.abs(y) < 1e150) & (log_c < 700.0)
-            # asinh(y) = sign(y)·(log 2|y| + O(1/y²)) for huge |y|; 2 sinh|ℓ/2| = e^{|ℓ|/2}(1 − e^{−|ℓ|})
+            # asinh(y) = sign(y)·(log 2|y| + O(1/y²)) for huge |y|;
+            # 2·sinh|ℓ/2| = e^{|ℓ|/2}·(1 − e^{−|ℓ|})
             big = np.sign(loss) * (log_c + np.abs(half) + np.log1p(-np.exp(-2 * np.abs(half))))
             asinh = np.where(small, np.arcsinh(np.where(small, y, 0.0)), big)
             return z2 * (half + asinh)
