@@ -67,7 +67,9 @@ def pld(
     return acc
 
 
-def ledger(runs: list[tuple[float, float, int]], neighboring: str = "add_remove") -> CompressedLedger:
+def ledger(
+    runs: list[tuple[float, float, int]], neighboring: str = "add_remove"
+) -> CompressedLedger:
     return CompressedLedger.from_runs(runs, neighboring=neighboring)
 
 
@@ -76,11 +78,18 @@ def check_against_pld(
 ) -> None:
     relation = _NR.REPLACE_ONE if neighboring == "replace_one" else _NR.ADD_OR_REMOVE_ONE
     result = PrvAccountant(eps_error=EPS_ERROR).epsilon(ledger(runs, neighboring), delta=DELTA)
-    oracle = pld(runs, relation).get_epsilon(DELTA)
-    assert result.lower <= oracle + 1e-9
-    assert oracle <= result.upper + 1e-3
     assert result.upper - result.lower <= 2 * EPS_ERROR
     assert not result.warnings
+    oracle = pld(runs, relation)
+    if result.upper < 700:
+        epsilon = oracle.get_epsilon(DELTA)
+        assert result.lower <= epsilon + 1e-9
+        assert epsilon <= result.upper + 1e-3
+    else:  # dp-accounting's ε search underflows here (module docstring): compare its δ
+        # PLD's δ is an upper bound: at our lower bound the true δ exceeds the target
+        assert oracle.get_delta(result.lower) > DELTA
+        # and PLD, accurate to 1e-3 in ε, meets the target just above our upper bound
+        assert oracle.get_delta(result.upper + 1e-3) <= DELTA
 
 
 # corners and inside of q ∈ [1e-4, 1], z ∈ [0.5, 10], steps ∈ [1, 1e5] where the PLD oracle
@@ -118,10 +127,19 @@ def test_small_q_small_z_many_steps(runs: list[tuple[float, float, int]]) -> Non
     check_against_pld(runs)
 
 
+# ε > 1500 does not fit in the PLD's memory at interval 1e-4; those three ledgers are left out
+_TOO_LARGE = {(0.1, 0.5, 30_000), (0.5, 0.5, 30_000), (0.5, 1.0, 30_000)}
+WIDE_GRID = [
+    (q, z, steps)
+    for q in (1e-4, 1e-3, 0.01, 0.1, 0.5)
+    for z in (0.5, 1.0, 2.0, 5.0, 10.0)
+    for steps in (1, 30, 1000, 30_000)
+    if (q, z, steps) not in _TOO_LARGE
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("q", [1e-4, 1e-3, 0.01, 0.1, 0.5])
-@pytest.mark.parametrize("z", [0.5, 1.0, 2.0, 5.0, 10.0])
-@pytest.mark.parametrize("steps", [1, 30, 1000, 30_000])
+@pytest.mark.parametrize("q, z, steps", WIDE_GRID)
 def test_wide_grid_against_pld(q: float, z: float, steps: int) -> None:
     check_against_pld([(q, z, steps)])
 
@@ -154,14 +172,7 @@ def test_outside_the_grid(runs: list[tuple[float, float, int]]) -> None:
 def test_large_epsilon_where_peers_fail() -> None:
     """q = 0.5, z = 0.5, 1,000 steps: ε ≈ 878, past exp underflow in dp-accounting's ε search
     (see the module docstring), so the PLD's δ is checked at our bounds."""
-    runs = [(0.5, 0.5, 1000)]
-    result = PrvAccountant(eps_error=EPS_ERROR).epsilon(ledger(runs), delta=DELTA)
-    assert result.upper - result.lower <= 2 * EPS_ERROR and math.isfinite(result.upper)
-    oracle = pld(runs)
-    # PLD's δ is an upper bound: at our lower bound the true δ exceeds the target
-    assert oracle.get_delta(result.lower) > DELTA
-    # and PLD, accurate to 1e-3 in ε, meets the target just above our upper bound
-    assert oracle.get_delta(result.upper + 1e-3) <= DELTA
+    check_against_pld([(0.5, 0.5, 1000)])
 
 
 @pytest.mark.parametrize("epsilon", [0.0, 0.5, 2.0, 4.0])

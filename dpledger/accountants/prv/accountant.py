@@ -37,7 +37,7 @@ import numpy as np
 
 from dpledger.accountants.base import Accountant, Answer, ResultKind
 from dpledger.accountants.bucketing import conservative_buckets
-from dpledger.accountants.prv.composition import ComposedLoss, compose
+from dpledger.accountants.prv.composition import ComposedLoss, compose, compose_prefixes
 from dpledger.accountants.prv.discretisation import DiscreteSteps, discretise_steps
 from dpledger.accountants.prv.fallback import rdp_epsilon
 from dpledger.accountants.prv.gaussian import gaussian_delta, gaussian_epsilon
@@ -421,36 +421,57 @@ class PrvAccountant(Accountant):
     def _epsilon_curve(
         self, ledger: CompressedLedger, delta: float, steps: Sequence[int]
     ) -> list[Answer]:
-        """ε after each prefix, on one mesh: the steps are discretised once for the whole ledger
-        (a mesh fine enough for the last prefix is fine enough for every earlier one) and each
-        prefix only recomposes in the Fourier domain. A point whose interval comes out wider
-        than 2·eps_error is recomputed on its own, with the adaptive mesh of a single call.
+        """ε after each prefix, incrementally: the steps are discretised once for the whole
+        ledger (a mesh fine enough for the last prefix is fine enough for every earlier one),
+        each direction's window, MGFs and per-step spectra are computed once
+        (:func:`compose_prefixes`), and each prefix only raises the spectra to its counts and
+        searches its ε. A prefix that this shared computation cannot certify as tightly as a
+        single call (its wrap or band, its float error, or an interval wider than 2·eps_error)
+        is computed on its own.
         """
         plan, info = self._prepare(ledger)
         if not plan.runs:
             return [self._epsilon_plan(_prefix_plan(plan, t), delta, info) for t in steps]
         tuning = self._initial_tuning(delta)
-
-        def run(mesh: _Mesh, tried: _Tuning) -> list[Answer | None]:
-            answers: list[Answer | None] = []
-            for t in steps:
-                counts, gaussian_counts = _prefix_counts(plan, t)
-                if not any(counts):
-                    answers.append(None)
+        rows = [_prefix_counts(plan, t) for t in steps]
+        live = [i for i, (counts, _) in enumerate(rows) if any(counts)]
+        answers: list[Answer | None] = [None] * len(steps)
+        if live:
+            counts = np.array([rows[i][0] for i in live], dtype=np.int64)
+            mus = np.array([plan.gaussian_mu(rows[i][1]) for i in live])
+            budget = tuning.budget
+            mesh = self._mesh(plan, tuning)
+            sides = [
+                _compose_in_groups(side, counts, mus, budget)
+                for side in (mesh.remove, mesh.add)
+                if side is not None
+            ]
+            hint, previous = None, None
+            for j, i in enumerate(live):
+                directions = tuple(side[j] for side in sides)
+                try:
+                    if any(d is None for d in directions):  # composed on its own window
+                        bounds = self._checked_compose(
+                            mesh, rows[i][0], float(mus[j]), budget, delta
+                        )
+                    else:
+                        bounds = _Bounds(directions=directions, mesh_width=mesh.h)
+                        if max(d.float_error for d in directions) > 0.05 * delta:
+                            continue
+                    found = _search_epsilon(bounds, delta, hint)
+                except (PrvNumericalError, MemoryError):
                     continue
-                mu = plan.gaussian_mu(gaussian_counts)
-                bounds, found = self._epsilon_on_mesh(mesh, counts, mu, delta, tried.budget)
-                answer = self._answer(found, bounds, mesh, tried, info)
-                answers.append(None if answer.warnings else answer)
-            return answers
-
-        try:
-            computed, _, _ = self._solve(plan, tuning, run)
-        except PrvNumericalError:
-            computed = [None] * len(steps)
+                # ε grows with the steps: the next crossings lie just above this one's
+                step = max(found["upper"] - previous, 0.0) if previous is not None else 0.05
+                previous = found["upper"]
+                low = found["lower"] + max(d.shift for d in bounds.directions)
+                hint = (max(low - 4 * self.eps_error, 0.0), previous + 3 * step + 0.01)
+                answer = self._answer(found, bounds, mesh, tuning, info)
+                if not answer.warnings:
+                    answers[i] = answer
         return [
             a if a is not None else self._epsilon_plan(_prefix_plan(plan, t), delta, info)
-            for a, t in zip(computed, steps, strict=True)
+            for a, t in zip(answers, steps, strict=True)
         ]
 
     # ------------------------------------------------------------------ δ
@@ -467,16 +488,55 @@ class PrvAccountant(Accountant):
         bounds, mesh, used = self._solve(
             plan, tuning, lambda m, tried: self._compose(m, counts, mu, tried.budget)
         )
+        warnings: list[str] = []
+        scale = max(bounds.estimate(epsilon), used.budget)
+        if max(d.float_error for d in bounds.directions) > 0.05 * scale:
+            bounds = self._compose(mesh, counts, mu, used.budget, precise=True)
+            worst = max(d.float_error for d in bounds.directions)
+            if worst > 0.25 * max(bounds.estimate(epsilon), used.budget):
+                warnings.append(
+                    f"floating-point error estimate {worst:.3g} is not small against the "
+                    "computed delta; it is included in the bounds, which are therefore wide"
+                )
         estimate = min(bounds.estimate(epsilon), 1.0)
         upper = min(bounds.upper(epsilon), 1.0)
         lower = max(0.0, max(d.delta(epsilon + d.shift) - d.lower_slack for d in bounds.directions))
         lower = min(lower, estimate)
         value = upper if self.report == "upper" else estimate
         details = {**info, **_describe(bounds, mesh, used), "estimate": estimate}
-        return Answer(value, lower=lower, upper=upper, kind=self._kind, details=details)
+        return Answer(
+            value, lower=lower, upper=upper, kind=self._kind, warnings=warnings, details=details
+        )
 
 
 # ---------------------------------------------------------------------------- helpers
+def _compose_in_groups(
+    steps: DiscreteSteps, counts: np.ndarray, mus: np.ndarray, budget: float
+) -> list[ComposedLoss | None]:
+    """:func:`compose_prefixes` on all prefixes, then again on those it left out (the earliest,
+    which need their own narrower window), up to three rounds."""
+    out: list[ComposedLoss | None] = [None] * len(counts)
+    todo = np.arange(len(counts))
+    for _ in range(3):
+        if todo.size == 0:
+            break
+        done = compose_prefixes(
+            steps,
+            counts[todo],
+            gaussian_mu=mus[todo],
+            eta_wrap=0.05 * budget,
+            eta_band=0.1 * budget,
+            eta_shift=0.5 * budget,
+        )
+        for index, loss in zip(todo, done, strict=True):
+            out[index] = loss
+        left = np.array([i for i, loss in zip(todo, done, strict=True) if loss is None])
+        if left.size == todo.size:
+            break
+        todo = left.astype(np.int64)
+    return out
+
+
 def _prefix_counts(plan: _Plan, t: int) -> tuple[list[int], list[int]]:
     """Counts per distinct subsampled run and per full-batch run after ``t`` ledger steps."""
     counts = [0] * len(plan.runs)
@@ -501,60 +561,127 @@ def _prefix_plan(plan: _Plan, t: int) -> _Plan:
     return _Plan(runs=runs, gaussian=gaussian, replace_one=plan.replace_one)
 
 
-def _bisect(pred: Callable[[int], bool], lo: int, hi: int) -> tuple[int, int | None]:
-    """(j, last_false): the smallest j in [lo, hi] with pred(j), given pred(hi) holds.
+def _search_epsilon(
+    bounds: _Bounds, delta: float, hint: tuple[float, float] | None = None
+) -> dict[str, float]:
+    """Certified lower and upper ε and the estimate.
 
-    ``last_false`` is an index where pred was evaluated False (j − 1), or None if pred(lo).
+    With δ_d(ε) the computed δ of direction d (remove, add), the upper bound is a point where
+    max_d δ_d + slack_d ≤ δ holds, and the lower bound of direction d is a point where
+    δ_d − lower_slack_d > δ was evaluated, minus d's shift; the estimate is where max_d δ_d
+    crosses δ. The crossings are bracketed on vectorised grids (over the window, or over
+    ``hint`` when it brackets them) and located by linear interpolation; the points returned
+    are checked, so the interpolation only affects how tight they are. A direction whose upper
+    criterion already holds at the left end of the brackets is not evaluated inside them (δ_d
+    decreases in ε), and the returned upper bound is re-checked with every direction.
     """
-    if pred(lo):
-        return lo, None
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if pred(mid):
-            hi = mid
+    dirs = bounds.directions
+    up_slack = np.array([d.upper_slack for d in dirs])[:, None]
+    lo_slack = np.array([d.lower_slack for d in dirs])[:, None]
+    names = ["upper", "estimate", *[f"lower{i}" for i in range(len(dirs))]]
+    no_skip = (False,) * len(dirs)
+
+    def excess(eps: np.ndarray, skip: tuple[bool, ...] = no_skip) -> np.ndarray:
+        """The excess over δ of each criterion (positive: not met), one row per criterion;
+        directions in ``skip`` are taken as 0 (their criteria met)."""
+        values = np.array(
+            [np.zeros(eps.size) if skip[i] else d.delta_many(eps) for i, d in enumerate(dirs)]
+        )
+        upper = (values + up_slack).max(axis=0) - delta
+        estimate = values.max(axis=0) - delta
+        return np.vstack([upper, estimate, values - lo_slack - delta])
+
+    def brackets(grid: np.ndarray, ex: np.ndarray) -> dict[str, tuple]:
+        """Per criterion: (a, b, interpolated crossing or None, status) where a is the last
+        unmet and b the first met grid point; status "never" (not met on the grid, a = b =
+        its last point) or "start" (met at its first point, a = b = that point)."""
+        met = ex <= 0
+        out = {}
+        for row, name in enumerate(names):
+            if not met[row].any():  # a lower criterion need not be met inside the grid
+                out[name] = (grid[-1], grid[-1], None, "never")
+                continue
+            i = int(met[row].argmax())
+            if i == 0:
+                out[name] = (grid[0], grid[0], None, "start")
+                continue
+            a, b = grid[i - 1], grid[i]
+            fa, fb = ex[row, i - 1], ex[row, i]
+            out[name] = (a, b, a + (b - a) * fa / (fa - fb), "bracket")
+        return out
+
+    found = None
+    if hint is not None and hint[1] > hint[0] >= 0:
+        grid = np.linspace(hint[0], hint[1], 49)
+        ex = excess(grid)
+        # usable if the upper bound and the estimate start unmet and the upper bound ends met
+        if ex[0, -1] <= 0 and np.all(ex[:2, 0] > 0):
+            found = brackets(grid, ex)
+    if found is None:
+        mu = dirs[0].gaussian_mu
+        extra = gaussian_epsilon(delta / 4, mu)[1] if mu > 0 else 0.0
+        hi = max(bounds.top(), 0.0) + extra + 2 * bounds.mesh_width
+        for _ in range(64):
+            grid = np.linspace(0.0, hi, 65)
+            ex = excess(grid)
+            if ex[0, -1] <= 0:
+                break
+            hi = 2 * hi + 1.0
         else:
-            lo = mid
-    return hi, lo
-
-
-def _crossing(ok: Callable[[float], bool], h: float, hi: int) -> tuple[float | None, float]:
-    """(a, b) with ok(b) and not ok(a) (a is None when ok(0)), b − a tiny, given ok(hi·h).
-
-    First a bisection over mesh points, then over the reals inside the last mesh cell.
-    """
-    j, last_false = _bisect(lambda i: ok(i * h), 0, hi)
-    if last_false is None:
-        return None, 0.0
-    a, b = last_false * h, j * h
-    for _ in range(60):
-        if b - a <= 1e-13 * max(1.0, b):
+            raise PrvNumericalError(f"the upper bound on delta never reaches {delta:g}")
+        found = brackets(grid, ex)
+    # refine the criteria that decide the answer: upper, estimate, and each direction's lower
+    # criterion unless its crossing lies wholly below the estimate's (it then cannot give the
+    # largest lower bound, and its coarse point stays valid)
+    est_lo = found["estimate"][0]
+    pending = [0, 1] + [2 + i for i in range(len(dirs)) if found[f"lower{i}"][1] > est_lo]
+    start = min(found[names[r]][0] for r in pending)
+    at_start = ex[:, int(np.searchsorted(grid, start))]
+    skip = tuple(
+        bool(at_start[2 + i] + d.lower_slack + d.upper_slack < 0) and (2 + i) not in pending
+        for i, d in enumerate(dirs)
+    )
+    for _ in range(10):
+        spans = sorted((found[names[r]][0], found[names[r]][1], r) for r in pending)
+        clusters: list[list] = []
+        for lo_x, hi_x, r in spans:
+            if clusters and lo_x <= clusters[-1][1]:
+                clusters[-1][1] = max(clusters[-1][1], hi_x)
+                clusters[-1][2].append(r)
+            else:
+                clusters.append([lo_x, hi_x, [r]])
+        pending = []
+        for lo_x, hi_x, members in clusters:
+            if hi_x - lo_x <= 1e-4 * max(1.0, hi_x):
+                continue  # interpolation error ~ spacing²·curvature/48² is then negligible
+            grid = np.linspace(lo_x, hi_x, 49)
+            fine = brackets(grid, excess(grid, skip))
+            for r in members:
+                found[names[r]] = fine[names[r]]
+            pending += members
+        if not pending:
             break
-        mid = 0.5 * (a + b)
-        if ok(mid):
-            b = mid
-        else:
-            a = mid
-    return a, b
-
-
-def _search_epsilon(bounds: _Bounds, delta: float) -> dict[str, float]:
-    """Certified lower and upper ε and the estimate (see the module docstring)."""
-    h = bounds.mesh_width
-    extra = 0.0
-    mu = bounds.directions[0].gaussian_mu
-    if mu > 0:
-        extra = gaussian_epsilon(delta / 4, mu)[1]
-    hi = math.ceil((max(bounds.top(), 0.0) + extra) / h) + 2
-    while bounds.upper(hi * h) > delta:
-        hi = 2 * hi + 16
-    _, upper = _crossing(lambda e: bounds.upper(e) <= delta, h, hi)
-    a, b = _crossing(lambda e: bounds.estimate(e) <= delta, h, hi)
-    estimate = b if a is None else 0.5 * (a + b)
+    tol = 1e-9 * max(1.0, found["upper"][1])
+    # upper: the interpolated crossing nudged up if it checks out, else the grid point
+    a, b, c, _ = found["upper"]
+    upper = b
+    nudged = c is not None and c + tol < b
+    if nudged and excess(np.array([c + tol]), skip)[0, 0] <= 0:
+        upper = c + tol
+    while excess(np.array([upper]))[0, 0] > 0:  # every direction, to be sure
+        upper += max(b - a, tol)
+    a, b, c, _ = found["estimate"]
+    estimate = b if c is None else c
     lower = 0.0
-    for d in bounds.directions:
-        a, _ = _crossing(lambda e, d=d: d.delta(e) - d.lower_slack <= delta, h, hi)
-        if a is not None:
-            lower = max(lower, a - d.shift)
+    for i, d in enumerate(dirs):
+        a, b, c, status = found[f"lower{i}"]
+        if status == "start":
+            continue  # no point below the crossing was evaluated: nothing to certify
+        point = a  # evaluated unmet on a grid (the lower rows are never skipped)
+        inside = c is not None and c - tol > a
+        if inside and d.delta_many(np.array([c - tol]))[0] - d.lower_slack > delta:
+            point = c - tol
+        lower = max(lower, point - d.shift)
     return {"lower": min(lower, estimate), "estimate": estimate, "upper": max(upper, estimate)}
 
 

@@ -317,7 +317,8 @@ def _choose_widths(
     cost = _coupling_cost(widths * h, lam)
     cost = cost - cost[0]
     bins = (stride // widths).astype(float)
-    extra = weight[:, None] * cost[None, :]  # (segments, widths)
+    with np.errstate(invalid="ignore"):
+        extra = np.where(weight[:, None] > 0, weight[:, None] * cost[None, :], 0.0)
     rows = np.arange(weight.size)
 
     def pick(mu: float) -> tuple[np.ndarray, float]:
