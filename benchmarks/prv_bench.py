@@ -2,7 +2,7 @@
 dp-accounting's PLD, timed in the same run (medians over repeats; ratios are what matters on a
 shared machine).
 
-    PYTHONPATH=. python benchmarks/prv_bench.py [--quick] [--pld-1000]
+    PYTHONPATH=. python benchmarks/prv_bench.py [--quick] [--pld-1000] [--slow-peers] [--only N]
 
 Cases (δ = 1e-5 throughout):
   1. homogeneous: q = 256/60000, z = 1.1, 14,062 steps; peers at eps_error 0.01 / interval 1e-4;
@@ -135,7 +135,7 @@ def homogeneous(repeats: int) -> None:
     print(f"PLD epsilon inside our certified interval: {r.lower <= p <= r.upper + 1e-3}")
 
 
-def many_distinct(repeats: int, pld_all: bool) -> None:
+def many_distinct(repeats: int, pld_all: bool, slow_peers: bool) -> None:
     zs = np.linspace(0.8, 2.0, 1000)
     runs = [(0.004, float(z), 100) for z in zs]
     ledger = CompressedLedger.from_runs(runs)
@@ -151,6 +151,13 @@ def many_distinct(repeats: int, pld_all: bool) -> None:
     print(row("dp-accounting PLD, 100 distinct", t_pld100, p100, None))
     inside = r100.lower <= p100 <= r100.upper + 1e-3
     print(f"PLD epsilon (100 distinct) inside our certified interval: {inside}")
+    if slow_peers:
+        for name, fn in (("Opacus PRV", opacus_triple), ("prv_accountant", microsoft_triple)):
+            try:
+                t_peer, triple = timed(lambda fn=fn: fn(runs100), 1)
+                print(row(f"{name}, 100 distinct", t_peer, triple[2], (triple[0], triple[2])))
+            except Exception as exc:  # a peer's failure is a result to report
+                print(f"{name}, 100 distinct: failed with {type(exc).__name__}: {exc}")
     if pld_all:
         t_pld1000, p1000 = timed(lambda: pld_epsilon(runs), 1)
         print(row("dp-accounting PLD, 1,000 distinct", t_pld1000, p1000, None))
@@ -192,14 +199,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     parser.add_argument("--pld-1000", action="store_true", help="time PLD on all 1,000 values")
+    parser.add_argument(
+        "--slow-peers", action="store_true", help="also time the PRV peers on 100 distinct values"
+    )
+    parser.add_argument("--only", choices=["1", "2", "3", "4"], help="run one case")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     repeats = 3 if args.quick else 5
     print(machine())
-    homogeneous(repeats)
-    many_distinct(max(1, repeats // 2), args.pld_1000)
-    all_distinct(max(1, repeats // 2))
-    curve(max(1, repeats // 2))
+    cases = {
+        "1": lambda: homogeneous(repeats),
+        "2": lambda: many_distinct(max(1, repeats // 2), args.pld_1000, args.slow_peers),
+        "3": lambda: all_distinct(max(1, repeats // 2)),
+        "4": lambda: curve(max(1, repeats // 2)),
+    }
+    for key, case in cases.items():
+        if args.only in (None, key):
+            case()
 
 
 if __name__ == "__main__":

@@ -439,10 +439,10 @@ def discretise_steps(
     widths = stride >> np.arange(int(math.log2(stride)) + 1)[::-1]
     w_index = np.searchsorted(widths, np.maximum(bin_width, 1))
     bin_run = run[:-1]
-    rem_wm = np.zeros((len(pairs), widths.size))
-    add_wm = np.zeros((len(pairs), widths.size))
-    np.add.at(rem_wm, (bin_run[same], w_index[same]), m[same])
-    np.add.at(add_wm, (bin_run[same], w_index[same]), n[same])
+    cell = bin_run[same] * widths.size + w_index[same]
+    shape = (len(pairs), widths.size)
+    rem_wm = np.bincount(cell, weights=m[same], minlength=shape[0] * shape[1]).reshape(shape)
+    add_wm = np.bincount(cell, weights=n[same], minlength=shape[0] * shape[1]).reshape(shape)
     with np.errstate(over="ignore"):
         q_atoms = atoms * np.exp(-beta)
     bounds = np.r_[0, np.flatnonzero(~same) + 1, j.size]
