@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from dp_accounting import gaussian_mechanism
 
-from dpledger import CompressedLedger, InvalidParameterError
+from dpledger import CompressedLedger, InvalidParameterError, UnsupportedLedgerError
 from dpledger.accountants.base import ResultKind, make_accountant
 from dpledger.accountants.prv import PrvAccountant, PrvDpAccountant, PrvNumericalError
 from dpledger.accountants.prv import accountant as accountant_module
@@ -294,5 +294,18 @@ def test_dp_accounting_interface_bad_arguments() -> None:
         PrvDpAccountant(eps_error=0.0)
 
 
+def test_too_many_distinct_steps_need_bucketing() -> None:
+    zs = 0.8 + 1e-6 * np.arange(accountant_module.MAX_DISTINCT_STEPS + 1)
+    ledger = CompressedLedger.from_runs([(0.004, float(z), 1) for z in zs])
+    with pytest.raises(UnsupportedLedgerError, match="bucketing"):
+        PrvAccountant().epsilon(ledger, delta=DELTA)
+    result = PrvAccountant(bucketing=1e-3).epsilon(ledger, delta=DELTA)
+    assert result.details["distinct_after_bucketing"] <= 20  # z spans 0.8 to 0.81
+
+
 def test_module_exports() -> None:
-    assert set(accountant_module.__all__) == {"PrvAccountant", "PrvNumericalError"}
+    assert set(accountant_module.__all__) == {
+        "MAX_DISTINCT_STEPS",
+        "PrvAccountant",
+        "PrvNumericalError",
+    }

@@ -57,11 +57,11 @@ from dpledger.accountants.prv.discretisation import DiscreteSteps, discretise_st
 from dpledger.accountants.prv.fallback import rdp_epsilon
 from dpledger.accountants.prv.gaussian import gaussian_delta, gaussian_epsilon
 from dpledger.accountants.prv.pairs import StepPair
-from dpledger.errors import DPLedgerError, InvalidParameterError
+from dpledger.errors import DPLedgerError, InvalidParameterError, UnsupportedLedgerError
 from dpledger.ledger.events import NeighboringRelation
 from dpledger.ledger.steps import CompressedLedger
 
-__all__ = ["PrvAccountant", "PrvNumericalError"]
+__all__ = ["MAX_DISTINCT_STEPS", "PrvAccountant", "PrvNumericalError"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ _REPORTS = ("upper", "estimate")
 _DELTA_QUERY_ERROR = 1e-12
 _MAX_COARSENINGS = 6
 _SHIFT_SHARE = 1.2  # the mesh aims at a lower-bound shift t of about 1.4 eps_error
+MAX_DISTINCT_STEPS = 10_000  # about 0.4 MB of atoms each
 
 
 class PrvNumericalError(DPLedgerError, ArithmeticError):
@@ -232,6 +233,21 @@ class PrvAccountant(Accountant):
             "bucketing": self.bucketing,
             "max_points": self.max_points,
         }
+
+    def check_supported(self, ledger: CompressedLedger) -> None:
+        """Also refuse ledgers with more than MAX_DISTINCT_STEPS distinct subsampled steps
+        when bucketing is off (memory grows with them; bucketing collapses them)."""
+        super().check_supported(ledger)
+        if self.bucketing is None:
+            distinct = sum(
+                1 for (q, z) in ledger.distinct() if 0.0 < q < 1.0 and 0.0 < z < math.inf
+            )
+            if distinct > MAX_DISTINCT_STEPS:
+                raise UnsupportedLedgerError(
+                    f"the ledger has {distinct} distinct subsampled steps; the prv accountant "
+                    f"handles at most {MAX_DISTINCT_STEPS} without bucketing: use "
+                    "PrvAccountant(bucketing=1e-3), which keeps the upper bound valid"
+                )
 
     @property
     def _kind(self) -> ResultKind:

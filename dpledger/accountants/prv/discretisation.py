@@ -413,17 +413,69 @@ def discretise_steps(
     seg_run = edge_run[:-1][inner]
     width = _choose_widths(k[seg_run] * seg_mass, stride, h, shift_lambda, budget)
     seg_start = edges[:-1][inner]
-    # ---- bin boundaries: each segment cut into bins of its width, plus each step's last edge
-    inside = _ranges(seg_start, seg_start + stride, width)
-    inside_run = np.repeat(seg_run, stride // width)
+    widths = stride >> np.arange(int(math.log2(stride)) + 1)[::-1]
+    removes: list[DiscretePrv] = []
+    adds: list[DiscretePrv] = []
+    rem_wm = np.zeros((len(pairs), widths.size))
+    add_wm = np.zeros((len(pairs), widths.size))
+    # the atoms of a few hundred steps at a time, so that memory stays bounded
+    seg_bounds = np.searchsorted(seg_run, np.arange(len(pairs) + 1))
+    group = max(1, _CHUNK // max(1, int(seg_mass.size * stride // max(len(pairs), 1) // 8)))
+    for g0 in range(0, len(pairs), group):
+        g1 = min(g0 + group, len(pairs))
+        s0, s1 = seg_bounds[g0], seg_bounds[g1]
+        _atoms(
+            pairs_slice=(g0, g1),
+            q=q,
+            z=z,
+            replace=replace,
+            h=h,
+            stride=stride,
+            widths=widths,
+            seg_start=seg_start[s0:s1],
+            seg_run=seg_run[s0:s1],
+            seg_width=width[s0:s1],
+            last=last[g0:g1],
+            removes=removes,
+            adds=adds,
+            width_masses=(rem_wm, add_wm),
+        )
+    remove = DiscreteSteps(removes, widths, rem_wm)
+    add = None if replace else DiscreteSteps(adds, widths, add_wm)
+    return remove, add
+
+
+def _atoms(
+    *,
+    pairs_slice: tuple[int, int],
+    q: np.ndarray,
+    z: np.ndarray,
+    replace: bool,
+    h: float,
+    stride: int,
+    widths: np.ndarray,
+    seg_start: np.ndarray,
+    seg_run: np.ndarray,
+    seg_width: np.ndarray,
+    last: np.ndarray,
+    removes: list[DiscretePrv],
+    adds: list[DiscretePrv],
+    width_masses: tuple[np.ndarray, np.ndarray],
+) -> None:
+    """Connect-the-dots atoms of the steps g0..g1 (appended to ``removes`` and ``adds``)."""
+    g0, g1 = pairs_slice
+    # bin boundaries: each segment cut into bins of its width, plus each step's last edge
+    inside = _ranges(seg_start, seg_start + stride, seg_width)
+    inside_run = np.repeat(seg_run, stride // seg_width)
     j = np.concatenate([inside, last])
-    run = np.concatenate([inside_run, np.arange(len(pairs))])
+    run = np.concatenate([inside_run, np.arange(g0, g1)])
     order = np.lexsort((j, run))
     j, run = j[order], run[order]
     beta = j * h
     x = noise_at_loss(beta, q[run], z[run], replace)
     p_le, p_gt = p_tails(x, q[run], z[run])
     q_le, q_gt = q_tails(x, q[run], z[run], replace)
+    del x
     same = run[1:] == run[:-1]
     m = np.where(same, _bin_masses(p_le, p_gt), 0.0)
     n = np.where(same, _bin_masses(q_le, q_gt), 0.0)
@@ -431,22 +483,19 @@ def discretise_steps(
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         b = (m - n * np.exp(beta[:-1])) / -np.expm1(-r)
     b = np.clip(np.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0), 0.0, m)
-    a = m - b
     atoms = np.zeros(j.size)
-    atoms[:-1] += a
+    atoms[:-1] += m - b
     atoms[1:] += b
     bin_width = np.where(same, np.diff(j), 0)
-    widths = stride >> np.arange(int(math.log2(stride)) + 1)[::-1]
     w_index = np.searchsorted(widths, np.maximum(bin_width, 1))
-    bin_run = run[:-1]
-    cell = bin_run[same] * widths.size + w_index[same]
-    shape = (len(pairs), widths.size)
-    rem_wm = np.bincount(cell, weights=m[same], minlength=shape[0] * shape[1]).reshape(shape)
-    add_wm = np.bincount(cell, weights=n[same], minlength=shape[0] * shape[1]).reshape(shape)
+    cell = (run[:-1][same] - g0) * widths.size + w_index[same]
+    size = (g1 - g0) * widths.size
+    rem_wm, add_wm = width_masses
+    rem_wm[g0:g1] = np.bincount(cell, weights=m[same], minlength=size).reshape(g1 - g0, -1)
+    add_wm[g0:g1] = np.bincount(cell, weights=n[same], minlength=size).reshape(g1 - g0, -1)
     with np.errstate(over="ignore"):
         q_atoms = atoms * np.exp(-beta)
     bounds = np.r_[0, np.flatnonzero(~same) + 1, j.size]
-    removes, adds = [], []
     for lo, hi in itertools.pairwise(bounds):
         pos, mass = j[lo:hi], atoms[lo:hi]
         d0, d1 = _dense_run(bin_width[lo : hi - 1], mass)
@@ -476,9 +525,6 @@ def discretise_steps(
                     out_mass=float(q_le[lo] + q_gt[hi - 1]),
                 )
             )
-    remove = DiscreteSteps(removes, widths, rem_wm)
-    add = None if replace else DiscreteSteps(adds, widths, add_wm)
-    return remove, add
 
 
 def discretise(
