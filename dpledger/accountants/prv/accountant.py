@@ -32,12 +32,13 @@ still is not. ``delta_error`` (default δ/1000) is the δ budget the truncations
 Why we write our own rather than call a peer, measured with benchmarks/prv_bench.py on a
 2-core Xeon (numbers in benchmarks/RESULTS.md): for q = 256/60000, z = 1.1, 14,062 steps,
 δ = 1e-5 this accountant takes 4.9 ms with a certified width of 0.014, Opacus's float64 PRV
-0.27 s (width 0.020), microsoft prv_accountant's float128 PRV 1.8 s (width 0.020) and
-dp-accounting's PLD 0.27 s; on 100 distinct noise multipliers it takes 0.09 s against 23 s for
-Opacus's PRV, 214 s for prv_accountant and 17 s for the PLD, and on 1,000 of them 2.4 s against
-about 170 s for the PLD. Both PRV peers fail on ledgers this accountant certifies (q = 0.5,
-z = 0.5, 1,000 steps: prv_accountant raises "Discrete mean differs from continuous mean
-significantly", Opacus returns ε = ∞), and both use the remove pair only.
+0.27–0.31 s (width 0.020), microsoft prv_accountant's float128 PRV 1.8 s (width 0.020) and
+dp-accounting's PLD 0.27 s; on 100 distinct noise multipliers it takes 0.1 s against 23 s for
+Opacus's PRV, 214 s for prv_accountant and 17.5 s for the PLD, and on 1,000 of them 1.6–3.2 s
+(depending on the machine's load) against about 175 s for the PLD. Both PRV peers fail on
+ledgers this accountant certifies (q = 0.5, z = 0.5, 1,000 steps: prv_accountant raises
+"Discrete mean differs from continuous mean significantly", Opacus returns ε = ∞), and both
+use the remove pair only.
 """
 
 from __future__ import annotations
