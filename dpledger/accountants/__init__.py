@@ -1,6 +1,8 @@
 """Accountants: replay a ledger to compute (ε, δ), with a label saying what each number is.
 
 * :class:`RdpAccountant` — Rényi DP of the Poisson-subsampled Gaussian (upper bounds);
+* :class:`PrvAccountant` — numerical composition of privacy random variables: certified
+  (lower, estimate, upper) triples, the upper bound reported;
 * :class:`PldAccountant` — dp-accounting's privacy loss distributions (upper bounds);
 * :class:`GdpAccountant` — Gaussian DP (exact for full batches, a CLT approximation otherwise);
 * calibration of the noise multiplier, sampling probability or number of steps for a target ε.
@@ -25,6 +27,7 @@ from dpledger.accountants.calibration import (
 )
 from dpledger.accountants.gdp import GdpAccountant
 from dpledger.accountants.pld import PldAccountant
+from dpledger.accountants.prv import PrvAccountant
 from dpledger.accountants.rdp import RdpAccountant
 
 __all__ = [
@@ -34,6 +37,7 @@ __all__ = [
     "GdpAccountant",
     "PldAccountant",
     "PrivacyResult",
+    "PrvAccountant",
     "RdpAccountant",
     "ResultKind",
     "calibrate_noise_multiplier",

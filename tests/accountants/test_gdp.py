@@ -64,8 +64,10 @@ def test_subsampled_steps_use_the_clt_and_are_labelled_approximation() -> None:
     assert result.details["mu"] == pytest.approx(q * math.sqrt(t * math.expm1(1 / z**2)), rel=1e-12)
     assert result.kind is ResultKind.APPROXIMATION and result.upper is None
     assert result.epsilon == pytest.approx(gdp_epsilon(result.details["mu"], DELTA), rel=1e-12)
-    # many steps: an optimistic PLD would lose too much, so the lower bound is skipped, saying so
-    assert result.lower is None and "lower_bound_skipped" in result.details
+    # the certified lower bound comes from the PRV accountant; the CLT understates ε here
+    assert result.details["lower_bound_method"] == "PRV accountant's certified lower bound"
+    assert result.lower is not None and result.lower <= _pld_upper(_ledger((q, z, t)))
+    assert result.epsilon < result.lower and len(result.warnings) == 1
     assert GdpAccountant().delta(_ledger((q, z, t)), epsilon=1.0).kind is ResultKind.APPROXIMATION
 
 
@@ -116,15 +118,51 @@ def test_lower_bound_is_below_pld_upper_bound(triples: list) -> None:
     assert bool(result.warnings) == (result.epsilon < result.lower)
 
 
-def test_lower_bound_can_be_turned_off_or_forced() -> None:
+def _without_prv(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the PRV lower bound fail, as a failed numerical check would."""
+    from dpledger.accountants import gdp as gdp_module
+
+    def failing(_ledger: CompressedLedger, _delta: float) -> tuple[None, dict]:
+        return None, {"lower_bound_prv_failed": "simulated failure"}
+
+    monkeypatch.setattr(gdp_module, "_prv_lower_bound", failing)
+
+
+def test_lower_bound_can_be_turned_off_or_forced(monkeypatch: pytest.MonkeyPatch) -> None:
     ledger = _ledger((0.01, 0.6, 1000))
     off = GdpAccountant(lower_bound=False).epsilon(ledger, delta=DELTA)
     assert off.lower is None and off.warnings == () and "lower_bound_method" not in off.details
-    forced = GdpAccountant(lower_bound_interval=5e-3).epsilon(
-        _ledger((0.004, 1.0, 3000)), delta=DELTA
-    )
+    _without_prv(monkeypatch)
+    many_steps = _ledger((0.004, 1.0, 3000))
+    skipped = GdpAccountant().epsilon(many_steps, delta=DELTA)
+    assert skipped.lower is None and "lower_bound_skipped" in skipped.details
+    forced = GdpAccountant(lower_bound_interval=5e-3).epsilon(many_steps, delta=DELTA)
     assert forced.details["lower_bound_interval"] == 5e-3
     assert "lower_bound_skipped" not in forced.details and forced.lower is not None
+    assert forced.details["lower_bound_prv_failed"] == "simulated failure"
+
+
+def test_pld_fallback_bound_is_below_pld_upper_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    _without_prv(monkeypatch)
+    ledger = _ledger((0.01, 0.6, 1000))
+    result = GdpAccountant().epsilon(ledger, delta=DELTA)
+    assert result.details["lower_bound_method"].startswith("dp-accounting PLD")
+    assert result.lower is not None and result.lower <= _pld_upper(ledger)
+    assert result.epsilon < result.lower and len(result.warnings) == 1
+
+
+def test_prv_lower_bound_is_tight_and_certified() -> None:
+    """PRV's lower bound lies below, and within its error width of, the PLD upper bound.
+
+    PRV certifies upper − lower ≤ 2·eps_error = 0.02 (default eps_error 0.01) and the PLD upper
+    bound at interval 1e-3 lies within 1e-3 of PRV's upper bound on this ledger's regime, so
+    PLD − lower ≤ 0.021; the optimistic bucketing at 1e-4 moves the bound by far less.
+    """
+    ledger = _ledger((0.01, 0.6, 1000))
+    result = GdpAccountant().epsilon(ledger, delta=DELTA)
+    pld = _pld_upper(ledger)
+    assert result.details["lower_bound_method"] == "PRV accountant's certified lower bound"
+    assert pld - 0.021 <= result.lower <= pld
 
 
 # --------------------------------------------------------------------------- replace-one
