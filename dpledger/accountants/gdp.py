@@ -38,7 +38,7 @@ it, the result carries a warning saying so and by what factor. ``lower_bound=Fal
 The bound comes first from the PRV accountant (:mod:`dpledger.accountants.prv`), whose ``lower``
 is certified by the error analysis of Gopi, Lee & Wutschitz (2021) and costs milliseconds. It
 runs on a copy of the ledger with q rounded *down* and z rounded *up* onto a fine grid
-(:func:`~dpledger.accountants.bucketing.optimistic_buckets`, relative precision 1e-4): a less
+(:func:`~dpledger.accountants.bucketing.optimistic_buckets`, relative precision 1e-3): a less
 costly ledger, since the privacy curve of a subsampled Gaussian is monotone in q and z, so a lower
 bound for it is one for the original, and it collapses ledgers with very many distinct steps.
 
@@ -330,7 +330,7 @@ class GdpAccountant(Accountant):
         return lower, info
 
 
-_PRV_LOWER_BOUND_BUCKETING = 1e-4
+_PRV_LOWER_BOUND_BUCKETING = 1e-3
 
 
 def _prv_lower_bound(ledger: CompressedLedger, delta: float) -> tuple[float | None, dict[str, Any]]:
