@@ -44,9 +44,15 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from dpledger.adapters.torch import FunctionalPerExampleEngine, PerExampleGradientEngine
+from dpledger import PrivacyLedger
+from dpledger.adapters.torch import (
+    DPOptimizer,
+    FunctionalPerExampleEngine,
+    PerExampleGradientEngine,
+)
 
 CLIP = 1.0
+POPULATION = 60_000
 SIGMA = 1.0
 LR = 0.05
 
@@ -145,7 +151,9 @@ def _flat_factors(norms: dict[str, torch.Tensor]) -> torch.Tensor:
     return (CLIP / (total + 1e-6)).clamp(max=1.0)
 
 
-def build_steps(name: str, device: torch.device, with_opacus: bool) -> dict[str, Callable]:
+def build_steps(
+    name: str, device: torch.device, with_opacus: bool, with_metrics: bool = True
+) -> dict[str, Callable]:
     base, data, batch = make_model(name)
     base = base.to(device)
     x, y = data(batch, device)
@@ -181,10 +189,40 @@ def build_steps(name: str, device: torch.device, with_opacus: bool) -> dict[str,
 
         return step
 
+    def wrapped(fast_backward: bool, *, metrics: bool = False, strategy: str = "auto") -> Callable:
+        m, o = fresh()
+        opt = DPOptimizer(
+            o,
+            model=m,
+            max_grad_norm=CLIP,
+            noise_multiplier=SIGMA,
+            sampling_probability=batch / POPULATION,
+            population_size=POPULATION,
+            ledger=PrivacyLedger(),
+            seed=0,
+            strategy=strategy,
+            bias_callback=(lambda step, metrics: None) if metrics else None,
+        )
+
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(m(x), y)
+            if fast_backward:
+                opt.backward(loss)
+            else:
+                loss.backward()
+            opt.step()
+
+        return step
+
+    steps["DPOptimizer (optimizer.backward)"] = wrapped(True)
+    steps["DPOptimizer (loss.backward)"] = wrapped(False)
+    if with_metrics:
+        steps["DPOptimizer, bias metrics on"] = wrapped(True, metrics=True)
+    steps["DPOptimizer, strategy=generic"] = wrapped(True, strategy="generic")
     steps["ours fast (engine.backward)"] = ours("auto", True)
     steps["ours fast (loss.backward)"] = ours("auto", False)
     steps["ours fast, strategy=ghost"] = ours("ghost", True)
-    steps["ours generic (per-module vmap)"] = ours("generic", True)
 
     mf, of = fresh()
     pf = [p for p in mf.parameters() if p.requires_grad]

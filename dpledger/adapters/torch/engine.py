@@ -289,6 +289,22 @@ class PerExampleGradientEngine:
         """Names of the modules whose per-example gradients use the generic path."""
         return tuple(u.name for u in self._units if u.sampler is None)
 
+    @property
+    def has_gradients(self) -> bool:
+        """True when a backward delivered gradients since the last forward or :meth:`clear`.
+
+        That is, a step is waiting for its per-example quantities to be used (an empty batch
+        counts: its output gradients have zero records).
+        """
+        if self._grad_seen:
+            return True
+        return any(c.has_grad for u in self._units for c in u.captures)
+
+    @property
+    def recomputing(self) -> bool:
+        """True while the engine itself runs a module's forward (generic per-example path)."""
+        return self._recomputing
+
     def remove(self) -> None:
         """Detach every hook from the model and drop what the engine stored."""
         for h in self._handles:
