@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
+import weakref
 
 import pytest
 import torch
@@ -430,3 +432,15 @@ def test_loader_that_is_not_poisson_is_refused_with_advice():
         noise_multiplier=1.0,
     )
     assert dp.expected_batch_size == 4.0 and dp.sampler is sampler
+
+
+def test_a_trained_model_and_its_optimizer_can_be_garbage_collected():
+    model = small_cnn()
+    dp = wrap(model)
+    for _ in range(2):
+        x, y = batch(4)
+        one_step(model, dp, x, y)
+    refs = [weakref.ref(model), weakref.ref(dp), weakref.ref(dp.ledger)]
+    del model, dp, x, y
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
