@@ -90,7 +90,11 @@ from dpledger.adapters.torch.poisson import PoissonBatchSampler, _check_q
 from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms import ClippingStrategy, open_step
-from dpledger.validation import check_non_negative_finite, check_positive_int
+from dpledger.validation import (
+    check_non_negative_finite,
+    check_positive_finite,
+    check_positive_int,
+)
 
 __all__ = ["BiasCallback", "DPOptimizer"]
 
@@ -357,6 +361,9 @@ class DPOptimizer(torch.optim.Optimizer):
             noise_allocation=noise_allocation,
             scales=scales,
         )
+        self._query_cache = {
+            (self._queries.max_grad_norm, self._queries.noise_multiplier): self._queries
+        }
         self._names = tuple(self._params)
         self._index_of = {n: i for i, n in enumerate(self._names)}
 
@@ -495,9 +502,22 @@ class DPOptimizer(torch.optim.Optimizer):
 
     @max_grad_norm.setter
     def max_grad_norm(self, value: float) -> None:
-        self._queries = self._queries.with_values(
-            max_grad_norm=value, noise_multiplier=self._queries.noise_multiplier
+        self._set_queries(value, self._queries.noise_multiplier)
+
+    def _set_queries(self, max_grad_norm: float, noise_multiplier: float) -> None:
+        key = (
+            check_positive_finite("max_grad_norm", max_grad_norm),
+            check_non_negative_finite("noise_multiplier", noise_multiplier),
         )
+        queries = self._query_cache.get(key)
+        if queries is None:
+            queries = self._queries.with_values(
+                max_grad_norm=max_grad_norm, noise_multiplier=noise_multiplier
+            )
+            if len(self._query_cache) >= 16:
+                self._query_cache.pop(next(iter(self._query_cache)))
+            self._query_cache[(queries.max_grad_norm, queries.noise_multiplier)] = queries
+        self._queries = queries
 
     @property
     def noise_multiplier(self) -> float:
@@ -506,9 +526,7 @@ class DPOptimizer(torch.optim.Optimizer):
 
     @noise_multiplier.setter
     def noise_multiplier(self, value: float) -> None:
-        self._queries = self._queries.with_values(
-            max_grad_norm=self._queries.max_grad_norm, noise_multiplier=value
-        )
+        self._set_queries(self._queries.max_grad_norm, value)
 
     @property
     def queries(self) -> GradientQueries:

@@ -444,3 +444,22 @@ def test_a_trained_model_and_its_optimizer_can_be_garbage_collected():
     del model, dp, x, y
     gc.collect()
     assert [r() for r in refs] == [None, None, None]
+
+
+def test_hyperparameters_set_between_steps_are_validated():
+    dp = wrap(small_cnn())
+    for name, value in [
+        ("max_grad_norm", 0.0),
+        ("max_grad_norm", True),
+        ("noise_multiplier", -1.0),
+        ("noise_multiplier", math.nan),
+    ]:
+        with pytest.raises(InvalidParameterError) as info:
+            setattr(dp, name, value)
+        assert info.value.parameter == name
+    with pytest.raises(InvalidParameterError, match="generator"):
+        dp.generator = 3
+    dp.noise_multiplier = 2.0
+    dp.noise_multiplier = 0.0
+    dp.noise_multiplier = 2.0
+    assert dp.queries.queries[0].noise_stddev == 2.0
