@@ -17,14 +17,6 @@ pytestmark = pytest.mark.statistical
 Q, N = 0.5, 32  # the fixed denominator q·n = 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: intra-op threads only add overhead
-    yield
-    torch.set_num_threads(threads)
-
-
 def factory() -> nn.Module:
     return nn.Sequential(nn.Linear(10, 16), nn.Tanh(), nn.Linear(16, 3))
 
