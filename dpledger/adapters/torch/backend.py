@@ -122,7 +122,10 @@ class TorchBackend:
     def norm(self, x: Array) -> float:
         """See :meth:`~dpledger.mechanisms.ArrayBackend.norm`."""
         t = self._tensor(x).detach()
-        return float(self._rows_norms(t.reshape(1, -1))[0])
+        value = float(torch.linalg.vector_norm(t, dtype=torch.float64))
+        if math.isfinite(value):
+            return value
+        return float(self._rows_norms(t.reshape(1, -1))[0])  # overflow-safe (or NaN, inf)
 
     @staticmethod
     def _factors(t: torch.Tensor, factors: np.ndarray) -> torch.Tensor:
