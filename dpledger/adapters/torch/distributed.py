@@ -29,6 +29,7 @@ Only rank 0 holds a ledger; the others must be given none.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,7 +57,7 @@ def distributed_world(process_group: Any = None) -> tuple[int, int]:
 
 def _common_seed(process_group: Any) -> int:
     """A seed drawn on rank 0 and broadcast to every rank (the ranks must sample alike)."""
-    seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)
+    seed = torch.tensor([secrets.randbits(62)], dtype=torch.int64)  # OS entropy
     if dist.is_available() and dist.is_initialized():
         dist.broadcast(seed, src=_global_rank(0, process_group), group=process_group)
     return int(seed.item())
@@ -84,8 +85,8 @@ class DistributedPoissonBatchSampler(PoissonBatchSampler):
         rank: this process's rank; default from ``torch.distributed``.
         world_size: the number of ranks; default from ``torch.distributed``.
         steps: batches per epoch; default round(1/q).
-        seed: the common seed (the same on every rank). None: rank 0 draws one and broadcasts
-            it (needs an initialised process group).
+        seed: the common seed (the same on every rank). None: rank 0 draws one from OS entropy
+            and broadcasts it to the other ranks.
         process_group: the group for that broadcast.
 
     Raises:

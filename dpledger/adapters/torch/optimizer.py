@@ -89,7 +89,7 @@ from dpledger.adapters.torch.module_checks import check_module_configuration
 from dpledger.adapters.torch.poisson import PoissonBatchSampler, _check_q
 from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.ledger import PrivacyLedger
-from dpledger.mechanisms import ClippingStrategy, open_step
+from dpledger.mechanisms import ClippingStrategy, ScaledGaussianSumQuery, open_step
 from dpledger.validation import (
     check_non_negative_finite,
     check_positive_finite,
@@ -719,14 +719,14 @@ class DPOptimizer(torch.optim.Optimizer):
         For models that cannot run a forward on zero records; equivalent to ``step()`` after a
         forward and backward of an empty batch.
         """
-        if self._pending():
+        if self._pending() or self._acc is not None:
             raise EngineStateError(
-                "empty_step() with a backward waiting: call optimizer.step() for that batch"
+                "empty_step() with a backward or virtual chunks waiting: their batch is not "
+                "empty; call optimizer.step()"
             )
-        if self._acc is None:
-            self._acc = {n: torch.zeros_like(p) for n, p in self._params.items()}
-            if self._bias_callback is not None:
-                self._acc_unclipped = {n: torch.zeros_like(p) for n, p in self._params.items()}
+        self._acc = {n: torch.zeros_like(p) for n, p in self._params.items()}
+        if self._bias_callback is not None:
+            self._acc_unclipped = {n: torch.zeros_like(p) for n, p in self._params.items()}
         self._release_and_update()
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
@@ -790,20 +790,33 @@ class DPOptimizer(torch.optim.Optimizer):
                 generator=self._generator,
                 backend=self._backend,
             )
+            # A group under separate clipping is one concatenated vector (McMahan & Andrew,
+            # section 2): its members' sums are released as one flat array — the same norm, the
+            # same i.i.d. noise per coordinate — in a few large operations instead of several
+            # small ones per parameter. Joint scaled groups keep one array per scale.
+            grouped_sums = []
+            for query, members in zip(queries.queries, queries.members, strict=True):
+                parts = [by_name[n] for n in members]
+                if len(parts) > 1 and not isinstance(query, ScaledGaussianSumQuery):
+                    parts = [torch.cat([t.reshape(-1) for t in parts])]
+                grouped_sums.append(parts)
             try:
-                noised = step.release(
-                    queries.grouped,
-                    [[by_name[n] for n in members] for members in queries.members],
-                    num_records=count,
-                )
-                flat_noised = {
-                    n: t
-                    for members, group in zip(queries.members, noised, strict=True)
-                    for n, t in zip(members, group, strict=True)
-                }
-                averaged = step.average([flat_noised[n] for n in names])
+                noised = step.release(queries.grouped, grouped_sums, num_records=count)
+                averaged_groups = step.average([t for group in noised for t in group])
             finally:
                 step.end()
+            by_name_avg: dict[str, torch.Tensor] = {}
+            released = iter(averaged_groups)
+            for members, parts in zip(queries.members, grouped_sums, strict=True):
+                if len(parts) == len(members):
+                    for n in members:
+                        by_name_avg[n] = next(released)
+                else:
+                    flat = next(released)
+                    pieces = flat.split([by_name[n].numel() for n in members])
+                    for n, piece in zip(members, pieces, strict=True):
+                        by_name_avg[n] = piece.view(by_name[n].shape)
+            averaged = [by_name_avg[n] for n in names]
         else:
             averaged = [torch.empty_like(s) for s in sums]
         if self._distributed:

@@ -9,10 +9,13 @@ single-process ledger: one sampling event per step with the global q and n.
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
 from dpledger import PrivacyLedger
+from dpledger.adapters.torch import DistributedPoissonBatchSampler, PoissonBatchSampler
+from dpledger.errors import InvalidParameterError
 from dpledger.ledger import SamplingEvent
 from tests.adapters.torch import distributed_worker as w
 
@@ -38,3 +41,26 @@ def test_two_gloo_ranks_equal_one_process_on_the_union(tmp_path):
     assert not list(tmp_path.glob("rank1*.dpl"))
     assert torch.load(tmp_path / "refusals0.pt") == ["sampler"]
     assert torch.load(tmp_path / "refusals1.pt") == ["sampler", "ledger"]
+
+
+def test_ranks_share_one_poisson_sample_with_the_global_q():
+    kwargs = {"population_size": 50, "sampling_probability": 0.3, "steps": 4, "seed": 8}
+    single = list(PoissonBatchSampler(**kwargs))
+    shards = [
+        list(DistributedPoissonBatchSampler(rank=r, world_size=3, **kwargs)) for r in range(3)
+    ]
+    for step, whole in enumerate(single):
+        parts = [shards[r][step] for r in range(3)]
+        assert sorted(i for part in parts for i in part) == whole
+        assert all(i % 3 == r for r, part in enumerate(parts) for i in part)
+    sampler = DistributedPoissonBatchSampler(rank=1, world_size=3, **kwargs)
+    assert (sampler.sampling_probability, sampler.population_size) == (0.3, 50)
+    assert (sampler.rank, sampler.world_size) == (1, 3)
+    with pytest.raises(InvalidParameterError, match="rank"):
+        DistributedPoissonBatchSampler(rank=3, world_size=3, **kwargs)
+    with pytest.raises(InvalidParameterError, match="world_size"):
+        DistributedPoissonBatchSampler(rank=0, world_size=0, **kwargs)
+    unseeded = {k: v for k, v in kwargs.items() if k != "seed"}
+    a = DistributedPoissonBatchSampler(rank=0, world_size=1, **unseeded)
+    b = DistributedPoissonBatchSampler(rank=0, world_size=1, **unseeded)
+    assert not torch.equal(a.generator.get_state(), b.generator.get_state())

@@ -262,13 +262,19 @@ def test_an_empty_batch_is_a_step_that_releases_pure_noise():
     assert ledger.num_steps == 1
     for n, p in model.named_parameters():
         assert torch.equal(p.detach(), before[n])  # σ = 0: the noise-only update is zero
+    dp.detach()
     noisy = wrap(model, ledger=ledger, noise_multiplier=1.0, seed=5)
     one_step(model, noisy, x, y)
+    # one group: its parameters form one vector, noised with one draw of N(0, σ̃² I)
+    sizes = [p.numel() for p in model.parameters()]
     gen = torch.Generator().manual_seed(5)
-    for n, p in model.named_parameters():
-        noise = torch.randn(p.shape, generator=gen, dtype=torch.float64)
-        torch.testing.assert_close(p.detach(), before[n] - LR * noise / (Q * N))
+    noise = torch.randn(sum(sizes), generator=gen, dtype=torch.float64).split(sizes)
+    for (n, p), z in zip(model.named_parameters(), noise, strict=True):
+        torch.testing.assert_close(p.detach(), before[n] - LR * z.view(p.shape) / (Q * N))
     noisy.empty_step()  # for models that cannot run on zero records
+    F.cross_entropy(model(x), y).backward()
+    with pytest.raises(EngineStateError, match="empty_step"):
+        noisy.empty_step()
     assert ledger.num_steps == 3 and _steps(ledger)[2].queries[0].noise_stddev == 1.0
 
 
