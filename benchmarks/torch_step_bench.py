@@ -40,10 +40,17 @@ Run: ``PYTHONPATH=. python benchmarks/torch_step_bench.py`` (``--help`` for opti
 
 from __future__ import annotations
 
+import os
+
+# The bias-metrics row computes dot products of gradient-sized vectors in NumPy. OpenBLAS runs
+# those on several threads that then busy-wait for a while, taking the cores from torch's threads
+# in the rows timed after it (several times slower on 2 cores). BLAS is pinned to one thread
+# before NumPy is imported; no other row calls BLAS.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import argparse
 import copy
 import logging
-import os
 import platform
 import statistics
 import time

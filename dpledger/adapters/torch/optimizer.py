@@ -366,6 +366,7 @@ class DPOptimizer(torch.optim.Optimizer):
         }
         self._names = tuple(self._params)
         self._index_of = {n: i for i, n in enumerate(self._names)}
+        self._layouts: dict[int, tuple[GradientQueries, torch.Tensor, list[slice]]] = {}
 
         # ---- the noise generator, on the parameters' device
         if generator is not None:
@@ -635,14 +636,13 @@ class DPOptimizer(torch.optim.Optimizer):
         batch = source.batch_size
         squared = source.squared_norms()
         queries = self._queries
-        if batch > 0:
-            host = torch.stack([squared[n].to(torch.float64) for n in self._names]).cpu().numpy()
-        else:
-            host = np.zeros((len(self._names), 0))
+        reduce, slices = self._layout(queries)
+        stacked = torch.stack([squared[n].to(torch.float64) for n in self._names])
+        host = (reduce @ stacked).cpu().numpy()  # one row per group (per member if scaled)
         factors = np.empty((len(queries.members), batch))
         group_norms = []
-        for g, (query, members) in enumerate(zip(queries.queries, queries.members, strict=True)):
-            norms = query.group_norms(squared_norms=[host[self._index_of[n]] for n in members])
+        for g, query in enumerate(queries.queries):
+            norms = query.group_norms(squared_norms=list(host[slices[g]]))
             factors[g] = query.clip_factors(norms)
             group_norms.append(norms)
         factors[factors < self._tiny] = 0.0  # subnormal factors cannot scale accurately
@@ -656,14 +656,39 @@ class DPOptimizer(torch.optim.Optimizer):
                 for n in self._names:
                     self._acc[n].add_(sums[n])
             if self._bias_callback is not None:
-                self._absorb_metrics(source, host, factors, group_norms, batch)
+                total = stacked.sum(0).cpu().numpy()
+                self._absorb_metrics(source, total, factors, group_norms, batch)
         self._acc_count += batch
         self._discard_pending()
+
+    def _layout(self, queries: GradientQueries) -> tuple[torch.Tensor, list[slice]]:
+        """A 0/1 matrix summing the per-parameter squared norms of each separately clipped
+        group into one row (one row per parameter for joint scaled groups), and each group's
+        rows. Cached per set of queries."""
+        cached = self._layouts.get(id(queries))
+        if cached is not None and cached[0] is queries:
+            return cached[1], cached[2]
+        rows: list[list[str]] = []
+        slices = []
+        for query, members in zip(queries.queries, queries.members, strict=True):
+            start = len(rows)
+            if isinstance(query, ScaledGaussianSumQuery):
+                rows.extend([n] for n in members)
+            else:
+                rows.append(list(members))
+            slices.append(slice(start, len(rows)))
+        reduce = torch.zeros(len(rows), len(self._names), dtype=torch.float64)
+        for r, names in enumerate(rows):
+            for n in names:
+                reduce[r, self._index_of[n]] = 1.0
+        reduce = reduce.to(self._device)
+        self._layouts = {id(queries): (queries, reduce, slices)}
+        return reduce, slices
 
     def _absorb_metrics(
         self,
         source: Any,
-        host: np.ndarray,
+        total_squared: np.ndarray,
         factors: np.ndarray,
         group_norms: list[np.ndarray],
         batch: int,
@@ -675,7 +700,7 @@ class DPOptimizer(torch.optim.Optimizer):
         else:
             for n in self._names:
                 self._acc_unclipped[n].add_(unclipped[n])
-        self._acc_norms.append(np.sqrt(host.sum(axis=0)))
+        self._acc_norms.append(np.sqrt(total_squared))
         clipped = np.zeros(batch, dtype=bool)
         for g, norms in enumerate(group_norms):
             clipped |= (factors[g] < 1.0 - _CLIPPED_TOLERANCE) & (norms > 0.0)
