@@ -58,6 +58,9 @@ Bias metrics (``bias_callback``): after each step, the callback receives
 unclipped sums (one extra book-keeping pass per step). **They are not differentially private**:
 they are computed from the raw per-example gradients; never release them or let them influence
 training in a run whose ε you intend to report. With no callback nothing extra is computed.
+The metrics are computed with NumPy on the host; NumPy's OpenBLAS threads keep spinning after a
+call and can slow the next torch operations on a machine with few cores
+(``OPENBLAS_NUM_THREADS=1`` avoids it, see benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
