@@ -24,7 +24,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from dpledger import PrivacyLedger
+from dpledger import DPLedgerError, PrivacyLedger
 from dpledger.accountants import ACCOUNTANT_MODULES, make_accountant
 from dpledger.adapters.torch import make_private
 
@@ -155,7 +155,11 @@ def epsilon_table(ledger_path: str | Path, *, delta: float = DELTA) -> list[Epsi
         except ImportError as err:
             rows.append(EpsilonRow(name, None, "-", f"not available here ({err})"))
             continue
-        result = accountant.epsilon(ledger, delta=delta)
+        try:
+            result = accountant.epsilon(ledger, delta=delta)
+        except DPLedgerError as err:  # an accountant that cannot analyse this ledger says why
+            rows.append(EpsilonRow(name, None, "-", f"cannot analyse this ledger ({err})"))
+            continue
         rows.append(EpsilonRow(name, result.epsilon, result.kind.value))
     return rows
 

@@ -469,3 +469,15 @@ def test_hyperparameters_set_between_steps_are_validated():
     dp.noise_multiplier = 0.0
     dp.noise_multiplier = 2.0
     assert dp.queries.queries[0].noise_stddev == 2.0
+
+
+def test_a_bfloat16_model_steps_with_float32_sums_and_keeps_its_dtype():
+    model = small_cnn(dtype=torch.bfloat16)
+    dp = wrap(model, noise_multiplier=1.0, seed=0)
+    x, y = batch(6, dtype=torch.bfloat16)
+    before = params_of(model)
+    one_step(model, dp, x, y)
+    for n, p in model.named_parameters():
+        assert p.dtype == p.grad.dtype == torch.bfloat16
+        assert not torch.equal(p.detach(), before[n])
+    assert dp.ledger.num_steps == 1
