@@ -1,4 +1,4 @@
-"""Time one DP-SGD step of dpledger's per-example gradient engine against Opacus, same run.
+"""Time one DP-SGD step of dpledger's DP optimizer (and its engine) against Opacus, same run.
 
 Models (random data, CPU by default, device-agnostic):
 
@@ -12,14 +12,24 @@ Models (random data, CPU by default, device-agnostic):
   sampler, so the engine uses the generic torch.func path for it (ours only: Opacus needs the
   module replaced by its own DPMultiheadAttention).
 
-Rows "ours fast" use the hook-based engine with ``engine.backward(loss)`` (only the gradients
-with respect to layer outputs) or the user's ``loss.backward()``; ``strategy=ghost`` never keeps
-materialised per-example gradients (less memory, sometimes more time); "generic" rows use
-torch.func for every layer (per module inside the engine, or the whole model).
+Rows "DPOptimizer" are the full wrapper around the user's ``torch.optim.SGD``: ``zero_grad``,
+forward, ``optimizer.backward(loss)`` (only the gradients with respect to layer outputs) or the
+user's own ``loss.backward()``, and ``optimizer.step()``, which computes the per-example norms,
+the flat clip factors on the host, the clipped sum, the sensitivity check, float64 Gaussian noise
+from a seeded generator, the ledger's sampling and sum-query events (an in-memory ledger), the
+fixed-denominator average sum/(q·n) and SGD's own step. "bias metrics on" adds the per-step
+clipping-bias callback (one more book-keeping pass and a copy to the host); "strategy=generic"
+uses torch.func for every layer.
 
-Each DP step is: zero grads, forward, backward, per-example norms, flat clipping factors
-f_i = min(1, C / ‖g_i‖), Σ_i f_i g_i, Gaussian noise σ·C on every coordinate, division by B and
-an SGD step (Opacus: its GradSampleModule / DPOptimizer in the given grad_sample_mode, with
+Rows "ours fast"/"ours generic" time the per-example gradient engine alone, as before the
+wrapper existed (norms, factors on the device, clipped sum, float32 noise, SGD step):
+``engine.backward(loss)`` or the user's ``loss.backward()``; ``strategy=ghost`` never keeps
+materialised per-example gradients (less memory, sometimes more time); "whole-model vmap" is
+torch.func over the whole model.
+
+Each engine-only DP step is: zero grads, forward, backward, per-example norms, flat clipping
+factors f_i = min(1, C / ‖g_i‖), Σ_i f_i g_i, Gaussian noise σ·C on every coordinate, division by
+B and an SGD step (Opacus: its GradSampleModule / DPOptimizer in the given grad_sample_mode, with
 Poisson sampling off so that every method sees the same batch). The non-private step is zero
 grads, forward, backward, SGD step. Times are medians over interleaved repeats; ratios are to the
 non-private step of the same run. Peak memory is the peak of tensor memory allocated during one
@@ -30,10 +40,17 @@ Run: ``PYTHONPATH=. python benchmarks/torch_step_bench.py`` (``--help`` for opti
 
 from __future__ import annotations
 
+import os
+
+# The bias-metrics row computes dot products of gradient-sized vectors in NumPy. OpenBLAS runs
+# those on several threads that then busy-wait for a while, taking the cores from torch's threads
+# in the rows timed after it (several times slower on 2 cores). BLAS is pinned to one thread
+# before NumPy is imported; no other row calls BLAS.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import argparse
 import copy
 import logging
-import os
 import platform
 import statistics
 import time
@@ -44,9 +61,15 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from dpledger.adapters.torch import FunctionalPerExampleEngine, PerExampleGradientEngine
+from dpledger import PrivacyLedger
+from dpledger.adapters.torch import (
+    DPOptimizer,
+    FunctionalPerExampleEngine,
+    PerExampleGradientEngine,
+)
 
 CLIP = 1.0
+POPULATION = 60_000
 SIGMA = 1.0
 LR = 0.05
 
@@ -145,7 +168,9 @@ def _flat_factors(norms: dict[str, torch.Tensor]) -> torch.Tensor:
     return (CLIP / (total + 1e-6)).clamp(max=1.0)
 
 
-def build_steps(name: str, device: torch.device, with_opacus: bool) -> dict[str, Callable]:
+def build_steps(
+    name: str, device: torch.device, with_opacus: bool, with_metrics: bool = True
+) -> dict[str, Callable]:
     base, data, batch = make_model(name)
     base = base.to(device)
     x, y = data(batch, device)
@@ -181,10 +206,40 @@ def build_steps(name: str, device: torch.device, with_opacus: bool) -> dict[str,
 
         return step
 
+    def wrapped(fast_backward: bool, *, metrics: bool = False, strategy: str = "auto") -> Callable:
+        m, o = fresh()
+        opt = DPOptimizer(
+            o,
+            model=m,
+            max_grad_norm=CLIP,
+            noise_multiplier=SIGMA,
+            sampling_probability=batch / POPULATION,
+            population_size=POPULATION,
+            ledger=PrivacyLedger(),
+            seed=0,
+            strategy=strategy,
+            bias_callback=(lambda step, metrics: None) if metrics else None,
+        )
+
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(m(x), y)
+            if fast_backward:
+                opt.backward(loss)
+            else:
+                loss.backward()
+            opt.step()
+
+        return step
+
+    steps["DPOptimizer (optimizer.backward)"] = wrapped(True)
+    steps["DPOptimizer (loss.backward)"] = wrapped(False)
+    if with_metrics:
+        steps["DPOptimizer, bias metrics on"] = wrapped(True, metrics=True)
+    steps["DPOptimizer, strategy=generic"] = wrapped(True, strategy="generic")
     steps["ours fast (engine.backward)"] = ours("auto", True)
     steps["ours fast (loss.backward)"] = ours("auto", False)
     steps["ours fast, strategy=ghost"] = ours("ghost", True)
-    steps["ours generic (per-module vmap)"] = ours("generic", True)
 
     mf, of = fresh()
     pf = [p for p in mf.parameters() if p.requires_grad]
@@ -290,6 +345,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--no-opacus", action="store_true")
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--no-metrics", action="store_true", help="leave out the bias-metrics row")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     if args.threads:
@@ -308,7 +364,7 @@ def main() -> None:
         f"torch threads {torch.get_num_threads()}, device {device}"
     )
     for name in args.models.split(","):
-        steps = build_steps(name, device, not args.no_opacus)
+        steps = build_steps(name, device, not args.no_opacus, not args.no_metrics)
         model, _, batch = make_model(name)
         nparams = sum(p.numel() for p in model.parameters())
         med = time_steps(steps, args.repeats, args.warmup)

@@ -10,9 +10,17 @@ Importing this package imports torch; ``import dpledger`` and ``import dpledger.
   differentiable model, from a per-example loss function.
 * :func:`register_grad_sampler`: teach the engine a new layer type.
 * :class:`PoissonBatchSampler` and :func:`poisson_data_loader`: Poisson sampling with rate q.
+* :class:`DPOptimizer`: DP steps with any ``torch.optim.Optimizer`` (clipping strategies, groups,
+  noise on the parameters' device, the ledger's events, virtual batches, distributed training,
+  checkpoints, BAM, bias metrics); :func:`make_private` builds model, optimizer and loader in one
+  call, :func:`calibrated_noise_multiplier` picks z for a target ε.
+* :class:`TorchBackend`: the mechanisms' array backend on tensors.
 """
 
 from dpledger.adapters.torch import samplers
+from dpledger.adapters.torch.backend import TorchBackend
+from dpledger.adapters.torch.bam import per_example_gradients_and_losses
+from dpledger.adapters.torch.distributed import DistributedPoissonBatchSampler
 from dpledger.adapters.torch.engine import LossReduction, PerExampleGradientEngine, Strategy
 from dpledger.adapters.torch.errors import (
     EngineStateError,
@@ -28,14 +36,22 @@ from dpledger.adapters.torch.functional_gradients import (
     per_example_gradients,
     squared_norms_of,
 )
+from dpledger.adapters.torch.gradient_queries import GradientQueries
 from dpledger.adapters.torch.module_checks import (
     check_module_configuration,
     check_no_record_mixing,
 )
+from dpledger.adapters.torch.optimizer import DPOptimizer
 from dpledger.adapters.torch.poisson import (
     EmptyBatchCollate,
     PoissonBatchSampler,
     poisson_data_loader,
+)
+from dpledger.adapters.torch.private import (
+    PrivateTraining,
+    calibrated_noise_multiplier,
+    make_private,
+    steps_per_epoch,
 )
 from dpledger.adapters.torch.registry import (
     GradSampler,
@@ -44,30 +60,42 @@ from dpledger.adapters.torch.registry import (
     registered_module_types,
     unregister_grad_sampler,
 )
+from dpledger.adapters.torch.virtual_batches import split_batch, virtual_batches
 
 __all__ = [
+    "DPOptimizer",
+    "DistributedPoissonBatchSampler",
     "EmptyBatchCollate",
     "EngineStateError",
     "FunctionalPerExampleEngine",
     "GradSampler",
+    "GradientQueries",
     "LossReduction",
     "PerExampleGradientEngine",
     "PoissonBatchSampler",
+    "PrivateTraining",
     "RecordMixingModuleError",
     "Strategy",
+    "TorchBackend",
     "UnsupportedModuleError",
     "UnsupportedParameterUseError",
+    "calibrated_noise_multiplier",
     "check_module_configuration",
     "check_no_record_mixing",
     "clipped_sum_of",
     "expand_factors",
     "get_grad_sampler",
+    "make_private",
     "module_per_example_gradients",
     "per_example_gradients",
+    "per_example_gradients_and_losses",
     "poisson_data_loader",
     "register_grad_sampler",
     "registered_module_types",
     "samplers",
+    "split_batch",
     "squared_norms_of",
+    "steps_per_epoch",
     "unregister_grad_sampler",
+    "virtual_batches",
 ]

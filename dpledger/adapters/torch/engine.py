@@ -118,6 +118,19 @@ class _Capture:
             return
         self.grads[k] = grad if self.grads[k] is None else self.grads[k] + grad
 
+    def release(self) -> None:
+        """Drop the stored tensors and edges.
+
+        The autograd node of the unit's output holds a hook that refers to this capture, and
+        the capture's edges refer to that node: a cycle through a C++ object that Python's
+        garbage collector cannot see through, which would keep the engine, the model and
+        everything they refer to alive forever. Emptying the capture breaks it.
+        """
+        self.args = ()
+        self.kwargs = {}
+        self.edges = []
+        self.grads = [None] * len(self.out_indices)
+
     def output_grads(self) -> list[tuple[int, torch.Tensor]]:
         return [(i, g) for i, g in zip(self.out_indices, self.grads, strict=True) if g is not None]
 
@@ -289,6 +302,22 @@ class PerExampleGradientEngine:
         """Names of the modules whose per-example gradients use the generic path."""
         return tuple(u.name for u in self._units if u.sampler is None)
 
+    @property
+    def has_gradients(self) -> bool:
+        """True when a backward delivered gradients since the last forward or :meth:`clear`.
+
+        That is, a step is waiting for its per-example quantities to be used (an empty batch
+        counts: its output gradients have zero records).
+        """
+        if self._grad_seen:
+            return True
+        return any(c.has_grad for u in self._units for c in u.captures)
+
+    @property
+    def recomputing(self) -> bool:
+        """True while the engine itself runs a module's forward (generic per-example path)."""
+        return self._recomputing
+
     def remove(self) -> None:
         """Detach every hook from the model and drop what the engine stored."""
         for h in self._handles:
@@ -305,7 +334,12 @@ class PerExampleGradientEngine:
     def clear(self) -> None:
         """Drop the stored activations, gradients and results of the current step."""
         for unit in self._units:
+            for c in unit.captures:
+                c.release()
             unit.captures.clear()
+        if self._state is not None:
+            for _, c in self._state.ghost:
+                c.release()
         self._state = None
         self._stale = False
         self._grad_seen.clear()
@@ -541,7 +575,9 @@ class PerExampleGradientEngine:
                 for n, g in self._unit_per_example(unit, c).items():
                     key = unit.local_to_global[n]
                     per_example[key] = g if key not in per_example else per_example[key] + g
-            unit.captures.clear()  # the materialised gradients replace the stored tensors
+            for c in captures:  # the materialised gradients replace the stored tensors
+                c.release()
+            unit.captures.clear()
 
         unseen = sorted(self._grad_seen - used)
         if unseen:

@@ -1,0 +1,183 @@
+"""The mechanisms' :class:`~dpledger.mechanisms.ArrayBackend` on PyTorch tensors.
+
+Every operation keeps its input's device and dtype: norms, weighted sums and scaling run where the
+tensors live (a GPU stays a GPU), and only per-record vectors of length B (norms, clip factors)
+cross to the host, as the protocol prescribes.
+
+Precision, as the protocol requires (:mod:`dpledger.mechanisms.backend`):
+
+* norms are accumulated in float64 (``torch.linalg.vector_norm(..., dtype=torch.float64)``); a
+  row whose float64 sum of squares overflows although its elements are finite is recomputed as
+  m·‖x/m‖ with m = max|x_j|;
+* factors are converted to the tensor's dtype and a converted factor below that dtype's smallest
+  normal number counts as 0;
+* noise is drawn in float64 *on the tensor's device* from a ``torch.Generator`` that lives on that
+  device (never drawn on the CPU and copied), multiplied by the float64 σ̃, added to the float64
+  value of the sum, and the result is rounded once to the tensor's dtype. A standard deviation of
+  exactly 0 draws nothing (the generator's state is left as it was).
+
+Randomness: ``torch.Generator`` is not a cryptographically secure generator; seed it from OS
+entropy (``generator.seed()``) in deployment and with a fixed seed only for tests and
+reproducible experiments.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpledger.errors import InvalidParameterError
+from dpledger.mechanisms.backend import Array
+
+__all__ = ["TorchBackend", "check_generator_device"]
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    if a.type != b.type:
+        return False
+    if a.type == "cpu":
+        return True
+    ia = a.index if a.index is not None else torch.get_device_module(a.type).current_device()
+    ib = b.index if b.index is not None else torch.get_device_module(b.type).current_device()
+    return ia == ib
+
+
+def check_generator_device(generator: Any, device: torch.device, *, parameter: str) -> None:
+    """Raise unless ``generator`` is a ``torch.Generator`` on ``device``.
+
+    Noise is drawn on the device of the tensors it is added to; a generator on another device
+    would force a draw elsewhere and a copy.
+    """
+    if not isinstance(generator, torch.Generator):
+        raise InvalidParameterError(
+            parameter, generator, f"a torch.Generator on {device} (torch.Generator(device=...))"
+        )
+    if not _same_device(generator.device, device):
+        raise InvalidParameterError(
+            parameter,
+            f"a torch.Generator on {generator.device}",
+            f"a generator on the tensors' device {device} (torch.Generator(device='{device}'))",
+        )
+
+
+class TorchBackend:
+    """:class:`~dpledger.mechanisms.ArrayBackend` for ``torch.Tensor``; generators are
+    ``torch.Generator`` objects on the tensors' device.
+
+    Integer and boolean tensors are computed in ``torch.get_default_dtype()``. Tensors are never
+    modified in place.
+    """
+
+    name = "torch"
+
+    @staticmethod
+    def _tensor(x: Array) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise InvalidParameterError("x", type(x).__name__, "a torch.Tensor")
+        if x.is_complex():
+            raise InvalidParameterError("x", x.dtype, "a real tensor")
+        if not x.is_floating_point():
+            return x.to(torch.get_default_dtype())
+        return x
+
+    def shape(self, x: Array) -> tuple[int, ...]:
+        """See :meth:`~dpledger.mechanisms.ArrayBackend.shape`."""
+        return tuple(int(s) for s in self._tensor(x).shape)
+
+    def float_info(self, x: Array) -> tuple[float, float]:
+        """See :meth:`~dpledger.mechanisms.ArrayBackend.float_info`."""
+        info = torch.finfo(self._tensor(x).dtype)
+        return float(info.eps), float(info.tiny)
+
+    @staticmethod
+    def _rows_norms(rows: torch.Tensor) -> torch.Tensor:
+        """Float64 norms of the rows of a 2-D tensor, overflow-safe; stays on the device."""
+        if rows.shape[1] == 0:
+            return torch.zeros(rows.shape[0], dtype=torch.float64, device=rows.device)
+        out = torch.linalg.vector_norm(rows, dim=1, dtype=torch.float64)
+        bad = ~torch.isfinite(out)
+        if bool(bad.any()):
+            for i in bad.nonzero().view(-1).tolist():
+                row = rows[i].to(torch.float64)
+                m = row.abs().max()  # NaN if an element is NaN, inf if one is inf
+                if not bool(torch.isfinite(m)):
+                    out[i] = m
+                    continue
+                out[i] = m * torch.linalg.vector_norm(row / m)
+        return out
+
+    def record_norms(self, x: Array) -> np.ndarray:
+        """See :meth:`~dpledger.mechanisms.ArrayBackend.record_norms`."""
+        t = self._tensor(x)
+        if t.dim() == 0:
+            raise InvalidParameterError(
+                "x", "a 0-d tensor", "a tensor with the records on its leading axis"
+            )
+        rows = t.detach().reshape(t.shape[0], math.prod(t.shape[1:]))
+        return self._rows_norms(rows).cpu().numpy()
+
+    def norm(self, x: Array) -> float:
+        """See :meth:`~dpledger.mechanisms.ArrayBackend.norm`."""
+        t = self._tensor(x).detach()
+        value = float(torch.linalg.vector_norm(t, dtype=torch.float64))
+        if math.isfinite(value):
+            return value
+        return float(self._rows_norms(t.reshape(1, -1))[0])  # overflow-safe (or NaN, inf)
+
+    @staticmethod
+    def _factors(t: torch.Tensor, factors: np.ndarray) -> torch.Tensor:
+        f = torch.as_tensor(np.asarray(factors, dtype=np.float64)).to(t.dtype)
+        f = torch.where(f < torch.finfo(t.dtype).tiny, torch.zeros_like(f), f)
+        return f.to(t.device)
+
+    def weighted_sum(self, x: Array, factors: np.ndarray) -> Array:
+        """See :meth:`~dpledger.mechanisms.ArrayBackend.weighted_sum`."""
+        t = self._tensor(x).detach()
+        f = self._factors(t, factors)
+        if t.shape[0] == 0:
+            return t.new_zeros(t.shape[1:])
+        return torch.tensordot(f, t, dims=1)
+
+    def scale_records(self, x: Array, factors: np.ndarray) -> Array:
+        """See :meth:`~dpledger.mechanisms.ArrayBackend.scale_records`."""
+        t = self._tensor(x).detach()
+        f = self._factors(t, factors)
+        return t * f.reshape((t.shape[0],) + (1,) * (t.dim() - 1))
+
+    def scale(self, x: Array, factor: float) -> Array:
+        """See :meth:`~dpledger.mechanisms.ArrayBackend.scale`."""
+        return self._tensor(x).detach() * float(factor)
+
+    def add_gaussian_noise(self, x: Array, *, stddev: float, generator: Any) -> Array:
+        """See :meth:`~dpledger.mechanisms.ArrayBackend.add_gaussian_noise`.
+
+        ``generator`` must be a ``torch.Generator`` on ``x``'s device.
+        """
+        t = self._tensor(x).detach()
+        check_generator_device(generator, t.device, parameter="generator")
+        if stddev == 0.0:
+            return t.clone()
+        noise = torch.randn(t.shape, generator=generator, dtype=torch.float64, device=t.device)
+        noise.mul_(float(stddev)).add_(t)
+        return noise if t.dtype == torch.float64 else noise.to(t.dtype)
+
+    def to_host(self, x: Array) -> np.ndarray:
+        """See :meth:`~dpledger.mechanisms.ArrayBackend.to_host`."""
+        if isinstance(x, torch.Tensor):
+            return x.detach().to(device="cpu", dtype=torch.float64).numpy().copy()
+        return np.array(x, dtype=np.float64)
+
+    def from_host(self, values: np.ndarray, *, like: Array | None) -> Array:
+        """See :meth:`~dpledger.mechanisms.ArrayBackend.from_host`."""
+        if like is None:
+            return torch.as_tensor(np.asarray(values), dtype=torch.get_default_dtype())
+        t = self._tensor(like)
+        return torch.as_tensor(np.asarray(values, dtype=np.float64)).to(
+            device=t.device, dtype=t.dtype
+        )
+
+    def __repr__(self) -> str:
+        return "TorchBackend()"

@@ -1,0 +1,120 @@
+"""Checkpoints: optimizer state, generators and the ledger position travel together."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch.utils.data import TensorDataset
+
+from dpledger import PrivacyLedger
+from dpledger.accountants import RdpAccountant
+from dpledger.adapters.torch import make_private
+from dpledger.errors import InvalidParameterError, LedgerStateError
+from tests.adapters.torch.dp_helpers import batch, small_cnn
+
+DATA = TensorDataset(*batch(60, seed=2))
+
+
+def setup(ledger: PrivacyLedger, seed: int):
+    model = small_cnn()
+    return make_private(
+        model,
+        torch.optim.Adam(model.parameters(), lr=0.01),
+        DATA,
+        sampling_probability=0.1,
+        max_grad_norm=1.0,
+        noise_multiplier=1.1,
+        ledger=ledger,
+        seed=seed,
+    )
+
+
+def train(model, optimizer, loader, steps: int) -> None:
+    batches = itertools.chain.from_iterable(itertools.repeat(loader))
+    for x, y in itertools.islice(batches, steps):
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+
+def save(path, model, optimizer) -> None:
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+
+
+def resume(ledger_path, checkpoint):
+    ledger = PrivacyLedger(ledger_path, resume=True)
+    model, optimizer, loader = setup(ledger, seed=999)  # a different seed: state overrides it
+    state = torch.load(checkpoint, weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return ledger, model, optimizer, loader
+
+
+def test_resumed_run_continues_the_ledger_and_spends_the_same_epsilon(tmp_path):
+    full_ledger = PrivacyLedger(tmp_path / "full.dpl")
+    model, optimizer, loader = setup(full_ledger, seed=5)
+    train(model, optimizer, loader, 8)
+    full_ledger.close()
+    reference = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    path = tmp_path / "run.dpl"
+    ledger = PrivacyLedger(path)
+    model, optimizer, loader = setup(ledger, seed=5)
+    train(model, optimizer, loader, 3)
+    save(tmp_path / "ckpt.pt", model, optimizer)
+    del model, optimizer, loader, ledger  # the process ends (no close marker)
+    gc.collect()
+
+    ledger, model, optimizer, loader = resume(path, tmp_path / "ckpt.pt")
+    assert optimizer.steps_taken == 3 and ledger.num_steps == 3
+    train(model, optimizer, loader, 5)
+    ledger.close()
+
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.detach(), reference[n], rtol=0, atol=0)
+    full, resumed = PrivacyLedger.load(tmp_path / "full.dpl"), PrivacyLedger.load(path)
+    assert list(resumed.events()) == list(full.events())
+    eps_full = RdpAccountant().epsilon(full, delta=1e-5).epsilon
+    assert RdpAccountant().epsilon(resumed, delta=1e-5).epsilon == eps_full
+
+
+def test_steps_recorded_after_the_checkpoint_stay_in_the_ledger(tmp_path, caplog):
+    path = tmp_path / "run.dpl"
+    ledger = PrivacyLedger(path)
+    model, optimizer, loader = setup(ledger, seed=1)
+    train(model, optimizer, loader, 3)
+    save(tmp_path / "ckpt.pt", model, optimizer)
+    train(model, optimizer, loader, 2)  # training went on, then the process died
+    ledger.flush()
+    del model, optimizer, loader, ledger
+    gc.collect()
+
+    with caplog.at_level(logging.WARNING):
+        ledger, model, optimizer, loader = resume(path, tmp_path / "ckpt.pt")
+    assert "2 steps recorded after this checkpoint" in caplog.text
+    assert ledger.num_steps == 5  # never dropped: their noise was drawn
+    train(model, optimizer, loader, 1)
+    assert ledger.num_steps == 6 and optimizer.steps_taken == 4
+    ledger.close()
+
+
+def test_a_ledger_with_fewer_steps_than_the_checkpoint_is_refused(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "run.dpl")
+    model, optimizer, loader = setup(ledger, seed=1)
+    train(model, optimizer, loader, 2)
+    state = optimizer.state_dict()
+    assert state["ledger"]["num_steps"] == 2
+    assert PrivacyLedger.load(tmp_path / "run.dpl").num_steps == 2  # flushed by state_dict()
+    other = PrivacyLedger(tmp_path / "other.dpl")
+    _, fresh, _ = setup(other, seed=1)
+    with pytest.raises(LedgerStateError, match="holds 0 steps but the checkpoint was taken"):
+        fresh.load_state_dict(state)
+    with pytest.raises(InvalidParameterError, match="state_dict"):
+        fresh.load_state_dict({"optimizer": {}})
+    ledger.close()
+    other.close()

@@ -1,0 +1,110 @@
+"""make_private and the noise-multiplier calibration for a target ε."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch.utils.data import DataLoader, TensorDataset
+
+from dpledger import PrivacyLedger
+from dpledger.accountants import RdpAccountant, calibrate_noise_multiplier
+from dpledger.adapters.torch import (
+    DPOptimizer,
+    calibrated_noise_multiplier,
+    make_private,
+    steps_per_epoch,
+)
+from dpledger.errors import InvalidParameterError
+from tests.adapters.torch.dp_helpers import batch, small_cnn
+
+DATA = TensorDataset(*batch(40, dtype=torch.float32))
+
+
+def test_calibration_matches_the_accountants_api_and_the_run_meets_the_target():
+    z = calibrated_noise_multiplier(
+        target_epsilon=3.0, delta=1e-5, sampling_probability=0.1, epochs=3
+    )
+    assert steps_per_epoch(0.1) == 10
+    want = calibrate_noise_multiplier(
+        target_epsilon=3.0, delta=1e-5, sampling_probability=0.1, steps=30
+    ).value
+    assert z == want
+    model = small_cnn(dtype=torch.float32)
+    ledger = PrivacyLedger()
+    model, dp, loader = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DataLoader(DATA, batch_size=7, shuffle=True),  # its batching is replaced
+        sampling_probability=0.1,
+        max_grad_norm=1.0,
+        target_epsilon=3.0,
+        delta=1e-5,
+        epochs=3,
+        ledger=ledger,
+        seed=0,
+    )
+    assert isinstance(dp, DPOptimizer) and dp.noise_multiplier == z
+    assert loader.batch_sampler.sampling_probability == 0.1 and len(loader) == 10
+    for _ in range(3):
+        for x, y in loader:
+            dp.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            dp.step()
+    assert ledger.num_steps == 30
+    assert RdpAccountant().epsilon(ledger, delta=1e-5).epsilon <= 3.0
+
+
+def test_the_same_seed_gives_the_same_run():
+    runs = []
+    for _ in range(2):
+        model = small_cnn(dtype=torch.float32)
+        model, dp, loader = make_private(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            DATA,
+            sampling_probability=0.2,
+            max_grad_norm=1.0,
+            noise_multiplier=1.0,
+            seed=4,
+        )
+        for x, y in loader:
+            dp.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            dp.step()
+        runs.append([p.detach().clone() for p in model.parameters()])
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "parameter"),
+    [
+        ({}, "noise_multiplier"),
+        ({"noise_multiplier": 1.0, "target_epsilon": 1.0}, "noise_multiplier"),
+        ({"target_epsilon": 1.0, "epochs": 1}, "delta"),
+        ({"target_epsilon": 1.0, "delta": 2.0, "epochs": 1}, "delta"),
+        ({"target_epsilon": 1.0, "delta": 1e-5}, "steps"),
+        ({"target_epsilon": 1.0, "delta": 1e-5, "epochs": 1, "steps": 3}, "steps"),
+        ({"target_epsilon": 1.0, "delta": 1e-5, "epochs": -1.0}, "epochs"),
+        ({"noise_multiplier": 1.0, "sampling_probability": 0.0}, "sampling_probability"),
+        ({"noise_multiplier": 1.0, "max_physical_batch_size": 0}, "max_physical_batch_size"),
+        ({"noise_multiplier": 1.0, "seed": 1.5}, "seed"),
+        ({"noise_multiplier": 1.0, "sampler": None}, "sampler"),
+    ],
+)
+def test_make_private_rejects_bad_input(kwargs, parameter):
+    model = small_cnn(dtype=torch.float32)
+    kwargs = {"sampling_probability": 0.1, "max_grad_norm": 1.0, **kwargs}
+    with pytest.raises(InvalidParameterError) as info:
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), DATA, **kwargs)
+    assert info.value.parameter == parameter
+    with pytest.raises(InvalidParameterError, match="data"):
+        make_private(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            [1, 2],
+            sampling_probability=0.1,
+            max_grad_norm=1.0,
+            noise_multiplier=1.0,
+        )
