@@ -40,8 +40,10 @@ from dpledger.mechanisms.clipping import (
     ClippingStrategy,
     FlatClipping,
     GlobalClipping,
+    check_clip_margin,
     check_record_norms,
     clip_records,
+    rounding_clip_margin,
 )
 from dpledger.mechanisms.grouped import GroupedSumQuery
 from dpledger.mechanisms.sampling import PoissonSampler
@@ -70,6 +72,7 @@ __all__ = [
     "SensitivityCheckError",
     "UnaccountedReleaseWarning",
     "adaptive_noise_multiplier",
+    "check_clip_margin",
     "check_record_norms",
     "clip_records",
     "dimension_adjusted_noise",
@@ -79,6 +82,7 @@ __all__ = [
     "proportional_noise",
     "realised_batch_average",
     "resolve_backend",
+    "rounding_clip_margin",
     "sampled_step",
     "split_clip_by_dimension",
     "split_clip_equally",

@@ -50,7 +50,7 @@ import numpy as np
 from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
-from dpledger.mechanisms.clipping import ClippingStrategy, check_record_norms
+from dpledger.mechanisms.clipping import ClippingStrategy, check_clip_margin, check_record_norms
 from dpledger.validation import check_non_negative_finite, check_positive_finite
 
 __all__ = [
@@ -339,7 +339,7 @@ class GaussianSumQuery:
         return counts[0]
 
     # ------------------------------------------------------------------ stage (b): factors
-    def clip_factors(self, norms: Any) -> np.ndarray:
+    def clip_factors(self, norms: Any, *, margin: float = 0.0) -> np.ndarray:
         """Stage (b): per-record clip factors f_i from the group norms, for this strategy.
 
         Flat: min(1, S/‖v_i‖); global: 1{‖v_i‖ ≤ S}; automatic: S/(‖v_i‖ + γ). For joint
@@ -350,10 +350,19 @@ class GaussianSumQuery:
         convert them to the array's dtype and treat a result below that dtype's smallest normal
         number as 0.
 
+        Args:
+            norms: the per-record group norms (stage (a)).
+            margin: ρ in [0, 0.5): clip to S·(1 − ρ) while the query still records S, so that
+                rounding in a low-precision computation of the norms or of Σ_i f_i·v_i cannot
+                push a contribution above S (see
+                :func:`~dpledger.mechanisms.clipping.rounding_clip_margin`).
+
         Raises:
-            InvalidParameterError: a norm that is NaN, infinite or negative (never summed).
+            InvalidParameterError: a norm that is NaN, infinite or negative (never summed), or
+                a margin outside [0, 0.5).
         """
-        return self.clipping.factors(norms, l2_norm_bound=self.l2_norm_bound)
+        rho = check_clip_margin("margin", margin) or 0.0
+        return self.clipping.factors(norms, l2_norm_bound=self.l2_norm_bound * (1.0 - rho))
 
     def clipped_sums(
         self,

@@ -219,3 +219,30 @@ def test_flat_clipping_is_the_projection_onto_the_ball(x: np.ndarray, bound: flo
     for i, n in enumerate(norms):
         expected = x[i] if n <= bound else x[i] * (bound / n)
         np.testing.assert_allclose(clipped[i], expected, rtol=1e-12, atol=1e-300)
+
+
+def test_clip_factors_with_a_margin_clip_to_the_reduced_bound_and_record_s():
+    from dpledger import PrivacyLedger
+    from dpledger.mechanisms import GaussianSumQuery, rounding_clip_margin, sampled_step
+
+    query = GaussianSumQuery(l2_norm_bound=2.0, noise_stddev=0.0)
+    norms = np.array([0.5, 1.99, 2.0, 4.0])
+    rho = 0.01
+    expected = np.minimum(1.0, 2.0 * (1 - rho) / norms)
+    np.testing.assert_array_equal(query.clip_factors(norms, margin=rho), expected)
+    np.testing.assert_array_equal(query.clip_factors(norms), np.minimum(1.0, 2.0 / norms))
+    ledger = PrivacyLedger()
+    with sampled_step(ledger, sampling_probability=1.0, generator=np.random.default_rng(0)) as step:
+        step.release(query, [np.ones(3)], num_records=1)
+    assert next(iter(ledger.steps())).queries[0].l2_norm_bound == 2.0
+    assert rounding_clip_margin(np.finfo(np.float32).eps) == 2.0**13 * np.finfo(np.float32).eps
+    assert rounding_clip_margin(0.01) == 0.05
+
+
+@pytest.mark.parametrize("margin", [-0.01, 0.5, 1.0, float("nan"), True, "0.1"])
+def test_bad_clip_margins_are_refused(margin):
+    from dpledger.mechanisms import GaussianSumQuery
+
+    query = GaussianSumQuery(l2_norm_bound=1.0, noise_stddev=1.0)
+    with pytest.raises(InvalidParameterError, match="margin"):
+        query.clip_factors(np.ones(2), margin=margin)

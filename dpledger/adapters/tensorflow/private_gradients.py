@@ -62,6 +62,8 @@ from dpledger.audit.bias import ClippingBiasCallback, clipping_bias_from_sums
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms import ClippingStrategy, GaussianSumQuery, fixed_denominator_average
+from dpledger.mechanisms.clipping import check_clip_margin as check_margin
+from dpledger.mechanisms.clipping import rounding_clip_margin
 from dpledger.mechanisms.step import open_step
 from dpledger.validation import check_positive_int, check_probability
 
@@ -76,8 +78,7 @@ def default_clip_margin(dtype: Any) -> float:
     Args:
         dtype: a TensorFlow, NumPy or Keras floating dtype (or its name).
     """
-    eps = float(np.finfo(tf.as_dtype(dtype).as_numpy_dtype).eps)
-    return min(0.05, 2.0**13 * eps)
+    return rounding_clip_margin(float(np.finfo(tf.as_dtype(dtype).as_numpy_dtype).eps))
 
 
 # --------------------------------------------------------------------------- host release
@@ -226,8 +227,7 @@ class DPStep:
                 queries.queries, queries.members, margins, strict=True
             ):
                 norms = query.group_norms(squared_norms=[vectors[j] for j in members])
-                bound = query.l2_norm_bound * (1.0 - margin)
-                out.append(query.clipping.factors(norms, l2_norm_bound=bound))
+                out.append(query.clip_factors(norms, margin=margin))
             return tuple(out)
         except BaseException as exc:
             self._fail(exc)
@@ -447,15 +447,7 @@ def sampling_of(
 
 def check_clip_margin(clip_margin: float | None) -> float | None:
     """None, or a margin ρ in [0, 0.5)."""
-    if clip_margin is None:
-        return None
-    if (
-        isinstance(clip_margin, bool)
-        or not isinstance(clip_margin, (int, float))
-        or not 0.0 <= float(clip_margin) < 0.5
-    ):
-        raise InvalidParameterError("clip_margin", clip_margin, "None or a number in [0, 0.5)")
-    return float(clip_margin)
+    return check_margin("clip_margin", clip_margin)
 
 
 def check_bias_callback(callback: Any) -> ClippingBiasCallback | None:

@@ -93,6 +93,7 @@ from dpledger.adapters.torch.poisson import PoissonBatchSampler, _check_q
 from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms import ClippingStrategy, ScaledGaussianSumQuery, open_step
+from dpledger.mechanisms.clipping import check_clip_margin, rounding_clip_margin
 from dpledger.validation import (
     check_non_negative_finite,
     check_positive_finite,
@@ -188,6 +189,11 @@ class DPOptimizer(torch.optim.Optimizer):
         seed: a seed for a new noise generator (when ``generator`` is None); None seeds from
             OS entropy.
         bias_callback: ``callback(step, ClippingBias)`` after every step (NOT private).
+        clip_margin: ρ in [0, 0.5): factors clip to C·(1 − ρ) while the ledger records C, so
+            that rounding in the per-example norms and sums (computed in the parameters' dtype)
+            cannot push a record's contribution above C. None (default) chooses ρ by dtype
+            (:func:`~dpledger.mechanisms.clipping.rounding_clip_margin`: about 9.8e-4 for
+            float32, 1.8e-12 for float64).
         check_steps: steps on which the engine compares Σ_i g_i with autograd's gradient.
         distributed: use ``torch.distributed`` (None: when a process group with more than one
             rank is initialised).
@@ -221,6 +227,7 @@ class DPOptimizer(torch.optim.Optimizer):
         generator: torch.Generator | None = None,
         seed: int | None = None,
         bias_callback: BiasCallback | None = None,
+        clip_margin: float | None = None,
         check_steps: int = 1,
         distributed: bool | None = None,
         process_group: Any = None,
@@ -352,6 +359,15 @@ class DPOptimizer(torch.optim.Optimizer):
             )
         self._device = next(iter(devices))
         self._tiny = max(torch.finfo(p.dtype).tiny for p in self._params.values())
+        margin = check_clip_margin("clip_margin", clip_margin)
+        if margin is None:  # the engine computes in the parameters' dtype, at least float32
+            margin = rounding_clip_margin(
+                max(
+                    torch.finfo(torch.promote_types(p.dtype, torch.float32)).eps
+                    for p in self._params.values()
+                )
+            )
+        self._clip_margin = margin
 
         # ---- the queries
         self._queries = GradientQueries(
@@ -646,7 +662,7 @@ class DPOptimizer(torch.optim.Optimizer):
         group_norms = []
         for g, query in enumerate(queries.queries):
             norms = query.group_norms(squared_norms=list(host[slices[g]]))
-            factors[g] = query.clip_factors(norms)
+            factors[g] = query.clip_factors(norms, margin=self._clip_margin)
             group_norms.append(norms)
         factors[factors < self._tiny] = 0.0  # subnormal factors cannot scale accurately
         on_device = torch.from_numpy(factors).to(self._device)

@@ -346,6 +346,9 @@ def test_a_learning_rate_scheduler_drives_the_wrapped_optimizer():
         ({"sampler": torch.utils.data.DataLoader(range(4), batch_size=2)}, "sampler"),
         ({"clip_split": "half"}, "clip_split"),
         ({"noise_allocation": "even"}, "noise_allocation"),
+        ({"clip_margin": 0.5}, "clip_margin"),
+        ({"clip_margin": -0.1}, "clip_margin"),
+        ({"clip_margin": True}, "clip_margin"),
     ],
 )
 def test_bad_arguments_are_refused_with_the_parameter_named(kwargs, parameter):
@@ -481,3 +484,57 @@ def test_a_bfloat16_model_steps_with_float32_sums_and_keeps_its_dtype():
         assert p.dtype == p.grad.dtype == torch.bfloat16
         assert not torch.equal(p.detach(), before[n])
     assert dp.ledger.num_steps == 1
+
+
+def _records_just_above(bound: float, count: int, dim: int) -> torch.Tensor:
+    """float32 records whose exact norm lies in (bound, bound·(1 + 2⁻²⁵)]: a float32 norm or
+    factor computation may round them to exactly the bound."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    while len(out) < count:
+        v = torch.randn(dim, generator=gen, dtype=torch.float64)
+        for k in range(-8, 9):
+            w = (v / v.norm() * bound * (1 + k * 2.0**-26)).to(torch.float32)
+            exact = float(w.to(torch.float64).norm())
+            if bound < exact <= bound * (1 + 2.0**-25):
+                out.append(w)
+                break
+    return torch.stack(out)
+
+
+def test_float32_rounding_never_lets_a_contribution_exceed_the_bound():
+    """With the default margin every released record contributes at most C (the ledger's S);
+    without it, some record just above C passes unshrunk through float32 rounding."""
+    bound, dim = 1.0, 64
+    records = _records_just_above(bound, 48, dim)
+
+    def contributions(margin):
+        model = nn.Linear(dim, 1, bias=False)  # the gradient of record i under loss y_i is x_i
+        dp = wrap(
+            model,
+            max_grad_norm=bound,
+            sampling_probability=1.0,
+            population_size=1,
+            clip_margin=margin,
+        )
+        norms = []
+        for r in records:
+            dp.zero_grad()
+            model(r[None, :]).sum().backward()
+            dp.step()
+            norms.append(float(model.weight.grad.to(torch.float64).norm()))  # sum / (q·n = 1)
+        return torch.tensor(norms, dtype=torch.float64)
+
+    assert bool((contributions(None) <= bound).all())
+    assert bool((contributions(0.0) > bound).any())
+
+
+def test_default_clip_margin_follows_the_computation_dtype():
+    from dpledger.mechanisms import rounding_clip_margin
+
+    f32 = wrap(nn.Linear(3, 1))
+    f64 = wrap(nn.Linear(3, 1).double())
+    bf16 = wrap(nn.Linear(3, 1).to(torch.bfloat16))  # per-example work runs in float32
+    assert f32._clip_margin == rounding_clip_margin(torch.finfo(torch.float32).eps)
+    assert f64._clip_margin == rounding_clip_margin(torch.finfo(torch.float64).eps)
+    assert bf16._clip_margin == f32._clip_margin
