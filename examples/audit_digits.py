@@ -135,7 +135,7 @@ def white_box(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     import matplotlib.pyplot as plt
 
     config = WhiteBoxDigitsAudit.for_target_epsilon(
-        target_epsilon=4.0, delta=DELTA, accountant="prv", steps=4
+        target_epsilon=args.white_box_epsilon, delta=DELTA, accountant="prv", steps=4
     )
     ledger = representative_ledger(config)
     claims = _claims(ledger)
@@ -151,7 +151,7 @@ def white_box(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         functools.partial(train_white_box_digits, config=config),
         runs_per_side=args.white_box_runs,
         seed=args.seed + 10,
-        results_path=out / "white_box_correct.jsonl",
+        results_path=out / f"white_box_correct_eps{args.white_box_epsilon:g}.jsonl",
         workers=args.workers,
         chunk_size=100,
         progress=True,
@@ -188,7 +188,7 @@ def white_box(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     )
     axes[0].set_title("white box: movement along the canary (units of η·C/n)")
     fig.tight_layout()
-    fig.savefig(out / "white_box.png", dpi=110)
+    fig.savefig(out / f"white_box_eps{args.white_box_epsilon:g}.png", dpi=110)
     plt.close(fig)
 
     # Perfect separation with N runs per side caps Clopper–Pearson near ln(N): refuting a
@@ -198,7 +198,7 @@ def white_box(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         functools.partial(train_white_box_digits, config=buggy),
         runs_per_side=600,
         seed=args.seed + 11,
-        results_path=out / "white_box_batch_size_bug.jsonl",
+        results_path=out / f"white_box_batch_size_bug_eps{args.white_box_epsilon:g}.jsonl",
         workers=args.workers,
         chunk_size=100,
     )
@@ -213,6 +213,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=250, help="black-box runs per side")
     parser.add_argument("--white-box-runs", type=int, default=2000, help="white-box runs per side")
+    parser.add_argument(
+        "--white-box-epsilon", type=float, default=4.0, help="ε the white-box run is calibrated to"
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0, help="master seed")
     parser.add_argument("--out", default="audit_digits_out", help="results and figures")
@@ -227,7 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     black_box(args, out)
     white_box(args, out)
-    print(f"\nfigures: {out / 'black_box.png'}, {out / 'white_box.png'}")
+    white = out / f"white_box_eps{args.white_box_epsilon:g}.png"
+    print(f"\nfigures: {out / 'black_box.png'}, {white}")
 
 
 if __name__ == "__main__":
