@@ -20,7 +20,8 @@ configuration in the game's results file.
   Dirac canary (:func:`~dpledger.audit.canaries.dirac_gradient_canary`) that clipping maps to
   exactly C on weight (y, k), which no digit touches. The score is the final model's movement
   along the canary in units of η·C/n (white box), N(T, T·z²) with the canary and N(0, T·z²)
-  without: the two Gaussians of μ-GDP with μ = √T/z.
+  without (up to the factor n/(n + 1) with the canary: the average divides by the population
+  size): the two Gaussians of μ-GDP with μ = √T/z.
 
 Both take ``implementation="batch_size_bug"`` to train with :class:`UndernoisedDPOptimizer`,
 the bug of Tramèr et al. (2022, §4): the noise is drawn B = q·n times too small while the ledger
