@@ -4,7 +4,9 @@ implementation-bug checks for DP-SGD.
 The ε lower bounds, the distinguishing-game harness, the verdict, the bias and calibration
 metrics and the core of the implementation-bug checks import neither PyTorch nor TensorFlow;
 plots import matplotlib when drawn. The checks' framework conveniences live in
-``dpledger.audit.checks_torch`` and ``dpledger.audit.checks_keras``.
+``dpledger.audit.checks_torch`` and ``dpledger.audit.checks_keras``; the canaries
+(``dpledger.audit.canaries``) are framework-free, and the training functions that audit the
+PyTorch adapter on the digits live in ``dpledger.audit.torch_audit`` (imports torch).
 """
 
 from dpledger.audit.audit_game import (
@@ -26,6 +28,14 @@ from dpledger.audit.calibration_metrics import (
     ReliabilityDiagram,
     calibration_metrics,
     plot_reliability_diagram,
+)
+from dpledger.audit.canaries import (
+    GradientCanary,
+    InputCanary,
+    dirac_gradient_canary,
+    loss_score,
+    mislabeled_canary,
+    out_of_distribution_canary,
 )
 from dpledger.audit.check_report import CheckReport, CheckResult, Curve, Verdict
 from dpledger.audit.checks import (
@@ -73,7 +83,9 @@ __all__ = [
     "FixedThreshold",
     "GameRun",
     "GameScores",
+    "GradientCanary",
     "HeldOutSplit",
+    "InputCanary",
     "ReliabilityDiagram",
     "StepHarness",
     "StepOutcome",
@@ -84,11 +96,15 @@ __all__ = [
     "clipping_bias_from_sums",
     "clopper_pearson_epsilon_bound",
     "derive_run_seed",
+    "dirac_gradient_canary",
     "epsilon_bound_from_scores",
     "gaussian_dp_epsilon_bound",
+    "loss_score",
+    "mislabeled_canary",
     "one_run_epsilon_bound",
     "one_run_epsilon_bound_from_scores",
     "one_run_p_value",
+    "out_of_distribution_canary",
     "plot_bound_versus_runs",
     "plot_reliability_diagram",
     "plot_score_distributions",

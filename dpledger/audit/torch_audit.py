@@ -1,0 +1,666 @@
+"""Training functions for auditing the PyTorch adapter on scikit-learn's digits.
+
+Each function trains a small model with :class:`~dpledger.adapters.torch.DPOptimizer` and Poisson
+sampling (:class:`~dpledger.adapters.torch.PoissonBatchSampler`) on the 1797 bundled 8×8 digits,
+with or without a canary record, and returns the score that
+:func:`~dpledger.audit.audit_game.run_distinguishing_game` expects. They are module-level and
+their configurations are frozen attrs classes, so ``functools.partial(train_…, config=…)`` is
+picklable for worker processes started with ``"spawn"``, and its ``repr`` names the
+configuration in the game's results file.
+
+* :func:`train_black_box_digits` (configured by :class:`BlackBoxDigitsAudit`): multinomial
+  logistic regression (``nn.Linear(64, 10)``, zero initialisation) trained with DP-SGD on D or on
+  D ∪ {canary}, where the canary is an out-of-distribution record that lights only the pixels
+  blank in every digit (:func:`~dpledger.audit.canaries.out_of_distribution_canary`); the score
+  is the negative loss of the final model on the canary (black box).
+* :func:`train_white_box_digits` (configured by :class:`WhiteBoxDigitsAudit`): the same data,
+  full batches (q = 1), a linear model without bias, and a *gradient* canary: a record x_c =
+  M·e_k on an always-blank pixel k whose per-example loss is −o_y (its logit for class y) instead
+  of the cross-entropy. Its gradient with respect to the weights is −M·e_y e_kᵀ at every θ — a
+  Dirac canary (:func:`~dpledger.audit.canaries.dirac_gradient_canary`) that clipping maps to
+  exactly C on weight (y, k), which no digit touches. The score is the final model's movement
+  along the canary in units of η·C/n (white box), N(T, T·z²) with the canary and N(0, T·z²)
+  without (up to the factor n/(n + 1) with the canary: the average divides by the population
+  size): the two Gaussians of μ-GDP with μ = √T/z.
+
+Both take ``implementation="batch_size_bug"`` to train with :class:`UndernoisedDPOptimizer`,
+the bug of Tramèr et al. (2022, §4): the noise is drawn B = q·n times too small while the ledger
+records the correct σ̃, so the ledger claims the same ε as a correct run.
+
+Every run checks that its ledger records exactly the steps its configuration claims
+(:meth:`BlackBoxDigitsAudit.claimed_ledger`): T steps of sampling probability q and noise
+multiplier z. So every run of an audit claims the same ε, the ε of the ledger of any one of them
+(:func:`representative_ledger`), which is what the verdict compares the lower bound with.
+
+Runs set PyTorch's intra-op threads to ``torch_threads`` (default 1): the models are far too small
+to gain from threads, parallel audits run one process per core, and a fixed thread count keeps a
+run's floating-point result the same inline and in a worker. Scores depend only on the
+configuration and the seed.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import numbers
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from dpledger.adapters.torch.backend import TorchBackend
+from dpledger.adapters.torch.optimizer import DPOptimizer
+from dpledger.adapters.torch.poisson import PoissonBatchSampler
+from dpledger.adapters.torch.private import calibrated_noise_multiplier
+from dpledger.audit.canaries import (
+    GradientCanary,
+    InputCanary,
+    dirac_gradient_canary,
+    loss_score,
+    out_of_distribution_canary,
+)
+from dpledger.audit.threshold_selection import BonferroniThresholds
+from dpledger.errors import InvalidParameterError, LedgerStateError
+from dpledger.ledger import CompressedLedger, PrivacyLedger
+from dpledger.validation import check_positive_finite, check_positive_int, check_probability
+
+__all__ = [
+    "IMPLEMENTATIONS",
+    "AuditRun",
+    "BlackBoxDigitsAudit",
+    "UndernoisedDPOptimizer",
+    "WhiteBoxDigitsAudit",
+    "digits_records",
+    "representative_ledger",
+    "run_black_box_digits",
+    "run_white_box_digits",
+    "train_black_box_digits",
+    "train_white_box_digits",
+]
+
+logger = logging.getLogger(__name__)
+
+IMPLEMENTATIONS = ("correct", "batch_size_bug")
+"""``"correct"``: :class:`DPOptimizer`; ``"batch_size_bug"``: :class:`UndernoisedDPOptimizer`."""
+
+_NUM_CLASSES = 10
+_NUM_FEATURES = 64
+
+
+# ---------------------------------------------------------------------------------- the bug
+class _DividedNoiseBackend(TorchBackend):
+    """The torch backend with every noise standard deviation divided by a constant."""
+
+    def __init__(self, divisor: float) -> None:
+        self.divisor = divisor
+
+    def add_gaussian_noise(self, x: Any, *, stddev: float, generator: Any) -> Any:
+        return super().add_gaussian_noise(x, stddev=stddev / self.divisor, generator=generator)
+
+
+class UndernoisedDPOptimizer(DPOptimizer):
+    """A deliberately broken :class:`DPOptimizer`: noise σ̃/B drawn, σ̃ recorded. Audits only.
+
+    This is the bug Tramèr et al. (2022, §4) found in a published implementation: the sensitivity
+    of the *averaged* gradient was taken to be C/B although each record's clipped gradient already
+    has norm up to C, so the noise was B times too small. Here every Gaussian sum query draws
+    N(0, (σ̃/B)² I) while the ledger records (S, σ̃) exactly as the correct optimizer does, so its
+    ledger claims the same ε. A privacy audit must refute that claim.
+
+    Args:
+        optimizer: the optimizer to wrap (as for :class:`DPOptimizer`).
+        noise_divisor: B; None uses the expected batch size q·n.
+        **kwargs: the keyword arguments of :class:`DPOptimizer`.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        noise_divisor: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(optimizer, **kwargs)
+        divisor = (
+            self.expected_batch_size
+            if noise_divisor is None
+            else check_positive_finite("noise_divisor", noise_divisor)
+        )
+        self.noise_divisor = float(divisor)
+        self._backend = _DividedNoiseBackend(self.noise_divisor)
+
+
+# ---------------------------------------------------------------------------------- data
+@functools.lru_cache(maxsize=8)
+def _digits(num_records: int | None) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as err:  # pragma: no cover - scikit-learn is in the test extra
+        raise ImportError(
+            "the digits audits need scikit-learn (pip install 'dpledger[examples]')"
+        ) from err
+    data = load_digits()
+    x = np.asarray(data.data, dtype=np.float64) / 16.0
+    y = np.asarray(data.target, dtype=np.int64)
+    if num_records is not None:
+        x, y = x[:num_records], y[:num_records]
+    x.setflags(write=False)
+    y.setflags(write=False)
+    return x, y
+
+
+def digits_records(num_records: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``num_records`` of scikit-learn's 1797 digits (all when None), pixels in [0, 1].
+
+    Returns:
+        (features, labels): read-only arrays of shapes (n, 64) and (n,), cached per process.
+    """
+    if num_records is not None:
+        num_records = check_positive_int("num_records", num_records)
+        if num_records > 1797:
+            raise InvalidParameterError("num_records", num_records, "at most 1797 (or None)")
+    return _digits(num_records)
+
+
+@functools.lru_cache(maxsize=8)
+def _digits_tensors(num_records: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = digits_records(num_records)
+    return torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.int64)
+
+
+# ---------------------------------------------------------------------------------- configs
+def _implementation(value: Any) -> str:
+    if value not in IMPLEMENTATIONS:
+        raise InvalidParameterError("implementation", value, f"one of {IMPLEMENTATIONS}")
+    return str(value)
+
+
+def _optional_records(value: Any) -> int | None:
+    if value is None:
+        return None
+    n = check_positive_int("num_records", value)
+    if n > 1797:
+        raise InvalidParameterError("num_records", value, "at most 1797 (or None)")
+    return n
+
+
+def _optional_threads(value: Any) -> int | None:
+    return None if value is None else check_positive_int("torch_threads", value)
+
+
+def _class_label(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidParameterError("canary_label", value, "a class index in [0, 10)")
+    if not 0 <= value < _NUM_CLASSES:
+        raise InvalidParameterError("canary_label", value, "a class index in [0, 10)")
+    return int(value)
+
+
+def _sampling_probability(value: Any) -> float:
+    q = check_probability("sampling_probability", value)
+    if q == 0.0:
+        raise InvalidParameterError("sampling_probability", value, "a probability in (0, 1]")
+    return q
+
+
+def _noise(value: Any) -> float:
+    return check_positive_finite("noise_multiplier", value)
+
+
+@attrs.frozen(kw_only=True)
+class BlackBoxDigitsAudit:
+    """Configuration of :func:`train_black_box_digits`.
+
+    Attributes:
+        noise_multiplier: z = σ̃/C of every step (> 0); or build with
+            :meth:`for_target_epsilon`.
+        sampling_probability: q of the Poisson sampler, in (0, 1].
+        steps: T, the number of DP-SGD steps.
+        max_grad_norm: C.
+        learning_rate: η of the wrapped ``torch.optim.SGD``.
+        canary_magnitude: the value of the canary's pixels (the always-blank ones; real pixels
+            lie in [0, 1]).
+        canary_label: the canary's class.
+        num_records: train on the first n digits (None: all 1797).
+        implementation: ``"correct"`` or ``"batch_size_bug"`` (see the module docstring).
+        torch_threads: PyTorch intra-op threads set by each run (None leaves them alone).
+    """
+
+    noise_multiplier: float = attrs.field(converter=_noise)
+    sampling_probability: float = attrs.field(default=0.1, converter=_sampling_probability)
+    steps: int = attrs.field(default=30, converter=lambda v: check_positive_int("steps", v))
+    max_grad_norm: float = attrs.field(
+        default=1.0, converter=lambda v: check_positive_finite("max_grad_norm", v)
+    )
+    learning_rate: float = attrs.field(
+        default=2.0, converter=lambda v: check_positive_finite("learning_rate", v)
+    )
+    canary_magnitude: float = attrs.field(
+        default=8.0, converter=lambda v: check_positive_finite("canary_magnitude", v)
+    )
+    canary_label: int = attrs.field(default=0, converter=_class_label)
+    num_records: int | None = attrs.field(default=None, converter=_optional_records)
+    implementation: str = attrs.field(default="correct", converter=_implementation)
+    torch_threads: int | None = attrs.field(default=1, converter=_optional_threads)
+
+    @classmethod
+    def for_target_epsilon(
+        cls,
+        *,
+        target_epsilon: float,
+        delta: float,
+        accountant: str = "rdp",
+        **settings: Any,
+    ) -> BlackBoxDigitsAudit:
+        """The configuration whose z is the smallest that keeps the run within (ε, δ).
+
+        z comes from :func:`~dpledger.adapters.torch.calibrated_noise_multiplier` for the
+        configuration's q and T; ``settings`` are the other attributes.
+        """
+        if "noise_multiplier" in settings:
+            raise InvalidParameterError(
+                "noise_multiplier", settings["noise_multiplier"], "not given with target_epsilon"
+            )
+        probe = cls(noise_multiplier=1.0, **settings)
+        z = calibrated_noise_multiplier(
+            target_epsilon=target_epsilon,
+            delta=delta,
+            sampling_probability=probe.sampling_probability,
+            steps=probe.steps,
+            accountant=accountant,
+        )
+        return attrs.evolve(probe, noise_multiplier=z)
+
+    def canary(self) -> InputCanary:
+        """The out-of-distribution canary: the always-blank pixels set to ``canary_magnitude``."""
+        x, _ = digits_records(self.num_records)
+        return out_of_distribution_canary(
+            x, label=self.canary_label, magnitude=self.canary_magnitude
+        )
+
+    def claimed_ledger(self) -> CompressedLedger:
+        """What every run records: T steps of (q, z). Its ε is the claim under audit."""
+        return CompressedLedger.from_runs(
+            [(self.sampling_probability, self.noise_multiplier, self.steps)]
+        )
+
+
+def _canary_norm(value: Any) -> float:
+    return check_positive_finite("canary_norm", value)
+
+
+@attrs.frozen(kw_only=True)
+class WhiteBoxDigitsAudit:
+    """Configuration of :func:`train_white_box_digits` (full batches: q = 1).
+
+    Attributes:
+        noise_multiplier: z = σ̃/C of every step (> 0).
+        steps: T, the number of full-batch DP-SGD steps.
+        max_grad_norm: C.
+        learning_rate: η of the wrapped ``torch.optim.SGD`` (the score is in units of η·C/n, so
+            η does not change it).
+        canary_norm: M = ‖canary gradient‖, at least C (clipping then leaves exactly C).
+        canary_label: y, the class whose weight the canary moves.
+        num_records: train on the first n digits (None: all 1797).
+        implementation: ``"correct"`` or ``"batch_size_bug"``.
+        torch_threads: PyTorch intra-op threads set by each run (None leaves them alone).
+    """
+
+    noise_multiplier: float = attrs.field(converter=_noise)
+    steps: int = attrs.field(default=1, converter=lambda v: check_positive_int("steps", v))
+    max_grad_norm: float = attrs.field(
+        default=1.0, converter=lambda v: check_positive_finite("max_grad_norm", v)
+    )
+    learning_rate: float = attrs.field(
+        default=1.0, converter=lambda v: check_positive_finite("learning_rate", v)
+    )
+    canary_norm: float = attrs.field(default=10.0, converter=_canary_norm)
+    canary_label: int = attrs.field(default=0, converter=_class_label)
+    num_records: int | None = attrs.field(default=None, converter=_optional_records)
+    implementation: str = attrs.field(default="correct", converter=_implementation)
+    torch_threads: int | None = attrs.field(default=1, converter=_optional_threads)
+
+    def __attrs_post_init__(self) -> None:
+        if self.canary_norm < self.max_grad_norm:
+            raise InvalidParameterError(
+                "canary_norm",
+                self.canary_norm,
+                f"at least max_grad_norm = {self.max_grad_norm:g} (so that clipping leaves "
+                "exactly C)",
+            )
+
+    @property
+    def sampling_probability(self) -> float:
+        """q = 1: every step uses every record."""
+        return 1.0
+
+    @classmethod
+    def for_target_epsilon(
+        cls,
+        *,
+        target_epsilon: float,
+        delta: float,
+        accountant: str = "rdp",
+        **settings: Any,
+    ) -> WhiteBoxDigitsAudit:
+        """The configuration whose z is the smallest that keeps the run within (ε, δ)."""
+        if "noise_multiplier" in settings:
+            raise InvalidParameterError(
+                "noise_multiplier", settings["noise_multiplier"], "not given with target_epsilon"
+            )
+        probe = cls(noise_multiplier=1.0, **settings)
+        z = calibrated_noise_multiplier(
+            target_epsilon=target_epsilon,
+            delta=delta,
+            sampling_probability=1.0,
+            steps=probe.steps,
+            accountant=accountant,
+        )
+        return attrs.evolve(probe, noise_multiplier=z)
+
+    @property
+    def canary_feature(self) -> int:
+        """k: the first pixel that is blank in every training digit."""
+        x, _ = digits_records(self.num_records)
+        dead = np.flatnonzero(np.all(x == 0.0, axis=0))
+        if dead.size == 0:  # pragma: no cover - pixel 0 is blank in every digit
+            raise InvalidParameterError(
+                "num_records", self.num_records, "digits with an always-blank pixel"
+            )
+        return int(dead[0])
+
+    def canary_input(self) -> np.ndarray:
+        """x_c = M·e_k."""
+        x = np.zeros(_NUM_FEATURES)
+        x[self.canary_feature] = self.canary_norm
+        return x
+
+    def gradient_canary(self) -> GradientCanary:
+        """The canary's per-example gradient over the model's weight (10 × 64, row-major).
+
+        The canary's loss is −o_y = −⟨w_y, x_c⟩, so its gradient is −M·e_y e_kᵀ at every θ: a
+        Dirac canary of norm M and sign −1 on coordinate y·64 + k.
+        """
+        return dirac_gradient_canary(
+            num_parameters=_NUM_CLASSES * _NUM_FEATURES,
+            index=self.canary_label * _NUM_FEATURES + self.canary_feature,
+            norm=self.canary_norm,
+            sign=-1.0,
+        )
+
+    @property
+    def base_population_size(self) -> int:
+        """n = |D|, the number of digits without the canary."""
+        return int(digits_records(self.num_records)[0].shape[0])
+
+    def score_unit(self) -> float:
+        """η·C/n: how far one clipped canary gradient moves the weights (n = |D| on both sides,
+        so the unit does not depend on whether the canary was included)."""
+        return self.learning_rate * self.max_grad_norm / self.base_population_size
+
+    def claimed_ledger(self) -> CompressedLedger:
+        """What every run records: T steps of (q = 1, z). Its ε is the claim under audit."""
+        return CompressedLedger.from_runs([(1.0, self.noise_multiplier, self.steps)])
+
+    def claimed_mu(self) -> float:
+        """μ = √T/z: the mechanism is exactly μ-GDP (T full-batch Gaussian steps)."""
+        return math.sqrt(self.steps) / self.noise_multiplier
+
+    def claimed_score_stddev(self) -> float:
+        """√T·z: the standard deviation of the score (in units of η·C/n) that the claim implies."""
+        return math.sqrt(self.steps) * self.noise_multiplier
+
+    def preregistered_thresholds(
+        self, *, count: int = 16, spacing: float = 0.25
+    ) -> BonferroniThresholds:
+        """Thresholds k·spacing·√T·z, k = 1..count, fixed by the claim before any run.
+
+        They depend on the configuration only (not on any score), so the Bonferroni-corrected
+        bound over them is valid (:class:`~dpledger.audit.threshold_selection.
+        BonferroniThresholds`). The defaults span 0.25 to 4 claimed standard deviations: the
+        middle suits the Gaussian-DP bound (whose μ estimate is most precise between the two
+        means), the upper end the Clopper–Pearson bound (which needs a small FPR).
+        """
+        count = check_positive_int("count", count)
+        spacing = check_positive_finite("spacing", spacing)
+        scale = self.claimed_score_stddev()
+        return BonferroniThresholds([k * spacing * scale for k in range(1, count + 1)])
+
+
+# ---------------------------------------------------------------------------------- runs
+@attrs.frozen
+class AuditRun:
+    """One training run of an audit.
+
+    Attributes:
+        score: the run's score (higher = canary more likely included).
+        ledger: the run's ledger (in memory).
+    """
+
+    score: float
+    ledger: PrivacyLedger
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+def _seeds(seed: Any) -> tuple[int, int]:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise InvalidParameterError("seed", seed, "an integer >= 0")
+    sampling, noise = np.random.SeedSequence(int(seed)).spawn(2)
+    return (
+        int(sampling.generate_state(1, np.uint64)[0] >> np.uint64(1)),
+        int(noise.generate_state(1, np.uint64)[0] >> np.uint64(1)),
+    )
+
+
+def _check_claim(ledger: PrivacyLedger, claimed: CompressedLedger, seed: int) -> None:
+    """Raise unless the run's ledger records the claimed steps (same q, z up to rounding, T)."""
+    got = ledger.compressed().runs
+    want = claimed.runs
+    same = len(got) == len(want) and all(
+        g.sampling_probability == w.sampling_probability
+        and g.count == w.count
+        and math.isclose(g.noise_multiplier, w.noise_multiplier, rel_tol=1e-12)
+        for g, w in zip(got, want, strict=False)
+    )
+    if not same:
+        raise LedgerStateError(
+            f"the run with seed {seed} recorded the steps {[attrs.astuple(r) for r in got]} "
+            f"(q, z, count), not the audited claim {[attrs.astuple(r) for r in want]}: every run "
+            "of an audit must claim the same ε"
+        )
+
+
+def _optimizer_class(implementation: str) -> type[DPOptimizer]:
+    return UndernoisedDPOptimizer if implementation == "batch_size_bug" else DPOptimizer
+
+
+def _train(
+    *,
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss_of: Any,
+    sampling_probability: float,
+    steps: int,
+    noise_multiplier: float,
+    max_grad_norm: float,
+    learning_rate: float,
+    implementation: str,
+    seed: int,
+) -> PrivacyLedger:
+    """T DP-SGD steps on Poisson samples of (x, y); returns the run's ledger."""
+    sampling_seed, noise_seed = _seeds(seed)
+    sampler = PoissonBatchSampler(
+        population_size=int(y.shape[0]),
+        sampling_probability=sampling_probability,
+        steps=steps,
+        seed=sampling_seed,
+    )
+    ledger = PrivacyLedger()
+    optimizer = _optimizer_class(implementation)(
+        torch.optim.SGD(model.parameters(), lr=learning_rate),
+        model=model,
+        max_grad_norm=max_grad_norm,
+        noise_multiplier=noise_multiplier,
+        sampler=sampler,
+        ledger=ledger,
+        seed=noise_seed,
+    )
+    for indices in sampler:
+        optimizer.zero_grad()
+        if not indices:
+            optimizer.empty_step()
+            continue
+        batch = torch.tensor(indices, dtype=torch.int64)
+        optimizer.backward(loss_of(model(x[batch]), batch))
+        optimizer.step()
+    optimizer.detach()
+    return ledger
+
+
+def run_black_box_digits(
+    config: BlackBoxDigitsAudit, *, include_canary: bool, seed: int
+) -> AuditRun:
+    """Train the black-box audit's model once; score it by −(its loss on the canary).
+
+    D is the digits (``config.num_records`` of them); D' = D ∪ {canary}, the canary last. The
+    model is ``nn.Linear(64, 10)`` initialised to zero, trained for T steps of DP-SGD (plain SGD,
+    cross-entropy, Poisson samples with rate q, clip C, noise z·C).
+
+    Raises:
+        LedgerStateError: the run's ledger does not record the claimed steps.
+    """
+    if not isinstance(config, BlackBoxDigitsAudit):
+        raise InvalidParameterError("config", config, "a BlackBoxDigitsAudit")
+    _set_threads(config.torch_threads)
+    x, y = _digits_tensors(config.num_records)
+    canary = config.canary()
+    xc = torch.tensor(canary.features, dtype=torch.float32).unsqueeze(0)
+    yc = torch.tensor([canary.label], dtype=torch.int64)
+    if include_canary:
+        x, y = torch.cat([x, xc]), torch.cat([y, yc])
+    model = nn.Linear(_NUM_FEATURES, _NUM_CLASSES)
+    with torch.no_grad():
+        model.weight.zero_()
+        model.bias.zero_()
+    labels = y
+
+    def loss_of(output: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(output, labels[batch])
+
+    ledger = _train(
+        model=model,
+        x=x,
+        y=y,
+        loss_of=loss_of,
+        sampling_probability=config.sampling_probability,
+        steps=config.steps,
+        noise_multiplier=config.noise_multiplier,
+        max_grad_norm=config.max_grad_norm,
+        learning_rate=config.learning_rate,
+        implementation=config.implementation,
+        seed=seed,
+    )
+    _check_claim(ledger, config.claimed_ledger(), seed)
+    with torch.no_grad():
+        loss = F.cross_entropy(model(xc), yc)
+    return AuditRun(score=loss_score(float(loss)), ledger=ledger)
+
+
+def run_white_box_digits(
+    config: WhiteBoxDigitsAudit, *, include_canary: bool, seed: int
+) -> AuditRun:
+    """Train the white-box audit's model once; score it by its movement along the canary.
+
+    The model is ``nn.Linear(64, 10, bias=False)`` initialised to zero, trained with T full-batch
+    DP-SGD steps. Digits have the cross-entropy loss; the canary x_c = M·e_k has the loss −o_y,
+    whose gradient is the fixed −M·e_y e_kᵀ. The score is
+    :meth:`~dpledger.audit.canaries.GradientCanary.score` in units of η·C/n.
+
+    Raises:
+        LedgerStateError: the run's ledger does not record the claimed steps.
+    """
+    if not isinstance(config, WhiteBoxDigitsAudit):
+        raise InvalidParameterError("config", config, "a WhiteBoxDigitsAudit")
+    _set_threads(config.torch_threads)
+    x, y = _digits_tensors(config.num_records)
+    n = int(y.shape[0])
+    if include_canary:
+        xc = torch.tensor(config.canary_input(), dtype=torch.float32).unsqueeze(0)
+        x = torch.cat([x, xc])
+        y = torch.cat([y, torch.tensor([config.canary_label], dtype=torch.int64)])
+    is_canary = torch.arange(int(y.shape[0])) >= n
+    model = nn.Linear(_NUM_FEATURES, _NUM_CLASSES, bias=False)
+    with torch.no_grad():
+        model.weight.zero_()
+    initial = model.weight.detach().double().reshape(-1).numpy().copy()
+    labels = y
+
+    def loss_of(output: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+        target = labels[batch]
+        ce = F.cross_entropy(output, target, reduction="none")
+        canary_loss = -output.gather(1, target.unsqueeze(1)).squeeze(1)
+        return torch.where(is_canary[batch], canary_loss, ce).mean()
+
+    ledger = _train(
+        model=model,
+        x=x,
+        y=y,
+        loss_of=loss_of,
+        sampling_probability=1.0,
+        steps=config.steps,
+        noise_multiplier=config.noise_multiplier,
+        max_grad_norm=config.max_grad_norm,
+        learning_rate=config.learning_rate,
+        implementation=config.implementation,
+        seed=seed,
+    )
+    _check_claim(ledger, config.claimed_ledger(), seed)
+    final = model.weight.detach().double().reshape(-1).numpy()
+    score = config.gradient_canary().score(initial, final, unit=config.score_unit())
+    return AuditRun(score=score, ledger=ledger)
+
+
+def train_black_box_digits(
+    include_canary: bool, seed: int, *, config: BlackBoxDigitsAudit
+) -> float:
+    """The harness's ``train(include_canary, seed) -> score`` for a black-box audit.
+
+    Use ``functools.partial(train_black_box_digits, config=...)``; see
+    :func:`run_black_box_digits`.
+    """
+    return run_black_box_digits(config, include_canary=include_canary, seed=seed).score
+
+
+def train_white_box_digits(
+    include_canary: bool, seed: int, *, config: WhiteBoxDigitsAudit
+) -> float:
+    """The harness's ``train(include_canary, seed) -> score`` for a white-box audit.
+
+    Use ``functools.partial(train_white_box_digits, config=...)``; see
+    :func:`run_white_box_digits`.
+    """
+    return run_white_box_digits(config, include_canary=include_canary, seed=seed).score
+
+
+def representative_ledger(
+    config: BlackBoxDigitsAudit | WhiteBoxDigitsAudit, *, seed: int = 0
+) -> PrivacyLedger:
+    """The ledger of one run with the canary: the claim every run of the audit makes.
+
+    Every run checks that its ledger records the same steps (:meth:`claimed_ledger`), so any
+    accountant gives every run the ε of this ledger.
+    """
+    if isinstance(config, BlackBoxDigitsAudit):
+        return run_black_box_digits(config, include_canary=True, seed=seed).ledger
+    if isinstance(config, WhiteBoxDigitsAudit):
+        return run_white_box_digits(config, include_canary=True, seed=seed).ledger
+    raise InvalidParameterError("config", config, "a BlackBoxDigitsAudit or WhiteBoxDigitsAudit")
