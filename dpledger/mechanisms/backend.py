@@ -236,8 +236,17 @@ def resolve_backend(backend: ArrayBackend | None) -> ArrayBackend:
     """``backend``, or the NumPy backend for None; anything else is an error naming ``backend``."""
     if backend is None:
         return _NUMPY
+    kind = type(backend)
+    if kind in _CHECKED_BACKEND_TYPES:  # a runtime Protocol check costs microseconds per call
+        return backend
     if not isinstance(backend, ArrayBackend):
         raise InvalidParameterError(
             "backend", backend, "an ArrayBackend (e.g. dpledger.mechanisms.NumpyBackend())"
         )
+    _CHECKED_BACKEND_TYPES.add(kind)
     return backend
+
+
+# Classes whose instances passed the protocol check. A class's methods are fixed for its
+# instances in practice; an instance that deletes or replaces a method is not supported.
+_CHECKED_BACKEND_TYPES: set[type] = set()
