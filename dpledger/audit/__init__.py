@@ -4,7 +4,8 @@ implementation-bug checks for DP-SGD.
 The ε lower bounds, the distinguishing-game harness, the verdict, the bias and calibration
 metrics and the core of the implementation-bug checks import neither PyTorch nor TensorFlow;
 plots import matplotlib when drawn. The checks' framework conveniences live in
-``dpledger.audit.checks_torch`` and ``dpledger.audit.checks_keras``.
+``dpledger.audit.checks_torch`` and ``dpledger.audit.checks_keras``; a PyTorch classifier's
+predictions go into the calibration metrics through ``dpledger.audit.calibration_torch``.
 """
 
 from dpledger.audit.audit_game import (
@@ -17,6 +18,7 @@ from dpledger.audit.audit_plots import plot_bound_versus_runs, plot_score_distri
 from dpledger.audit.bias import (
     ClippingBias,
     ClippingBiasCallback,
+    ClippingBiasRecorder,
     clipping_bias,
     clipping_bias_from_sums,
 )
@@ -66,6 +68,7 @@ __all__ = [
     "CheckResult",
     "ClippingBias",
     "ClippingBiasCallback",
+    "ClippingBiasRecorder",
     "ConfusionCounts",
     "Curve",
     "DPSGDChecker",
