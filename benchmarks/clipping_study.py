@@ -115,7 +115,7 @@ METHODS = (*DP_METHODS, REFERENCE)
 # η·(noisy clipped sum)/(q·n), so η·S fixes the size of the noise in the update for every method.
 STEP_SCALES = (0.125, 0.25, 0.5, 1.0)
 FLAT_BOUNDS = (0.3, 1.0, 3.0)  # C; per-example gradient norms are about 2-5 here
-GLOBAL_BOUNDS = (10.0, 20.0, 50.0)  # R: from dropping a few records to dropping none
+GLOBAL_BOUNDS = (10.0, 20.0, 50.0)  # R: from dropping a small fraction of records to none
 AUTOMATIC_STABILITIES = (0.01, 0.1, 1.0)  # γ (S = 1)
 BAM_RADII = (0.03, 0.1, 0.3)  # λ; BAM uses the C chosen for flat clipping (as Knolle et al. do)
 REFERENCE_LEARNING_RATES = (0.1, 0.3, 1.0)  # the non-private reference: three values
