@@ -6,7 +6,9 @@ metrics and the core of the implementation-bug checks import neither PyTorch nor
 plots import matplotlib when drawn. The checks' framework conveniences live in
 ``dpledger.audit.checks_torch`` and ``dpledger.audit.checks_keras``; the canaries
 (``dpledger.audit.canaries``) are framework-free, and the training functions that audit the
-PyTorch adapter on the digits live in ``dpledger.audit.torch_audit`` (imports torch).
+PyTorch adapter on the digits live in ``dpledger.audit.torch_audit`` (imports torch); a PyTorch
+classifier's predictions go into the calibration metrics through
+``dpledger.audit.calibration_torch``.
 """
 
 from dpledger.audit.audit_game import (
@@ -19,6 +21,7 @@ from dpledger.audit.audit_plots import plot_bound_versus_runs, plot_score_distri
 from dpledger.audit.bias import (
     ClippingBias,
     ClippingBiasCallback,
+    ClippingBiasRecorder,
     clipping_bias,
     clipping_bias_from_sums,
 )
@@ -76,6 +79,7 @@ __all__ = [
     "CheckResult",
     "ClippingBias",
     "ClippingBiasCallback",
+    "ClippingBiasRecorder",
     "ConfusionCounts",
     "Curve",
     "DPSGDChecker",

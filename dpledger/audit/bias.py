@@ -29,6 +29,7 @@ report a = 0, c = ĝ_clip and a cosine of 0.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,7 +40,13 @@ import numpy as np
 from dpledger.errors import InvalidParameterError
 from dpledger.validation import check_positive_finite
 
-__all__ = ["ClippingBias", "ClippingBiasCallback", "clipping_bias", "clipping_bias_from_sums"]
+__all__ = [
+    "ClippingBias",
+    "ClippingBiasCallback",
+    "ClippingBiasRecorder",
+    "clipping_bias",
+    "clipping_bias_from_sums",
+]
 
 _REL_TOL = 1e-9
 
@@ -103,6 +110,76 @@ ClippingBiasCallback = Callable[[int, ClippingBias], None]
 Adapters compute the metrics only when a callback is registered, so a step without one costs
 nothing extra. The metrics are NOT private; see the module docstring.
 """
+
+
+class ClippingBiasRecorder:
+    """A bias callback that keeps every step's scalar metrics. NOT private: debugging only.
+
+    Pass it as an adapter's ``bias_callback``; after training, :meth:`values` gives one metric per
+    recorded step and :meth:`means` the mean over steps of each metric (every step weighted
+    equally, as the bias magnitude "averaged over training iterations" of Knolle et al.,
+    appendix C.3). Only the scalars of :meth:`ClippingBias.scalars` are kept, not the bias
+    vectors, so memory grows by a few numbers per step. A metric a step did not report (the
+    per-example norms on the distributed fast path) is NaN for that step.
+
+    Example::
+
+        recorder = ClippingBiasRecorder()
+        optimizer = DPOptimizer(..., bias_callback=recorder)
+        ...  # train
+        recorder.means()["bias_norm"]  # mean over steps of ‖ĝ_clip − ĝ‖ (NOT private)
+    """
+
+    def __init__(self) -> None:
+        self._steps: list[int] = []
+        self._rows: list[dict[str, float]] = []
+
+    def __call__(self, step: int, metrics: ClippingBias) -> None:
+        """Record ``metrics`` of step ``step`` (the :data:`ClippingBiasCallback` signature)."""
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+            raise InvalidParameterError("step", step, "a step index (an integer >= 0)")
+        if not isinstance(metrics, ClippingBias):
+            raise InvalidParameterError("metrics", metrics, "a ClippingBias")
+        self._steps.append(int(step))
+        self._rows.append(metrics.scalars())
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    @property
+    def steps(self) -> tuple[int, ...]:
+        """The step indices recorded, in order."""
+        return tuple(self._steps)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The metrics some recorded step reported, in the order of :meth:`ClippingBias.scalars`."""
+        seen: dict[str, None] = {}
+        for row in self._rows:
+            seen.update(dict.fromkeys(row))
+        return tuple(seen)
+
+    def values(self, name: str) -> np.ndarray:
+        """One value of metric ``name`` per recorded step (NaN where a step did not report it).
+
+        Raises:
+            InvalidParameterError: ``name`` is not a metric any recorded step reported.
+        """
+        if name not in self.names:
+            valid = ", ".join(repr(n) for n in self.names) or "none (no step recorded yet)"
+            raise InvalidParameterError("name", name, f"one of the recorded metrics: {valid}")
+        return np.array([row.get(name, math.nan) for row in self._rows], dtype=np.float64)
+
+    def means(self) -> dict[str, float]:
+        """Mean over the recorded steps of each metric (over the steps that reported it).
+
+        Empty when no step was recorded.
+        """
+        out = {}
+        for name in self.names:
+            v = self.values(name)
+            out[name] = float(np.mean(v[~np.isnan(v)]))
+        return out
 
 
 def _per_example_matrix(name: str, value: Any) -> np.ndarray:
