@@ -33,6 +33,7 @@ from dpledger.audit.torch_audit import (
 )
 from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.ledger import CompressedLedger
+from dpledger.mechanisms.clipping import rounding_clip_margin
 
 DELTA = 1e-5
 CONFIDENCE = 0.95
@@ -214,13 +215,16 @@ def test_black_box_runs_with_empty_poisson_batches():
 
 def test_white_box_canary_moves_its_weight_by_exactly_C_per_step():
     # Noise 1e-12·C: the score counts the steps the canary's clipped gradient was added, in
-    # units of η·C/n (the average divides by n + 1 when the canary is in the data). The weights
-    # are float32: each of the 3 steps rounds the update and the weight once (2 ulps each).
+    # units of η·C/n (the average divides by n + 1 when the canary is in the data). The float32
+    # optimizer clips to C·(1 − ρ) with its default rounding margin ρ while the ledger records C.
+    # Each of the 3 steps rounds the update and the weight once (2 ulps each).
     config = WhiteBoxDigitsAudit(noise_multiplier=1e-12, steps=3, canary_norm=25.0)
     with_canary = run_white_box_digits(config, include_canary=True, seed=0).score
     without = run_white_box_digits(config, include_canary=False, seed=0).score
-    rounding = 3 * 2 * float(np.finfo(np.float32).eps)
-    assert with_canary == pytest.approx(3 * NUM_DIGITS / (NUM_DIGITS + 1), rel=rounding)
+    float32_eps = float(np.finfo(np.float32).eps)
+    clipped = 1.0 - rounding_clip_margin(float32_eps)
+    expected = 3 * clipped * NUM_DIGITS / (NUM_DIGITS + 1)
+    assert with_canary == pytest.approx(expected, rel=3 * 2 * float32_eps)
     assert abs(without) < 1e-9  # no digit moves the canary's weight (noise 1e-12 per step)
 
 
