@@ -30,7 +30,7 @@ mirrored variables; there is one ledger and one sampling event per step.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import keras
@@ -204,6 +204,34 @@ class DPKerasModel(keras.Model):
         super().compile(optimizer=optimizer, loss=loss, **kwargs)
         self._dp_step = None
         self.train_function = None
+
+    def fit(self, x: Any = None, y: Any = None, batch_size: Any = None, **kwargs: Any) -> Any:
+        """``keras.Model.fit`` on batches that the data pipeline has already sampled.
+
+        ``x`` must yield the batches (a ``tf.data.Dataset`` such as
+        :meth:`~dpledger.adapters.tensorflow.PoissonSampler.sample`'s, a ``keras.utils.PyDataset``
+        or an iterator): given arrays or tensors, Keras would shuffle them and cut fixed-size
+        batches, which are not the Poisson samples of rate q that the ledger records.
+
+        Raises:
+            InvalidParameterError: ``x`` is arrays or tensors, or ``batch_size`` is given.
+        """
+        if batch_size is not None:
+            raise InvalidParameterError(
+                "batch_size",
+                batch_size,
+                "None: the batches come from the Poisson sampler (sampler.sample((x, y))), "
+                "their size is not fixed",
+            )
+        if not isinstance(x, (tf.data.Dataset, keras.utils.PyDataset, Iterator)):
+            raise InvalidParameterError(
+                "x",
+                f"<{type(x).__name__}>",
+                "a dataset of Poisson-sampled batches (sampler.sample((x, y))), not arrays: "
+                "Keras would shuffle arrays into fixed-size batches, whose sampling is not "
+                "the rate q recorded in the ledger",
+            )
+        return super().fit(x, y, **kwargs)
 
     def update_queries(self, **query_arguments: Any) -> GradientQueries:
         """Change the privacy parameters from the next executed step on (no retracing).

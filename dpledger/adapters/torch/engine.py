@@ -235,6 +235,7 @@ class PerExampleGradientEngine:
         self._direct_backward = False
         self._stale = False
         self._state_batch = 0
+        self._input_records: set[int] = set()
         self._state: _StepState | None = None
         self._grad_seen: set[str] = set()
         self._autograd_grads: dict[str, torch.Tensor] = {}
@@ -342,6 +343,7 @@ class PerExampleGradientEngine:
                 c.release()
         self._state = None
         self._stale = False
+        self._input_records = set()
         self._grad_seen.clear()
         self._autograd_grads.clear()
 
@@ -351,6 +353,10 @@ class PerExampleGradientEngine:
         if self._recomputing or not torch.is_grad_enabled():
             return
         self.clear()
+        leaves, _ = tree_flatten(args)
+        self._input_records = {
+            t.shape[0] for t in leaves if isinstance(t, torch.Tensor) and t.dim() > 0
+        }
 
     def _on_unit_forward(
         self, unit: _Unit, module: nn.Module, args: tuple, kwargs: dict, output: Any
@@ -470,6 +476,15 @@ class PerExampleGradientEngine:
             )
         if batch < 0:
             raise EngineStateError("a module output is a scalar: records must be along dim 0")
+        if self._input_records and batch not in self._input_records:
+            # Every unit sees the same leading size, but no input of the model has it (e.g.
+            # a (B, T, d) input transposed to (T, B, d)): its positions would be clipped as
+            # records, and one record would contribute several clipped gradients.
+            raise EngineStateError(
+                f"the modules' inputs and outputs have {batch} entries along dimension 0 but "
+                f"the model's inputs have {sorted(self._input_records)}; the engine needs the "
+                "records along dimension 0 of every module's input and output"
+            )
         return batch
 
     def _unit_per_example(self, unit: _Unit, capture: _Capture) -> dict[str, torch.Tensor]:

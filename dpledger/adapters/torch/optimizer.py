@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -79,6 +80,7 @@ from dpledger.adapters.torch.backend import TorchBackend, check_generator_device
 from dpledger.adapters.torch.bam import per_example_gradients_and_losses
 from dpledger.adapters.torch.distributed import (
     DistributedPoissonBatchSampler,
+    _common_seed,
     broadcast_tensors,
     distributed_world,
     reduce_tensors,
@@ -938,7 +940,11 @@ class DPOptimizer(torch.optim.Optimizer):
         * it holds exactly the checkpoint's steps: training continues after them;
         * it holds *more* steps (training went on after the checkpoint, then stopped): those
           steps stay in the ledger and count towards ε — their noise was drawn and their
-          results may have been seen — and a warning says how many; nothing is ever dropped;
+          results may have been seen — and a warning says how many; nothing is ever dropped.
+          The noise generator and the sampler are then reseeded from OS entropy instead of
+          restored: restoring them would draw those steps' noise and Poisson samples again,
+          and two releases with the same noise reveal the difference of their sums without
+          noise while the ledger counts them as independent steps;
         * it holds *fewer* steps: :class:`~dpledger.errors.LedgerStateError`, since ε computed
           from it would leave out steps that were taken.
 
@@ -951,8 +957,10 @@ class DPOptimizer(torch.optim.Optimizer):
                 "state_dict", type(state_dict).__name__, "a DPOptimizer.state_dict()"
             )
         position = state_dict.get("ledger")
+        behind = False
         if self._ledger is not None and position is not None:
             have, want = self._ledger.num_steps, int(position["num_steps"])
+            behind = have > want
             if have < want:
                 raise LedgerStateError(
                     f"the ledger holds {have} steps but the checkpoint was taken after {want}: "
@@ -966,10 +974,28 @@ class DPOptimizer(torch.optim.Optimizer):
                     "epsilon, because their noise was drawn and their results may have been seen",
                     have - want,
                 )
+        if self._distributed:  # only rank 0 holds the ledger; the ranks must sample alike
+            (flag,) = broadcast_tensors(
+                [torch.tensor([int(behind)], dtype=torch.int64, device=self._device)],
+                process_group=self._group,
+            )
+            behind = bool(flag.item())
         self._opt.load_state_dict(state_dict["optimizer"])
-        self._generator.set_state(state_dict["noise_generator_state"])
-        if self._sampler is not None and state_dict.get("sampler") is not None:
-            self._sampler.load_state_dict(state_dict["sampler"])
+        if behind:
+            logger.warning(
+                "reseeding the noise generator and the batch sampler from OS entropy: "
+                "restoring the checkpoint's generator states would repeat the noise and the "
+                "samples of the steps recorded after it"
+            )
+            self._generator.seed()
+            if self._sampler is not None:
+                self._sampler.generator.manual_seed(
+                    _common_seed(self._group) if self._distributed else secrets.randbits(62)
+                )
+        else:
+            self._generator.set_state(state_dict["noise_generator_state"])
+            if self._sampler is not None and state_dict.get("sampler") is not None:
+                self._sampler.load_state_dict(state_dict["sampler"])
         self._steps_taken = int(state_dict["steps_taken"])
         self._discard_pending()
         self._reset()

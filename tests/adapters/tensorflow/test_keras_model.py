@@ -212,6 +212,22 @@ def test_bad_inputs_are_refused_with_what_to_change():
         DPKerasModel(regularised, **ok)
 
 
+def test_fit_refuses_arrays_that_keras_would_cut_into_fixed_size_batches():
+    # fit(x, y, batch_size=...) shuffles the arrays and cuts fixed-size batches: not the
+    # Poisson sample of rate q the ledger would record for every step.
+    x, y = _data(40)
+    sampler = PoissonSampler(population_size=40, sampling_probability=0.1, seed=0)
+    dp = DPKerasModel(_model(), l2_norm_clip=1.0, noise_multiplier=1.0, sampler=sampler, seed=1)
+    dp.compile(optimizer="sgd", loss=_loss())
+    with pytest.raises(InvalidParameterError, match="x"):
+        dp.fit(x, y, batch_size=20, epochs=1, verbose=0)
+    with pytest.raises(InvalidParameterError, match="batch_size"):
+        dp.fit(sampler.sample((x, y)), batch_size=20, epochs=1, verbose=0)
+    assert dp.ledger.num_steps == 0
+    dp.fit(sampler.sample((x, y)), epochs=1, verbose=0)
+    assert dp.ledger.num_steps == sampler.steps_per_epoch
+
+
 def test_a_loss_without_per_example_values_fails_at_the_first_step():
     x, y = _data(4)
     dp = DPKerasModel(

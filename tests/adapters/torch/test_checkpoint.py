@@ -103,6 +103,43 @@ def test_steps_recorded_after_the_checkpoint_stay_in_the_ledger(tmp_path, caplog
     ledger.close()
 
 
+def released_gradients(model, optimizer, loader, steps: int) -> list[dict]:
+    """Train ``steps`` steps; return each step's sample and the gradient it released."""
+    out = []
+    batches = itertools.chain.from_iterable(itertools.repeat(loader))
+    for x, y in itertools.islice(batches, steps):
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        out.append({"x": x.clone(), "grads": grads})
+    return out
+
+
+def test_resuming_behind_the_ledger_draws_fresh_noise_and_samples(tmp_path):
+    # The steps taken after the checkpoint are in the ledger and their results may have been
+    # seen. Replaying their noise (and their Poisson samples) from the checkpoint's generator
+    # states would release the same noise twice: the difference of two such releases is free
+    # of noise, and the ledger would count them as independent Gaussian steps.
+    path = tmp_path / "run.dpl"
+    ledger = PrivacyLedger(path)
+    model, optimizer, loader = setup(ledger, seed=1)
+    train(model, optimizer, loader, 3)
+    save(tmp_path / "ckpt.pt", model, optimizer)
+    lost = released_gradients(model, optimizer, loader, 2)
+    ledger.flush()
+    del model, optimizer, loader, ledger
+    gc.collect()
+
+    ledger, model, optimizer, loader = resume(path, tmp_path / "ckpt.pt")
+    again = released_gradients(model, optimizer, loader, 2)
+    for old, new in zip(lost, again, strict=True):
+        assert not torch.equal(old["x"], new["x"])
+        for n in old["grads"]:
+            assert not torch.equal(old["grads"][n], new["grads"][n])
+    ledger.close()
+
+
 def test_a_ledger_with_fewer_steps_than_the_checkpoint_is_refused(tmp_path):
     ledger = PrivacyLedger(tmp_path / "run.dpl")
     model, optimizer, loader = setup(ledger, seed=1)

@@ -520,6 +520,24 @@ def test_records_must_be_along_dim_zero():
         engine.squared_norms()
 
 
+def test_layers_that_all_see_positions_along_dim_zero_are_refused():
+    # Every parametrised layer sees (T, B, d): without a check the T positions would be clipped
+    # as T records, and one example would contribute up to T times the clip norm.
+    class SequenceFirst(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.layer(x.transpose(0, 1)).transpose(0, 1).sum(1)
+
+    model = SequenceFirst()
+    engine = PerExampleGradientEngine(model, loss_reduction="sum")
+    model(torch.randn(2, 6, 4)).sum().backward()
+    with pytest.raises(EngineStateError, match="dimension 0"):
+        engine.squared_norms()
+
+
 def test_forward_without_grad_keeps_the_step():
     model = nn.Linear(3, 2)
     engine = PerExampleGradientEngine(model, loss_reduction="sum")
