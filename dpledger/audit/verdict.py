@@ -9,6 +9,8 @@ the claim (which says nothing about the claim being tight).
 The claim can be a number, an accountant's :class:`~dpledger.accountants.base.PrivacyResult`, or a
 ledger (:class:`~dpledger.ledger.PrivacyLedger` or :class:`~dpledger.ledger.CompressedLedger`)
 replayed by an accountant (``dpledger.accountants.base.make_accountant``) at the audit's δ.
+Only a valid upper bound can be refuted: an accountant's estimate or approximation is replaced by
+its certified upper bound, and one without a certified upper bound is refused.
 
 The claim's δ must not exceed the audit's δ: an (ε, δ_c)-DP mechanism with δ_c ≤ δ is also
 (ε, δ)-DP, so a refutation at δ refutes the claim at δ_c; the other way round it does not.
@@ -154,8 +156,30 @@ def _is_privacy_result(obj: Any) -> bool:
 
 
 def _claim_from_result(result: PrivacyResult) -> tuple[float, float, str, str | None]:
-    kind = getattr(result.kind, "value", result.kind)
-    return float(result.epsilon), float(result.delta), str(result.accountant), str(kind)
+    """(ε, δ) of a valid guarantee from an accountant's result, its source and its kind.
+
+    A result of kind ``upper_bound`` is used as it is. For any other kind (an estimate, an
+    approximation) the computed number is not a guarantee, so the result's certified upper bound
+    on it (``result.upper``) is used instead; without one the result cannot be compared with a
+    lower bound at all.
+    """
+    kind = str(getattr(result.kind, "value", result.kind))
+    eps, delta = float(result.epsilon), float(result.delta)
+    if kind != "upper_bound":
+        upper = getattr(result, "upper", None)
+        if upper is None:
+            raise InvalidParameterError(
+                "claim",
+                f"{result.accountant} result of kind {kind!r} without a certified upper bound",
+                "a valid upper bound on ε (kind 'upper_bound', or a result with a certified "
+                "upper bound): an approximation can make a correct implementation look refuted; "
+                "replay the ledger with an upper-bound accountant such as 'rdp' or 'prv'",
+            )
+        if result.quantity == "epsilon":
+            eps = float(upper)
+        else:
+            delta = float(upper)
+    return eps, delta, str(result.accountant), kind
 
 
 def audit_verdict(
@@ -171,7 +195,9 @@ def audit_verdict(
         bound: the audit's ε lower bound.
         claim: the claimed ε: a number (then ``claimed_delta`` is required), an accountant's
             :class:`~dpledger.accountants.base.PrivacyResult`, or a ledger, whose ε is computed
-            at the bound's δ by ``accountant``.
+            at the bound's δ by ``accountant``. A result that is not an upper bound (an
+            estimate, an approximation) is compared through its certified upper bound and
+            refused without one.
         claimed_delta: δ of a numeric claim; it must be ≤ the bound's δ.
         accountant: the accountant that replays a ledger claim: a name for
             ``make_accountant`` (default ``"rdp"``, a valid upper bound) or an accountant object.
@@ -196,8 +222,8 @@ def audit_verdict(
     warnings: list[str] = []
     if kind is not None and kind != "upper_bound":
         warnings.append(
-            f"the claimed ε is a {kind.replace('_', ' ')}, not a valid upper bound: a refutation "
-            "may reflect the approximation rather than a bug"
+            f"the accountant's ε is a {kind.replace('_', ' ')}, not a valid upper bound: the "
+            "verdict compares with its certified upper bound instead"
         )
     if bound.assumption:
         warnings.append(f"the lower bound assumes {bound.assumption}")

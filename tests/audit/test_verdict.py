@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpledger.accountants.base import PrivacyResult, ResultKind
+from dpledger.accountants.base import PrivacyResult, ResultKind, make_accountant
 from dpledger.audit.audit_game import run_distinguishing_game
 from dpledger.audit.privacy_bounds import (
     BoundMethod,
@@ -71,11 +71,49 @@ def test_an_accountant_result_as_the_claim():
     v = audit_verdict(bound(3.0), upper)
     assert v.refuted and v.claim_source == "rdp" and v.claim_kind == "upper_bound"
     assert v.warnings == ()
+
+
+def test_a_claim_that_is_not_an_upper_bound_is_compared_through_its_certified_upper_bound():
+    # A PRV-style estimate below its certified upper bound: a lower bound between the two is
+    # consistent with the guarantee, so it must not refute it.
+    estimate = PrivacyResult(
+        accountant="prv",
+        quantity="epsilon",
+        epsilon=1.5,
+        delta=1e-5,
+        kind=ResultKind.ESTIMATE,
+        lower=1.4,
+        upper=2.5,
+    )
+    v = audit_verdict(bound(2.0), estimate)
+    assert v.consistent and v.claimed_epsilon == 2.5 and v.claim_kind == "estimate"
+    assert any("not a valid upper bound" in w for w in v.warnings)
+    assert audit_verdict(bound(2.6), estimate).refuted
+    # An approximation without a certified upper bound is no guarantee to refute.
     approx = PrivacyResult(
         accountant="gdp", quantity="epsilon", epsilon=1.5, delta=1e-5, kind=ResultKind.APPROXIMATION
     )
-    v = audit_verdict(bound(3.0), approx)
-    assert any("not a valid upper bound" in w for w in v.warnings)
+    with pytest.raises(InvalidParameterError) as info:
+        audit_verdict(bound(3.0), approx)
+    assert info.value.parameter == "claim"
+
+
+def test_a_ledger_replayed_by_an_approximating_accountant_is_refused():
+    # Five Poisson-subsampled Gaussian steps: the gdp accountant's central-limit ε lies below a
+    # certified lower bound on the true ε, so a valid audit bound between them would otherwise
+    # "refute" a correct implementation.
+    ledger = PrivacyLedger()
+    for _ in range(5):
+        ledger.record_sample(sampling_probability=0.5, population_size=1000)
+        ledger.record_sum_query(l2_norm_bound=1.0, noise_stddev=1.0, label="sum")
+    approx = make_accountant("gdp").epsilon(ledger, delta=1e-5)
+    assert approx.kind is ResultKind.APPROXIMATION
+    assert approx.lower is not None and approx.epsilon < approx.lower
+    valid = bound((approx.epsilon + approx.lower) / 2.0)  # below the true ε: a valid lower bound
+    with pytest.raises(InvalidParameterError) as info:
+        audit_verdict(valid, ledger, accountant="gdp")
+    assert info.value.parameter == "claim"
+    assert audit_verdict(valid, ledger, accountant="rdp").consistent
 
 
 def test_a_gaussian_dp_bound_carries_its_assumption_into_the_verdict():
