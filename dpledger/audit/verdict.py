@@ -12,6 +12,12 @@ replayed by an accountant (``dpledger.accountants.base.make_accountant``) at the
 Only a valid upper bound can be refuted: an accountant's estimate or approximation is replaced by
 its certified upper bound, and one without a certified upper bound is refused.
 
+A Gaussian-DP bound is a lower bound only if the mechanism's trade-off curve is Gaussian. That
+holds exactly for a ledger whose steps all use the full population (q = 1): each step is a
+Gaussian mechanism, and their composition is μ-GDP. When the claim is such a ledger the verdict
+rests on nothing more; otherwise (a subsampled ledger, a bare number, an accountant's result) the
+verdict carries the assumption in :attr:`AuditVerdict.assumption`, its status and its message.
+
 The claim's δ must not exceed the audit's δ: an (ε, δ_c)-DP mechanism with δ_c ≤ δ is also
 (ε, δ)-DP, so a refutation at δ refutes the claim at δ_c; the other way round it does not.
 """
@@ -61,6 +67,9 @@ class AuditVerdict:
         warnings: caveats (a claim that is not a valid upper bound; a bound that rests on an
             assumption).
         message: the verdict in one sentence, with both numbers.
+        assumption: what the lower bound (so a refutation) assumes beyond the audit itself, or
+            None: the Gaussian-DP bound's Gaussian trade-off curve, unless the claim is a
+            full-batch ledger, for which it holds.
     """
 
     refuted: bool
@@ -74,6 +83,7 @@ class AuditVerdict:
     claim_kind: str | None
     warnings: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     message: str = ""
+    assumption: str | None = None
 
     @property
     def consistent(self) -> bool:
@@ -82,10 +92,14 @@ class AuditVerdict:
 
     @property
     def status(self) -> str:
-        """``"consistent"`` or ``"claim refuted at confidence 1 − α"`` (with α filled in)."""
+        """``"consistent"`` or ``"claim refuted at confidence 1 − α"`` (with α filled in, and
+        ``", assuming …"`` when the refutation rests on an assumption)."""
         if not self.refuted:
             return "consistent"
-        return f"claim refuted at confidence 1 − α = {_fmt_conf(self.confidence)}"
+        text = f"claim refuted at confidence 1 − α = {_fmt_conf(self.confidence)}"
+        if self.assumption:
+            text += f", assuming {_short_assumption(self.assumption)}"
+        return text
 
     def __str__(self) -> str:
         return self.message
@@ -93,6 +107,21 @@ class AuditVerdict:
 
 def _fmt_conf(c: float) -> str:
     return f"{c:.10g}"
+
+
+def _short_assumption(assumption: str) -> str:
+    return assumption.split(";", 1)[0]
+
+
+def _is_full_batch_ledger(claim: Any) -> bool:
+    """True for a ledger (or compressed ledger) with at least one step, all with q = 1."""
+    from dpledger.ledger import CompressedLedger, PrivacyLedger
+
+    if isinstance(claim, PrivacyLedger):
+        claim = claim.compressed()
+    if not isinstance(claim, CompressedLedger) or not claim.runs:
+        return False
+    return all(run.sampling_probability == 1.0 for run in claim.runs)
 
 
 def _fmt_eps(x: float) -> str:
@@ -225,8 +254,11 @@ def audit_verdict(
             f"the accountant's ε is a {kind.replace('_', ' ')}, not a valid upper bound: the "
             "verdict compares with its certified upper bound instead"
         )
-    if bound.assumption:
-        warnings.append(f"the lower bound assumes {bound.assumption}")
+    assumption = bound.assumption
+    if assumption and bound.method is BoundMethod.GAUSSIAN_DP and _is_full_batch_ledger(claim):
+        assumption = None  # full-batch Gaussian steps compose to exactly μ-GDP
+    if assumption:
+        warnings.append(f"the lower bound assumes {assumption}")
     refuted = bound.epsilon > eps_claim
     method_name = _METHOD_NAMES.get(bound.method, str(bound.method))
     where = "" if source == "value" else f" ({source} accountant)"
@@ -236,9 +268,10 @@ def audit_verdict(
         f"at δ = {delta_claim:g}"
     )
     if refuted:
+        assuming = f", assuming {_short_assumption(assumption)}" if assumption else ""
         message = (
-            f"claim refuted at confidence 1 − α = {_fmt_conf(bound.confidence)}: {numbers_text}; "
-            "the lower bound exceeds the claim"
+            f"claim refuted at confidence 1 − α = {_fmt_conf(bound.confidence)}{assuming}: "
+            f"{numbers_text}; the lower bound exceeds the claim"
         )
     else:
         message = f"consistent: {numbers_text}; the lower bound does not exceed the claim"
@@ -254,4 +287,5 @@ def audit_verdict(
         claim_kind=kind,
         warnings=tuple(warnings),
         message=message,
+        assumption=assumption,
     )

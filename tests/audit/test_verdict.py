@@ -122,8 +122,37 @@ def test_a_gaussian_dp_bound_carries_its_assumption_into_the_verdict():
     )
     v = audit_verdict(b, 1.0, claimed_delta=1e-5)
     assert v.refuted
+    assert v.assumption == b.assumption
     assert any("Gaussian" in w for w in v.warnings)
     assert "Gaussian-DP" in str(v)
+    # A bare number says nothing about the mechanism: the refutation is stated as conditional.
+    assert "assuming the mechanism's trade-off curve is Gaussian" in v.status
+    assert "assuming the mechanism's trade-off curve is Gaussian" in str(v)
+
+
+def test_a_full_batch_ledger_satisfies_the_gaussian_dp_assumption():
+    # Full-batch Gaussian steps compose to exactly μ-GDP: the Gaussian-DP bound needs no
+    # assumption there. A subsampled ledger's trade-off curve is not Gaussian, so the refutation
+    # stays conditional on it.
+    b = gaussian_dp_epsilon_bound(
+        ConfusionCounts(tp=500, fp=0, fn=0, tn=500), delta=1e-5, confidence=0.95
+    )
+    full, sampled = PrivacyLedger(), PrivacyLedger()
+    for ledger, q in ((full, 1.0), (sampled, 0.01)):
+        for _ in range(3):
+            ledger.record_sample(sampling_probability=q, population_size=1000)
+            ledger.record_sum_query(l2_norm_bound=1.0, noise_stddev=5.0, label="sum")
+    exact = audit_verdict(b, full, accountant="rdp")
+    assert exact.refuted and exact.assumption is None and not exact.warnings
+    assert "assuming" not in exact.status and "assuming" not in str(exact)
+    conditional = audit_verdict(b, sampled, accountant="rdp")
+    assert conditional.refuted and conditional.assumption == b.assumption
+    assert "assuming" in conditional.status
+    # A Clopper–Pearson bound never carries the assumption.
+    cp = clopper_pearson_epsilon_bound(
+        ConfusionCounts(tp=500, fp=0, fn=0, tn=500), delta=1e-5, confidence=0.95
+    )
+    assert audit_verdict(cp, sampled, accountant="rdp").assumption is None
 
 
 class ExactGaussianAccountant:
