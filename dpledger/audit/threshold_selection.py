@@ -352,6 +352,25 @@ def _guess_pairs(values: Any) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
+def _guesses(scores: np.ndarray, ranked: np.ndarray, count: int, *, highest: bool) -> np.ndarray:
+    """Mask of the ``count`` highest (or lowest) scores, abstaining on a tie at the cut.
+
+    When scores equal to the ``count``-th value lie on both sides of the cut, none of them is
+    guessed: breaking the tie by position would let the canaries' order, rather than the run's
+    output, decide the guesses (and a caller who lists included canaries last would be credited
+    with correct guesses that the scores do not support).
+    """
+    if count == 0:
+        return np.zeros(scores.shape, dtype=bool)
+    if highest:
+        cut = ranked[ranked.size - count]
+        at_least = scores >= cut
+        return at_least if np.count_nonzero(at_least) == count else scores > cut
+    cut = ranked[count - 1]
+    at_most = scores <= cut
+    return at_most if np.count_nonzero(at_most) == count else scores < cut
+
+
 def one_run_epsilon_bound_from_scores(
     scores: Any,
     included: Any,
@@ -365,7 +384,9 @@ def one_run_epsilon_bound_from_scores(
     For each (k₊, k₋) in ``guess_counts`` (fixed in advance) the auditor guesses "included" for the
     k₊ highest scores and "excluded" for the k₋ lowest, abstaining on the rest; with r = k₊ + k₋
     guesses and v correct, :func:`~dpledger.audit.privacy_bounds.one_run_epsilon_bound` gives the
-    bound. With K pairs each is computed at confidence 1 − α/K and the largest is reported.
+    bound. With K pairs each is computed at confidence 1 − α/K and the largest is reported. Scores
+    tied across a cut are not guessed (r is then smaller than k₊ + k₋): the guesses depend on the
+    scores only, never on the canaries' order.
 
     Args:
         scores: one score per canary (higher = more likely included).
@@ -389,18 +410,18 @@ def one_run_epsilon_bound_from_scores(
             raise InvalidParameterError(
                 "guess_counts", (kp, kn), f"pairs with num_positive + num_negative <= m = {m}"
             )
-    order = np.argsort(s, kind="stable")  # ascending
+    ranked = np.sort(s)  # ascending
     k = len(pairs)
     per_test = 1.0 - (1.0 - confidence) / k
     best: EpsilonLowerBound | None = None
     best_pair = pairs[0]
     for kp, kn in pairs:
-        top = order[m - kp :] if kp > 0 else order[:0]
-        bottom = order[:kn]
+        top = _guesses(s, ranked, kp, highest=True)
+        bottom = _guesses(s, ranked, kn, highest=False)
         v = int(np.count_nonzero(inc[top])) + int(np.count_nonzero(~inc[bottom]))
         b = one_run_epsilon_bound(
             num_canaries=m,
-            num_guesses=kp + kn,
+            num_guesses=int(np.count_nonzero(top)) + int(np.count_nonzero(bottom)),
             num_correct=v,
             delta=delta,
             confidence=per_test,

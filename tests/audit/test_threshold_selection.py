@@ -238,3 +238,27 @@ def test_one_run_from_scores_counts_correct_guesses():
         )
     with pytest.raises(InvalidParameterError):
         one_run_epsilon_bound_from_scores(s, included, guess_counts=[], delta=0.0, confidence=0.9)
+
+
+def test_one_run_from_scores_abstains_on_ties_at_the_cut():
+    # Scores that carry no information (all equal) with the included canaries listed last:
+    # breaking the tie by position would guess "included" for exactly the included ones.
+    m = 200
+    included = np.arange(m) >= m // 2
+    flat = one_run_epsilon_bound_from_scores(
+        np.zeros(m), included, guess_counts=[(50, 50)], delta=0.0, confidence=0.95
+    )
+    assert flat.counts == {"m": m, "r": 0, "v": 0}
+    assert flat.epsilon == 0.0
+    # A tie straddling the cut: scores 0, 1, 1, 2 with k₊ = 2 guesses only the unique top score;
+    # a tie wholly inside the cut is guessed (k₊ = 3 takes the three scores ≥ 1).
+    scores = np.array([0.0, 1.0, 1.0, 2.0])
+    inc = np.array([False, True, True, True])
+    two = one_run_epsilon_bound_from_scores(
+        scores, inc, guess_counts=[(2, 1)], delta=0.0, confidence=0.5
+    )
+    assert two.counts == {"m": 4, "r": 2, "v": 2}
+    three = one_run_epsilon_bound_from_scores(
+        scores, inc, guess_counts=[(3, 1)], delta=0.0, confidence=0.5
+    )
+    assert three.counts == {"m": 4, "r": 4, "v": 4}
