@@ -45,8 +45,11 @@ bound for it is one for the original, and it collapses ledgers with very many di
 If the PRV accountant cannot certify a bound (a failed numerical check), the bound falls back to
 dp-accounting's PLD accountant machinery in its optimistic mode (``pessimistic_estimate=False``,
 privacy-buckets discretisation): dp-accounting documents that mode as rounding every privacy loss
-*down* to the grid and dropping truncated tail mass, so its hockey-stick divergence
-δ_opt(ε) ≤ δ_true(ε) for every ε, hence ε_opt(δ) ≤ ε_true(δ). It runs on a copy of the ledger
+*down* to the grid, so its hockey-stick divergence δ_opt(ε) ≤ δ_true(ε) for every ε, hence
+ε_opt(δ) ≤ ε_true(δ) — except that each (self-)composition still moves up to 10⁻¹⁵ of tail mass to
+an infinite loss, which adds at most that much to δ_opt(ε) everywhere. So ε is read off at δ plus
+that truncated mass M, and the bound is skipped when δ < 10·M (there the FFT round-off of the
+composition is not small against δ either). It runs on a copy of the ledger
 bucketed optimistically onto a coarse grid (``lower_bound_bucketing``), with a discretisation
 interval chosen so that the rounding loss (less than the interval per composed step) stays near
 10% of the GDP ε, but no finer than 10⁻³. Where that loss could exceed a quarter of the GDP ε,
@@ -324,8 +327,21 @@ class GdpAccountant(Accountant):
                 "raise lower_bound_bucketing to collapse them"
             )
             return None, info
-        pld = _optimistic_pld(costly, factor=factor, interval=interval)
-        lower = None if pld is None else max(0.0, float(pld.get_epsilon_for_delta(delta)))
+        pld, truncated = _optimistic_pld(costly, factor=factor, interval=interval)
+        if pld is not None and delta < _PLD_DELTA_FLOOR_FACTOR * truncated:
+            info["lower_bound_skipped"] = (
+                f"δ = {delta:g} is not large against the {truncated:g} of tail mass that "
+                "dp-accounting's compositions move to an infinite loss (and their FFT "
+                "round-off), so its optimistic δ(ε) is no lower bound there"
+            )
+            return None, info
+        # Each composition puts up to its truncation mass at an infinite loss, even in the
+        # optimistic mode, so δ_true(ε) ≥ δ_pld(ε) − truncated and ε_true(δ) ≥ ε_pld(δ + truncated).
+        lower = (
+            None
+            if pld is None
+            else max(0.0, float(pld.get_epsilon_for_delta(min(delta + truncated, 1.0))))
+        )
         info["lower_bound_seconds"] = time.perf_counter() - start
         return lower, info
 
@@ -355,10 +371,16 @@ def _prv_lower_bound(ledger: CompressedLedger, delta: float) -> tuple[float | No
     return max(0.0, float(result.lower)), info
 
 
+_PLD_TAIL_TRUNCATION = 1e-15  # dp-accounting's default tail_mass_truncation, passed explicitly
+_PLD_DELTA_FLOOR_FACTOR = 10.0  # the fallback bound needs δ ≥ this × the truncated tail mass
+
+
 def _optimistic_pld(
     distinct: dict[tuple[float, float], int], *, factor: float, interval: float
-) -> Any:
-    """dp-accounting's optimistic PLD of the composition, or None if nothing is costly."""
+) -> tuple[Any, float]:
+    """dp-accounting's optimistic PLD of the composition (None if nothing is costly), and the
+    total tail mass its compositions moved to an infinite loss (at most
+    ``_PLD_TAIL_TRUNCATION`` per self-composition or composition)."""
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
     full_mu_sq = 0.0
@@ -376,7 +398,7 @@ def _optimistic_pld(
                 pessimistic_estimate=False,
                 use_connect_dots=False,
                 value_discretization_interval=interval,
-            ).self_compose(count)
+            ).self_compose(count, tail_mass_truncation=_PLD_TAIL_TRUNCATION)
         )
     if full_mu_sq > 0.0:
         parts.append(
@@ -388,8 +410,10 @@ def _optimistic_pld(
             )
         )
     if not parts:
-        return None
+        return None, 0.0
+    self_compositions = len(parts) - (1 if full_mu_sq > 0.0 else 0)
+    operations = self_compositions + len(parts) - 1
     total = parts[0]
     for p in parts[1:]:
-        total = total.compose(p)
-    return total
+        total = total.compose(p, tail_mass_truncation=_PLD_TAIL_TRUNCATION)
+    return total, operations * _PLD_TAIL_TRUNCATION

@@ -29,6 +29,7 @@ import attrs
 
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import effective_noise_multiplier as _z_from_sum
+from dpledger.ledger.events import inverse_square_term
 from dpledger.mechanisms.clipping import ClippingStrategy
 from dpledger.mechanisms.sum_query import GaussianSumQuery
 from dpledger.validation import check_non_negative_finite, check_positive_finite, check_positive_int
@@ -87,7 +88,7 @@ def effective_noise_multiplier(
         return stddevs[0] / bounds[0]
     total = 0.0
     for s, sigma in zip(bounds, stddevs, strict=True):
-        total += math.inf if sigma == 0.0 else (s / sigma) ** 2
+        total += inverse_square_term(s, sigma)  # (S/σ̃)² as the ledger computes it (∞ if σ̃ = 0)
     return _z_from_sum(total, len(bounds))
 
 

@@ -151,6 +151,28 @@ def test_pld_fallback_bound_is_below_pld_upper_bound(monkeypatch: pytest.MonkeyP
     assert result.epsilon < result.lower and len(result.warnings) == 1
 
 
+@pytest.mark.parametrize(("delta", "certified"), [(1e-13, True), (1e-15, False), (1e-20, False)])
+def test_pld_fallback_bound_is_not_claimed_at_dp_accountings_truncation_mass(
+    monkeypatch: pytest.MonkeyPatch, delta: float, certified: bool
+) -> None:
+    """dp-accounting's compositions put their truncated tail mass (1e-15 each by default) at an
+    infinite loss even in the optimistic mode, so its δ(ε) is no lower bound for δ near that
+    mass: the fallback must stay below a valid upper bound (RDP), or be skipped with a reason."""
+    from dp_accounting import rdp
+
+    _without_prv(monkeypatch)
+    ledger = _ledger((0.01, 1.0, 100))
+    result = GdpAccountant().epsilon(ledger, delta=delta)
+    assert result.details["lower_bound_method"].startswith("dp-accounting PLD")
+    if certified:
+        oracle = rdp.RdpAccountant()
+        oracle.compose(compressed_to_dp_event(ledger))
+        assert result.lower is not None and 0.0 <= result.lower <= oracle.get_epsilon(delta)
+    else:
+        assert result.lower is None and result.warnings == ()
+        assert "tail mass" in result.details["lower_bound_skipped"]
+
+
 def test_prv_lower_bound_is_tight_and_certified() -> None:
     """PRV's lower bound lies below, and within its error width of, the PLD upper bound.
 

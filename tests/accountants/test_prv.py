@@ -166,6 +166,32 @@ def test_curve_points_are_certified_and_monotone() -> None:
 
 
 # ---------------------------------------------------------------------------- fallback
+def _exact_subsampled_delta(q: float, z: float, epsilon: float) -> float:
+    """δ(ε) of one Poisson-subsampled Gaussian step, add and remove directions (dp-accounting's
+    exact privacy loss, no discretisation)."""
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    return max(
+        plm.GaussianPrivacyLoss(
+            standard_deviation=z, sampling_prob=q, adjacency_type=adjacency
+        ).get_delta_for_epsilon(epsilon)
+        for adjacency in (plm.AdjacencyType.REMOVE, plm.AdjacencyType.ADD)
+    )
+
+
+def test_privacy_losses_beyond_the_float_exponent_range_are_kept() -> None:
+    """With z = 0.025 a sampled record's privacy loss reaches about 1000 nats, past
+    log(float max) ≈ 709.8, where e^ℓ overflows; that mass must not be cut off at 709.8."""
+    q, z = 0.01, 0.025
+    ledger = CompressedLedger.from_runs([(q, z, 1)])
+    result = PrvAccountant().epsilon(ledger, delta=DELTA)
+    assert result.kind is ResultKind.UPPER_BOUND
+    assert _exact_subsampled_delta(q, z, result.epsilon) <= DELTA
+    assert result.lower is not None and _exact_subsampled_delta(q, z, result.lower) > DELTA
+    delta = PrvAccountant().delta(ledger, epsilon=1000.0).delta
+    assert delta >= _exact_subsampled_delta(q, z, 1000.0)
+
+
 def test_failed_numerical_check_falls_back_to_a_labelled_rdp_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -86,6 +86,17 @@ def test_allocation_formulas() -> None:
     np.testing.assert_allclose(same.noise_stddevs, 3.0, rtol=1e-15)
 
 
+def test_effective_noise_multiplier_squares_like_the_ledger() -> None:
+    # x**2 (C pow) and x*x (what the ledger computes) differ in the last bit for some x; these
+    # tuples are such a case, so the two z_eff would differ if the arithmetic did.
+    from dpledger.ledger.steps import step_noise_multiplier
+
+    bounds = [5.668278702526101, 7.69731181902336, 3.559123472125851, 2.0189153265212827]
+    stddevs = [6.684546066998, 4.356144727984485, 4.2369725522515465, 4.540466455734331]
+    expected = step_noise_multiplier(list(zip(bounds, stddevs, strict=True)))
+    assert effective_noise_multiplier(l2_norm_bounds=bounds, noise_stddevs=stddevs) == expected
+
+
 def test_allocation_matches_the_ledger_exactly() -> None:
     bounds = split_clip_by_dimension(total_l2_norm_bound=1.0, dimensions=[500, 20, 1])
     alloc = proportional_noise(noise_multiplier=0.9, l2_norm_bounds=bounds)

@@ -348,6 +348,26 @@ def _bin_masses(le: np.ndarray, gt: np.ndarray) -> np.ndarray:
     return np.maximum(m, 0.0)
 
 
+_FAR_LOSS = 700.0  # above this loss e^ℓ is near the float64 limit
+
+
+def _log_q_upper_bin(
+    x0: np.ndarray, x1: np.ndarray, q: np.ndarray, z: np.ndarray, replace: bool
+) -> np.ndarray:
+    """log Q(x0 < X ≤ x1) for bins in the upper tail of Q, without underflow."""
+    import scipy.special
+
+    def log_gt(x: np.ndarray) -> np.ndarray:
+        t = scipy.special.log_ndtr(-x / z)
+        if not replace:
+            return t
+        return np.logaddexp(np.log1p(-q) + t, np.log(q) + scipy.special.log_ndtr(-(x + 1.0) / z))
+
+    a, b = log_gt(x0), log_gt(x1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return a + np.log1p(-np.exp(b - a))
+
+
 def _ranges(starts: np.ndarray, stops: np.ndarray, step: np.ndarray) -> np.ndarray:
     """Concatenation of arange(starts[i], stops[i], step[i]) (all stops − starts divisible)."""
     counts = (stops - starts) // step
@@ -475,13 +495,19 @@ def _atoms(
     x = noise_at_loss(beta, q[run], z[run], replace)
     p_le, p_gt = p_tails(x, q[run], z[run])
     q_le, q_gt = q_tails(x, q[run], z[run], replace)
-    del x
     same = run[1:] == run[:-1]
     m = np.where(same, _bin_masses(p_le, p_gt), 0.0)
     n = np.where(same, _bin_masses(q_le, q_gt), 0.0)
     r = np.diff(beta)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        b = (m - n * np.exp(beta[:-1])) / -np.expm1(-r)
+        n_scaled = n * np.exp(beta[:-1])  # Q-mass·e^β, which is at most the P-mass m
+        # beyond e^700 the product overflows and the Q-mass underflows: take it in log space
+        far = np.flatnonzero(same & (beta[:-1] > _FAR_LOSS))
+        if far.size:
+            log_n = _log_q_upper_bin(x[far], x[far + 1], q[run[far]], z[run[far]], replace)
+            n_scaled[far] = np.exp(log_n + beta[far])
+        b = (m - n_scaled) / -np.expm1(-r)
+    del x
     b = np.clip(np.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0), 0.0, m)
     atoms = np.zeros(j.size)
     atoms[:-1] += m - b

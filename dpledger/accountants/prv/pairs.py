@@ -56,7 +56,11 @@ def noise_at_loss(loss: np.ndarray, q: np.ndarray, z: np.ndarray, replace_one: b
             asinh = np.where(small, np.arcsinh(np.where(small, y, 0.0)), big)
             return z2 * (half + asinh)
         shifted = loss - log1mq
-        inner = np.log(np.expm1(np.where(shifted > 0, shifted, np.nan)))
+        positive = np.where(shifted > 0, shifted, np.nan)
+        # log(e^s − 1) = s + log(1 − e^{−s}): expm1 overflows beyond s ≈ 709.8
+        inner = np.where(
+            positive > 700.0, positive + np.log1p(-np.exp(-positive)), np.log(np.expm1(positive))
+        )
         x = 0.5 + z2 * (log1mq - np.log(q) + inner)
         return np.where(shifted > 0, x, -np.inf)
 
