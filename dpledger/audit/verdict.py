@@ -12,11 +12,12 @@ replayed by an accountant (``dpledger.accountants.base.make_accountant``) at the
 Only a valid upper bound can be refuted: an accountant's estimate or approximation is replaced by
 its certified upper bound, and one without a certified upper bound is refused.
 
-A Gaussian-DP bound is a lower bound only if the mechanism's trade-off curve is Gaussian. That
-holds exactly for a ledger whose steps all use the full population (q = 1): each step is a
-Gaussian mechanism, and their composition is μ-GDP. When the claim is such a ledger the verdict
-rests on nothing more; otherwise (a subsampled ledger, a bare number, an accountant's result) the
-verdict carries the assumption in :attr:`AuditVerdict.assumption`, its status and its message.
+A Gaussian-DP bound is a lower bound only if the mechanism's trade-off curve is Gaussian. A
+ledger whose steps all use the full population (q = 1) claims exactly that: each step is a
+Gaussian mechanism and their composition is μ-GDP, so the assumption is part of the claim under
+test and the verdict does not repeat it. Otherwise (a subsampled ledger, a bare number, an
+accountant's result) the verdict carries the assumption in :attr:`AuditVerdict.assumption`, its
+status and its message.
 
 The claim's δ must not exceed the audit's δ: an (ε, δ_c)-DP mechanism with δ_c ≤ δ is also
 (ε, δ)-DP, so a refutation at δ refutes the claim at δ_c; the other way round it does not.
