@@ -4,6 +4,9 @@ The README's test command installs every optional dependency, so a test skipped 
 could not be imported means the environment is incomplete and the suite did not run what it
 claims. Such skips fail unless ``DPLEDGER_ALLOW_MISSING_DEPS=1`` is set (for a partial local
 install).
+
+Property-based tests run derandomized (the same examples on every run, so a CI result is
+reproducible); ``HYPOTHESIS_PROFILE=explore`` draws fresh random examples to hunt for new failures.
 """
 
 from __future__ import annotations
@@ -11,6 +14,11 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("deterministic", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 _MISSING_DEPENDENCY_MARKERS = ("could not import", "is not installed", "No module named")
 
