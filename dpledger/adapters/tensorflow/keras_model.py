@@ -213,6 +213,8 @@ class DPKerasModel(keras.Model):
         or an iterator): given arrays or tensors, Keras would shuffle them and cut fixed-size
         batches, which are not the Poisson samples of rate q that the ledger records.
 
+        ``shuffle`` defaults to False (Keras cannot shuffle a dataset's batches anyway).
+
         Raises:
             InvalidParameterError: ``x`` is arrays or tensors, or ``batch_size`` is given.
         """
@@ -231,6 +233,7 @@ class DPKerasModel(keras.Model):
                 "Keras would shuffle arrays into fixed-size batches, whose sampling is not "
                 "the rate q recorded in the ledger",
             )
+        kwargs.setdefault("shuffle", False)  # the batches are already sampled
         return super().fit(x, y, **kwargs)
 
     def update_queries(self, **query_arguments: Any) -> GradientQueries:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -224,7 +226,9 @@ def test_fit_refuses_arrays_that_keras_would_cut_into_fixed_size_batches():
     with pytest.raises(InvalidParameterError, match="batch_size"):
         dp.fit(sampler.sample((x, y)), batch_size=20, epochs=1, verbose=0)
     assert dp.ledger.num_steps == 0
-    dp.fit(sampler.sample((x, y)), epochs=1, shuffle=False, verbose=0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*shuffle")  # Keras: shuffle=True ignored
+        dp.fit(sampler.sample((x, y)), epochs=1, verbose=0)
     assert dp.ledger.num_steps == sampler.steps_per_epoch
 
 
