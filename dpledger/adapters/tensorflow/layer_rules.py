@@ -377,11 +377,14 @@ class Conv2DRule(LayerGradientRule):
     """``keras.layers.Conv2D`` (groups = 1, padding "valid" or "same", any strides/dilation).
 
     With T output pixels, K = k_h·k_w·C and F filters, the kernel norms are either ghost norms
-    from the input patches (when T·(K + F) < K·F, typical of deep layers with small feature
-    maps; the clipped sum is then one ``Conv2DBackpropFilter`` on the rescaled output
-    gradients) or the norms of the materialised per-example gradients, computed by one grouped
-    ``Conv2DBackpropFilter`` (see :mod:`~dpledger.adapters.tensorflow.conv_gradients`; the
-    clipped sum is then their contraction with the factors).
+    from the Gram matrices of the input patches (when T·(K + F) < K·F, typical of deep layers
+    with small feature maps; for a kernel that is a multiple of the stride the Gram matrices come
+    from the input's blocks without building the patches,
+    :func:`~dpledger.adapters.tensorflow.conv_gradients.patch_gram`; the clipped sum is then one
+    ``Conv2DBackpropFilter`` on the rescaled output gradients) or the norms of the materialised
+    per-example gradients, computed by one grouped ``Conv2DBackpropFilter`` or from the patch
+    matrices (see :mod:`~dpledger.adapters.tensorflow.conv_gradients`; the clipped sum is then
+    their contraction with the factors).
     """
 
     def unsupported_reason(self, layer: keras.layers.Layer) -> str | None:

@@ -6,7 +6,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from dpledger.adapters.tensorflow import conv_gradients
 from dpledger.adapters.tensorflow.conv_gradients import (
+    MAX_PATCH_EXPANSION,
+    grouped_convolution_supported,
+    patch_expansion,
     patch_gram,
     patch_gram_supported,
     per_example_conv2d_kernel_gradients,
@@ -65,20 +69,40 @@ def test_patch_gram_supported_cases():
     assert not patch_gram_supported((2, 2), (1, 1), (2, 2))  # dilation
 
 
-def test_per_example_kernel_gradients_match_a_loop():
-    rng = np.random.default_rng(1)
-    x = tf.constant(rng.normal(size=(3, 7, 7, 2)), tf.float32)
-    g = tf.constant(rng.normal(size=(3, 4, 4, 5)), tf.float32)
+# (H, kernel, stride, output size): patch expansion 16·9/49 ≈ 2.9 (patch matrices) and
+# 49·9/49 = 9 (grouped convolution where the dtype supports it).
+@pytest.mark.parametrize(("h", "k", "s", "ho"), [(7, 3, 2, 4), (7, 3, 1, 7)])
+def test_per_example_kernel_gradients_match_a_loop(h, k, s, ho):
+    rng = np.random.default_rng(h + k + s)
+    x = tf.constant(rng.normal(size=(3, h, h, 2)), tf.float32)
+    g = tf.constant(rng.normal(size=(3, ho, ho, 5)), tf.float32)
+    expansion = patch_expansion(x, g, (k, k, 2, 5))
+    assert (expansion <= MAX_PATCH_EXPANSION) == (s == 2)
     got = per_example_conv2d_kernel_gradients(
-        x, g, kernel_shape=(3, 3, 2, 5), strides=(2, 2), dilation_rate=(1, 1), padding="same"
+        x, g, kernel_shape=(k, k, 2, 5), strides=(s, s), dilation_rate=(1, 1), padding="same"
     )
     for b in range(3):
         want = tf.raw_ops.Conv2DBackpropFilter(
             input=x[b : b + 1],
-            filter_sizes=[3, 3, 2, 5],
+            filter_sizes=[k, k, 2, 5],
             out_backprop=g[b : b + 1],
-            strides=[1, 2, 2, 1],
+            strides=[1, s, s, 1],
             padding="SAME",
             data_format="NHWC",
         )
         np.testing.assert_allclose(got[b].numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_grouped_and_patch_implementations_agree():
+    rng = np.random.default_rng(2)
+    x = tf.constant(rng.normal(size=(4, 9, 9, 3)), tf.float32)
+    g = tf.constant(rng.normal(size=(4, 4, 4, 6)), tf.float32)
+    args = ((3, 3, 3, 6), (2, 2), (1, 1), "valid")
+    if not grouped_convolution_supported(tf.float32):
+        pytest.skip("no grouped Conv2DBackpropFilter for float32 on this device")
+    np.testing.assert_allclose(
+        conv_gradients._grouped(x, g, *args).numpy(),
+        conv_gradients._patches(x, g, *args).numpy(),
+        rtol=1e-4,
+        atol=1e-4,
+    )
