@@ -12,11 +12,30 @@ Two implementations, both exact:
   On the benchmark CNN (CPU, oneDNN) the whole fast-path DP step took 1.7× the non-private step
   with it and 2.4× with the patch matrices below.
 * **patches** — ``tf.image.extract_patches`` and one batched matmul A_bᵀ G_b. Used where grouped
-  convolutions are not available: TensorFlow's CPU kernels support them only through oneDNN and
-  only for some dtypes (float64 is refused, for instance).
+  convolutions are not available (TensorFlow's CPU kernels support them only through oneDNN and
+  only for some dtypes; float64 is refused, for instance), and where the patch matrices repeat
+  each input pixel at most ``MAX_PATCH_EXPANSION`` = 4 times (T·k_h·k_w ≤ 4·H·W): there the
+  grouped op, with many input channels per group, was the slower one. On the benchmark CNN's
+  second convolution (13×13×16 input, 4×4 kernel, stride 2: expansion 2.4) the patches made the
+  vectorised DP step 2.18–2.19× the non-private step against 2.36× with the grouped op; its
+  first convolution (expansion 16) is the case above.
 
 Whether grouped convolutions work for a dtype is probed once, eagerly, on the default device,
 with a two-record problem whose answer is checked against the patch implementation.
+
+For the ghost norm, :func:`patch_gram` gives each record's Gram matrix of input patches
+A_b A_bᵀ (T × T) without building the patches when the kernel size is a multiple of the stride
+(no dilation): with the input cut into s_h × s_w blocks, y_b(u) ∈ R^{s_h·s_w·C} the block at
+block position u, a patch at output pixel t is the concatenation of the (k_h/s_h)·(k_w/s_w)
+blocks y_b(t + o) for the block offsets o, so
+
+    (A_b A_bᵀ)_{t,t'} = Σ_o ⟨y_b(t + o), y_b(t' + o)⟩ = Σ_o (Y_b Y_bᵀ)_{t+o, t'+o},
+
+one Gram matrix of the blocks (U × U with U ≈ T, inner size s_h·s_w·C instead of k_h·k_w·C) and
+a sum of shifted windows of it. The blocks are a reshape and one transpose of the (padded,
+cropped) input, where ``tf.image.extract_patches`` copies every pixel k_h·k_w/(s_h·s_w) times
+with a generic kernel; on the benchmark CNN's second convolution this made the whole fast-path
+step cheaper (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -27,8 +46,16 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["grouped_convolution_supported", "per_example_conv2d_kernel_gradients"]
+__all__ = [
+    "MAX_PATCH_EXPANSION",
+    "grouped_convolution_supported",
+    "patch_expansion",
+    "patch_gram",
+    "patch_gram_supported",
+    "per_example_conv2d_kernel_gradients",
+]
 
+MAX_PATCH_EXPANSION = 4.0
 _probe_lock = threading.Lock()
 _probed: dict[str, bool] = {}
 
@@ -130,6 +157,82 @@ def per_example_conv2d_kernel_gradients(
         The gradient of record b's loss with respect to the kernel, for every b.
     """
     args = (kernel_shape, strides, dilation_rate, padding)
-    if grouped_convolution_supported(x.dtype):
-        return _grouped(x, g, *args)
-    return _patches(x, g, *args)
+    if patch_expansion(x, g, kernel_shape) <= MAX_PATCH_EXPANSION or not (
+        grouped_convolution_supported(x.dtype)
+    ):
+        return _patches(x, g, *args)
+    return _grouped(x, g, *args)
+
+
+def patch_expansion(x: tf.Tensor, g: tf.Tensor, kernel_shape: Sequence[int]) -> float:
+    """T·k_h·k_w / (H·W): how many times the patch matrices repeat each input pixel."""
+    kh, kw = int(kernel_shape[0]), int(kernel_shape[1])
+    return (g.shape[1] * g.shape[2] * kh * kw) / (x.shape[1] * x.shape[2])
+
+
+def patch_gram_supported(
+    kernel_size: Sequence[int], strides: Sequence[int], dilation_rate: Sequence[int]
+) -> bool:
+    """Whether :func:`patch_gram` applies: no dilation and each kernel size a multiple of its
+    stride."""
+    return all(int(d) == 1 for d in dilation_rate) and all(
+        int(k) % int(s) == 0 for k, s in zip(kernel_size, strides, strict=True)
+    )
+
+
+def _same_padding(size: int, out: int, k: int, s: int) -> tuple[int, int]:
+    total = max((out - 1) * s + k - size, 0)
+    return total // 2, total - total // 2
+
+
+def patch_gram(
+    x: tf.Tensor,
+    *,
+    kernel_size: Sequence[int],
+    strides: Sequence[int],
+    padding: str,
+    output_size: Sequence[int],
+) -> tf.Tensor:
+    """Per-record Gram matrices A_b A_bᵀ of a conv2d's input patches, shape (B, T, T).
+
+    A_b ∈ R^{T × k_h·k_w·C} holds record b's input patch at each of the T = H_o·W_o output
+    pixels (row-major), as ``tf.image.extract_patches`` would (the order of the patch entries
+    does not matter for A_b A_bᵀ). See the module docstring for the block identity used.
+
+    Args:
+        x: the convolution's input, NHWC, static H, W and C.
+        kernel_size: (k_h, k_w), multiples of the strides (see :func:`patch_gram_supported`).
+        strides: (s_h, s_w).
+        padding: ``"same"`` or ``"valid"`` (any case).
+        output_size: (H_o, W_o) of the convolution's output.
+    """
+    (kh, kw), (sh, sw), (ho, wo) = (
+        tuple(int(v) for v in kernel_size),
+        tuple(int(v) for v in strides),
+        tuple(int(v) for v in output_size),
+    )
+    h, w, c = (int(d) for d in x.shape[1:])
+    batch = tf.shape(x)[0]
+    # Block rows/columns the patches touch: output pixel t starts at block t and spans k/s blocks.
+    bh, bw = ho - 1 + kh // sh, wo - 1 + kw // sw
+    if padding.lower() == "same":
+        top, bottom = _same_padding(h, ho, kh, sh)
+        left, right = _same_padding(w, wo, kw, sw)
+    else:
+        top = bottom = left = right = 0
+    # Pad as the convolution does (then h + top + bottom ≥ bh·sh, and likewise for VALID), and
+    # keep exactly the bh·sh × bw·sw pixels the patches read.
+    if top or bottom or left or right:
+        x = tf.pad(x, [[0, 0], [top, bottom], [left, right], [0, 0]])
+    x = x[:, : bh * sh, : bw * sw, :]
+    y = tf.reshape(x, [batch, bh, sh, bw, sw, c])
+    if sh * sw > 1:
+        y = tf.transpose(y, [0, 1, 3, 2, 4, 5])
+    y = tf.reshape(y, [batch, bh * bw, sh * sw * c])
+    blocks = tf.reshape(tf.matmul(y, y, transpose_b=True), [batch, bh, bw, bh, bw])
+    gram = None
+    for a in range(kh // sh):
+        for b in range(kw // sw):
+            part = blocks[:, a : a + ho, b : b + wo, a : a + ho, b : b + wo]
+            gram = part if gram is None else gram + part
+    return tf.reshape(gram, [batch, ho * wo, ho * wo])

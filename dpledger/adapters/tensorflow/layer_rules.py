@@ -32,7 +32,11 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.conv_gradients import per_example_conv2d_kernel_gradients
+from dpledger.adapters.tensorflow.conv_gradients import (
+    patch_gram,
+    patch_gram_supported,
+    per_example_conv2d_kernel_gradients,
+)
 from dpledger.adapters.tensorflow.errors import RecordMixingLayerError
 from dpledger.adapters.tensorflow.registry import (
     LayerGradientRule,
@@ -373,11 +377,14 @@ class Conv2DRule(LayerGradientRule):
     """``keras.layers.Conv2D`` (groups = 1, padding "valid" or "same", any strides/dilation).
 
     With T output pixels, K = k_h·k_w·C and F filters, the kernel norms are either ghost norms
-    from the input patches (when T·(K + F) < K·F, typical of deep layers with small feature
-    maps; the clipped sum is then one ``Conv2DBackpropFilter`` on the rescaled output
-    gradients) or the norms of the materialised per-example gradients, computed by one grouped
-    ``Conv2DBackpropFilter`` (see :mod:`~dpledger.adapters.tensorflow.conv_gradients`; the
-    clipped sum is then their contraction with the factors).
+    from the Gram matrices of the input patches (when T·(K + F) < K·F, typical of deep layers
+    with small feature maps; for a kernel that is a multiple of the stride the Gram matrices come
+    from the input's blocks without building the patches,
+    :func:`~dpledger.adapters.tensorflow.conv_gradients.patch_gram`; the clipped sum is then one
+    ``Conv2DBackpropFilter`` on the rescaled output gradients) or the norms of the materialised
+    per-example gradients, computed by one grouped ``Conv2DBackpropFilter`` or from the patch
+    matrices (see :mod:`~dpledger.adapters.tensorflow.conv_gradients`; the clipped sum is then
+    their contraction with the factors).
     """
 
     def unsupported_reason(self, layer: keras.layers.Layer) -> str | None:
@@ -413,6 +420,29 @@ class Conv2DRule(LayerGradientRule):
         t = tf.cast(t, dtype)
         return tf.transpose(t, [0, 2, 3, 1]) if layer.data_format == "channels_first" else t
 
+    @staticmethod
+    def _patch_ghost_norms(layer, xs, g_flat, batch_size, dtype):
+        """Ghost norms from the input patches of every call (``tf.image.extract_patches``)."""
+        kh, kw = layer.kernel_size
+        patches = _concat_positions(
+            [
+                _positions(
+                    tf.image.extract_patches(
+                        x,
+                        sizes=[1, kh, kw, 1],
+                        strides=[1, *layer.strides, 1],
+                        rates=[1, *layer.dilation_rate, 1],
+                        padding=layer.padding.upper(),
+                    ),
+                    batch_size,
+                    dtype,
+                )
+                for x in xs
+            ]
+        )
+        norms, _ = _outer_norms(patches, g_flat)
+        return norms
+
     def squared_norms(self, layer, calls, *, batch_size):
         """See :meth:`LayerGradientRule.squared_norms`."""
         dtype = layer.kernel.dtype
@@ -422,24 +452,20 @@ class Conv2DRule(LayerGradientRule):
         gs = [self._nhwc(layer, c.output_gradients[0], dtype) for c in calls]
         g_flat = _concat_positions([_positions(g, batch_size, dtype) for g in gs])
         if _ghost_is_cheaper(g_flat.shape[1], kh * kw * cin, cout):
-            patches = _concat_positions(
-                [
-                    _positions(
-                        tf.image.extract_patches(
-                            x,
-                            sizes=[1, kh, kw, 1],
-                            strides=[1, *layer.strides, 1],
-                            rates=[1, *layer.dilation_rate, 1],
-                            padding=layer.padding.upper(),
-                        ),
-                        batch_size,
-                        dtype,
-                    )
-                    for x in xs
-                ]
-            )
-            kernel_sq, _ = _outer_norms(patches, g_flat)
             kernel_res: dict[str, Any] = {"conv": tuple(zip(xs, gs, strict=True))}
+            if len(xs) == 1 and patch_gram_supported((kh, kw), layer.strides, layer.dilation_rate):
+                gram_a = patch_gram(
+                    xs[0],
+                    kernel_size=(kh, kw),
+                    strides=layer.strides,
+                    padding=layer.padding,
+                    output_size=gs[0].shape[1:3],
+                )
+                gram_g = tf.matmul(g_flat, g_flat, transpose_b=True)
+                # ⟨PSD, PSD⟩ ≥ 0; clamp the rounding error of a tiny result.
+                kernel_sq = tf.maximum(tf.reduce_sum(gram_a * gram_g, axis=[1, 2]), 0)
+            else:
+                kernel_sq = self._patch_ghost_norms(layer, xs, g_flat, batch_size, dtype)
         else:
             per_example = None
             for x, g in zip(xs, gs, strict=True):

@@ -157,6 +157,24 @@ def case_conv_ghost_strided_dilated(rng):
     return model, rng.normal(size=(BATCH, 6, 6, 8)).astype(np.float32), _labels(rng)
 
 
+def case_conv_ghost_block_gram(rng):
+    # Ghost-norm convolutions whose kernel size is a multiple of the stride, where the patch
+    # Gram matrices come from the input's blocks (conv_gradients.patch_gram): stride 2 "valid"
+    # (T = 9, K = 128, F = 32), stride 2 "same" with uneven padding (T = 9, K = 32, F = 48) and
+    # stride 1 "same" (T = 9, K = 72, F = 64).
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 8)),
+            keras.layers.Conv2D(32, 4, strides=2, activation="relu"),
+            keras.layers.Conv2D(48, 2, strides=2, padding="same", use_bias=False),
+            keras.layers.Conv2D(64, 3, padding="same", activation="tanh"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(2),
+        ]
+    )
+    return model, rng.normal(size=(BATCH, 8, 8, 8)).astype(np.float32), _labels(rng)
+
+
 def case_conv_channels_first(rng):
     model = keras.Sequential(
         [
