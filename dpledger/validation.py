@@ -8,15 +8,17 @@ A zero that may be signed is returned as +0.0, so that -0.0 never reaches a ledg
 
 from __future__ import annotations
 
+import enum
 import math
 import numbers
 import operator
-from typing import Any
+from typing import Any, TypeVar
 
 from dpledger.errors import InvalidParameterError
 
 __all__ = [
     "check_delta",
+    "check_enum",
     "check_finite",
     "check_non_negative_finite",
     "check_non_negative_int",
@@ -24,6 +26,20 @@ __all__ = [
     "check_positive_int",
     "check_probability",
 ]
+
+_E = TypeVar("_E", bound=enum.Enum)
+
+
+def check_enum(name: str, value: Any, enum_type: type[_E]) -> _E:
+    """The member of ``enum_type`` that ``value`` is or names (by its value), else an error
+    listing the valid values."""
+    if isinstance(value, enum_type):
+        return value
+    try:
+        return enum_type(value)
+    except ValueError:
+        valid = ", ".join(repr(m.value) for m in enum_type)
+        raise InvalidParameterError(name, value, f"one of {valid}") from None
 
 
 def _as_float(name: str, value: Any, expected: str) -> float:

@@ -31,6 +31,7 @@ import attrs
 import numpy as np
 
 from dpledger.errors import InvalidParameterError
+from dpledger.validation import check_enum
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -55,13 +56,7 @@ class Binning(str, enum.Enum):
     @classmethod
     def parse(cls, value: Binning | str) -> Binning:
         """The binning named by ``value``."""
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(value)
-        except ValueError:
-            valid = ", ".join(repr(b.value) for b in cls)
-            raise InvalidParameterError("binning", value, f"one of {valid}") from None
+        return check_enum("binning", value, cls)
 
 
 @attrs.frozen(eq=False)

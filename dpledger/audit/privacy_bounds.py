@@ -62,6 +62,7 @@ import numpy as np
 from scipy import optimize, special, stats
 
 from dpledger.errors import InvalidParameterError
+from dpledger.validation import check_enum
 
 __all__ = [
     "BoundMethod",
@@ -135,13 +136,7 @@ class BoundMethod(str, enum.Enum):
     @classmethod
     def parse(cls, value: BoundMethod | str) -> BoundMethod:
         """The method named by ``value`` (a member or its string value)."""
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(value)
-        except ValueError:
-            valid = ", ".join(repr(m.value) for m in cls)
-            raise InvalidParameterError("method", value, f"one of {valid}") from None
+        return check_enum("method", value, cls)
 
 
 @attrs.frozen

@@ -33,7 +33,7 @@ import attrs
 import numpy as np
 
 from dpledger.errors import InvalidParameterError
-from dpledger.validation import check_positive_finite, check_positive_int
+from dpledger.validation import check_enum, check_positive_finite, check_positive_int
 
 __all__ = [
     "ClippingPool",
@@ -57,13 +57,7 @@ class LossKind(str, enum.Enum):
     @classmethod
     def parse(cls, value: Any, *, parameter: str = "loss") -> LossKind:
         """Return the loss named by ``value`` (an instance or its string value)."""
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(value)
-        except ValueError:
-            valid = ", ".join(repr(m.value) for m in cls)
-            raise InvalidParameterError(parameter, value, f"one of {valid}") from None
+        return check_enum(parameter, value, cls)
 
 
 class LabelKind(str, enum.Enum):
@@ -75,13 +69,7 @@ class LabelKind(str, enum.Enum):
     @classmethod
     def parse(cls, value: Any, *, parameter: str = "labels") -> LabelKind:
         """Return the label kind named by ``value`` (an instance or its string value)."""
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(value)
-        except ValueError:
-            valid = ", ".join(repr(m.value) for m in cls)
-            raise InvalidParameterError(parameter, value, f"one of {valid}") from None
+        return check_enum(parameter, value, cls)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

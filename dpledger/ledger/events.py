@@ -14,6 +14,7 @@ import attrs
 
 from dpledger.errors import InvalidParameterError
 from dpledger.validation import (
+    check_enum,
     check_non_negative_finite,
     check_positive_finite,
     check_positive_int,
@@ -44,13 +45,7 @@ class NeighboringRelation(str, enum.Enum):
     @classmethod
     def parse(cls, value: Any, *, parameter: str = "neighboring") -> NeighboringRelation:
         """Return the relation named by ``value`` (an instance or its string value)."""
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(value)
-        except ValueError:
-            valid = ", ".join(repr(m.value) for m in cls)
-            raise InvalidParameterError(parameter, value, f"one of {valid}") from None
+        return check_enum(parameter, value, cls)
 
 
 class SamplingScheme(str, enum.Enum):
@@ -67,13 +62,7 @@ class SamplingScheme(str, enum.Enum):
     @classmethod
     def parse(cls, value: Any, *, parameter: str = "scheme") -> SamplingScheme:
         """Return the scheme named by ``value`` (an instance or its string value)."""
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(value)
-        except ValueError:
-            valid = ", ".join(repr(m.value) for m in cls)
-            raise InvalidParameterError(parameter, value, f"one of {valid}") from None
+        return check_enum(parameter, value, cls)
 
 
 def _probability(value: Any) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import math
 from fractions import Fraction
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from dpledger.errors import InvalidParameterError
 from dpledger.validation import (
     check_delta,
+    check_enum,
     check_finite,
     check_non_negative_finite,
     check_non_negative_int,
@@ -107,3 +109,17 @@ def test_int_checks_accept_numpy_integers() -> None:
     assert check_positive_int("n", np.int64(7)) == 7
     assert type(check_positive_int("n", np.array(7))) is int
     assert check_non_negative_int("n", np.uint16(0)) == 0
+
+
+class _Colour(str, enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+def test_check_enum_accepts_members_and_values_and_names_the_valid_ones():
+    assert check_enum("colour", _Colour.RED, _Colour) is _Colour.RED
+    assert check_enum("colour", "blue", _Colour) is _Colour.BLUE
+    for bad in ("green", "RED", None, 3):
+        with pytest.raises(InvalidParameterError, match="one of 'red', 'blue'") as info:
+            check_enum("colour", bad, _Colour)
+        assert info.value.parameter == "colour"
