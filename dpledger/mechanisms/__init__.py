@@ -23,6 +23,7 @@ Example:
 from dpledger.mechanisms.adaptive import AdaptiveClipping, adaptive_noise_multiplier
 from dpledger.mechanisms.allocation import (
     NoiseAllocation,
+    allocate,
     dimension_adjusted_noise,
     effective_noise_multiplier,
     proportional_noise,
@@ -72,6 +73,7 @@ __all__ = [
     "SensitivityCheckError",
     "UnaccountedReleaseWarning",
     "adaptive_noise_multiplier",
+    "allocate",
     "check_clip_margin",
     "check_record_norms",
     "clip_records",

@@ -35,13 +35,20 @@ from dpledger.mechanisms.sum_query import GaussianSumQuery
 from dpledger.validation import check_non_negative_finite, check_positive_finite, check_positive_int
 
 __all__ = [
+    "CLIP_SPLITS",
+    "NOISE_ALLOCATIONS",
     "NoiseAllocation",
+    "allocate",
+    "check_allocation_methods",
     "dimension_adjusted_noise",
     "effective_noise_multiplier",
     "proportional_noise",
     "split_clip_by_dimension",
     "split_clip_equally",
 ]
+
+CLIP_SPLITS = ("equal", "dimension")
+NOISE_ALLOCATIONS = ("proportional", "dimension")
 
 
 def _floats(name: str, values: Any, check: Any) -> tuple[float, ...]:
@@ -211,4 +218,69 @@ def dimension_adjusted_noise(
     full = sum(dims)
     return NoiseAllocation(
         bounds, tuple(z * math.sqrt(full / d) * s for s, d in zip(bounds, dims, strict=True)), z
+    )
+
+
+def check_allocation_methods(*, clip_split: Any, noise_allocation: Any) -> None:
+    """Raise unless ``clip_split`` is one of :data:`CLIP_SPLITS` and ``noise_allocation`` one of
+    :data:`NOISE_ALLOCATIONS`.
+
+    Raises:
+        InvalidParameterError: naming the bad argument.
+    """
+    if clip_split not in CLIP_SPLITS:
+        raise InvalidParameterError("clip_split", clip_split, "'equal' or 'dimension'")
+    if noise_allocation not in NOISE_ALLOCATIONS:
+        raise InvalidParameterError(
+            "noise_allocation", noise_allocation, "'proportional' or 'dimension'"
+        )
+
+
+def allocate(
+    *,
+    l2_norm_bound: float,
+    noise_multiplier: float,
+    dimensions: Sequence[int],
+    clip_split: str = "equal",
+    noise_allocation: str = "proportional",
+) -> NoiseAllocation:
+    """(S_g, σ̃_g) for the groups of one sample from a total bound S* and a target z.
+
+    One group gets (S*, z·S*). Several groups split S* by ``clip_split`` (``"equal"``:
+    :func:`split_clip_equally`; ``"dimension"``: :func:`split_clip_by_dimension`) and allocate
+    the noise by ``noise_allocation`` (``"proportional"``: :func:`proportional_noise`;
+    ``"dimension"``: :func:`dimension_adjusted_noise`), so z_eff = z. z = 0 gives σ̃_g = 0 for
+    every group (recorded as such: ε = ∞).
+
+    Args:
+        l2_norm_bound: S* > 0, the bound on a record's whole contribution.
+        noise_multiplier: z ≥ 0.
+        dimensions: d_g ≥ 1, the number of coordinates of each group (one entry per group).
+        clip_split: ``"equal"`` or ``"dimension"``.
+        noise_allocation: ``"proportional"`` or ``"dimension"``.
+
+    Raises:
+        InvalidParameterError: naming the bad argument.
+    """
+    check_allocation_methods(clip_split=clip_split, noise_allocation=noise_allocation)
+    total = check_positive_finite("l2_norm_bound", l2_norm_bound)
+    z = check_non_negative_finite("noise_multiplier", noise_multiplier)
+    if isinstance(dimensions, (str, bytes)) or not isinstance(dimensions, Sequence):
+        raise InvalidParameterError("dimensions", dimensions, "one entry per group")
+    count = len(dimensions)
+    if count == 0:
+        raise InvalidParameterError("dimensions", dimensions, "at least one group")
+    if count == 1:
+        return NoiseAllocation((total,), (z * total,), z)
+    # The dimensions are checked where they are used (the "dimension" split and allocation).
+    if clip_split == "equal":
+        bounds = split_clip_equally(total_l2_norm_bound=total, num_groups=count)
+    else:
+        bounds = split_clip_by_dimension(total_l2_norm_bound=total, dimensions=dimensions)
+    if z == 0.0:
+        return NoiseAllocation(bounds, (0.0,) * count, z)
+    if noise_allocation == "proportional":
+        return proportional_noise(noise_multiplier=z, l2_norm_bounds=bounds)
+    return dimension_adjusted_noise(
+        noise_multiplier=z, l2_norm_bounds=bounds, dimensions=dimensions
     )

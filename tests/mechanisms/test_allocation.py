@@ -14,6 +14,7 @@ from dpledger.errors import InvalidParameterError
 from dpledger.mechanisms import (
     GroupedSumQuery,
     NoiseAllocation,
+    allocate,
     dimension_adjusted_noise,
     effective_noise_multiplier,
     proportional_noise,
@@ -164,3 +165,55 @@ def test_allocation_queries_bad_inputs() -> None:
         "flat",
         "automatic",
     ]
+
+
+@pytest.mark.parametrize("clip_split", ["equal", "dimension"])
+@pytest.mark.parametrize("noise_allocation", ["proportional", "dimension"])
+def test_allocate_composes_the_split_and_the_allocation(clip_split, noise_allocation):
+    dims = [30, 5, 1]
+    got = allocate(
+        l2_norm_bound=2.0,
+        noise_multiplier=1.3,
+        dimensions=dims,
+        clip_split=clip_split,
+        noise_allocation=noise_allocation,
+    )
+    if clip_split == "equal":
+        bounds = split_clip_equally(total_l2_norm_bound=2.0, num_groups=3)
+    else:
+        bounds = split_clip_by_dimension(total_l2_norm_bound=2.0, dimensions=dims)
+    if noise_allocation == "proportional":
+        want = proportional_noise(noise_multiplier=1.3, l2_norm_bounds=bounds)
+    else:
+        want = dimension_adjusted_noise(
+            noise_multiplier=1.3, l2_norm_bounds=bounds, dimensions=dims
+        )
+    assert got == want
+    assert got.effective_noise_multiplier == pytest.approx(1.3, rel=ULP_TOL)
+
+
+def test_allocate_one_group_and_zero_noise():
+    one = allocate(l2_norm_bound=2.0, noise_multiplier=1.5, dimensions=[7])
+    assert (one.l2_norm_bounds, one.noise_stddevs) == ((2.0,), (3.0,))
+    silent = allocate(l2_norm_bound=2.0, noise_multiplier=0.0, dimensions=[3, 4])
+    assert silent.l2_norm_bounds == split_clip_equally(total_l2_norm_bound=2.0, num_groups=2)
+    assert silent.noise_stddevs == (0.0, 0.0) and silent.effective_noise_multiplier == 0.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "parameter"),
+    [
+        ({"clip_split": "layer"}, "clip_split"),
+        ({"noise_allocation": "equal"}, "noise_allocation"),
+        ({"l2_norm_bound": 0.0}, "l2_norm_bound"),
+        ({"noise_multiplier": -1.0}, "noise_multiplier"),
+        ({"dimensions": []}, "dimensions"),
+        ({"dimensions": 3}, "dimensions"),
+        ({"dimensions": [3, 0], "clip_split": "dimension"}, "dimensions[1]"),
+    ],
+)
+def test_allocate_names_the_bad_argument(kwargs, parameter):
+    args = {"l2_norm_bound": 1.0, "noise_multiplier": 1.0, "dimensions": [3, 4]} | kwargs
+    with pytest.raises(InvalidParameterError) as info:
+        allocate(**args)
+    assert info.value.parameter == parameter

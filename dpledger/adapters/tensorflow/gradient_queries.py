@@ -35,17 +35,11 @@ from dpledger.mechanisms import (
     GaussianSumQuery,
     GroupedSumQuery,
     ScaledGaussianSumQuery,
-    dimension_adjusted_noise,
-    proportional_noise,
-    split_clip_by_dimension,
-    split_clip_equally,
+    allocate,
 )
 from dpledger.validation import check_non_negative_finite, check_positive_finite
 
 __all__ = ["GradientQueries", "gradient_queries"]
-
-_CLIP_SPLITS = ("equal", "dimension")
-_NOISE_ALLOCATIONS = ("proportional", "dimension")
 
 
 def _path(variable: Any) -> str:
@@ -202,29 +196,14 @@ def gradient_queries(
         total = check_positive_finite("l2_norm_clip", l2_norm_clip)
         z = check_non_negative_finite("noise_multiplier", noise_multiplier)
         strategy = ClippingStrategy.parse(clipping)
-        dims = [sum(_size(variables[j]) for j in m) for m in members]
-        if clip_split not in _CLIP_SPLITS:
-            raise InvalidParameterError("clip_split", clip_split, "'equal' or 'dimension'")
-        if noise_allocation not in _NOISE_ALLOCATIONS:
-            raise InvalidParameterError(
-                "noise_allocation", noise_allocation, "'proportional' or 'dimension'"
-            )
-        if len(members) == 1:
-            bounds: tuple[float, ...] = (total,)
-        elif clip_split == "equal":
-            bounds = split_clip_equally(total_l2_norm_bound=total, num_groups=len(members))
-        else:
-            bounds = split_clip_by_dimension(total_l2_norm_bound=total, dimensions=dims)
-        if z == 0.0:
-            stddevs: tuple[float, ...] = (0.0,) * len(members)
-        elif len(members) == 1:
-            stddevs = (z * total,)
-        elif noise_allocation == "proportional":
-            stddevs = proportional_noise(noise_multiplier=z, l2_norm_bounds=bounds).noise_stddevs
-        else:
-            stddevs = dimension_adjusted_noise(
-                noise_multiplier=z, l2_norm_bounds=bounds, dimensions=dims
-            ).noise_stddevs
+        allocation = allocate(
+            l2_norm_bound=total,
+            noise_multiplier=z,
+            dimensions=[sum(_size(variables[j]) for j in m) for m in members],
+            clip_split=clip_split,
+            noise_allocation=noise_allocation,
+        )
+        bounds, stddevs = allocation.l2_norm_bounds, allocation.noise_stddevs
         alpha = _scales(variables, scales)
         query_list = []
         for m, label, s, sigma in zip(members, labels, bounds, stddevs, strict=True):

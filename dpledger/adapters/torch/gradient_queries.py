@@ -34,11 +34,9 @@ from dpledger.mechanisms import (
     GaussianSumQuery,
     GroupedSumQuery,
     ScaledGaussianSumQuery,
-    dimension_adjusted_noise,
-    proportional_noise,
-    split_clip_by_dimension,
-    split_clip_equally,
+    allocate,
 )
+from dpledger.mechanisms.allocation import check_allocation_methods
 from dpledger.validation import check_non_negative_finite, check_positive_finite
 
 __all__ = ["GradientQueries", "Grouping"]
@@ -140,12 +138,7 @@ class GradientQueries:
         self.max_grad_norm = check_positive_finite("max_grad_norm", max_grad_norm)
         self.noise_multiplier = check_non_negative_finite("noise_multiplier", noise_multiplier)
         self.clipping = ClippingStrategy.parse(clipping)
-        if clip_split not in ("equal", "dimension"):
-            raise InvalidParameterError("clip_split", clip_split, "'equal' or 'dimension'")
-        if noise_allocation not in ("proportional", "dimension"):
-            raise InvalidParameterError(
-                "noise_allocation", noise_allocation, "'proportional' or 'dimension'"
-            )
+        check_allocation_methods(clip_split=clip_split, noise_allocation=noise_allocation)
         self.clip_split = clip_split
         self.noise_allocation = noise_allocation
         self.labels, self.members = _group_members(names, groups)
@@ -162,27 +155,14 @@ class GradientQueries:
         self.grouped = GroupedSumQuery(self._build())
 
     def _build(self) -> list[GaussianSumQuery]:
-        c, z = self.max_grad_norm, self.noise_multiplier
-        count = len(self.members)
-        dims = [sum(self._sizes[n] for n in m) for m in self.members]
-        if count == 1:
-            bounds: Sequence[float] = (c,)
-            stddevs: Sequence[float] = (z * c,)
-        else:
-            if self.clip_split == "equal":
-                bounds = split_clip_equally(total_l2_norm_bound=c, num_groups=count)
-            else:
-                bounds = split_clip_by_dimension(total_l2_norm_bound=c, dimensions=dims)
-            if z == 0.0:
-                stddevs = (0.0,) * count
-            elif self.noise_allocation == "proportional":
-                stddevs = proportional_noise(
-                    noise_multiplier=z, l2_norm_bounds=bounds
-                ).noise_stddevs
-            else:
-                stddevs = dimension_adjusted_noise(
-                    noise_multiplier=z, l2_norm_bounds=bounds, dimensions=dims
-                ).noise_stddevs
+        allocation = allocate(
+            l2_norm_bound=self.max_grad_norm,
+            noise_multiplier=self.noise_multiplier,
+            dimensions=[sum(self._sizes[n] for n in m) for m in self.members],
+            clip_split=self.clip_split,
+            noise_allocation=self.noise_allocation,
+        )
+        bounds, stddevs = allocation.l2_norm_bounds, allocation.noise_stddevs
         queries: list[GaussianSumQuery] = []
         for label, members, s, sigma in zip(
             self.labels, self.members, bounds, stddevs, strict=True
