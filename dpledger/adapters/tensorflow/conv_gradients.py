@@ -4,13 +4,17 @@ For record b with input x_b and output gradient G_b, the kernel gradient is
 Σ_t a_{b,t}ᵀ G_{b,t} over the output pixels t, with a_{b,t} ∈ R^{k_h·k_w·C} the input patch at t
 (flattened in (i, j, c) order, the layout of a (k_h, k_w, C, F) kernel).
 
-Two implementations, both exact:
+Three implementations, all exact:
 
 * **grouped** — folding the batch into the channel axis turns the B per-record products into
   one *grouped* convolution with B groups, so a single ``Conv2DBackpropFilter`` (TensorFlow's own
   kernel, with strides, dilation and padding as in the forward convolution) computes all of them.
-  On the benchmark CNN (CPU, oneDNN) the whole fast-path DP step took 1.7× the non-private step
-  with it and 2.4× with the patch matrices below.
+* **grouped over blocks** — the same with the input first cut into s_h × s_w blocks (when the
+  kernel size is a multiple of the stride and there is no dilation, see :func:`patch_gram`): the
+  convolution becomes a stride-1 one with a (k_h/s_h) × (k_w/s_w) kernel over s_h·s_w·C
+  channels, which oneDNN runs faster. On the benchmark CNN's first convolution (28×28×1 input,
+  8×8 kernel, stride 2) the grouped op took 5.6 instead of 6.7 ms of CPU time alone and the whole
+  fast-path Keras step went from 1.74× to 1.65× the non-private step (benchmarks/RESULTS.md).
 * **patches** — ``tf.image.extract_patches`` and one batched matmul A_bᵀ G_b. Used where grouped
   convolutions are not available (TensorFlow's CPU kernels support them only through oneDNN and
   only for some dtypes; float64 is refused, for instance), and where the patch matrices repeat
@@ -18,7 +22,7 @@ Two implementations, both exact:
   grouped op, with many input channels per group, was the slower one. On the benchmark CNN's
   second convolution (13×13×16 input, 4×4 kernel, stride 2: expansion 2.4) the patches made the
   vectorised DP step 2.18–2.19× the non-private step against 2.36× with the grouped op; its
-  first convolution (expansion 16) is the case above.
+  first convolution (expansion 16) takes a grouped op.
 
 Whether grouped convolutions work for a dtype is probed once, eagerly, on the default device,
 with a two-record problem whose answer is checked against the patch implementation.
@@ -49,6 +53,7 @@ import tensorflow as tf
 __all__ = [
     "MAX_PATCH_EXPANSION",
     "grouped_convolution_supported",
+    "kernel_gradient_method",
     "patch_expansion",
     "patch_gram",
     "patch_gram_supported",
@@ -68,22 +73,58 @@ def _grouped(
     dilation_rate: Sequence[int],
     padding: str,
 ) -> tf.Tensor:
+    """(B, k_h, k_w, C, F): one grouped ``Conv2DBackpropFilter`` with B groups."""
     kh, kw, cin, cout = (int(d) for d in kernel_shape)
     batch = tf.shape(x)[0]
     h, w = x.shape[1], x.shape[2]
-    ho, wo = g.shape[1], g.shape[2]
     xi = tf.reshape(tf.transpose(x, [1, 2, 0, 3]), [1, h, w, batch * cin])
-    gi = tf.reshape(tf.transpose(g, [1, 2, 0, 3]), [1, ho, wo, batch * cout])
     grads = tf.raw_ops.Conv2DBackpropFilter(
         input=xi,
         filter_sizes=tf.stack([kh, kw, cin, batch * cout]),
-        out_backprop=gi,
+        out_backprop=_grouped_output_gradients(g),
         strides=[1, *strides, 1],
         padding=padding.upper(),
         dilations=[1, *dilation_rate, 1],
         data_format="NHWC",
     )
     return tf.transpose(tf.reshape(grads, [kh, kw, cin, batch, cout]), [3, 0, 1, 2, 4])
+
+
+def _grouped_output_gradients(g: tf.Tensor) -> tf.Tensor:
+    """(1, H_o, W_o, B·F): the output gradients with the batch folded into the channels."""
+    ho, wo, cout = g.shape[1], g.shape[2], g.shape[3]
+    return tf.reshape(tf.transpose(g, [1, 2, 0, 3]), [1, ho, wo, tf.shape(g)[0] * cout])
+
+
+def _grouped_blocks(
+    x: tf.Tensor, g: tf.Tensor, kernel_shape: Sequence[int], strides: Sequence[int], padding: str
+) -> tf.Tensor:
+    """(B, k_h, k_w, C, F): the grouped op at stride 1 over input blocks.
+
+    The op's kernel entry (a, b, (i, j, c)) is block offset (a, b), position (i, j) in the block
+    and channel c, i.e. entry (a·s_h + i, b·s_w + j, c) of the convolution's kernel.
+    """
+    kh, kw, cin, cout = (int(d) for d in kernel_shape)
+    sh, sw = (int(v) for v in strides)
+    batch = tf.shape(x)[0]
+    y = _blocks(
+        x, kernel_size=(kh, kw), strides=(sh, sw), padding=padding, output_size=g.shape[1:3]
+    )
+    bh, bw = y.shape[1], y.shape[3]
+    # (B, bh, s_h, bw, s_w, C) → (bh, bw, B, s_h, s_w, C): block grid outside, records as groups
+    yi = tf.reshape(tf.transpose(y, [1, 3, 0, 2, 4, 5]), [1, bh, bw, batch * sh * sw * cin])
+    grads = tf.raw_ops.Conv2DBackpropFilter(
+        input=yi,
+        filter_sizes=tf.stack([kh // sh, kw // sw, sh * sw * cin, batch * cout]),
+        out_backprop=_grouped_output_gradients(g),
+        strides=[1, 1, 1, 1],
+        padding="VALID",
+        dilations=[1, 1, 1, 1],
+        data_format="NHWC",
+    )
+    grads = tf.reshape(grads, [kh // sh, kw // sw, sh, sw, cin, batch, cout])
+    # (a, b, i, j, C, B, F) → (B, a, i, b, j, C, F) = (B, k_h, k_w, C, F)
+    return tf.reshape(tf.transpose(grads, [5, 0, 2, 1, 3, 4, 6]), [batch, kh, kw, cin, cout])
 
 
 def _patches(
@@ -134,6 +175,25 @@ def grouped_convolution_supported(dtype: tf.DType) -> bool:
         return ok
 
 
+def kernel_gradient_method(
+    x: tf.Tensor,
+    g: tf.Tensor,
+    *,
+    kernel_shape: Sequence[int],
+    strides: Sequence[int],
+    dilation_rate: Sequence[int],
+) -> str:
+    """Which implementation :func:`per_example_conv2d_kernel_gradients` uses here:
+    ``"patches"``, ``"grouped_blocks"`` or ``"grouped"`` (see the module docstring)."""
+    if patch_expansion(x, g, kernel_shape) <= MAX_PATCH_EXPANSION or not (
+        grouped_convolution_supported(x.dtype)
+    ):
+        return "patches"
+    if patch_gram_supported(kernel_shape[:2], strides, dilation_rate):
+        return "grouped_blocks"
+    return "grouped"
+
+
 def per_example_conv2d_kernel_gradients(
     x: tf.Tensor,
     g: tf.Tensor,
@@ -156,12 +216,14 @@ def per_example_conv2d_kernel_gradients(
     Returns:
         The gradient of record b's loss with respect to the kernel, for every b.
     """
-    args = (kernel_shape, strides, dilation_rate, padding)
-    if patch_expansion(x, g, kernel_shape) <= MAX_PATCH_EXPANSION or not (
-        grouped_convolution_supported(x.dtype)
-    ):
-        return _patches(x, g, *args)
-    return _grouped(x, g, *args)
+    method = kernel_gradient_method(
+        x, g, kernel_shape=kernel_shape, strides=strides, dilation_rate=dilation_rate
+    )
+    if method == "patches":
+        return _patches(x, g, kernel_shape, strides, dilation_rate, padding)
+    if method == "grouped_blocks":
+        return _grouped_blocks(x, g, kernel_shape, strides, padding)
+    return _grouped(x, g, kernel_shape, strides, dilation_rate, padding)
 
 
 def patch_expansion(x: tf.Tensor, g: tf.Tensor, kernel_shape: Sequence[int]) -> float:
@@ -185,6 +247,39 @@ def _same_padding(size: int, out: int, k: int, s: int) -> tuple[int, int]:
     return total // 2, total - total // 2
 
 
+def _blocks(
+    x: tf.Tensor,
+    *,
+    kernel_size: Sequence[int],
+    strides: Sequence[int],
+    padding: str,
+    output_size: Sequence[int],
+) -> tf.Tensor:
+    """The padded input cut into s_h × s_w blocks: (B, b_h, s_h, b_w, s_w, C).
+
+    Exactly the b_h·s_h × b_w·s_w pixels the patches read (kernel sizes multiples of the
+    strides): output pixel t starts at block t and spans k/s blocks, so b = H_o − 1 + k/s.
+    """
+    (kh, kw), (sh, sw), (ho, wo) = (
+        tuple(int(v) for v in kernel_size),
+        tuple(int(v) for v in strides),
+        tuple(int(v) for v in output_size),
+    )
+    h, w, c = (int(d) for d in x.shape[1:])
+    bh, bw = ho - 1 + kh // sh, wo - 1 + kw // sw
+    if padding.lower() == "same":
+        top, bottom = _same_padding(h, ho, kh, sh)
+        left, right = _same_padding(w, wo, kw, sw)
+    else:
+        top = bottom = left = right = 0
+    # Pad as the convolution does (then h + top + bottom ≥ bh·sh, and likewise for VALID), and
+    # keep exactly the bh·sh × bw·sw pixels the patches read.
+    if top or bottom or left or right:
+        x = tf.pad(x, [[0, 0], [top, bottom], [left, right], [0, 0]])
+    x = x[:, : bh * sh, : bw * sw, :]
+    return tf.reshape(x, [tf.shape(x)[0], bh, sh, bw, sw, c])
+
+
 def patch_gram(
     x: tf.Tensor,
     *,
@@ -206,26 +301,13 @@ def patch_gram(
         padding: ``"same"`` or ``"valid"`` (any case).
         output_size: (H_o, W_o) of the convolution's output.
     """
-    (kh, kw), (sh, sw), (ho, wo) = (
-        tuple(int(v) for v in kernel_size),
-        tuple(int(v) for v in strides),
-        tuple(int(v) for v in output_size),
+    y = _blocks(
+        x, kernel_size=kernel_size, strides=strides, padding=padding, output_size=output_size
     )
-    h, w, c = (int(d) for d in x.shape[1:])
     batch = tf.shape(x)[0]
-    # Block rows/columns the patches touch: output pixel t starts at block t and spans k/s blocks.
-    bh, bw = ho - 1 + kh // sh, wo - 1 + kw // sw
-    if padding.lower() == "same":
-        top, bottom = _same_padding(h, ho, kh, sh)
-        left, right = _same_padding(w, wo, kw, sw)
-    else:
-        top = bottom = left = right = 0
-    # Pad as the convolution does (then h + top + bottom ≥ bh·sh, and likewise for VALID), and
-    # keep exactly the bh·sh × bw·sw pixels the patches read.
-    if top or bottom or left or right:
-        x = tf.pad(x, [[0, 0], [top, bottom], [left, right], [0, 0]])
-    x = x[:, : bh * sh, : bw * sw, :]
-    y = tf.reshape(x, [batch, bh, sh, bw, sw, c])
+    bh, sh, bw, sw, c = (int(d) for d in y.shape[1:])
+    kh, kw = (int(v) for v in kernel_size)
+    ho, wo = (int(v) for v in output_size)
     if sh * sw > 1:
         y = tf.transpose(y, [0, 1, 3, 2, 4, 5])
     y = tf.reshape(y, [batch, bh * bw, sh * sw * c])
