@@ -7,6 +7,8 @@ Models (``--models``):
   2/1, Conv2D 32 k4 s2 "valid", max-pool 2/1, Dense 512→32, Dense 32→10; 26,010 parameters),
   batch 256, on scikit-learn's 8×8 digits upsampled to 28×28 (timing does not depend on pixels).
 * ``cnn8``: a two-conv, two-dense CNN on the digits at 8×8 (25,730 parameters), batch 256.
+* ``demo``: the model of ``examples/keras_digits.py`` (``digits_cnn``: Conv 16 3×3 "same", Conv 32
+  3×3 stride 2, Dense 32, Dense 10; 14,378 parameters) on the 8×8 digits, batch 256.
 * ``transformer`` / ``transformer-mha``: token and position embeddings, one pre-LayerNorm block
   with single-head attention from four Dense layers (or ``keras.layers.MultiHeadAttention``), a
   Dense MLP, mean pooling and a Dense head; width 64, length 32, vocabulary 1000, batch 64, as
@@ -23,6 +25,11 @@ Steps, each one ``tf.function`` on the same batch:
   second backward pass through the recorded forward (a persistent tape around the engine), the
   usual TensorFlow Privacy approach; kept to justify book-keeping as the engine's choice.
 * vectorized: the engine's ``tf.vectorized_map`` path (per-example gradients materialised).
+
+``--ablate`` adds, for attribution only, a ``DPKerasModel`` fast step whose per-example kernel
+gradients of materialised convolutions are replaced by zeros (it is *not* private: it shows
+what the step costs without them; on ``cnn`` that is the first convolution, the second takes
+the ghost norm).
 
 Times are medians over interleaved repeats (each repeat runs every step once, so drifts in the
 machine's load hit all alike) of wall time and of process CPU time; ratios are to the
@@ -96,8 +103,24 @@ class TinyTransformer(keras.Model):
         return self.head(tf.reduce_mean(self.ln3(h), axis=1))
 
 
+def _demo_model() -> keras.Model:
+    """``digits_cnn`` of examples/keras_digits.py, loaded from the file (not a package)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "keras_digits.py"
+    spec = importlib.util.spec_from_file_location("keras_digits_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.digits_cnn()
+    model.name = "demo"
+    return model
+
+
 def make_model(name: str) -> keras.Model:
     """The benchmark models (see the module docstring)."""
+    if name == "demo":
+        return _demo_model()
     if name in ("transformer", "transformer-mha"):
         model = TinyTransformer(mha=name == "transformer-mha")
         model(np.zeros((1, 32), np.int32))
@@ -154,7 +177,27 @@ def model_batch(name: str, model: keras.Model, batch: int) -> tuple[tf.Tensor, t
     return digits_batch(batch, model.input_shape[1])
 
 
-def build_steps(name: str, batch: int) -> dict[str, Callable[[], tf.Tensor]]:
+def _without_conv_kernel_gradients() -> Callable[[], None]:
+    """Replace materialised per-example conv kernel gradients by zeros; returns the undo."""
+    from dpledger.adapters.tensorflow import layer_rules
+
+    original = layer_rules.per_example_conv2d_kernel_gradients
+
+    def zeros(x, g, *, kernel_shape, **_):
+        # keep the dependency on g (the step still waits for the backward pass), not its cost
+        return tf.zeros([tf.shape(x)[0], *kernel_shape], x.dtype) * g[0, 0, 0, 0]
+
+    layer_rules.per_example_conv2d_kernel_gradients = zeros
+
+    def undo() -> None:
+        layer_rules.per_example_conv2d_kernel_gradients = original
+
+    return undo
+
+
+def build_steps(
+    name: str, batch: int, *, ablate: bool = False
+) -> dict[str, Callable[[], tf.Tensor]]:
     """One ``tf.function`` per method, each on its own copy of the model and optimizer."""
     keras.utils.set_random_seed(0)
     base = make_model(name)
@@ -246,6 +289,26 @@ def build_steps(name: str, batch: int) -> dict[str, Callable[[], tf.Tensor]]:
         )
         wrapper.compile(optimizer=keras.optimizers.SGD(LR), loss=loss)
         steps[f"DPKerasModel {method} (fit step)"] = keras_fit_step(wrapper)
+    if ablate:
+        model = make_model(name)
+        model.set_weights(weights)
+        wrapper = DPKerasModel(
+            model,
+            l2_norm_clip=CLIP,
+            noise_multiplier=SIGMA,
+            sampling_probability=0.1,
+            population_size=10 * batch,
+            method="fast",
+            seed=2,
+        )
+        wrapper.compile(optimizer=keras.optimizers.SGD(LR), loss=loss)
+        step = keras_fit_step(wrapper)
+        undo = _without_conv_kernel_gradients()
+        try:
+            step().numpy()  # traced now, with the zeros
+        finally:
+            undo()
+        steps["ablation: fast, no conv kernel grads"] = step
     return steps
 
 
@@ -274,7 +337,9 @@ def time_steps(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--models", default="cnn", help="comma-separated: cnn, cnn8, transformer, transformer-mha"
+        "--models",
+        default="cnn",
+        help="comma-separated: cnn, cnn8, demo, transformer, transformer-mha",
     )
     parser.add_argument(
         "--batch", type=int, default=0, help="batch size (0: 256 for CNNs, 64 for transformers)"
@@ -283,6 +348,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument(
         "--threads", type=int, default=0, help="TensorFlow intra- and inter-op threads (0: default)"
+    )
+    parser.add_argument(
+        "--ablate",
+        action="store_true",
+        help="also time the fast Keras step without per-example conv kernel gradients (not DP)",
     )
     parser.add_argument(
         "--tf-pfor-converters",
@@ -307,17 +377,17 @@ def main() -> None:
     )
     for name in args.models.split(","):
         batch = args.batch or (64 if name.startswith("transformer") else 256)
-        steps = build_steps(name, batch)
+        steps = build_steps(name, batch, ablate=args.ablate)
         nparams = make_model(name).count_params()
         med = time_steps(steps, args.repeats, args.warmup)
         base = med["non-private"]
         print(f"\n## {name}: {nparams} parameters, batch {batch}, {args.repeats} repeats")
         print(
-            f"{'method':32s} {'wall ms':>8s} {'x non-private':>14s} {'CPU ms':>8s} "
+            f"{'method':38s} {'wall ms':>8s} {'x non-private':>14s} {'CPU ms':>8s} "
             f"{'x non-private':>14s}"
         )
         for k, (w, c) in med.items():
-            print(f"{k:32s} {w * 1e3:8.2f} {w / base[0]:14.2f} {c * 1e3:8.2f} {c / base[1]:14.2f}")
+            print(f"{k:38s} {w * 1e3:8.2f} {w / base[0]:14.2f} {c * 1e3:8.2f} {c / base[1]:14.2f}")
         fit = med["keras non-private (fit step)"]
         print("full wrapper over Keras's own non-private fit step:")
         for method in ("fast", "vectorized"):
