@@ -12,9 +12,9 @@ Three implementations, all exact:
 * **grouped over blocks** — the same with the input first cut into s_h × s_w blocks (when the
   kernel size is a multiple of the stride and there is no dilation, see :func:`patch_gram`): the
   convolution becomes a stride-1 one with a (k_h/s_h) × (k_w/s_w) kernel over s_h·s_w·C
-  channels, which oneDNN runs faster. On the benchmark CNN's first convolution (28×28×1 input,
-  8×8 kernel, stride 2) the grouped op took 5.6 instead of 6.7 ms of CPU time alone and the whole
-  fast-path Keras step went from 1.74× to 1.65× the non-private step (benchmarks/RESULTS.md).
+  channels, which oneDNN runs faster: on the benchmark CNN's first convolution (28×28×1 input,
+  8×8 kernel, stride 2) the strided grouped op took 1.12–1.15× as long
+  (benchmarks/tf_conv_kernels.py, benchmarks/RESULTS.md).
 * **patches** — ``tf.image.extract_patches`` and one batched matmul A_bᵀ G_b. Used where grouped
   convolutions are not available (TensorFlow's CPU kernels support them only through oneDNN and
   only for some dtypes; float64 is refused, for instance), and where the patch matrices repeat
