@@ -117,6 +117,22 @@ def case_conv_grouped(rng):
     return model, rng.normal(size=(BATCH, 6, 6, 2)).astype(np.float32), _labels(rng)
 
 
+def case_conv_strided_blocks(rng):
+    # The benchmark CNN's first layer, scaled down: kernel 8 at stride 2 on one channel (patch
+    # expansion 36·64/144 = 16), so its per-example kernel gradients come from the grouped op
+    # over 2×2 input blocks; the second layer (expansion 9·16/36 = 4) takes patch matrices.
+    model = keras.Sequential(
+        [
+            keras.Input((12, 12, 1)),
+            keras.layers.Conv2D(4, 8, strides=2, padding="same", activation="relu"),
+            keras.layers.Conv2D(3, 4, strides=2, padding="same"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(2),
+        ]
+    )
+    return model, rng.normal(size=(BATCH, 12, 12, 1)).astype(np.float32), _labels(rng)
+
+
 def case_conv_strided_dilated(rng):
     model = keras.Sequential(
         [
