@@ -274,7 +274,8 @@ def build_steps(
     plain.set_weights(weights)
     plain.compile(optimizer=keras.optimizers.SGD(LR), loss=loss)
     steps["keras non-private (fit step)"] = keras_fit_step(plain)
-    for method in ("fast", "vectorized"):
+
+    def dp_keras_model(method: str) -> DPKerasModel:
         model = make_model(name)
         model.set_weights(weights)
         # q·n = batch: the same denominator as the engine steps above
@@ -288,21 +289,12 @@ def build_steps(
             seed=2,
         )
         wrapper.compile(optimizer=keras.optimizers.SGD(LR), loss=loss)
-        steps[f"DPKerasModel {method} (fit step)"] = keras_fit_step(wrapper)
+        return wrapper
+
+    for method in ("fast", "vectorized"):
+        steps[f"DPKerasModel {method} (fit step)"] = keras_fit_step(dp_keras_model(method))
     if ablate:
-        model = make_model(name)
-        model.set_weights(weights)
-        wrapper = DPKerasModel(
-            model,
-            l2_norm_clip=CLIP,
-            noise_multiplier=SIGMA,
-            sampling_probability=0.1,
-            population_size=10 * batch,
-            method="fast",
-            seed=2,
-        )
-        wrapper.compile(optimizer=keras.optimizers.SGD(LR), loss=loss)
-        step = keras_fit_step(wrapper)
+        step = keras_fit_step(dp_keras_model("fast"))
         undo = _without_conv_kernel_gradients()
         try:
             step().numpy()  # traced now, with the zeros
