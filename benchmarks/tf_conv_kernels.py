@@ -26,9 +26,10 @@ per-example squared norms (B,), so that copying a large result out does not coun
   patch matrices, then the batched matmul.
 
 Reference rows (not per-example gradients): ``batch kernel gradient`` is the ordinary
-``Conv2DBackpropFilter`` of the non-private step; ``transpose of G`` and ``one pass over G`` are
-what moving the (B, 14, 14, 16) output gradients once costs on this machine; ``empty call`` is
-the cost of calling a ``tf.function`` at all (subtract it from every row).
+``Conv2DBackpropFilter`` of the non-private step; ``transpose of G`` (moving the batch of the
+(B, 14, 14, 16) output gradients next to the channels, then one reduction of the result) and
+``one pass over G`` (one reduction) are what moving that tensor costs on this machine; ``empty
+call`` is the cost of calling a ``tf.function`` at all (subtract it from every row).
 
 Run: ``PYTHONPATH=. python benchmarks/tf_conv_kernels.py`` (``--help`` for options).
 """

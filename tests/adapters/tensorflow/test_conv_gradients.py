@@ -161,7 +161,7 @@ def test_each_method_matches_a_per_record_loop(
     np.testing.assert_allclose(got.numpy(), want, atol=1e-5 * np.abs(want).max())
 
 
-def test_the_method_is_chosen_by_expansion_kernel_and_dtype():
+def test_the_method_is_chosen_by_expansion_and_kernel():
     if not grouped_convolution_supported(tf.float32):
         pytest.skip("no grouped Conv2DBackpropFilter for float32 on this device")
     picks = {}
