@@ -10,7 +10,7 @@ Three implementations, all exact:
   one *grouped* convolution with B groups, so a single ``Conv2DBackpropFilter`` (TensorFlow's own
   kernel, with strides, dilation and padding as in the forward convolution) computes all of them.
 * **grouped over blocks** — the same with the input first cut into s_h × s_w blocks (when the
-  kernel size is a multiple of the stride and there is no dilation, see :func:`patch_gram`): the
+  kernel size is a multiple of a stride > 1 and there is no dilation, see :func:`patch_gram`): the
   convolution becomes a stride-1 one with a (k_h/s_h) × (k_w/s_w) kernel over s_h·s_w·C
   channels, which oneDNN runs faster: on the benchmark CNN's first convolution (28×28×1 input,
   8×8 kernel, stride 2) the strided grouped op took 1.12–1.15× as long
@@ -189,9 +189,10 @@ def kernel_gradient_method(
         grouped_convolution_supported(x.dtype)
     ):
         return "patches"
-    if patch_gram_supported(kernel_shape[:2], strides, dilation_rate):
+    strided = any(int(v) > 1 for v in strides)
+    if strided and patch_gram_supported(kernel_shape[:2], strides, dilation_rate):
         return "grouped_blocks"
-    return "grouped"
+    return "grouped"  # at stride 1 the blocks would be single pixels: nothing to gain
 
 
 def per_example_conv2d_kernel_gradients(

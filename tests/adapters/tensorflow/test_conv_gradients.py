@@ -187,8 +187,8 @@ def test_the_method_is_chosen_by_expansion_and_kernel():
     assert picks[(10, (5, 5), (1, 1))] == "grouped"
     # dilation (expansion 9): grouped on the input as it is
     assert picks[(6, (3, 3), (2, 2))] == "grouped"
-    # stride 1 (expansion 9): blocks of one pixel, i.e. the input as it is
-    assert picks[(7, (3, 3), (1, 1))] == "grouped_blocks"
+    # stride 1 (expansion 9): blocks would be single pixels, so the input as it is
+    assert picks[(7, (3, 3), (1, 1))] == "grouped"
     # expansion 2.4 ≤ 4: patch matrices
     assert picks[(13, (4, 4), (1, 1))] == "patches"
 
