@@ -66,6 +66,7 @@ __all__ = [
     "ClippedGradients",
     "PerExampleGradientEngine",
     "PerExampleNorms",
+    "check_built",
 ]
 
 _log = logging.getLogger(__name__)
@@ -132,6 +133,16 @@ class _Analysis:
     variables: tuple[Any, ...]
     entries: tuple[_PlanEntry, ...] | None
     fast_unsupported: str | None
+
+
+def check_built(model: keras.Model) -> None:
+    """Refuse a model whose variables do not exist yet (naming the fix)."""
+    if not model.built:
+        raise InvalidParameterError(
+            "model",
+            model.name,
+            "a built model: call it on a batch or call model.build(input_shape) first",
+        )
 
 
 def _children(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
@@ -405,12 +416,7 @@ class PerExampleGradientEngine:
         cached = self._analysis_cache
         if cached is not None and cached.key == key:
             return cached
-        if not self._model.built:
-            raise InvalidParameterError(
-                "model",
-                self._model.name,
-                "a built model: call it on a batch or call model.build(input_shape) first",
-            )
+        check_built(self._model)
         self._refuse_record_mixing()
         entries, reason = self._plan(variables)
         analysis = _Analysis(key=key, variables=variables, entries=entries, fast_unsupported=reason)

@@ -36,7 +36,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine
+from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
 from dpledger.adapters.tensorflow.errors import PerExampleLossError, UnsupportedLayerError
 from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, gradient_queries
 from dpledger.adapters.tensorflow.losses import per_example_loss
@@ -144,10 +144,7 @@ class DPKerasModel(keras.Model):
     ) -> None:
         if not isinstance(model, keras.Model):
             raise InvalidParameterError("model", model, "a keras.Model")
-        if not model.built:
-            raise InvalidParameterError(
-                "model", model.name, "a built model (call it once or model.build(input_shape))"
-            )
+        check_built(model)
         if method not in _METHODS:
             raise InvalidParameterError("method", method, "one of 'auto', 'fast', 'vectorized'")
         super().__init__(name=name or f"dp_{model.name}")

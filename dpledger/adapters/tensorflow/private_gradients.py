@@ -56,7 +56,7 @@ import numpy as np
 import tensorflow as tf
 
 from dpledger.adapters.tensorflow.backend import TensorFlowBackend, make_generator
-from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine
+from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
 from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, gradient_queries
 from dpledger.audit.bias import ClippingBiasCallback, clipping_bias_from_sums
 from dpledger.errors import InvalidParameterError
@@ -553,10 +553,7 @@ class PrivateGradients:
     ) -> None:
         q, n = sampling_of(sampler, sampling_probability, population_size)
         engine = PerExampleGradientEngine(model, loss, method=method)
-        if not model.built:
-            raise InvalidParameterError(
-                "model", model.name, "a built model (call it once or model.build(input_shape))"
-            )
+        check_built(model)
         self._step = DPStep(
             engine,
             queries=gradient_queries(

@@ -8,7 +8,9 @@ import pytest
 import tensorflow as tf
 
 from dpledger.adapters.tensorflow import (
+    DPKerasModel,
     PerExampleGradientEngine,
+    PrivateGradients,
     RecordMixingLayerError,
     UnsupportedLayerError,
 )
@@ -69,18 +71,29 @@ def test_bad_constructor_arguments():
         PerExampleGradientEngine(model, LOSS, method="ghost")
 
 
+class _Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.dense(x)
+
+
 def test_an_unbuilt_model_is_refused_with_advice():
-    class Subclassed(keras.Model):
-        def __init__(self):
-            super().__init__()
-            self.dense = keras.layers.Dense(2)
-
-        def call(self, x):
-            return self.dense(x)
-
-    engine = PerExampleGradientEngine(Subclassed(), LOSS)
+    engine = PerExampleGradientEngine(_Subclassed(), LOSS)
     with pytest.raises(InvalidParameterError, match=r"model\.build"):
         engine.norms(np.zeros((2, 3), np.float32), np.zeros(2, np.int32))
+    privacy = {
+        "l2_norm_clip": 1.0,
+        "noise_multiplier": 1.0,
+        "sampling_probability": 0.1,
+        "population_size": 100,
+    }
+    with pytest.raises(InvalidParameterError, match=r"model\.build"):
+        DPKerasModel(_Subclassed(), **privacy)
+    with pytest.raises(InvalidParameterError, match=r"model\.build"):
+        PrivateGradients(_Subclassed(), LOSS, **privacy)
 
 
 def test_bad_factors_are_refused():
