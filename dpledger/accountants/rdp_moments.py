@@ -86,7 +86,9 @@ _C = 8.0  # ulps per operation allowed in a term's logarithm (generous, see the 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 _BLOCK = 16
 _MAX_TERMS = 1024
-_STOP_RELATIVE = 2.0**-50  # stop once the next term is this small relative to the partial sum
+_STOP_RELATIVE = 1e-10  # stop once the next term is this small relative to the partial sum: the
+# bound is valid wherever it stops, and stopping here leaves it at most 1e-10 relative looser
+_FIRST_BLOCK = 8  # most series stop within a few terms
 _CHUNK_ELEMENTS = 1 << 16
 _M_CAP = 1e300  # caps error weights so that 0·weight stays 0 in log space
 _STAR_MAX_Q = 0.45
@@ -199,13 +201,27 @@ class _Rows:
             self.z0_err = 4.0 * np.abs(z * z * gap) + 1.0
         self.alpha = alpha
         self.floor = np.floor(alpha)
+        # log-binomials depend on the order only: computed per distinct order, looked up per row
+        self.distinct, self.order = np.unique(alpha, return_inverse=True)
+        self.order = self.order.reshape(-1)
         self.gl_a = gammaln(alpha + 1.0)
         # Sum A − 1 where the binomial identity's terms decay geometrically (ratio q/(1 − q) ≤ 0.82,
         # so its tail bound is negligible within the terms summed); else sum A.
         self.star = q <= _STAR_MAX_Q
 
     def take(self, keep: np.ndarray) -> None:
-        for name in ("logq", "log1mq", "sigma", "s", "z0", "z0_err", "alpha", "floor", "gl_a"):
+        for name in (
+            "logq",
+            "log1mq",
+            "sigma",
+            "s",
+            "z0",
+            "z0_err",
+            "alpha",
+            "floor",
+            "gl_a",
+            "order",
+        ):
             setattr(self, name, getattr(self, name)[keep])
         self.star = self.star[keep]
 
@@ -217,7 +233,8 @@ def _fractional_block(rows: _Rows, k: np.ndarray) -> tuple[np.ndarray, ...]:
     logq, log1mq = rows.logq[:, None], rows.log1mq[:, None]
     sig, s, z0, z0e = rows.sigma[:, None], rows.s[:, None], rows.z0[:, None], rows.z0_err[:, None]
     j = a - k
-    gl_k, gl_j = gammaln(k + 1.0), gammaln(j + 1.0)
+    gl_k = gammaln(k + 1.0)
+    gl_j = gammaln(rows.distinct[:, None] - k + 1.0)[rows.order]
     logc = rows.gl_a[:, None] - gl_k - gl_j
     mag_c = np.abs(rows.gl_a[:, None]) + np.abs(gl_k) + np.abs(gl_j) + 3.0
     # sign of C(α, k): + up to ⌊α⌋ + 1, then alternating
@@ -243,15 +260,15 @@ def _fractional_block(rows: _Rows, k: np.ndarray) -> tuple[np.ndarray, ...]:
     # Rows summing A − 1 (q ≤ 1/2): P_k expm1(x) − P_k e^x Φ(−w) ; rows summing A: P_k e^x Φ(w).
     star = rows.star[:, None]
     lx = _log_expm1(x_first)
-    phi_out, m_out = _log_ndtr_and_weight(-w_first, w_err)
-    phi_in, m_in = _log_ndtr_and_weight(w_first, w_err)
     # I_k − P_k: before z₀ (w > 0) as P_k·expm1(x) − P_k e^x Φ(−w), whose pieces are small;
     # past z₀ as I_k − P_k, since there P_k e^x grows without bound and the first form cancels.
+    # Either way one Φ is needed: Φ(−w) before z₀ (rows summing A − 1), Φ(w) otherwise.
     before = star & (w_first > 0.0)
-    piece_a = np.where(before, lp + lx, lp + x_first + phi_in)
-    m_a = mp + np.where(before, np.abs(lx) + 3.0 * (x_first + 1.0), 3.0 * x_first + m_in) + 2.0
-    piece_b = np.where(before, lp + x_first + phi_out, np.where(star, lp, -np.inf))
-    m_b = mp + np.where(before, 3.0 * x_first + m_out, 0.0) + 2.0
+    phi, m_phi = _log_ndtr_and_weight(np.where(before, -w_first, w_first), w_err)
+    piece_a = np.where(before, lp + lx, lp + x_first + phi)
+    m_a = mp + np.where(before, np.abs(lx) + 3.0 * (x_first + 1.0), 3.0 * x_first + m_phi) + 2.0
+    piece_b = np.where(before, lp + x_first + phi, np.where(star, lp, -np.inf))
+    m_b = mp + np.where(before, 3.0 * x_first + m_phi, 0.0) + 2.0
     signs = (sign_c, -sign_c, sign_c)
     pieces = (piece_a, piece_b, piece_c)
     weights = tuple(np.minimum(np.nan_to_num(m, nan=_M_CAP), _M_CAP) for m in (m_a, m_b, m_c))
@@ -279,11 +296,13 @@ def fractional_log_moments(q: np.ndarray, z: np.ndarray, alpha: np.ndarray) -> n
     total = np.zeros(ids.size)
     err = np.zeros(ids.size)
     partial_abs = np.zeros(ids.size)
-    for k0 in range(0, _MAX_TERMS, _BLOCK):
+    starts = [0, *range(_FIRST_BLOCK, _MAX_TERMS, _BLOCK)]
+    for b, k0 in enumerate(starts):
         if ids.size == 0:
             break
-        last_block = k0 + _BLOCK >= _MAX_TERMS
-        k = np.arange(k0, k0 + _BLOCK, dtype=np.float64)[None, :]
+        last_block = b == len(starts) - 1
+        width = (starts[b + 1] if not last_block else _MAX_TERMS) - k0
+        k = np.arange(k0, k0 + width, dtype=np.float64)[None, :]
         pieces, signs, weights, sign_c, tail, m_tail = _fractional_block(rows, k)
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             block_top = np.max(np.maximum(np.maximum(pieces[0], pieces[1]), pieces[2]), axis=1)
@@ -310,11 +329,15 @@ def fractional_log_moments(q: np.ndarray, z: np.ndarray, alpha: np.ndarray) -> n
             tail_v = np.exp(tail - finite_shift[:, None])
         # Candidate stops: K with C(α, K + 1) < 0 (so K ≥ ⌊α⌋ + 1), K + 1 inside this block.
         nxt_neg = sign_c[:, 1:] < 0.0
-        small = (mag[:, 1:] + tail_v[:, 1:]) <= _STOP_RELATIVE * np.abs(running[:, :-1])
+        # relative to A − 1: the partial sum itself where A − 1 is summed, else its excess over 1
+        with np.errstate(over="ignore"):
+            one = np.where(rows.star, 0.0, np.exp(-finite_shift))[:, None]
+        reference = np.abs(running[:, :-1] - one)
+        small = (mag[:, 1:] + tail_v[:, 1:]) <= _STOP_RELATIVE * reference
         candidate = nxt_neg & (small | last_block)
         if last_block:
             # the last admissible K in the block
-            idx = _BLOCK - 2 - np.argmax(candidate[:, ::-1], axis=1)
+            idx = width - 2 - np.argmax(candidate[:, ::-1], axis=1)
             stopped = candidate.any(axis=1)
         else:
             idx = np.argmax(candidate, axis=1)
