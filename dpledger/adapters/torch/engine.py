@@ -86,7 +86,7 @@ from dpledger.adapters.torch.samplers.normalization import (
     batch_norm_refusal_message,
     uses_batch_statistics,
 )
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import DPLedgerError, InvalidParameterError
 
 __all__ = ["LossReduction", "PerExampleGradientEngine", "Strategy"]
 
@@ -425,6 +425,10 @@ class PerExampleGradientEngine:
         if self._checks_remaining > 0:
             loss.backward()
             return
+        self._backward_to_outputs(loss)
+
+    def _backward_to_outputs(self, loss: torch.Tensor) -> None:
+        """The gradients of ``loss`` with respect to the units' outputs only (no ``.grad``)."""
         pending = [
             (c, k)
             for u in self._units
@@ -507,6 +511,18 @@ class PerExampleGradientEngine:
                     batch_size=self._state_batch,
                     chunk_size=self._generic_chunk_size,
                 )
+            except DPLedgerError:
+                raise
+            except Exception as exc:
+                raise UnsupportedModuleError(
+                    f"the per-example gradients of module '{unit.name}' "
+                    f"({type(unit.module).__name__}) could not be computed on the generic path, "
+                    f"which runs its forward on one record at a time (torch.func.vmap): "
+                    f"{type(exc).__name__}: {exc}. A forward that needs the other records of "
+                    "the batch (batch statistics such as F.batch_norm(..., training=True), "
+                    "attention or pooling over dimension 0) mixes records and cannot be "
+                    "trained with per-example clipping; compute its statistics per record"
+                ) from exc
             finally:
                 self._recomputing = False
         return self._checked(unit, out, "per-example gradient")

@@ -92,6 +92,11 @@ from dpledger.adapters.torch.functional_gradients import clipped_sum_of, squared
 from dpledger.adapters.torch.gradient_queries import GradientQueries, Grouping
 from dpledger.adapters.torch.module_checks import check_module_configuration
 from dpledger.adapters.torch.poisson import PoissonBatchSampler, _check_q
+from dpledger.adapters.torch.record_probe import (
+    model_fingerprint,
+    probe_record_independence,
+    records_in,
+)
 from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms import ClippingStrategy, ScaledGaussianSumQuery, open_step
@@ -197,6 +202,14 @@ class DPOptimizer(torch.optim.Optimizer):
             (:func:`~dpledger.mechanisms.clipping.rounding_clip_margin`: about 9.8e-4 for
             float32, 1.8e-12 for float64).
         check_steps: steps on which the engine compares Σ_i g_i with autograd's gradient.
+        check_record_independence: run the record-independence probe
+            (:mod:`~dpledger.adapters.torch.record_probe`) at the first forward with at least
+            two records, and again whenever the model's modules or their training modes change:
+            it changes record 0 of a few-record slice of the batch and refuses the model with
+            :class:`~dpledger.adapters.torch.errors.RecordDependenceError` if another record's
+            module outputs or per-example gradient move. False switches it off (a warning is
+            logged: a model that mixes records makes the ledger's ε wrong). The functional path
+            (``loss_fn``) needs no probe: it evaluates each example alone.
         distributed: use ``torch.distributed`` (None: when a process group with more than one
             rank is initialised).
         process_group: the process group (None: the default group).
@@ -204,6 +217,8 @@ class DPOptimizer(torch.optim.Optimizer):
     Raises:
         InvalidParameterError: a bad argument, named with its value and what to change.
         RecordMixingModuleError: the model has BatchNorm using batch statistics.
+        RecordDependenceError: at a forward, the record-independence probe saw records mix
+            (before anything is recorded).
     """
 
     def __init__(
@@ -231,6 +246,7 @@ class DPOptimizer(torch.optim.Optimizer):
         bias_callback: BiasCallback | None = None,
         clip_margin: float | None = None,
         check_steps: int = 1,
+        check_record_independence: bool = True,
         distributed: bool | None = None,
         process_group: Any = None,
     ) -> None:
@@ -261,6 +277,10 @@ class DPOptimizer(torch.optim.Optimizer):
                     "None unless loss_fn is given: BAM evaluates each example's loss at its own "
                     "perturbed parameters, which needs the per-example loss function",
                 )
+        if not isinstance(check_record_independence, bool):
+            raise InvalidParameterError(
+                "check_record_independence", check_record_independence, "True or False"
+            )
         if bias_callback is not None and not callable(bias_callback):
             raise InvalidParameterError("bias_callback", bias_callback, "a callable or None")
         self._rank, self._world = (0, 1)
@@ -411,10 +431,26 @@ class DPOptimizer(torch.optim.Optimizer):
         self._engine: PerExampleGradientEngine | None = None
         self._functional: _Materialised | None = None
         self._handles: list[Any] = []
+        self._probing = False
+        self._probed: tuple | None = None
         if loss_fn is None:
             self._engine = PerExampleGradientEngine(
                 model, loss_reduction=loss_reduction, strategy=strategy, check_steps=check_steps
             )
+            if check_record_independence:
+                self._handles.append(
+                    model.register_forward_pre_hook(
+                        self._probe_forward, prepend=True, with_kwargs=True
+                    )
+                )
+            else:
+                logger.warning(
+                    "check_record_independence=False: the record-independence probe is off. A "
+                    "model whose forward mixes the records of a batch (batch statistics, "
+                    "attention or pooling over the batch) lets one record move every other "
+                    "record's clipped gradient, and the ledger's epsilon is then wrong"
+                )
+            # the guard runs first: it refuses a forward that would lose a pending step
             self._handles.append(model.register_forward_pre_hook(self._guard_forward, prepend=True))
         self._bias_callback = bias_callback
 
@@ -573,6 +609,20 @@ class DPOptimizer(torch.optim.Optimizer):
                 "a chunk of a virtual batch), optimizer.zero_grad() to skip the batch, or run "
                 "evaluation forwards under torch.no_grad()"
             )
+
+    def _probe_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        engine = self._engine
+        if engine is None or self._probing or engine.recomputing or not torch.is_grad_enabled():
+            return
+        fingerprint = model_fingerprint(self._model)
+        if fingerprint == self._probed or (records_in(args, kwargs) or 0) < 2:
+            return  # probed already, or a batch of at most one record (which cannot mix)
+        self._probing = True
+        try:
+            probe_record_independence(self._model, engine=engine, args=args, kwargs=kwargs)
+        finally:
+            self._probing = False
+        self._probed = fingerprint
 
     def _pending(self) -> bool:
         if self._engine is not None:
