@@ -613,7 +613,8 @@ class PerExampleGradientEngine:
         unseen = sorted(self._grad_seen - used)
         if unseen:
             raise UnsupportedParameterUseError(
-                f"parameter(s) {unseen} received gradient in the backward but were not used in "
+                f"parameter(s) {self._owned(unseen)} received gradient in the backward but were "
+                "not used in "
                 "the forward of a module the engine observed (e.g. a child's weight used "
                 "directly by its parent's forward, or a model that is not the one the engine "
                 "was attached to). Use the parameter only through its module's forward, or "
@@ -661,7 +662,10 @@ class PerExampleGradientEngine:
                 tol = rtol * size + 1e-4 * rtol * whole + 1e-30
                 diff = float((o - ref).norm())
                 if diff > tol:
-                    bad.append(f"{n} (|difference|={diff:.3g}, |autograd|={float(ref.norm()):.3g})")
+                    bad.append(
+                        f"{self._owned([n])[0]} (|difference|={diff:.3g}, "
+                        f"|autograd|={float(ref.norm()):.3g})"
+                    )
         if bad:
             raise UnsupportedParameterUseError(
                 "the sum of per-example gradients differs from autograd's batch gradient for "
@@ -671,6 +675,19 @@ class PerExampleGradientEngine:
                 "mean of per-example terms). Use each parameter only through its module's "
                 "forward and put weight decay in the optimizer."
             )
+
+    def _owned(self, names: list[str]) -> list[str]:
+        """Each parameter name with the module that owns it, for error messages."""
+        out = []
+        for n in names:
+            owner_name, _, _ = n.rpartition(".")
+            try:
+                owner = self._model.get_submodule(owner_name)
+            except AttributeError:
+                out.append(n)
+                continue
+            out.append(f"{n} of module '{owner_name}' ({type(owner).__name__})")
+        return out
 
     @property
     def batch_size(self) -> int:

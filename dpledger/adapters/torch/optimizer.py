@@ -135,6 +135,10 @@ class _Materialised:
         )
 
 
+def _where(ledger: PrivacyLedger) -> str:
+    return repr(str(ledger.path)) if ledger.path is not None else "(in memory)"
+
+
 def _sampling_source(sampler: Any) -> PoissonBatchSampler:
     if isinstance(sampler, DataLoader):
         inner = sampler.batch_sampler
@@ -339,7 +343,9 @@ class DPOptimizer(torch.optim.Optimizer):
             ledger = PrivacyLedger()
             logger.info("no ledger given: recording to an in-memory ledger (optimizer.ledger)")
         if ledger is not None and ledger.closed:
-            raise LedgerStateError("the ledger is closed; open a new one or resume its file")
+            raise LedgerStateError(
+                f"the ledger {_where(ledger)} is closed; open a new one or resume its file"
+            )
         self._ledger = ledger
 
         # ---- model and optimizer must agree on the parameters
@@ -815,6 +821,7 @@ class DPOptimizer(torch.optim.Optimizer):
         For models that cannot run a forward on zero records; equivalent to ``step()`` after a
         forward and backward of an empty batch.
         """
+        self._check_ledger_open()
         if self._pending() or self._acc is not None:
             raise EngineStateError(
                 "empty_step() with a backward or virtual chunks waiting: their batch is not "
@@ -825,12 +832,29 @@ class DPOptimizer(torch.optim.Optimizer):
             self._acc_unclipped = {n: torch.zeros_like(p) for n, p in self._params.items()}
         self._release_and_update()
 
+    def _check_ledger_open(self) -> None:
+        """Refuse a step whose events could not be recorded, before anything is released.
+
+        The ledger can be closed under a running optimizer by its other owner (a second copy of
+        the training loop that resumed the same file, a checkpoint routine, a ``with`` block that
+        ended); the step would otherwise draw its noise and fail half-way.
+        """
+        if self._ledger is not None and self._ledger.closed:
+            raise LedgerStateError(
+                f"the ledger {_where(self._ledger)} was closed while this optimizer was still "
+                "recording into it (by another writer, or a with-block that ended): nothing was "
+                "released or recorded for this step and the parameters are unchanged. Call "
+                "optimizer.zero_grad() to drop the batch, or resume the file "
+                "(PrivacyLedger(path, resume=True)) in a new optimizer loaded from a checkpoint"
+            )
+
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """One DP step (see the module docstring); returns the closure's loss, if any."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_ledger_open()
         self._check_foreign_gradients()
         if self._pending():
             self._absorb()
@@ -1007,6 +1031,7 @@ class DPOptimizer(torch.optim.Optimizer):
                 "state_dict", type(state_dict).__name__, "a DPOptimizer.state_dict()"
             )
         position = state_dict.get("ledger")
+        self._check_ledger_open()
         behind = False
         if self._ledger is not None and position is not None:
             have, want = self._ledger.num_steps, int(position["num_steps"])
