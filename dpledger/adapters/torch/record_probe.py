@@ -176,12 +176,13 @@ def _any_moved(xs: list[torch.Tensor], ys: list[torch.Tensor]) -> bool | None:
 class _Recorder:
     """Forward hooks on every module: inputs and outputs (record rows) of each call, in order."""
 
-    def __init__(self, model: nn.Module, m: int) -> None:
+    def __init__(self, model: nn.Module, m: int, names: dict[int, str]) -> None:
         self.m = m
         self.calls: list[tuple[str, nn.Module, list[torch.Tensor], list[torch.Tensor]]] = []
         self._open: dict[int, list[list[torch.Tensor]]] = {}
         self._handles: list[Any] = []
-        for name, module in model.named_modules():
+        for module in model.modules():
+            name = names.get(id(module), "")
             self._handles.append(
                 module.register_forward_pre_hook(
                     functools.partial(self._pre, module), with_kwargs=True
@@ -287,6 +288,7 @@ def probe_record_independence(
         return False
     m = min(batch, max_records)
     inner = _inner(model)
+    names = {id(mod): name for name, mod in model.named_modules()}  # as the user names them
     generator = torch.Generator().manual_seed(_SEED)
     inputs_a = _cut((args, kwargs), batch, m)
     inputs_b = _changed_record_zero(inputs_a, m, generator)
@@ -306,7 +308,7 @@ def probe_record_independence(
                 reset()
                 restore_buffers()
                 engine.clear()
-                recorder = _Recorder(inner, m)
+                recorder = _Recorder(inner, m, names)
                 try:
                     try:
                         out = inner(*a, **kw)
