@@ -48,6 +48,10 @@ from dpledger.adapters.tensorflow.private_gradients import (
     ledger_of,
     sampling_of,
 )
+from dpledger.adapters.tensorflow.record_probe import (
+    probe_record_independence,
+    record_probe_off_warning,
+)
 from dpledger.audit.bias import ClippingBiasCallback
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
@@ -111,6 +115,10 @@ class DPKerasModel(keras.Model):
         clip_margin: ρ in [0, 0.5) (default by dtype; see
             :func:`~dpledger.adapters.tensorflow.default_clip_margin`).
         bias_callback: ``callback(step, ClippingBias)`` after each step; NOT private.
+        check_record_independence: before the first ``fit`` runs, take the first batch of
+            the data set and run the record-independence probe on it
+            (:mod:`~dpledger.adapters.tensorflow.record_probe`; nothing is recorded). False
+            switches it off and logs a warning.
         name: the wrapper's name.
 
     Raises:
@@ -140,6 +148,7 @@ class DPKerasModel(keras.Model):
         method: str = "auto",
         clip_margin: float | None = None,
         bias_callback: ClippingBiasCallback | None = None,
+        check_record_independence: bool = True,
         name: str | None = None,
     ) -> None:
         if not isinstance(model, keras.Model):
@@ -147,6 +156,12 @@ class DPKerasModel(keras.Model):
         check_built(model)
         if method not in _METHODS:
             raise InvalidParameterError("method", method, "one of 'auto', 'fast', 'vectorized'")
+        if not isinstance(check_record_independence, bool):
+            raise InvalidParameterError(
+                "check_record_independence", check_record_independence, "True or False"
+            )
+        if not check_record_independence:
+            _log.warning(record_probe_off_warning())
         super().__init__(name=name or f"dp_{model.name}")
         q, n = sampling_of(sampler, sampling_probability, population_size)
         _refuse_regularizers(model)
@@ -174,6 +189,7 @@ class DPKerasModel(keras.Model):
         self._dp_bias_callback = check_bias_callback(bias_callback)
         self._dp_loss: Any = None
         self._dp_step: DPStep | None = None
+        self._dp_probed = not check_record_independence
         self.built = True
 
     # ------------------------------------------------------------------ Keras API
@@ -231,7 +247,31 @@ class DPKerasModel(keras.Model):
                 "the rate q recorded in the ledger",
             )
         kwargs.setdefault("shuffle", False)  # the batches are already sampled
+        if not self._dp_probed and self._dp_loss is not None:
+            self._probe_first_batch(x)
         return super().fit(x, y, **kwargs)
+
+    def _probe_first_batch(self, x: Any) -> None:
+        if isinstance(x, tf.data.Dataset):
+            first = next(iter(x.take(1)), None)
+        elif isinstance(x, keras.utils.PyDataset):
+            first = x[0] if len(x) else None  # type: ignore[arg-type]
+        else:
+            _log.warning(
+                "the record-independence probe needs to look at the first batch, which an "
+                "iterator cannot show without consuming it: pass a tf.data.Dataset or a "
+                "PyDataset, or check with PrivateGradients.probe on a batch"
+            )
+            self._dp_probed = True
+            return
+        if first is None:
+            return
+        inputs, targets, weights = keras.utils.unpack_x_y_sample_weight(first)
+        engine = PerExampleGradientEngine(self.model, self._dp_loss, method=self._dp_method)
+        if probe_record_independence(
+            self.model, engine=engine, inputs=inputs, targets=targets, sample_weight=weights
+        ):
+            self._dp_probed = True
 
     def update_queries(self, **query_arguments: Any) -> GradientQueries:
         """Change the privacy parameters from the next executed step on (no retracing).

@@ -58,6 +58,10 @@ import tensorflow as tf
 from dpledger.adapters.tensorflow.backend import TensorFlowBackend, make_generator
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
 from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, gradient_queries
+from dpledger.adapters.tensorflow.record_probe import (
+    probe_record_independence,
+    record_probe_off_warning,
+)
 from dpledger.audit.bias import ClippingBiasCallback, clipping_bias_from_sums
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
@@ -521,6 +525,10 @@ class PrivateGradients:
         clip_margin: ρ in [0, 0.5): factors clip to S_g·(1 − ρ) (default by dtype, see
             :func:`default_clip_margin`).
         bias_callback: ``callback(step, ClippingBias)`` after each step (NOT private metrics).
+        check_record_independence: run the record-independence probe
+            (:mod:`~dpledger.adapters.tensorflow.record_probe`) on the first eager call with at
+            least two records; inside your own ``tf.function`` it cannot run, call
+            :meth:`probe` once eagerly first. False switches it off and logs a warning.
 
     Raises:
         InvalidParameterError: for a bad argument (naming it).
@@ -550,8 +558,16 @@ class PrivateGradients:
         method: str = "auto",
         clip_margin: float | None = None,
         bias_callback: ClippingBiasCallback | None = None,
+        check_record_independence: bool = True,
     ) -> None:
         q, n = sampling_of(sampler, sampling_probability, population_size)
+        if not isinstance(check_record_independence, bool):
+            raise InvalidParameterError(
+                "check_record_independence", check_record_independence, "True or False"
+            )
+        if not check_record_independence:
+            _log.warning(record_probe_off_warning())
+        self._probed = not check_record_independence
         engine = PerExampleGradientEngine(model, loss, method=method)
         check_built(model)
         self._step = DPStep(
@@ -596,6 +612,25 @@ class PrivateGradients:
         """The per-example gradient engine."""
         return self._step.engine
 
+    def probe(self, inputs: Any, targets: Any = None, *, sample_weight: Any = None) -> bool:
+        """Run the record-independence probe on a batch (eagerly); nothing is recorded.
+
+        Returns:
+            True when it ran (the batch had at least two records).
+
+        Raises:
+            RecordMixingLayerError: the model mixes records.
+        """
+        ran = probe_record_independence(
+            self._step.engine.model,
+            engine=self._step.engine,
+            inputs=inputs,
+            targets=targets,
+            sample_weight=sample_weight,
+        )
+        self._probed = self._probed or ran
+        return ran
+
     def _raw(self, inputs: Any, targets: Any, sample_weight: Any) -> list[tf.Tensor]:
         grads, _ = self._step.gradients(inputs, targets, sample_weight)
         return grads
@@ -611,7 +646,15 @@ class PrivateGradients:
             sample_weight: optional per-example loss weights (B,).
         """
         if tf.inside_function():
+            if not self._probed:
+                _log.warning(
+                    "the record-independence probe cannot run inside a tf.function: call "
+                    "private.probe(inputs, targets) once eagerly before training"
+                )
+                self._probed = True
             return self._raw(inputs, targets, sample_weight)
+        if not self._probed:
+            self.probe(inputs, targets, sample_weight=sample_weight)
         if self._compiled is None:
             self._compiled = tf.function(self._raw, autograph=False, reduce_retracing=True)
         try:

@@ -14,6 +14,8 @@ Importing this package imports torch; ``import dpledger`` and ``import dpledger.
   noise on the parameters' device, the ledger's events, virtual batches, distributed training,
   checkpoints, BAM, bias metrics); :func:`make_private` builds model, optimizer and loader in one
   call, :func:`calibrated_noise_multiplier` picks z for a target ε.
+* :func:`probe_record_independence`: the dynamic check, run by :class:`DPOptimizer` before the
+  first step, that no record moves another record's outputs or per-example gradient.
 * :class:`TorchBackend`: the mechanisms' array backend on tensors.
 """
 
@@ -24,6 +26,7 @@ from dpledger.adapters.torch.distributed import DistributedPoissonBatchSampler
 from dpledger.adapters.torch.engine import LossReduction, PerExampleGradientEngine, Strategy
 from dpledger.adapters.torch.errors import (
     EngineStateError,
+    RecordDependenceError,
     RecordMixingModuleError,
     UnsupportedModuleError,
     UnsupportedParameterUseError,
@@ -53,6 +56,7 @@ from dpledger.adapters.torch.private import (
     make_private,
     steps_per_epoch,
 )
+from dpledger.adapters.torch.record_probe import probe_record_independence
 from dpledger.adapters.torch.registry import (
     GradSampler,
     get_grad_sampler,
@@ -74,6 +78,7 @@ __all__ = [
     "PerExampleGradientEngine",
     "PoissonBatchSampler",
     "PrivateTraining",
+    "RecordDependenceError",
     "RecordMixingModuleError",
     "Strategy",
     "TorchBackend",
@@ -90,6 +95,7 @@ __all__ = [
     "per_example_gradients",
     "per_example_gradients_and_losses",
     "poisson_data_loader",
+    "probe_record_independence",
     "register_grad_sampler",
     "registered_module_types",
     "samplers",

@@ -86,7 +86,7 @@ from dpledger.adapters.torch.samplers.normalization import (
     batch_norm_refusal_message,
     uses_batch_statistics,
 )
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import DPLedgerError, InvalidParameterError
 
 __all__ = ["LossReduction", "PerExampleGradientEngine", "Strategy"]
 
@@ -425,6 +425,10 @@ class PerExampleGradientEngine:
         if self._checks_remaining > 0:
             loss.backward()
             return
+        self._backward_to_outputs(loss)
+
+    def _backward_to_outputs(self, loss: torch.Tensor) -> None:
+        """The gradients of ``loss`` with respect to the units' outputs only (no ``.grad``)."""
         pending = [
             (c, k)
             for u in self._units
@@ -507,6 +511,18 @@ class PerExampleGradientEngine:
                     batch_size=self._state_batch,
                     chunk_size=self._generic_chunk_size,
                 )
+            except DPLedgerError:
+                raise
+            except Exception as exc:
+                raise UnsupportedModuleError(
+                    f"the per-example gradients of module '{unit.name}' "
+                    f"({type(unit.module).__name__}) could not be computed on the generic path, "
+                    f"which runs its forward on one record at a time (torch.func.vmap): "
+                    f"{type(exc).__name__}: {exc}. A forward that needs the other records of "
+                    "the batch (batch statistics such as F.batch_norm(..., training=True), "
+                    "attention or pooling over dimension 0) mixes records and cannot be "
+                    "trained with per-example clipping; compute its statistics per record"
+                ) from exc
             finally:
                 self._recomputing = False
         return self._checked(unit, out, "per-example gradient")
@@ -597,7 +613,8 @@ class PerExampleGradientEngine:
         unseen = sorted(self._grad_seen - used)
         if unseen:
             raise UnsupportedParameterUseError(
-                f"parameter(s) {unseen} received gradient in the backward but were not used in "
+                f"parameter(s) {self._owned(unseen)} received gradient in the backward but were "
+                "not used in "
                 "the forward of a module the engine observed (e.g. a child's weight used "
                 "directly by its parent's forward, or a model that is not the one the engine "
                 "was attached to). Use the parameter only through its module's forward, or "
@@ -645,7 +662,10 @@ class PerExampleGradientEngine:
                 tol = rtol * size + 1e-4 * rtol * whole + 1e-30
                 diff = float((o - ref).norm())
                 if diff > tol:
-                    bad.append(f"{n} (|difference|={diff:.3g}, |autograd|={float(ref.norm()):.3g})")
+                    bad.append(
+                        f"{self._owned([n])[0]} (|difference|={diff:.3g}, "
+                        f"|autograd|={float(ref.norm()):.3g})"
+                    )
         if bad:
             raise UnsupportedParameterUseError(
                 "the sum of per-example gradients differs from autograd's batch gradient for "
@@ -655,6 +675,19 @@ class PerExampleGradientEngine:
                 "mean of per-example terms). Use each parameter only through its module's "
                 "forward and put weight decay in the optimizer."
             )
+
+    def _owned(self, names: list[str]) -> list[str]:
+        """Each parameter name with the module that owns it, for error messages."""
+        out = []
+        for n in names:
+            owner_name, _, _ = n.rpartition(".")
+            try:
+                owner = self._model.get_submodule(owner_name)
+            except AttributeError:
+                out.append(n)
+                continue
+            out.append(f"{n} of module '{owner_name}' ({type(owner).__name__})")
+        return out
 
     @property
     def batch_size(self) -> int:

@@ -11,6 +11,7 @@ from dpledger.errors import DPLedgerError
 
 __all__ = [
     "EngineStateError",
+    "RecordDependenceError",
     "RecordMixingModuleError",
     "UnsupportedModuleError",
     "UnsupportedParameterUseError",
@@ -34,6 +35,36 @@ class RecordMixingModuleError(UnsupportedModuleError):
     longer bounds any record's influence. Use ``nn.GroupNorm`` or ``nn.LayerNorm`` instead, or
     freeze the layer (``module.eval()`` with running statistics).
     """
+
+
+class RecordDependenceError(RecordMixingModuleError):
+    """The record-independence probe saw one record move another record's result.
+
+    Raised before the first recorded step when changing record 0 of a small probe batch changes
+    another record's module output or per-example gradient (see
+    :mod:`~dpledger.adapters.torch.record_probe`).
+
+    Attributes:
+        module_name: the qualified name of the first module whose output mixes records
+            (``""`` for the model itself), or None when no module output mixes and only the
+            per-example gradients move (a backward that mixes records).
+        module_type: that module's class name, or None.
+        parameters: the parameters whose per-example gradients moved (empty when the forward
+            check found the module first).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        module_name: str | None,
+        module_type: str | None,
+        parameters: tuple[str, ...] = (),
+    ) -> None:
+        self.module_name = module_name
+        self.module_type = module_type
+        self.parameters = parameters
+        super().__init__(message)
 
 
 class UnsupportedParameterUseError(DPLedgerError, ValueError):

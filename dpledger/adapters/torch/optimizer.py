@@ -92,6 +92,11 @@ from dpledger.adapters.torch.functional_gradients import clipped_sum_of, squared
 from dpledger.adapters.torch.gradient_queries import GradientQueries, Grouping
 from dpledger.adapters.torch.module_checks import check_module_configuration
 from dpledger.adapters.torch.poisson import PoissonBatchSampler, _check_q
+from dpledger.adapters.torch.record_probe import (
+    model_fingerprint,
+    probe_record_independence,
+    records_in,
+)
 from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms import ClippingStrategy, ScaledGaussianSumQuery, open_step
@@ -128,6 +133,10 @@ class _Materialised:
         return clipped_sum_of(
             self.grads, expand_factors(factors, names=self.names, batch_size=self.batch_size)
         )
+
+
+def _where(ledger: PrivacyLedger) -> str:
+    return repr(str(ledger.path)) if ledger.path is not None else "(in memory)"
 
 
 def _sampling_source(sampler: Any) -> PoissonBatchSampler:
@@ -197,6 +206,14 @@ class DPOptimizer(torch.optim.Optimizer):
             (:func:`~dpledger.mechanisms.clipping.rounding_clip_margin`: about 9.8e-4 for
             float32, 1.8e-12 for float64).
         check_steps: steps on which the engine compares Σ_i g_i with autograd's gradient.
+        check_record_independence: run the record-independence probe
+            (:mod:`~dpledger.adapters.torch.record_probe`) at the first forward with at least
+            two records, and again whenever the model's modules or their training modes change:
+            it changes record 0 of a few-record slice of the batch and refuses the model with
+            :class:`~dpledger.adapters.torch.errors.RecordDependenceError` if another record's
+            module outputs or per-example gradient move. False switches it off (a warning is
+            logged: a model that mixes records makes the ledger's ε wrong). The functional path
+            (``loss_fn``) needs no probe: it evaluates each example alone.
         distributed: use ``torch.distributed`` (None: when a process group with more than one
             rank is initialised).
         process_group: the process group (None: the default group).
@@ -204,6 +221,8 @@ class DPOptimizer(torch.optim.Optimizer):
     Raises:
         InvalidParameterError: a bad argument, named with its value and what to change.
         RecordMixingModuleError: the model has BatchNorm using batch statistics.
+        RecordDependenceError: at a forward, the record-independence probe saw records mix
+            (before anything is recorded).
     """
 
     def __init__(
@@ -231,6 +250,7 @@ class DPOptimizer(torch.optim.Optimizer):
         bias_callback: BiasCallback | None = None,
         clip_margin: float | None = None,
         check_steps: int = 1,
+        check_record_independence: bool = True,
         distributed: bool | None = None,
         process_group: Any = None,
     ) -> None:
@@ -261,6 +281,10 @@ class DPOptimizer(torch.optim.Optimizer):
                     "None unless loss_fn is given: BAM evaluates each example's loss at its own "
                     "perturbed parameters, which needs the per-example loss function",
                 )
+        if not isinstance(check_record_independence, bool):
+            raise InvalidParameterError(
+                "check_record_independence", check_record_independence, "True or False"
+            )
         if bias_callback is not None and not callable(bias_callback):
             raise InvalidParameterError("bias_callback", bias_callback, "a callable or None")
         self._rank, self._world = (0, 1)
@@ -319,7 +343,9 @@ class DPOptimizer(torch.optim.Optimizer):
             ledger = PrivacyLedger()
             logger.info("no ledger given: recording to an in-memory ledger (optimizer.ledger)")
         if ledger is not None and ledger.closed:
-            raise LedgerStateError("the ledger is closed; open a new one or resume its file")
+            raise LedgerStateError(
+                f"the ledger {_where(ledger)} is closed; open a new one or resume its file"
+            )
         self._ledger = ledger
 
         # ---- model and optimizer must agree on the parameters
@@ -411,10 +437,26 @@ class DPOptimizer(torch.optim.Optimizer):
         self._engine: PerExampleGradientEngine | None = None
         self._functional: _Materialised | None = None
         self._handles: list[Any] = []
+        self._probing = False
+        self._probed: tuple | None = None
         if loss_fn is None:
             self._engine = PerExampleGradientEngine(
                 model, loss_reduction=loss_reduction, strategy=strategy, check_steps=check_steps
             )
+            if check_record_independence:
+                self._handles.append(
+                    model.register_forward_pre_hook(
+                        self._probe_forward, prepend=True, with_kwargs=True
+                    )
+                )
+            else:
+                logger.warning(
+                    "check_record_independence=False: the record-independence probe is off. A "
+                    "model whose forward mixes the records of a batch (batch statistics, "
+                    "attention or pooling over the batch) lets one record move every other "
+                    "record's clipped gradient, and the ledger's epsilon is then wrong"
+                )
+            # the guard runs first: it refuses a forward that would lose a pending step
             self._handles.append(model.register_forward_pre_hook(self._guard_forward, prepend=True))
         self._bias_callback = bias_callback
 
@@ -573,6 +615,20 @@ class DPOptimizer(torch.optim.Optimizer):
                 "a chunk of a virtual batch), optimizer.zero_grad() to skip the batch, or run "
                 "evaluation forwards under torch.no_grad()"
             )
+
+    def _probe_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        engine = self._engine
+        if engine is None or self._probing or engine.recomputing or not torch.is_grad_enabled():
+            return
+        fingerprint = model_fingerprint(self._model)
+        if fingerprint == self._probed or (records_in(args, kwargs) or 0) < 2:
+            return  # probed already, or a batch of at most one record (which cannot mix)
+        self._probing = True
+        try:
+            probe_record_independence(self._model, engine=engine, args=args, kwargs=kwargs)
+        finally:
+            self._probing = False
+        self._probed = fingerprint
 
     def _pending(self) -> bool:
         if self._engine is not None:
@@ -765,6 +821,7 @@ class DPOptimizer(torch.optim.Optimizer):
         For models that cannot run a forward on zero records; equivalent to ``step()`` after a
         forward and backward of an empty batch.
         """
+        self._check_ledger_open()
         if self._pending() or self._acc is not None:
             raise EngineStateError(
                 "empty_step() with a backward or virtual chunks waiting: their batch is not "
@@ -775,12 +832,29 @@ class DPOptimizer(torch.optim.Optimizer):
             self._acc_unclipped = {n: torch.zeros_like(p) for n, p in self._params.items()}
         self._release_and_update()
 
+    def _check_ledger_open(self) -> None:
+        """Refuse a step whose events could not be recorded, before anything is released.
+
+        The ledger can be closed under a running optimizer by its other owner (a second copy of
+        the training loop that resumed the same file, a checkpoint routine, a ``with`` block that
+        ended); the step would otherwise draw its noise and fail half-way.
+        """
+        if self._ledger is not None and self._ledger.closed:
+            raise LedgerStateError(
+                f"the ledger {_where(self._ledger)} was closed while this optimizer was still "
+                "recording into it (by another writer, or a with-block that ended): nothing was "
+                "released or recorded for this step and the parameters are unchanged. Call "
+                "optimizer.zero_grad() to drop the batch, or resume the file "
+                "(PrivacyLedger(path, resume=True)) in a new optimizer loaded from a checkpoint"
+            )
+
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """One DP step (see the module docstring); returns the closure's loss, if any."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_ledger_open()
         self._check_foreign_gradients()
         if self._pending():
             self._absorb()
@@ -957,6 +1031,7 @@ class DPOptimizer(torch.optim.Optimizer):
                 "state_dict", type(state_dict).__name__, "a DPOptimizer.state_dict()"
             )
         position = state_dict.get("ledger")
+        self._check_ledger_open()
         behind = False
         if self._ledger is not None and position is not None:
             have, want = self._ledger.num_steps, int(position["num_steps"])

@@ -18,12 +18,18 @@ from dpledger.adapters.torch import (
     DPOptimizer,
     EmptyBatchCollate,
     PoissonBatchSampler,
+    RecordDependenceError,
 )
 from dpledger.errors import InvalidParameterError
 from tests.adapters.torch.dp_helpers import batch, small_cnn
 
 N, Q, STEPS, SEED, NOISE_SEED = 40, 0.25, 3, 3, 7
 CONFIGS = [("plain", 0.0), ("ddp", 0.0), ("plain", 1.0), ("ddp", 1.0)]
+
+
+class Centre(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x - x.mean(0)
 
 
 def dataset() -> TensorDataset:
@@ -112,6 +118,21 @@ def worker(rank: int, world: int, directory: str) -> None:
                 )
             except InvalidParameterError as err:
                 refusals.append(err.parameter)
+        try:  # a model that mixes records, under DDP: every rank's probe refuses it
+            centred = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 4), Centre()))
+            _dp = DPOptimizer(  # its hooks on the model stay for the forward below
+                torch.optim.SGD(centred.parameters(), lr=0.1),
+                model=centred,
+                sampler=DistributedPoissonBatchSampler(
+                    population_size=N, sampling_probability=Q, seed=1
+                ),
+                ledger=PrivacyLedger() if rank == 0 else None,
+                max_grad_norm=1.0,
+                noise_multiplier=1.0,
+            )
+            centred(torch.randn(4, 4))
+        except RecordDependenceError as err:
+            refusals.append(f"mixing:{err.module_name}")
         torch.save(refusals, path / f"refusals{rank}.pt")
     finally:
         dist.destroy_process_group()

@@ -1,0 +1,206 @@
+"""The record-independence probe for Keras models (see the PyTorch adapter's ``record_probe``).
+
+A layer without variables that mixes the records of a batch (``keras.layers.Lambda(lambda x: x -
+ops.mean(x, axis=0))``, a softmax over axis 0, attention over the batch axis) passes every
+structural check, yet one record then moves every other record's clipped gradient and the
+ledger's ε is wrong (docs/architecture.md, rule 7). Before the first step the probe evaluates the
+model eagerly on the first ``m`` (2 to :data:`PROBE_RECORDS`) records of a real batch, and again
+with record 0 changed (floating inputs moved by Gaussian noise of the inputs' scale, integer
+inputs and targets replaced by another record's), and refuses the model with
+:class:`~dpledger.adapters.tensorflow.errors.RecordMixingLayerError` when, for any record j ≥ 1,
+
+* the model's outputs (and, for functional and sequential models, any layer's outputs: the first
+  such layer is named) change beyond 1024 units in the last place of their dtype, relative to
+  their size; or
+* the engine's per-example squared gradient norms ‖g_j‖² (the quantities clipping uses) change
+  beyond the same tolerance.
+
+Both runs start from the same values of every model variable (Keras keeps the state of dropout's
+seed generators in variables), which are restored afterwards, so the probe neither changes the
+dropout masks of training nor records anything in a ledger. The cost is two forwards and two
+per-example backwards of at most four records, run eagerly. Limits: a dependence that record 0's
+change does not excite, or on the number of records alone, is not seen.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from dpledger.adapters.tensorflow.errors import RecordMixingLayerError
+from dpledger.errors import InvalidParameterError
+
+__all__ = ["PROBE_RECORDS", "probe_record_independence", "record_probe_off_warning"]
+
+_log = logging.getLogger(__name__)
+
+PROBE_RECORDS = 4
+"""The most records the probe uses (the first ones of the batch)."""
+
+_ULPS = 1024.0
+_SEED = 0x5EED
+
+
+def _records(structure: Any) -> int | None:
+    for t in tf.nest.flatten(structure):
+        shape = getattr(t, "shape", None)
+        if shape is not None and len(shape) > 0:
+            return int(shape[0])
+    return None
+
+
+def _cut(structure: Any, batch: int, m: int) -> Any:
+    def cut(t: Any) -> Any:
+        if t is None:
+            return None
+        t = tf.convert_to_tensor(t)
+        return t[:m] if len(t.shape) > 0 and int(t.shape[0]) == batch else t
+
+    return tf.nest.map_structure(cut, structure)
+
+
+def _changed_record_zero(structure: Any, m: int, rng: np.random.Generator) -> Any:
+    def change(t: Any) -> Any:
+        if t is None or len(t.shape) == 0 or int(t.shape[0]) != m:
+            return t
+        values = np.array(t.numpy())
+        if np.issubdtype(values.dtype, np.floating):
+            scale = float(values.std()) if values.size > 1 else 0.0
+            if not (0.0 < scale < float("inf")):
+                scale = 1.0
+            values[0] = values[0] + scale * rng.standard_normal(values[0].shape)
+        else:
+            other = next((k for k in range(1, m) if not np.array_equal(values[k], values[0])), None)
+            if other is not None:
+                values[0] = values[other]
+        return tf.convert_to_tensor(values, dtype=t.dtype)
+
+    return tf.nest.map_structure(change, structure)
+
+
+def _moved(a: Any, b: Any) -> bool:
+    """Whether rows 1.. of two arrays differ beyond rounding."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.ndim == 0:
+        return False
+    a, b = a[1:], b[1:]
+    if np.array_equal(a, b, equal_nan=np.issubdtype(a.dtype, np.floating)):
+        return False
+    if not np.issubdtype(a.dtype, np.floating):
+        return True
+    eps = float(np.finfo(a.dtype).eps)
+    a64 = a.astype(np.float64).reshape(a.shape[0], -1)
+    b64 = b.astype(np.float64).reshape(b.shape[0], -1)
+    diff = np.linalg.norm(a64 - b64, axis=1)
+    size = np.linalg.norm(np.abs(a64) + np.abs(b64), axis=1)
+    return bool(np.any(~np.isfinite(diff)) or np.any(diff > _ULPS * eps * size + 1e-300))
+
+
+def _layer_outputs(model: keras.Model) -> tuple[list[keras.layers.Layer], keras.Model] | None:
+    """A model returning every top-level layer's output (functional and sequential models)."""
+    try:
+        layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+        outputs = [layer.output for layer in layers]
+        return layers, keras.Model(model.inputs, outputs)
+    except Exception:  # subclassed models, layers with several outputs: only the model is named
+        return None
+
+
+def probe_record_independence(
+    model: keras.Model,
+    *,
+    engine: Any,
+    inputs: Any,
+    targets: Any = None,
+    sample_weight: Any = None,
+    max_records: int = PROBE_RECORDS,
+) -> bool:
+    """Check on a real batch that no record changes another record's outputs or gradient norms.
+
+    Args:
+        model: the built Keras model the engine differentiates.
+        engine: its :class:`~dpledger.adapters.tensorflow.PerExampleGradientEngine`.
+        inputs: the model's inputs for a batch (records along axis 0).
+        targets: the loss's ``y_true`` for the batch.
+        sample_weight: optional per-example weights.
+        max_records: how many of the first records to use (at least 2).
+
+    Returns:
+        True when the probe ran, False when the batch has fewer than two records.
+
+    Raises:
+        RecordMixingLayerError: a layer's or the model's outputs, or a record's per-example
+            gradient norms, moved when record 0 changed.
+        InvalidParameterError: ``max_records`` < 2.
+    """
+    if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 2:
+        raise InvalidParameterError("max_records", max_records, "an integer >= 2")
+    batch = _records(inputs)
+    if batch is None or batch < 2:
+        return False
+    m = min(batch, max_records)
+    rng = np.random.default_rng(_SEED)
+    a = _cut((inputs, targets, sample_weight), batch, m)
+    b = _changed_record_zero(a, m, rng)
+    b = (b[0], b[1], a[2])  # the same weights: a record's weight is not its data
+    state = [(v, v.numpy()) for v in model.variables]
+
+    def restore() -> None:
+        for v, value in state:
+            v.assign(value)
+
+    probe_model = _layer_outputs(model)
+    results = []
+    try:
+        for x, y, w in (a, b):
+            restore()
+            if probe_model is not None:
+                outs = probe_model[1](x, training=True)
+                outs = [o.numpy() for o in (outs if isinstance(outs, (list, tuple)) else [outs])]
+            else:
+                outs = [t.numpy() for t in tf.nest.flatten(model(x, training=True))]
+            restore()
+            norms = engine.norms(x, y, sample_weight=w)
+            results.append((outs, [n.numpy() for n in norms.squared_norms]))
+    finally:
+        restore()
+    (outs_a, norms_a), (outs_b, norms_b) = results
+    for k, (oa, ob) in enumerate(zip(outs_a, outs_b, strict=True)):
+        if _moved(oa, ob):
+            layer = probe_model[0][k] if probe_model is not None else model
+            _refuse(layer, m, "its outputs for the other records changed")
+    variables = engine.trainable_variables
+    moved = [
+        v.path if hasattr(v, "path") else v.name
+        for v, na, nb in zip(variables, norms_a, norms_b, strict=True)
+        if _moved(na, nb)
+    ]
+    if moved:
+        _refuse(model, m, f"the per-example gradient norms of {moved} for other records changed")
+    _log.debug("record-independence probe passed on %d records", m)
+    return True
+
+
+def record_probe_off_warning() -> str:
+    """The warning logged when the probe is switched off."""
+    return (
+        "check_record_independence=False: the record-independence probe is off. A model whose "
+        "layers mix the records of a batch lets one record move every other record's clipped "
+        "gradient, and the ledger's epsilon is then wrong"
+    )
+
+
+def _refuse(layer: keras.layers.Layer, m: int, what: str) -> None:
+    raise RecordMixingLayerError(
+        f"layer {layer.name!r} ({type(layer).__name__}) mixes the records of a batch: changing "
+        f"record 0 of a {m}-record probe batch, {what}. One record then moves every other "
+        "record's clipped gradient, so the sum's sensitivity exceeds the clip norm and the "
+        "ledger's epsilon would be wrong. Compute statistics per record (LayerNormalization, "
+        "GroupNormalization), never over axis 0.",
+        layer_name=layer.name,
+        layer_type=type(layer).__name__,
+    )

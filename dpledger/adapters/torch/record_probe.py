@@ -1,0 +1,454 @@
+"""The record-independence probe: a dynamic check that no record moves another record's result.
+
+Per-example clipping bounds the sensitivity of the clipped sum by the clip norm C only if each
+record's clipped contribution depends on that record alone (docs/architecture.md, rule 7). The
+module checks (:mod:`~dpledger.adapters.torch.module_checks`) refuse the known offenders by type
+(BatchNorm with batch statistics, ``scale_grad_by_freq``), but a forward function can mix records
+without any parameter or module type to see: ``x - x.mean(0)``, ``F.batch_norm(x, None, None,
+training=True)``, ``torch.cdist(x, x)``, a softmax over dimension 0, attention or pooling over the
+batch (``nn.MultiheadAttention(batch_first=False)`` fed batch-first data). One record then moves
+every other record's clipped gradient, the sum's sensitivity exceeds C, and the ledger's ε is
+wrong.
+
+The probe runs the model twice on the first ``m`` (at most :data:`PROBE_RECORDS`, at least 2)
+records of a real batch, the second time with record 0 changed (its floating inputs moved by
+Gaussian noise of the inputs' scale, its integer inputs replaced by another record's, and its
+synthetic target redrawn). Each run differentiates the synthetic per-record loss
+Σ_j ⟨v_j, y_j⟩ + ½‖y_j‖² of the model outputs y_j (targets v_j drawn from a private, fixed-seed
+generator; the quadratic term makes the output gradient depend on the output) with the engine's
+own per-example gradients, i.e. exactly the vectors that training clips. It then checks, for
+every record j ≥ 1,
+
+* that every module's output rows j are unchanged (forward hooks, in the order the calls end): the
+  first module whose inputs are unchanged at rows j ≥ 1 but whose output is not is named in the
+  :class:`~dpledger.adapters.torch.errors.RecordDependenceError` (the model itself when the mixing
+  happens in its own forward between its children);
+* that record j's per-example gradient g_j is unchanged: ‖g_j^A − g_j^B‖ ≤ 1024·ε_dtype·(‖g_j^A‖ +
+  ‖g_j^B‖). An unaffected record's result is computed by the same operations on the same values
+  and is normally reproduced bit for bit; the tolerance only admits kernels whose reduction order
+  depends on the other rows (a few hundred roundings), while mixing over a batch of at most four
+  records moves a record's gradient by a fraction of itself.
+
+Both runs start from the same random-number state (``torch.random.fork_rng``), so dropout draws
+the same masks in both and the user's generators are left exactly as they were; buffers are
+restored after each run; parameters' ``.grad`` is not touched (the backward stops at the layers'
+outputs) and nothing is recorded in any ledger. The cost is two forwards and two backwards of at
+most four records.
+
+What it cannot see: a dependence that the probe's perturbation happens not to excite (a max over
+the batch that record 0 does not win), a dependence on the number of records alone (the probe
+changes a record, it does not remove one), and mixing that only happens for other inputs than the
+probed batch (data-dependent control flow). These are documented limits, not guarantees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from dpledger.adapters.torch.errors import RecordDependenceError, UnsupportedModuleError
+from dpledger.errors import DPLedgerError, InvalidParameterError
+
+__all__ = ["PROBE_RECORDS", "model_fingerprint", "probe_record_independence", "records_in"]
+
+logger = logging.getLogger(__name__)
+
+PROBE_RECORDS = 4
+"""The most records the probe uses (the first ones of the batch)."""
+
+_ULPS = 1024.0
+_SEED = 0x5EED_0F_D9
+
+
+def records_in(args: tuple, kwargs: dict | None = None) -> int | None:
+    """The number of records of a forward's inputs: dim 0 of its first tensor leaf (None: none)."""
+    leaves, _ = tree_flatten((args, kwargs or {}))
+    for t in leaves:
+        if isinstance(t, torch.Tensor) and t.dim() > 0:
+            return int(t.shape[0])
+    return None
+
+
+def model_fingerprint(model: nn.Module) -> tuple:
+    """What makes a model the same model for the probe: its modules, their types and modes.
+
+    A module replaced, added or removed, a forward overridden on an instance, or a switch between
+    training and evaluation mode changes the fingerprint (and the probe runs again).
+    """
+    return tuple(
+        (name, id(m), type(m), id(m.__dict__.get("forward")), m.training)
+        for name, m in model.named_modules(remove_duplicate=False)
+    )
+
+
+def _inner(model: nn.Module) -> nn.Module:
+    """The module to run: DistributedDataParallel's module (the probe needs no communication)."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        return model.module
+    return model
+
+
+def _cut(tree: Any, batch: int, m: int) -> Any:
+    leaves, spec = tree_flatten(tree)
+    out = []
+    for t in leaves:
+        if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == batch:
+            part = t[:m].detach().clone()
+            if t.requires_grad:
+                part.requires_grad_(True)
+            t = part
+        out.append(t)
+    return tree_unflatten(out, spec)
+
+
+def _changed_record_zero(tree: Any, m: int, generator: torch.Generator) -> Any:
+    """A copy of ``tree`` whose record 0 differs from the original in every record leaf."""
+    leaves, spec = tree_flatten(tree)
+    out = []
+    for t in leaves:
+        if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == m and not t.is_complex():
+            new = t.detach().clone()
+            if t.is_floating_point():
+                scale = float(new.double().std()) if new.numel() > 1 else 0.0
+                if not (scale > 0.0 and scale < float("inf")):
+                    scale = 1.0
+                noise = torch.randn(new[0].shape, generator=generator, dtype=torch.float64)
+                new[0] = new[0] + (scale * noise).to(device=new.device, dtype=new.dtype)
+            else:
+                other = next((k for k in range(1, m) if not torch.equal(new[k], new[0])), None)
+                if other is not None:
+                    new[0] = new[other]
+                elif new[0].numel() > 1:
+                    new[0] = new[0].flatten().roll(1).view_as(new[0])
+            if t.requires_grad:
+                new.requires_grad_(True)
+            t = new
+        out.append(t)
+    return tree_unflatten(out, spec)
+
+
+def _record_rows(tree: Any, m: int) -> list[torch.Tensor]:
+    leaves, _ = tree_flatten(tree)
+    return [
+        t.detach().clone()
+        for t in leaves
+        if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == m and not t.is_complex()
+    ]
+
+
+def _moved_rows(a: torch.Tensor, b: torch.Tensor) -> bool | None:
+    """Whether rows 1.. of ``a`` and ``b`` differ beyond rounding (None: not comparable)."""
+    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+        return None
+    a, b = a[1:], b[1:]
+    if torch.equal(a, b):
+        return False
+    if not a.is_floating_point():
+        return True
+    eps = torch.finfo(a.dtype).eps
+    a64 = a.double().reshape(a.shape[0], -1)
+    b64 = b.double().reshape(b.shape[0], -1)
+    same = (a64 == b64) | (a64.isnan() & b64.isnan())
+    diff = torch.where(same, torch.zeros_like(a64), a64 - b64)
+    if not bool(diff.isfinite().all()):
+        return True
+    size = torch.where(same, torch.zeros_like(a64), a64.abs() + b64.abs())
+    tol = _ULPS * eps * size.norm(dim=1) + torch.finfo(torch.float64).tiny
+    return bool((diff.norm(dim=1) > tol).any())
+
+
+def _any_moved(xs: list[torch.Tensor], ys: list[torch.Tensor]) -> bool | None:
+    if len(xs) != len(ys):
+        return None
+    verdicts = [_moved_rows(a, b) for a, b in zip(xs, ys, strict=True)]
+    if any(v is None for v in verdicts):
+        return None
+    return any(verdicts)
+
+
+class _Recorder:
+    """Forward hooks on every module: inputs and outputs (record rows) of each call, in order."""
+
+    def __init__(self, model: nn.Module, m: int, names: dict[int, str]) -> None:
+        self.m = m
+        self.calls: list[tuple[str, nn.Module, list[torch.Tensor], list[torch.Tensor]]] = []
+        self._open: dict[int, list[list[torch.Tensor]]] = {}
+        self._handles: list[Any] = []
+        for module in model.modules():
+            name = names.get(id(module), "")
+            self._handles.append(
+                module.register_forward_pre_hook(
+                    functools.partial(self._pre, module), with_kwargs=True
+                )
+            )
+            self._handles.append(
+                module.register_forward_hook(
+                    functools.partial(self._post, name, module), with_kwargs=True
+                )
+            )
+
+    def _pre(self, module: nn.Module, _mod: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._open.setdefault(id(module), []).append(_record_rows((args, kwargs), self.m))
+
+    def _post(
+        self, name: str, module: nn.Module, _mod: nn.Module, args: tuple, kwargs: dict, out: Any
+    ) -> None:
+        stack = self._open.get(id(module))
+        inputs = stack.pop() if stack else []
+        self.calls.append((name, module, inputs, _record_rows(out, self.m)))
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def keyed(self) -> dict[tuple[str, int], tuple[nn.Module, list, list]]:
+        seen: dict[str, int] = {}
+        out = {}
+        for name, module, ins, outs in self.calls:
+            k = seen.get(name, 0)
+            seen[name] = k + 1
+            out[(name, k)] = (module, ins, outs)
+        return out
+
+
+def _rng_devices(model: nn.Module) -> list[int]:
+    return sorted(
+        {
+            t.device.index or 0
+            for t in [*model.parameters(), *model.buffers()]
+            if t.device.type == "cuda"
+        }
+    )
+
+
+@contextlib.contextmanager
+def _same_randomness(devices: list[int]) -> Iterator[Any]:
+    """Fork the global generators; ``reset()`` puts them back to the state at entry."""
+    with torch.random.fork_rng(devices=devices):
+        cpu = torch.get_rng_state()
+        cuda = [torch.cuda.get_rng_state(d) for d in devices]
+
+        def reset() -> None:
+            torch.set_rng_state(cpu)
+            for d, s in zip(devices, cuda, strict=True):
+                torch.cuda.set_rng_state(s, d)
+
+        yield reset
+
+
+def _label(name: str, module: nn.Module) -> str:
+    return f"'{name}' ({type(module).__name__})" if name else f"the model ({type(module).__name__})"
+
+
+def probe_record_independence(
+    model: nn.Module,
+    *,
+    engine: Any,
+    args: tuple,
+    kwargs: dict | None = None,
+    max_records: int = PROBE_RECORDS,
+) -> bool:
+    """Check on a real batch that no record changes another record's outputs or gradients.
+
+    See the module docstring for the method, its tolerance and its limits.
+
+    Args:
+        model: the model the engine is attached to (a DistributedDataParallel wrapper is run
+            through its ``module``, without communication).
+        engine: its :class:`~dpledger.adapters.torch.engine.PerExampleGradientEngine`; its
+            stored step is cleared.
+        args: the positional inputs of a forward of the model (records along dim 0).
+        kwargs: its keyword inputs.
+        max_records: how many of the first records to use (2 to :data:`PROBE_RECORDS` is
+            plenty: mixing over fewer records is stronger).
+
+    Returns:
+        True when the probe ran; False when the batch has fewer than two records (a batch of
+        one cannot mix records; the probe should run on a later batch).
+
+    Raises:
+        RecordDependenceError: a module's output, or a record's per-example gradient, moved
+            when record 0 changed.
+        UnsupportedModuleError: the engine cannot give the probe batch per-example gradients.
+        InvalidParameterError: ``max_records`` < 2.
+    """
+    if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 2:
+        raise InvalidParameterError("max_records", max_records, "an integer >= 2")
+    kwargs = dict(kwargs or {})
+    batch = records_in(args, kwargs)
+    if batch is None or batch < 2:
+        return False
+    m = min(batch, max_records)
+    inner = _inner(model)
+    names = {id(mod): name for name, mod in model.named_modules()}  # as the user names them
+    generator = torch.Generator().manual_seed(_SEED)
+    inputs_a = _cut((args, kwargs), batch, m)
+    inputs_b = _changed_record_zero(inputs_a, m, generator)
+    buffers = [(b, b.detach().clone()) for b in inner.buffers()]
+
+    def restore_buffers() -> None:
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+
+    runs: list[dict[str, Any]] = []
+    engine.clear()
+    try:
+        with _same_randomness(_rng_devices(inner)) as reset, torch.enable_grad():
+            targets: list[torch.Tensor] | None = None
+            for which, (a, kw) in (("A", inputs_a), ("B", inputs_b)):
+                reset()
+                restore_buffers()
+                engine.clear()
+                recorder = _Recorder(inner, m, names)
+                try:
+                    try:
+                        out = inner(*a, **kw)
+                    except Exception as exc:
+                        exc.add_note(
+                            f"(raised by the model's forward in dpledger's record-independence "
+                            f"probe, on the first {m} records of the batch)"
+                        )
+                        raise
+                finally:
+                    recorder.remove()
+                leaves = [
+                    t
+                    for t in tree_flatten(out)[0]
+                    if isinstance(t, torch.Tensor)
+                    and t.is_floating_point()
+                    and t.requires_grad
+                    and t.dim() > 0
+                    and t.shape[0] == m
+                ]
+                if targets is None:
+                    targets = [
+                        torch.randn(t.shape, generator=generator, dtype=torch.float64).to(t)
+                        for t in leaves
+                    ]
+                run: dict[str, Any] = {"calls": recorder.keyed(), "grads": None, "error": None}
+                if leaves and len(leaves) == len(targets):
+                    vs = targets
+                    if which == "B":
+                        vs = [v.clone() for v in targets]
+                        for v in vs:
+                            fresh = torch.randn(
+                                v[0].shape, generator=generator, dtype=torch.float64
+                            )
+                            v[0] = fresh.to(v)
+                    loss = sum(
+                        ((v * t) + 0.5 * t * t).sum() for v, t in zip(vs, leaves, strict=True)
+                    )
+                    try:
+                        engine._backward_to_outputs(loss)
+                        run["grads"] = engine.per_example_gradients()
+                    except Exception as exc:  # reported after the forward check
+                        run["error"] = exc
+                runs.append(run)
+                del out, leaves
+                engine.clear()
+    finally:
+        restore_buffers()
+        engine.clear()
+
+    _refuse_mixing_forward(runs[0]["calls"], runs[1]["calls"], m)
+    for run in runs:
+        if run["error"] is not None:
+            exc = run["error"]
+            if isinstance(exc, DPLedgerError):
+                raise exc
+            raise UnsupportedModuleError(
+                "dpledger's record-independence probe could not compute per-example gradients "
+                f"of the first {m} records: {type(exc).__name__}: {exc}"
+            ) from exc
+    if runs[0]["grads"] is not None and runs[1]["grads"] is not None:
+        _refuse_moved_gradients(runs[0]["grads"], runs[1]["grads"], m)
+    logger.debug("record-independence probe passed on %d records", m)
+    return True
+
+
+def _refuse_mixing_forward(calls_a: dict, calls_b: dict, m: int) -> None:
+    for key, (module, ins_a, outs_a) in calls_a.items():
+        other = calls_b.get(key)
+        if other is None:
+            continue
+        _, ins_b, outs_b = other
+        if _any_moved(ins_a, ins_b) is not False:
+            continue
+        if not _any_moved(outs_a, outs_b):
+            continue
+        name = key[0]
+        where = _label(name, module)
+        hint = ""
+        prefix = f"{name}." if name else ""
+        for child_key, (cmod, cin_a, _) in calls_a.items():
+            child = child_key[0]
+            if (
+                child.startswith(prefix)
+                and child != name
+                and child_key in calls_b
+                and _any_moved(cin_a, calls_b[child_key][1])
+            ):
+                hint = (
+                    f" The mixing happens in its own forward code: {_label(child, cmod)} "
+                    "already receives mixed inputs."
+                )
+                break
+        raise RecordDependenceError(
+            f"module {where} mixes the records of a batch: changing record 0 of a {m}-record "
+            "probe batch changed its output for the other records while its inputs for them "
+            f"were unchanged.{hint} One record then moves every other record's clipped "
+            "gradient, so the sum's sensitivity exceeds the clip norm and the ledger's epsilon "
+            "would be wrong. Compute statistics per record (nn.GroupNorm, nn.LayerNorm, "
+            "pooling over positions rather than the batch), keep the records along dimension 0 "
+            "(batch_first=True for attention), or freeze batch statistics (eval mode with "
+            "running statistics).",
+            module_name=name,
+            module_type=type(module).__name__,
+        )
+
+
+def _refuse_moved_gradients(
+    grads_a: dict[str, torch.Tensor], grads_b: dict[str, torch.Tensor], m: int
+) -> None:
+    diff2 = torch.zeros(m - 1, dtype=torch.float64)
+    size = torch.zeros(m - 1, dtype=torch.float64)
+    eps = 0.0
+    per_param: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for name, ga in grads_a.items():
+        gb = grads_b[name]
+        eps = max(eps, torch.finfo(ga.dtype).eps)
+        a = ga[1:].double().reshape(m - 1, -1).cpu()
+        b = gb[1:].double().reshape(m - 1, -1).cpu()
+        d = (a - b).norm(dim=1)
+        s = a.norm(dim=1) + b.norm(dim=1)
+        per_param[name] = (d, s)
+        diff2 += d * d
+        size += s * s
+    tol = _ULPS * eps * size.sqrt() + torch.finfo(torch.float64).tiny
+    moved = (diff2.sqrt() > tol) | ~diff2.isfinite()
+    if not bool(moved.any()):
+        return
+    names = tuple(
+        n for n, (d, s) in per_param.items() if bool(((d > _ULPS * eps * s) | ~d.isfinite()).any())
+    )
+    record = int(moved.nonzero()[0, 0]) + 1
+    raise RecordDependenceError(
+        f"changing record 0 of a {m}-record probe batch changed the per-example gradient of "
+        f"record {record} (parameters {list(names)}), although no module's output for the "
+        "other records changed: the backward mixes records (a custom autograd function, or a "
+        "loss-like term inside the model). One record then moves every other record's clipped "
+        "gradient, so the sum's sensitivity exceeds the clip norm and the ledger's epsilon "
+        "would be wrong.",
+        module_name=None,
+        module_type=None,
+        parameters=names,
+    )

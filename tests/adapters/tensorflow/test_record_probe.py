@@ -1,0 +1,118 @@
+"""The Keras record-independence probe: layers that mix records are refused before any step."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras import ops
+
+from dpledger import PrivacyLedger
+from dpledger.adapters.tensorflow import DPKerasModel, PrivateGradients
+from dpledger.adapters.tensorflow.errors import RecordMixingLayerError
+
+B, D, C = 8, 5, 3
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+
+def _model(*middle, seed=0):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((D,))
+    h = keras.layers.Dense(6, activation="tanh", name="dense_in")(inputs)
+    for layer in middle:
+        h = layer(h)
+    return keras.Model(inputs, keras.layers.Dense(C, name="head")(h))
+
+
+def _batch(seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((B, D)).astype("float32"), rng.integers(0, C, B)
+
+
+def _private(model, **kwargs):
+    return PrivateGradients(
+        model,
+        LOSS,
+        l2_norm_clip=1.0,
+        noise_multiplier=1.0,
+        sampling_probability=0.1,
+        population_size=100,
+        ledger=PrivacyLedger(),
+        seed=0,
+        **kwargs,
+    )
+
+
+MIXING = {
+    "batch_mean": lambda: keras.layers.Lambda(lambda x: x - ops.mean(x, axis=0), name="centre"),
+    "softmax_axis0": lambda: keras.layers.Lambda(lambda x: ops.softmax(x, axis=0), name="centre"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MIXING))
+def test_private_gradients_refuses_a_mixing_layer_naming_it(case):
+    model = _model(MIXING[case]())
+    private = _private(model)
+    x, y = _batch()
+    with pytest.raises(RecordMixingLayerError, match="'centre'") as info:
+        private(x, y)
+    assert info.value.layer_name == "centre"
+    assert private.ledger.num_events == 0
+
+
+def test_dp_keras_model_fit_refuses_a_mixing_layer_before_any_step():
+    model = _model(MIXING["batch_mean"]())
+    dp = DPKerasModel(
+        model,
+        l2_norm_clip=1.0,
+        noise_multiplier=1.0,
+        sampling_probability=0.1,
+        population_size=100,
+        seed=0,
+    )
+    dp.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
+    x, y = _batch()
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(B)
+    with pytest.raises(RecordMixingLayerError, match="'centre'"):
+        dp.fit(data, epochs=1, verbose=0)
+    assert dp.ledger.num_events == 0
+
+
+def test_batch_normalization_is_refused_structurally():
+    model = _model(keras.layers.BatchNormalization())
+    with pytest.raises(RecordMixingLayerError, match="BatchNormalization"):
+        _private(model)
+
+
+CORRECT = {
+    "mlp": lambda: _model(keras.layers.Dense(4, activation="relu")),
+    "layer_norm": lambda: _model(keras.layers.LayerNormalization()),
+    "dropout": lambda: _model(keras.layers.Dropout(0.5, seed=3)),
+    "record_wise_lambda": lambda: _model(
+        keras.layers.Lambda(lambda x: x - ops.mean(x, axis=-1, keepdims=True))
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CORRECT))
+def test_correct_model_passes_and_trains_as_without_the_probe(case):
+    results = []
+    for probe in (True, False):
+        model = CORRECT[case]()
+        private = _private(model, check_record_independence=probe)
+        x, y = _batch()
+        grads = private(x, y)
+        results.append([g.numpy() for g in grads])
+        assert private.ledger.num_steps == 1
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_switching_off_logs_a_warning_and_accepts_the_mixing_model(caplog):
+    model = _model(MIXING["batch_mean"]())
+    with caplog.at_level("WARNING"):
+        private = _private(model, check_record_independence=False)
+    assert "check_record_independence=False" in caplog.text
+    private(*_batch())
+    assert private.ledger.num_steps == 1
