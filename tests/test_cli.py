@@ -81,8 +81,15 @@ def test_info_reports_a_torn_tail_as_a_warning(ledger_file: Path, capsys) -> Non
     code, out, _ = run(capsys, "info", "--json", str(ledger_file))
     assert code == 0
     assert "line 15 is incomplete" in json.loads(out)["warnings"][0]
-    code, out, _ = run(capsys, "info", str(ledger_file))
-    assert code == 0 and "warning: " in out
+    code, out, err = run(capsys, "info", str(ledger_file))
+    assert code == 0 and "torn tail     line 15 is incomplete" in out
+    assert err.startswith("dpledger info: warning: ") and "line 15 is incomplete" in err
+    assert err.count("\n") == 1
+    for flag in ("--strict", "--require-closed"):
+        code, out, err = run(capsys, "info", flag, str(ledger_file))
+        assert code == 1 and out == ""
+        assert err.startswith("dpledger info: verification failed: ") and "line 15" in err
+        assert err.count("\n") == 1
 
 
 def test_verify_ok(ledger_file: Path, capsys) -> None:
@@ -140,7 +147,7 @@ def test_bad_inputs_exit_2_with_a_message(tmp_path: Path, capsys, command: str) 
 
 def test_verify_refuses_a_malformed_expected_head(ledger_file: Path, capsys) -> None:
     code, _, err = run(capsys, "verify", "--expect-head", "XYZ", str(ledger_file))
-    assert code == 2 and "expect_head='XYZ'" in err
+    assert code == 2 and err.startswith("dpledger verify: error: --expect-head='XYZ' is invalid")
 
 
 def test_usage_errors_exit_2(capsys) -> None:
