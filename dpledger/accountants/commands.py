@@ -308,7 +308,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     if len(missing) != 1:
         raise InvalidParameterError(
             "arguments",
-            sorted(k for k, v in given.items() if v is not None),
+            sorted("--" + k.replace("_", "-") for k, v in given.items() if v is not None),
             "exactly two of --noise-multiplier, --sampling-probability and --steps",
         )
     # Every option is checked before the search starts.
