@@ -95,6 +95,8 @@ def _flags(parser: argparse.ArgumentParser) -> tuple[dict[str, str], set[str]]:
                 switches.add(action.dest)
         elif action.dest != argparse.SUPPRESS:
             names[action.dest] = str(action.metavar or action.dest.upper())
+    if "ledger" in names:  # the library calls a ledger file's path ``path``
+        names.setdefault("path", names["ledger"])
     return names, switches
 
 
