@@ -92,3 +92,15 @@ class LedgerVerificationError(LedgerFileError):
 
 class UnsupportedLedgerError(DPLedgerError, ValueError):
     """An accountant cannot analyse this ledger (an event kind, a neighboring relation, …)."""
+
+
+class MissingHeaderError(NotALedgerError):
+    """A file holds no complete ledger header: it is empty, or its writer stopped in line 1.
+
+    Such a file records nothing, not even the neighboring relation, so it is not a ledger that can
+    be read or accounted (an accountant would report ε = 0 for it). Reopening it with
+    ``PrivacyLedger(path, resume=True)`` starts it over with a new header.
+    """
+
+
+__all__ += ["MissingHeaderError"]

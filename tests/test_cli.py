@@ -81,8 +81,15 @@ def test_info_reports_a_torn_tail_as_a_warning(ledger_file: Path, capsys) -> Non
     code, out, _ = run(capsys, "info", "--json", str(ledger_file))
     assert code == 0
     assert "line 15 is incomplete" in json.loads(out)["warnings"][0]
-    code, out, _ = run(capsys, "info", str(ledger_file))
-    assert code == 0 and "warning: " in out
+    code, out, err = run(capsys, "info", str(ledger_file))
+    assert code == 0 and "torn tail     line 15 is incomplete" in out
+    assert err.startswith("dpledger info: warning: ") and "line 15 is incomplete" in err
+    assert err.count("\n") == 1
+    for flag in ("--strict", "--require-closed"):
+        code, out, err = run(capsys, "info", flag, str(ledger_file))
+        assert code == 1 and out == ""
+        assert err.startswith("dpledger info: verification failed: ") and "line 15" in err
+        assert err.count("\n") == 1
 
 
 def test_verify_ok(ledger_file: Path, capsys) -> None:
@@ -140,7 +147,7 @@ def test_bad_inputs_exit_2_with_a_message(tmp_path: Path, capsys, command: str) 
 
 def test_verify_refuses_a_malformed_expected_head(ledger_file: Path, capsys) -> None:
     code, _, err = run(capsys, "verify", "--expect-head", "XYZ", str(ledger_file))
-    assert code == 2 and "expect_head='XYZ'" in err
+    assert code == 2 and err.startswith("dpledger verify: error: --expect-head='XYZ' is invalid")
 
 
 def test_usage_errors_exit_2(capsys) -> None:
@@ -166,3 +173,106 @@ def test_the_installed_entry_points_run(ledger_file: Path) -> None:
         [sys.executable, "-m", "dpledger", "--version"], capture_output=True, text=True, env=env
     )
     assert result.stdout.strip() == f"dpledger {__version__}"
+
+
+@pytest.mark.parametrize("content", [b"", b'{"format":"dpledger-ledger","format_v'])
+@pytest.mark.parametrize(
+    "argv", [["info"], ["info", "--json"], ["verify"], ["epsilon", "--delta", "1e-5"]]
+)
+def test_a_file_without_a_header_is_an_error_not_epsilon_zero(
+    tmp_path: Path, capsys, content: bytes, argv: list[str]
+) -> None:
+    path = tmp_path / "empty.dpl"
+    path.write_bytes(content)
+    code, out, err = run(capsys, argv[0], str(path), *argv[1:])
+    assert code == 2 and out == ""
+    assert err.startswith(f"dpledger {argv[0]}: error: ") and "no complete ledger header" in err
+    assert err.count("\n") == 1
+
+
+def test_epsilon_of_a_torn_file_warns_first_and_strict_refuses_it(
+    ledger_file: Path, capsys
+) -> None:
+    with open(ledger_file, "ab") as fp:
+        fp.write(b'{"seq":14,"pr')
+    base = ["epsilon", str(ledger_file), "--delta", "1e-5", "--accountant", "rdp"]
+    code, out, err = run(capsys, *base)
+    assert code == 0 and out.startswith("5 steps (the valid prefix: line 15 is cut short)")
+    assert err.startswith("dpledger epsilon: warning: ") and "line 15 is incomplete" in err
+    code, out, _ = run(capsys, *base, "--json")
+    assert code == 0 and "line 15 is incomplete" in json.loads(out)["ledger_warnings"][0]
+    for flag in ("--strict", "--require-closed"):
+        code, out, err = run(capsys, *base, flag)
+        assert code == 1 and out == "" and err.count("\n") == 1
+        assert err.startswith("dpledger epsilon: verification failed: ") and "line 15" in err
+
+
+def test_epsilon_of_an_unclosed_ledger_warns_and_require_closed_refuses_it(
+    tmp_path: Path, capsys
+) -> None:
+    path = tmp_path / "open.dpl"
+    ledger = PrivacyLedger(path)
+    ledger.record_sample(sampling_probability=0.5)
+    ledger.record_sum_query(l2_norm_bound=1.0, noise_stddev=2.0)
+    ledger.flush()
+    base = ["epsilon", str(path), "--delta", "1e-5", "--accountant", "rdp"]
+    code, out, err = run(capsys, *base)
+    assert code == 0 and "does not end with a close marker" in err and out.startswith("1 steps")
+    code, out, err = run(capsys, *base, "--require-closed")
+    assert code == 1 and out == "" and "does not end with a close marker" in err
+    code, _, err = run(capsys, *base, "--strict")
+    assert code == 0  # --strict asks for an intact file, which this is
+    ledger.close()
+
+
+@pytest.mark.parametrize(
+    ("plot", "message"),
+    [
+        ("no/such/dir/x.png", "an existing directory"),
+        ("x.notaformat", "a file name ending in one of"),
+        (".", "not a directory"),
+    ],
+)
+def test_a_bad_plot_path_is_refused_before_any_accountant_runs(
+    ledger_file: Path, tmp_path: Path, monkeypatch, capsys, plot: str, message: str
+) -> None:
+    import dpledger.accountants.commands as commands
+
+    def explode(*_args, **_kwargs):
+        raise AssertionError("an accountant ran")
+
+    monkeypatch.setattr(commands, "make_accountant", explode)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "epsilon", str(ledger_file), "--delta", "1e-5", "--plot", plot)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"dpledger epsilon: error: --plot='{plot}' is invalid") and message in err
+
+
+def test_an_unexpected_exception_is_one_line_with_its_type(
+    ledger_file: Path, monkeypatch, capsys
+) -> None:
+    import dpledger.ledger.commands as commands
+
+    def broken(*_args, **_kwargs):
+        raise ZeroDivisionError("float division by zero\nsecond line")
+
+    monkeypatch.setattr(commands, "load_for_command", broken)
+    code, out, err = run(capsys, "info", str(ledger_file))
+    assert code == 2 and out == ""
+    assert err == (
+        "dpledger info: error: internal error (ZeroDivisionError: float division by zero\\n"
+        "second line); please report it\n"
+    )
+
+
+def test_usage_errors_are_one_line(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["epsilon", "x.dpl", "--delta"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("dpledger epsilon: error: argument --delta: expected one argument")
+
+
+def test_a_path_with_a_nul_character_is_refused(capsys) -> None:
+    code, _, err = run(capsys, "info", "a\x00b")
+    assert code == 2 and err.startswith("dpledger info: error: LEDGER='a\\x00b' is invalid")

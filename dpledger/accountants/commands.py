@@ -5,16 +5,25 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
-import warnings
 from typing import Any
 
 from dpledger.accountants.base import ACCOUNTANT_MODULES, PrivacyResult, make_accountant
+from dpledger.accountants.bucketing import check_bucketing
 from dpledger.errors import DPLedgerError, InvalidParameterError, UnsupportedLedgerError
+from dpledger.ledger.commands import add_ledger_checks, load_for_command, print_warnings
+from dpledger.validation import (
+    check_delta,
+    check_positive_finite,
+    check_positive_int,
+    check_probability,
+)
 
 __all__ = ["register"]
 
 _DEFAULT_CURVE_POINTS = 50
+MAX_CURVE_POINTS = 1000  # each point is one more accountant evaluation
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--curve",
         type=int,
         metavar="N",
-        help="also compute ε after N evenly spaced step counts (printed, or drawn with --plot)",
+        help="also compute ε after N evenly spaced step counts, 1 <= N <= "
+        f"{MAX_CURVE_POINTS} (printed, or drawn with --plot)",
     )
     eps.add_argument(
         "--plot",
@@ -53,8 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--bucketing",
         type=float,
         metavar="R",
-        help="conservative bucketing precision passed to every accountant (e.g. 1e-3)",
+        help="conservative bucketing precision in (0, 1) passed to every accountant (e.g. 1e-3)",
     )
+    add_ledger_checks(eps)
     eps.set_defaults(func=_epsilon)
 
     cal = subparsers.add_parser(
@@ -103,8 +114,6 @@ def _accountant_names(spec: str) -> list[str]:
 
 
 def _curve_steps(total: int, points: int) -> list[int]:
-    if points < 1:
-        raise InvalidParameterError("curve", points, "a number of points >= 1")
     return sorted({max(1, round(total * (i + 1) / points)) for i in range(points)})
 
 
@@ -116,31 +125,35 @@ def _fmt(x: float | None) -> str:
     return f"{x:.6g}"
 
 
-def _load(path: str) -> tuple[Any, list[str]]:
-    from dpledger.ledger.ledger import LedgerWarning, PrivacyLedger
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", LedgerWarning)
-        ledger = PrivacyLedger.load(path, keep_events=False)
-    notes = [str(w.message) for w in caught if issubclass(w.category, LedgerWarning)]
-    return ledger.compressed(), notes
-
-
 def _epsilon(args: argparse.Namespace) -> int:
-    from dpledger.validation import check_delta
-
+    # Every option is checked before the ledger is read or an accountant runs.
     delta = check_delta("delta", args.delta)
     names = _accountant_names(args.accountant)
     points = args.curve
     if points is None and args.plot:
         points = _DEFAULT_CURVE_POINTS
-    if points is not None and points < 1:
-        raise InvalidParameterError("curve", points, "a number of points >= 1")
+    if points is not None and not 1 <= points <= MAX_CURVE_POINTS:
+        raise InvalidParameterError(
+            "curve", points, f"a number of points from 1 to {MAX_CURVE_POINTS}"
+        )
+    if args.bucketing is not None:
+        check_bucketing(args.bucketing)
     if args.plot:
-        _require_matplotlib()
-    ledger, notes = _load(args.ledger)
-    for note in notes:
-        print(f"note: {note}", file=sys.stderr)
+        _check_plot_path(args.plot)
+    loaded, notes, problem = load_for_command(
+        args.ledger, strict=args.strict, require_closed=args.require_closed
+    )
+    if problem is not None:
+        print(f"dpledger epsilon: verification failed: {problem}", file=sys.stderr)
+        return 1
+    if not loaded.closed_cleanly and loaded.torn_tail is None:
+        notes.append(
+            f"{args.ledger}: the ledger does not end with a close marker (its writer crashed or "
+            "is still running, or its final lines were deleted): ε is that of the steps it holds "
+            "(--require-closed refuses such a ledger)"
+        )
+    print_warnings("epsilon", notes)
+    ledger = loaded.compressed()
     steps = _curve_steps(ledger.num_steps, points) if points and ledger.num_steps else []
     settings = {} if args.bucketing is None else {"bucketing": args.bucketing}
     rows: list[dict[str, Any]] = []
@@ -169,9 +182,14 @@ def _epsilon(args: argparse.Namespace) -> int:
         rows.append(row)
     if args.json:
         for row in rows:
+            row["ledger_warnings"] = notes
             print(json.dumps(row, sort_keys=True))
     else:
-        _print_table(rows, ledger.num_steps, delta)
+        torn = loaded.torn_tail
+        prefix = (
+            "" if torn is None else f" (the valid prefix: line {torn.line_number} is cut short)"
+        )
+        _print_table(rows, ledger.num_steps, delta, prefix)
         if steps and not args.plot:
             _print_curves(curves)
     if args.plot and curves:
@@ -196,8 +214,8 @@ def _error_row(name: str, delta: float, message: str) -> dict[str, Any]:
     }
 
 
-def _print_table(rows: list[dict[str, Any]], num_steps: int, delta: float) -> None:
-    print(f"{num_steps} steps, δ = {delta:g}")
+def _print_table(rows: list[dict[str, Any]], num_steps: int, delta: float, prefix: str) -> None:
+    print(f"{num_steps} steps{prefix}, δ = {delta!r}")
     header = f"{'accountant':<10}  {'epsilon':>10}  {'kind':<13}  {'lower':>10}  {'upper':>10}"
     print(f"{header}  {'seconds':>8}")
     for row in rows:
@@ -228,13 +246,31 @@ def _print_curves(curves: dict[str, list[PrivacyResult]]) -> None:
             print(f"  {r.num_steps:>10}  {_fmt(r.epsilon):>10}  {r.kind.value}")
 
 
-def _require_matplotlib() -> None:
+def _check_plot_path(path: str) -> None:
+    """Refuse a ``--plot`` file that cannot be written, before any accountant runs."""
     try:
-        import matplotlib  # noqa: F401
+        from matplotlib.backend_bases import FigureCanvasBase
     except ImportError:
         raise DPLedgerError(
             "--plot needs matplotlib, which is not installed: pip install 'dpledger[plot]'"
         ) from None
+    if "\x00" in path or not path:
+        raise InvalidParameterError("plot", path, "the path of an image file to write")
+    if os.path.isdir(path):
+        raise InvalidParameterError("plot", path, "a file path, not a directory")
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise InvalidParameterError(
+            "plot", path, f"a file in an existing directory ({folder!r} is not one)"
+        )
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise InvalidParameterError("plot", path, "a file this user may write")
+    suffix = os.path.splitext(path)[1][1:].lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if suffix not in formats:
+        raise InvalidParameterError(
+            "plot", path, f"a file name ending in one of .{', .'.join(sorted(formats))}"
+        )
 
 
 def _plot(curves: dict[str, list[PrivacyResult]], path: str, delta: float) -> None:
@@ -250,7 +286,7 @@ def _plot(curves: dict[str, list[PrivacyResult]], path: str, delta: float) -> No
         kinds = {r.kind.value for r in results}
         ax.plot(xs, ys, label=f"{name} ({', '.join(sorted(kinds))})")
     ax.set_xlabel("steps")
-    ax.set_ylabel(f"ε at δ = {delta:g}")
+    ax.set_ylabel(f"ε at δ = {delta!r}")
     ax.set_title("Privacy spent along the ledger")
     ax.grid(True, alpha=0.3)
     ax.legend()
@@ -272,9 +308,22 @@ def _calibrate(args: argparse.Namespace) -> int:
     if len(missing) != 1:
         raise InvalidParameterError(
             "arguments",
-            sorted(k for k, v in given.items() if v is not None),
+            sorted("--" + k.replace("_", "-") for k, v in given.items() if v is not None),
             "exactly two of --noise-multiplier, --sampling-probability and --steps",
         )
+    # Every option is checked before the search starts.
+    check_positive_finite("target_epsilon", args.target_epsilon)
+    check_delta("delta", args.delta)
+    if args.noise_multiplier is not None:
+        check_positive_finite("noise_multiplier", args.noise_multiplier)
+    if args.sampling_probability is not None and not (
+        check_probability("sampling_probability", args.sampling_probability) > 0.0
+    ):
+        raise InvalidParameterError(
+            "sampling_probability", args.sampling_probability, "q in (0, 1]"
+        )
+    if args.steps is not None:
+        check_positive_int("steps", args.steps)
     common = {
         "target_epsilon": args.target_epsilon,
         "delta": args.delta,

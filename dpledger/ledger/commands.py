@@ -1,17 +1,85 @@
-"""``dpledger info`` and ``dpledger verify``."""
+"""``dpledger info`` and ``dpledger verify``, and how every command loads a ledger file.
+
+Commands that print numbers from a ledger load it with :func:`load_for_command`: a file with no
+complete header is an error (exit 2), never an empty ledger with ε = 0; a file whose last line
+was cut short loads as its valid prefix with a warning printed before any result, and
+``--strict`` (an intact file is required) or ``--require-closed`` (a close marker is required)
+turn that into a failed check (exit 1).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import sys
 import warnings
 from typing import Any
 
+from dpledger.cli import one_line
 from dpledger.ledger.ledger import LedgerWarning, PrivacyLedger
 from dpledger.ledger.verify import verify_ledger
 
-__all__ = ["register"]
+__all__ = ["add_ledger_checks", "load_for_command", "print_warnings", "register"]
+
+
+def add_ledger_checks(parser: argparse.ArgumentParser) -> None:
+    """Add ``--strict`` and ``--require-closed`` to a command that reads a ledger."""
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail (exit 1) unless the file is intact: a last line cut short is an error, "
+        "not a warning",
+    )
+    parser.add_argument(
+        "--require-closed",
+        action="store_true",
+        help="fail (exit 1) unless the ledger ends with a close marker (implies --strict)",
+    )
+
+
+def load_for_command(
+    path: str, *, strict: bool = False, require_closed: bool = False
+) -> tuple[PrivacyLedger, list[str], str | None]:
+    """Load a ledger file for a command, read-only and without keeping its events.
+
+    Args:
+        path: the ledger file.
+        strict: a torn last line is a failed check rather than a warning.
+        require_closed: the ledger must end with a close marker (implies ``strict``).
+
+    Returns:
+        ``(ledger, warnings, problem)``: the loaded ledger (the valid prefix of a torn file),
+        the warnings to print before any result, and the failed check as one sentence (None
+        when every requirement holds; the command then exits 1).
+
+    Raises:
+        MissingHeaderError: the file holds no complete header (it is empty or cut in line 1).
+        NotALedgerError: the path is a directory or not a ledger.
+        LedgerVerificationError: the file was altered (exit 1).
+        OSError: the file cannot be read.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", LedgerWarning)
+        ledger = PrivacyLedger.load(path, keep_events=False)
+    notes = [str(w.message) for w in caught if issubclass(w.category, LedgerWarning)]
+    problem = None
+    torn = ledger.torn_tail
+    if (strict or require_closed) and torn is not None:
+        problem = f"{path}: {torn.describe().replace('; it was ignored', '')}"
+    elif require_closed and not ledger.closed_cleanly:
+        problem = (
+            f"{path}: the ledger does not end with a close marker (its writer crashed or is still "
+            "running, or its final lines were deleted)"
+        )
+    return ledger, notes, problem
+
+
+def print_warnings(command: str, notes: list[str]) -> None:
+    """Print warnings one line each on stderr, in the CLI's ``warning:`` style."""
+    for note in notes:
+        print(f"dpledger {command}: warning: {one_line(note)}", file=sys.stderr)
+
 
 _MAX_RUNS_SHOWN = 20
 
@@ -25,6 +93,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     info.add_argument("ledger", metavar="LEDGER", help="path of the ledger file")
     info.add_argument("--json", action="store_true", help="print one JSON object")
+    add_ledger_checks(info)
     info.set_defaults(func=_info)
 
     verify = subparsers.add_parser(
@@ -63,10 +132,13 @@ def _json_number(x: float) -> float | str:
 
 
 def _info(args: argparse.Namespace) -> int:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", LedgerWarning)
-        ledger = PrivacyLedger.load(args.ledger, keep_events=False)
-    notes = [str(w.message) for w in caught if issubclass(w.category, LedgerWarning)]
+    ledger, notes, problem = load_for_command(
+        args.ledger, strict=args.strict, require_closed=args.require_closed
+    )
+    if problem is not None:
+        print(f"dpledger info: verification failed: {problem}", file=sys.stderr)
+        return 1
+    print_warnings("info", notes)
     runs = ledger.runs()
     distinct = ledger.compressed().distinct()
     header = ledger.header
@@ -94,6 +166,7 @@ def _info(args: argparse.Namespace) -> int:
                 for r in runs
             ],
             "num_distinct": len(distinct),
+            "torn_tail": None if ledger.torn_tail is None else ledger.torn_tail.describe(),
             "warnings": notes,
         }
         print(json.dumps(out, indent=2))
@@ -107,10 +180,13 @@ def _info(args: argparse.Namespace) -> int:
     print(f"steps         {ledger.num_steps}")
     print(f"events        {ledger.num_events}")
     print(f"closed        {'yes' if ledger.closed_cleanly else 'no'}")
+    if ledger.torn_tail is not None:
+        print(f"torn tail     {ledger.torn_tail.describe()} (the numbers below are the prefix's)")
     print(f"head hash     {ledger.head_hash}")
     sizes = ", ".join("unknown" if n is None else str(n) for n in ledger.population_sizes)
     print(f"population    {sizes or '-'}")
-    print(f"labels        {', '.join(ledger.labels) or '-'}")
+    labels = ", ".join(one_line(label) for label in ledger.labels)
+    print(f"labels        {labels or '-'}")
     print(f"runs          {len(runs)} runs of identical steps, {len(distinct)} distinct (q, z_eff)")
     if runs:
         print(f"  {'q':>12}  {'z_eff':>16}  {'steps':>10}")
@@ -119,8 +195,6 @@ def _info(args: argparse.Namespace) -> int:
             print(f"  {r.sampling_probability:>12.6g}  {z:>16}  {r.count:>10}")
         if len(runs) > _MAX_RUNS_SHOWN:
             print(f"  … {len(runs) - _MAX_RUNS_SHOWN} more runs (use --json for all)")
-    for note in notes:
-        print(f"warning: {note}")
     return 0
 
 

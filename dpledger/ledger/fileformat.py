@@ -37,6 +37,7 @@ __all__ = [
     "FORMAT_VERSION",
     "GENESIS_HASH",
     "HEADER_MAGIC",
+    "MAX_METADATA_DEPTH",
     "LedgerHeader",
     "LedgerReader",
     "TornTail",
@@ -61,6 +62,9 @@ _SUFFIX_START = b',"hash":"'
 _SUFFIX_LEN = len(_SUFFIX_START) + 64 + 2  # ,"hash":"<64 hex>"}
 _HEX64 = re.compile(rb"[0-9a-f]{64}")
 _BLOCK_SIZE = 1 << 20
+MAX_METADATA_DEPTH = 64  # nesting levels of metadata, the dict itself included
+_SHOWN_CHARS = 80  # how much of a rejected value an error message quotes
+_MAX_FAST_DIGITS = 640  # population sizes longer than this are left to the slow path
 _CACHE_LIMIT = 4096
 
 _HEADER_FIELDS = (
@@ -123,9 +127,15 @@ def dump_metadata(metadata: Any, *, parameter: str = "metadata") -> str:
     """Serialise user metadata as compact JSON, refusing what JSON cannot carry exactly."""
     if not isinstance(metadata, dict):
         raise InvalidParameterError(parameter, metadata, "a dict of JSON-serialisable values")
+    if _nesting_depth(metadata) > MAX_METADATA_DEPTH:
+        raise InvalidParameterError(
+            parameter,
+            _Shown(metadata),
+            f"a dict nested at most {MAX_METADATA_DEPTH} levels deep (readers refuse deeper ones)",
+        )
     try:
         text = _json_text(metadata)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidParameterError(
             parameter, metadata, f"a dict of JSON-serialisable values with string keys ({exc})"
         ) from None
@@ -250,6 +260,98 @@ class TornTail:
         )
 
 
+class _Shown:
+    """A value whose repr is cut to :data:`_SHOWN_CHARS` characters, for error messages."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return _show(self.value)
+
+
+def _show(value: Any) -> str:
+    """``repr(value)``, shortened so that an error message stays one readable line."""
+    try:
+        text = repr(value)
+    except (RecursionError, ValueError):  # deep nesting; an int beyond the str conversion limit
+        text = f"<a {type(value).__name__} too large to show>"
+    if len(text) > _SHOWN_CHARS:
+        text = f"{text[: _SHOWN_CHARS - 25]}… ({len(text)} characters)"
+    return text
+
+
+class _Unreadable:
+    """A JSON value Python cannot hold exactly: an integer beyond the int-string conversion
+    limit, or a ``NaN``/``Infinity`` literal. Decoding yields this instead of raising, so that
+    the field checks name the field that holds it."""
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+
+    def __repr__(self) -> str:
+        return self.description
+
+
+def _parse_int(text: str) -> int | _Unreadable:
+    try:
+        return int(text)
+    except ValueError:  # more digits than sys.get_int_max_str_digits() allows
+        return _Unreadable(f"<an integer of {len(text)} digits>")
+
+
+def _parse_constant(name: str) -> _Unreadable:
+    return _Unreadable(f"{name} (not a JSON number)")
+
+
+def _nested_field(text: str) -> str:
+    """`` in "<key>"`` for the first field of a line whose value is an object or an array."""
+    match = _NESTED_FIELD.search(text)
+    return f' in "{match.group(1)[:_SHOWN_CHARS]}"' if match else ""
+
+
+_NESTED_FIELD = re.compile(r'"((?:[^"\\]|\\.)*)":[\[{]')
+
+
+def _nesting_depth(value: Any, limit: int = MAX_METADATA_DEPTH) -> int:
+    """Depth of nested dicts and lists in ``value`` (a scalar is 0), counted up to ``limit + 1``."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if depth > limit:
+            return depth
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _metadata_problem(value: Any) -> str | None:
+    """Why a decoded metadata object cannot be what a writer wrote, or None if it can be."""
+    if not isinstance(value, dict):
+        return "is not a JSON object"
+    if _nesting_depth(value) > MAX_METADATA_DEPTH:
+        return f"is nested more than {MAX_METADATA_DEPTH} levels deep"
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, _Unreadable):
+            return f"holds {item!r}, which is not a finite JSON number"
+        elif isinstance(item, float) and not math.isfinite(item):
+            return f"holds the number {item!r} (out of the float range)"
+    return None
+
+
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
@@ -257,10 +359,6 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise ValueError(f"duplicate key {key!r}")
         out[key] = value
     return out
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
 
 
 def _is_number(x: Any) -> bool:
@@ -288,7 +386,7 @@ def _canonical_label(cache: dict[bytes, Any], text: bytes) -> Any:
     """The label written as the JSON string ``text``, or ``_NOT_CANONICAL``."""
     try:
         label = json.loads(text)
-    except ValueError:  # includes invalid UTF-8 and bad escapes
+    except (ValueError, RecursionError):  # invalid UTF-8, bad escapes, deep nesting
         return _NOT_CANONICAL
     if not isinstance(label, str) or json.dumps(label).encode("ascii") != text:
         return _NOT_CANONICAL
@@ -319,7 +417,7 @@ def _parse_event_body(
         n_t = n_t[18:]
         if n_t == b"null":
             n = None
-        elif n_t.isdigit() and n_t[:1] != b"0":
+        elif n_t.isdigit() and n_t[:1] != b"0" and len(n_t) <= _MAX_FAST_DIGITS:
             n = int(n_t)
         else:
             return None
@@ -656,22 +754,32 @@ class LedgerReader:
         except UnicodeDecodeError:
             raise fail("contains bytes that are not ASCII (dpledger writes ASCII only)") from None
         try:
-            obj = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+            obj = json.loads(
+                text,
+                object_pairs_hook=_unique_keys,
+                parse_int=_parse_int,
+                parse_constant=_parse_constant,
+            )
         except ValueError as exc:
             raise fail(f"is not valid JSON ({exc})") from None
+        except RecursionError:
+            raise fail(
+                f"nests JSON values too deeply to decode{_nested_field(text)} (a writer nests "
+                f"metadata at most {MAX_METADATA_DEPTH} levels deep)"
+            ) from None
         if not isinstance(obj, dict):
             raise fail("is not a JSON object")
         if line_number == 1:
             version = obj.get("format_version")
             if type(version) is not int or version != FORMAT_VERSION:
                 raise fail(
-                    f"format_version {version!r} is not supported "
+                    f"format_version {_show(version)} is not supported "
                     f"(this reader knows version {FORMAT_VERSION})"
                 )
         got_seq = obj.get("seq")
         if type(got_seq) is not int or got_seq != seq + 1:
             raise fail(
-                f"sequence number {got_seq!r}, expected {seq + 1} "
+                f"sequence number {_show(got_seq)}, expected {seq + 1} "
                 "(a line was deleted, inserted, duplicated or moved)"
             )
         prev = head.decode("ascii")
@@ -694,7 +802,8 @@ class LedgerReader:
             raise fail("a second header")
         elif closed and kind != "resume":
             raise fail(
-                f"a {kind!r} record after the close marker (only a resume marker may follow it)"
+                f"a {_show(kind)} record after the close marker "
+                "(only a resume marker may follow it)"
             )
         elif kind == "sample":
             _check_fields(obj, _SAMPLE_FIELDS, fail)
@@ -702,11 +811,11 @@ class LedgerReader:
             n = obj["population_size"]
             scheme = obj["scheme"]
             if not (_is_number(q) and 0.0 <= q <= 1.0):
-                raise fail(f"sampling_probability {q!r} is not a number in [0, 1]")
+                raise fail(f"sampling_probability {_show(q)} is not a number in [0, 1]")
             if n is not None and (type(n) is not int or n < 1):
-                raise fail(f"population_size {n!r} is neither null nor an integer >= 1")
-            if scheme not in ("poisson", "full"):
-                raise fail(f"scheme {scheme!r} is not 'poisson' or 'full'")
+                raise fail(f"population_size {_show(n)} is neither null nor an integer >= 1")
+            if not isinstance(scheme, str) or scheme not in ("poisson", "full"):
+                raise fail(f"scheme {_show(scheme)} is not 'poisson' or 'full'")
             if scheme == "full" and q != 1.0:
                 raise fail(f"scheme 'full' needs sampling_probability 1.0, not {q!r}")
             value = (float(q), n, scheme)
@@ -717,11 +826,11 @@ class LedgerReader:
             sigma = obj["noise_stddev"]
             label = obj["label"]
             if not (_is_number(s) and s > 0.0):
-                raise fail(f"l2_norm_bound {s!r} is not a finite number > 0")
+                raise fail(f"l2_norm_bound {_show(s)} is not a finite number > 0")
             if not (_is_number(sigma) and sigma >= 0.0):
-                raise fail(f"noise_stddev {sigma!r} is not a finite number >= 0")
+                raise fail(f"noise_stddev {_show(sigma)} is not a finite number >= 0")
             if label is not None and not isinstance(label, str):
-                raise fail(f"label {label!r} is neither null nor a string")
+                raise fail(f"label {_show(label)} is neither null nor a string")
             if not step_open:
                 raise fail("a sum query with no sampling event before it in its session")
             value = (float(s), float(sigma), label)
@@ -733,29 +842,30 @@ class LedgerReader:
             _check_fields(obj, _RESUME_FIELDS_META if has_meta else _RESUME_FIELDS, fail)
             for key in ("time", "library_version"):
                 if not isinstance(obj[key], str):
-                    raise fail(f"{key} {obj[key]!r} is not a string")
-            if has_meta and not isinstance(obj["metadata"], dict):
-                raise fail("resume metadata is not a JSON object")
+                    raise fail(f"{key} {_show(obj[key])} is not a string")
+            problem = _metadata_problem(obj["metadata"]) if has_meta else None
+            if problem is not None:
+                raise fail(f"the resume marker's metadata {problem}")
             value = {k: obj[k] for k in _RESUME_FIELDS_META[3:-1] if k in obj}
             expected, _ = encode_marker(seq + 1, prev, "resume", value)
         elif kind == "close":
             _check_fields(obj, _CLOSE_FIELDS, fail)
             if not isinstance(obj["time"], str):
-                raise fail(f"time {obj['time']!r} is not a string")
-            if obj["events"] != num_events or type(obj["events"]) is not int:
+                raise fail(f"time {_show(obj['time'])} is not a string")
+            if type(obj["events"]) is not int or obj["events"] != num_events:
                 raise fail(
-                    f"the close marker counts {obj['events']!r} events, the lines before it hold "
-                    f"{num_events}"
+                    f"the close marker counts {_show(obj['events'])} events, the lines before it "
+                    f"hold {num_events}"
                 )
-            if obj["steps"] != num_steps or type(obj["steps"]) is not int:
+            if type(obj["steps"]) is not int or obj["steps"] != num_steps:
                 raise fail(
-                    f"the close marker counts {obj['steps']!r} steps, the lines before it hold "
-                    f"{num_steps}"
+                    f"the close marker counts {_show(obj['steps'])} steps, the lines before it "
+                    f"hold {num_steps}"
                 )
             value = {k: obj[k] for k in _CLOSE_FIELDS[3:-1]}
             expected, _ = encode_marker(seq + 1, prev, "close", value)
         else:
-            raise fail(f"unknown record kind {kind!r}")
+            raise fail(f"unknown record kind {_show(kind)}")
         if expected[:-1] != raw:
             raise fail(
                 "is not in the exact layout dpledger writes (field order, spacing or number "
@@ -768,17 +878,20 @@ class LedgerReader:
         obj: dict[str, Any], fail: Callable[[str], LedgerVerificationError]
     ) -> LedgerHeader:
         if obj.get("kind") != "header":
-            raise fail(f"the first line has kind {obj.get('kind')!r}, not 'header'")
+            raise fail(f"the first line has kind {_show(obj.get('kind'))}, not 'header'")
         _check_fields(obj, _HEADER_FIELDS, fail)
-        try:
-            neighboring = NeighboringRelation.parse(obj["neighboring"])
-        except InvalidParameterError as exc:
-            raise fail(f"the header's {exc}") from None
+        relation = obj["neighboring"]
+        if not isinstance(relation, str) or relation not in ("add_remove", "replace_one"):
+            raise fail(
+                f"the header's neighboring {_show(relation)} is not 'add_remove' or 'replace_one'"
+            )
+        neighboring = NeighboringRelation(relation)
         for key in ("library_version", "created"):
             if not isinstance(obj[key], str):
-                raise fail(f"the header's {key} {obj[key]!r} is not a string")
-        if not isinstance(obj["metadata"], dict):
-            raise fail("the header's metadata is not a JSON object")
+                raise fail(f"the header's {key} {_show(obj[key])} is not a string")
+        problem = _metadata_problem(obj["metadata"])
+        if problem is not None:
+            raise fail(f"the header's metadata {problem}")
         return LedgerHeader(
             neighboring=neighboring,
             metadata=obj["metadata"],
@@ -795,7 +908,7 @@ def _check_fields(
 ) -> None:
     if tuple(obj) != fields:
         raise fail(
-            f"a {obj.get('kind')!r} line has the fields {list(obj)}; "
+            f"a {_show(obj.get('kind'))} line has the fields {_show(list(obj))}; "
             f"expected exactly {list(fields)}"
         )
 

@@ -30,6 +30,7 @@ from dpledger.errors import (
     LedgerExistsError,
     LedgerLockedError,
     LedgerStateError,
+    MissingHeaderError,
     NotALedgerError,
 )
 from dpledger.ledger import fileformat as ff
@@ -466,6 +467,8 @@ class PrivacyLedger:
 
         Raises:
             NotALedgerError: ``path`` is a directory or not a ledger file.
+            MissingHeaderError: the file holds no complete header (it is empty, or its writer
+                stopped in line 1): there is nothing to load, not even the neighboring relation.
             LedgerVerificationError: the file was altered; names the first bad line.
             OSError: the file cannot be read (e.g. ``FileNotFoundError``).
         """
@@ -498,13 +501,14 @@ class PrivacyLedger:
         self.torn_tail = reader.torn_tail
         self.header_torn = reader.header_torn
         if reader.header_torn:
-            warnings.warn(
-                f"{spath}: the header is incomplete (the writer stopped before finishing it); "
-                "loaded as an empty ledger",
-                LedgerWarning,
-                stacklevel=2,
+            size = 0 if reader.torn_tail is None else reader.torn_tail.length
+            raise MissingHeaderError(
+                f"{spath} holds no complete ledger header (it has {size} bytes: the file is "
+                "empty, or its writer stopped while writing line 1); it records nothing and is "
+                "not a ledger that can be read",
+                path=spath,
             )
-        elif reader.torn_tail is not None:
+        if reader.torn_tail is not None:
             warnings.warn(
                 f"{spath}: {reader.torn_tail.describe()}; loaded the {self._num_events} events "
                 "before it",
@@ -885,6 +889,9 @@ def _check_path(path: Any) -> str | None:
     if path is None:
         return None
     try:
-        return os.fsdecode(os.fspath(path))
+        spath = os.fsdecode(os.fspath(path))
     except TypeError:
         raise InvalidParameterError("path", path, "a str or os.PathLike, or None") from None
+    if "\x00" in spath:
+        raise InvalidParameterError("path", path, "a path without NUL characters")
+    return spath

@@ -77,6 +77,8 @@ def verify_ledger(
 
     Raises:
         NotALedgerError: the path is a directory or not a ledger file.
+        MissingHeaderError: the file holds no complete header (empty, or cut in line 1): there
+            is no ledger to verify.
         InvalidParameterError: ``expect_head`` is not 64 lowercase hex digits.
         OSError: the file cannot be read.
     """
@@ -109,13 +111,7 @@ def verify_ledger(
     torn = ledger.torn_tail
     bad_line: int | None = None
     reason: str | None = None
-    if ledger.header_torn:
-        bad_line = 1
-        reason = (
-            "the header is incomplete (the file is empty, or its writer stopped while writing "
-            "line 1)"
-        )
-    elif torn is not None:
+    if torn is not None:
         bad_line, reason = torn.line_number, torn.describe()
     closed = bool(ledger.closed_cleanly)
     problems = []

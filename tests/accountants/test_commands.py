@@ -101,19 +101,23 @@ def test_plot_without_matplotlib_is_a_clear_error(
 @pytest.mark.parametrize(
     ("extra", "name"),
     [
-        (["--delta", "0"], "delta"),
-        (["--delta", "1.5"], "delta"),
-        (["--delta", "1e-5", "--accountant", "moments"], "accountant"),
-        (["--delta", "1e-5", "--accountant", ","], "accountant"),
-        (["--delta", "1e-5", "--curve", "0"], "curve"),
-        (["--delta", "1e-5", "--bucketing", "2"], "bucketing"),
+        (["--delta", "0"], "--delta=0.0"),
+        (["--delta", "1.5"], "--delta=1.5"),
+        (["--delta", "nan"], "--delta=nan"),
+        (["--delta", "1e-5", "--accountant", "moments"], "--accountant='moments'"),
+        (["--delta", "1e-5", "--accountant", ","], "--accountant=','"),
+        (["--delta", "1e-5", "--curve", "0"], "--curve=0"),
+        (["--delta", "1e-5", "--curve", "1001"], "--curve=1001"),
+        (["--delta", "1e-5", "--bucketing", "2"], "--bucketing=2.0"),
+        (["--delta", "1e-5", "--bucketing=-inf"], "--bucketing=-inf"),
     ],
 )
 def test_epsilon_bad_input(
     ledger_file: str, extra: list[str], name: str, capsys: pytest.CaptureFixture
 ) -> None:
     assert main(["epsilon", ledger_file, *extra]) == 2
-    assert name in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith(f"dpledger epsilon: error: {name} is invalid") and err.count("\n") == 1
 
 
 def test_refusals_are_reported_per_accountant(
@@ -173,14 +177,19 @@ def test_calibrate_other_variants(capsys: pytest.CaptureFixture) -> None:
         ),
         (
             ["--steps", "10", "--sampling-probability", "0.1", "--accountant", "gdp"],
-            "allow_approximation",
+            "pass --allow-approximation to calibrate",
         ),
-        (["--steps", "10", "--sampling-probability", "1.5"], "sampling_probability"),
+        (["--steps", "10", "--sampling-probability", "1.5"], "--sampling-probability=1.5"),
+        (["--steps", "10", "--sampling-probability", "0"], "--sampling-probability=0.0"),
+        (["--steps", "0", "--sampling-probability", "0.5"], "--steps=0"),
+        (["--steps", "10", "--noise-multiplier", "nan"], "--noise-multiplier=nan"),
     ],
 )
 def test_calibrate_bad_input(extra: list[str], name: str, capsys: pytest.CaptureFixture) -> None:
     assert main(["calibrate", "--target-epsilon", "1", "--delta", "1e-5", *extra]) == 2
-    assert name in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("dpledger calibrate: error: ") and err.count("\n") == 1
+    assert name in err
 
 
 def test_calibrate_unreachable_and_approximation(capsys: pytest.CaptureFixture) -> None:
@@ -194,7 +203,7 @@ def test_calibrate_unreachable_and_approximation(capsys: pytest.CaptureFixture) 
         "1",
     ]
     assert main([*base, "--target-epsilon", "0.01"]) == 2
-    assert "target_epsilon" in capsys.readouterr().err
+    assert "--target-epsilon=0.01 is invalid" in capsys.readouterr().err
     args = ["calibrate", "--target-epsilon", "1", "--delta", "1e-5", "--steps", "100"]
     args += ["--sampling-probability", "0.01", "--accountant", "gdp", "--allow-approximation"]
     assert main([*args, "--json"]) == 0

@@ -24,6 +24,7 @@ from dpledger import (
     SumQueryEvent,
 )
 from dpledger.cli import main
+from dpledger.errors import MissingHeaderError
 from dpledger.ledger import fileformat as ff
 from dpledger.ledger.verify import verify_ledger
 
@@ -183,20 +184,24 @@ def test_truncation_at_every_byte_offset_loads_a_valid_prefix(tmp_path: Path, mo
         path.write_bytes(prefix)
         complete = sum(1 for end in ends if end <= offset)  # lines whose content is all there
         n_events = sum(1 for k in kinds[:complete] if k in ("sample", "sum_query"))
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            ledger = PrivacyLedger.load(path)
-        ledger_warnings = [w for w in caught if issubclass(w.category, LedgerWarning)]
-        at_line_boundary = offset > 0 and (
-            data[offset - 1 : offset] == b"\n" or data[offset : offset + 1] == b"\n"
-        )
-        assert bool(ledger_warnings) == (not at_line_boundary), offset
-        assert len(caught) == len(ledger_warnings)
-        assert list(ledger.events()) == events[:n_events], offset
-        assert ledger.head_hash == (objs[complete - 1]["hash"] if complete else ff.GENESIS_HASH)
-        assert ledger.closed_cleanly == (complete > 0 and kinds[complete - 1] == "close")
-        if ledger_warnings and complete > 0:
-            assert f"line {complete + 1} is incomplete" in str(ledger_warnings[0].message)
+        if complete == 0:  # no complete header: not a ledger that can be read
+            with pytest.raises(MissingHeaderError, match=f"it has {offset} bytes"):
+                PrivacyLedger.load(path)
+        else:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ledger = PrivacyLedger.load(path)
+            ledger_warnings = [w for w in caught if issubclass(w.category, LedgerWarning)]
+            at_line_boundary = (
+                data[offset - 1 : offset] == b"\n" or data[offset : offset + 1] == b"\n"
+            )
+            assert bool(ledger_warnings) == (not at_line_boundary), offset
+            assert len(caught) == len(ledger_warnings)
+            assert list(ledger.events()) == events[:n_events], offset
+            assert ledger.head_hash == objs[complete - 1]["hash"]
+            assert ledger.closed_cleanly == (kinds[complete - 1] == "close")
+            if ledger_warnings:
+                assert f"line {complete + 1} is incomplete" in str(ledger_warnings[0].message)
         # ... and a writer can resume from there, continuing the same chain.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", LedgerWarning)
@@ -233,14 +238,24 @@ def test_a_torn_tail_must_be_the_start_of_the_next_line(tmp_path: Path) -> None:
         assert first_bad_line(path) == 3
 
 
-def test_an_empty_file_is_an_empty_ledger_with_a_warning(tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize(
+    "content", [b"", b"{", b'{"format":"dpledger-ledger","format_version":1,"seq":0,"pr']
+)
+def test_a_file_without_a_complete_header_is_not_a_ledger(
+    tmp_path: Path, capsys, content: bytes
+) -> None:
     path = tmp_path / "empty.dpl"
-    path.write_bytes(b"")
-    with pytest.warns(LedgerWarning, match="header is incomplete"):
-        ledger = PrivacyLedger.load(path)
-    assert ledger.num_events == 0 and ledger.header_torn
-    code, out = cli_verify(path, capsys)
-    assert code == 1 and "line 1: the header is incomplete" in out
+    path.write_bytes(content)
+    with pytest.raises(MissingHeaderError, match="no complete ledger header") as info:
+        PrivacyLedger.load(path)
+    assert isinstance(info.value, NotALedgerError) and info.value.path == str(path)
+    assert f"it has {len(content)} bytes" in str(info.value)
+    with pytest.raises(MissingHeaderError):
+        verify_ledger(path)
+    code = main(["verify", str(path)])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.startswith("dpledger verify: error: ") and captured.err.count("\n") == 1
 
 
 # ---------------------------------------------------------------------------- tampering
