@@ -3,7 +3,7 @@
 A layer without variables that mixes the records of a batch (``keras.layers.Lambda(lambda x: x -
 ops.mean(x, axis=0))``, a softmax over axis 0, attention over the batch axis) passes every
 structural check, yet one record then moves every other record's clipped gradient and the
-ledger's ε is wrong (docs/architecture.md, rule 7). Before the first step the probe evaluates the
+ledger's ε is wrong (docs/guarantees.md). Before the first step the probe evaluates the
 model eagerly on the first ``m`` (2 to :data:`PROBE_RECORDS`) records of a real batch, and again
 with record 0 changed (floating inputs moved by Gaussian noise of the inputs' scale, integer
 inputs and targets replaced by another record's), and refuses the model with

@@ -1,7 +1,7 @@
 """The record-independence probe: a dynamic check that no record moves another record's result.
 
 Per-example clipping bounds the sensitivity of the clipped sum by the clip norm C only if each
-record's clipped contribution depends on that record alone (docs/architecture.md, rule 7). The
+record's clipped contribution depends on that record alone (docs/guarantees.md). The
 module checks (:mod:`~dpledger.adapters.torch.module_checks`) refuse the known offenders by type
 (BatchNorm with batch statistics, ``scale_grad_by_freq``), but a forward function can mix records
 without any parameter or module type to see: ``x - x.mean(0)``, ``F.batch_norm(x, None, None,
