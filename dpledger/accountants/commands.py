@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import decimal
 import json
 import math
 import os
@@ -117,12 +118,24 @@ def _curve_steps(total: int, points: int) -> list[int]:
     return sorted({max(1, round(total * (i + 1) / points)) for i in range(points)})
 
 
-def _fmt(x: float | None) -> str:
+def _fmt(x: float | None, rounding: str | None = None) -> str:
+    """x to 6 significant digits; ``rounding="up"`` never shows less than x (an upper bound
+    stays one when printed), ``"down"`` never more (a lower bound); None rounds to nearest."""
     if x is None:
         return "-"
     if isinstance(x, float) and math.isinf(x):
         return "inf"
-    return f"{x:.6g}"
+    text = f"{x:.6g}"
+    if rounding is None or (float(text) >= x if rounding == "up" else float(text) <= x):
+        return text
+    with decimal.localcontext() as context:
+        context.rounding = decimal.ROUND_CEILING if rounding == "up" else decimal.ROUND_FLOOR
+        return format(decimal.Decimal(repr(float(x))), ".6g")
+
+
+def _bound_rounding(kind: str) -> str | None:
+    """How to round a result's ε for display: up for an upper bound, to nearest otherwise."""
+    return "up" if kind == "upper_bound" else None
 
 
 def _epsilon(args: argparse.Namespace) -> int:
@@ -223,8 +236,9 @@ def _print_table(rows: list[dict[str, Any]], num_steps: int, delta: float, prefi
             print(f"{row['accountant']:<10}  refused: {row['error']}")
             continue
         print(
-            f"{row['accountant']:<10}  {_fmt(_num(row['epsilon'])):>10}  {row['kind']:<13}  "
-            f"{_fmt(_num(row['lower'])):>10}  {_fmt(_num(row['upper'])):>10}  "
+            f"{row['accountant']:<10}  "
+            f"{_fmt(_num(row['epsilon']), _bound_rounding(row['kind'])):>10}  {row['kind']:<13}  "
+            f"{_fmt(_num(row['lower']), 'down'):>10}  {_fmt(_num(row['upper']), 'up'):>10}  "
             f"{row['seconds']:>8.3f}"
         )
         for w in row["warnings"]:
@@ -243,7 +257,8 @@ def _print_curves(curves: dict[str, list[PrivacyResult]]) -> None:
     for name, results in curves.items():
         print(f"\n{name}: ε after t steps")
         for r in results:
-            print(f"  {r.num_steps:>10}  {_fmt(r.epsilon):>10}  {r.kind.value}")
+            shown = _fmt(r.epsilon, _bound_rounding(r.kind.value))
+            print(f"  {r.num_steps:>10}  {shown:>10}  {r.kind.value}")
 
 
 def _check_plot_path(path: str) -> None:
@@ -349,12 +364,20 @@ def _calibrate(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), sort_keys=True))
         return 0
     label = result.parameter.replace("_", " ")
-    value = f"{result.value}" if result.parameter == "steps" else f"{result.value:.6g}"
+    # Shown rounded towards the safe side: more noise, a smaller q, a larger ε.
+    towards = {"noise_multiplier": "up", "sampling_probability": "down"}
+    value = (
+        f"{result.value}"
+        if result.parameter == "steps"
+        else _fmt(result.value, towards[result.parameter])
+    )
     print(f"{label}: {value}")
     print(
-        f"  ε = {result.epsilon:.6g} ≤ {result.target_epsilon:g} at δ = {result.delta:g} "
-        f"({result.accountant}, {result.kind.value}); q = {result.sampling_probability:.6g}, "
-        f"z = {result.noise_multiplier:.6g}, T = {result.steps}; "
+        f"  ε = {_fmt(result.epsilon, _bound_rounding(result.kind.value))} ≤ "
+        f"{result.target_epsilon:g} at δ = {result.delta:g} "
+        f"({result.accountant}, {result.kind.value}); "
+        f"q = {_fmt(result.sampling_probability, 'down')}, "
+        f"z = {_fmt(result.noise_multiplier, 'up')}, T = {result.steps}; "
         f"{result.evaluations} evaluations, {result.seconds:.2f} s"
     )
     for w in result.warnings:

@@ -210,3 +210,29 @@ def test_calibrate_unreachable_and_approximation(capsys: pytest.CaptureFixture) 
     out = json.loads(capsys.readouterr().out)
     assert out["kind"] == "approximation" and out["warnings"]
     assert math.isfinite(out["value"])
+
+
+def test_printed_bounds_are_rounded_towards_the_safe_side() -> None:
+    from dpledger.accountants.commands import _fmt
+
+    assert _fmt(0.72420001, "up") == "0.724201"  # to nearest this would read 0.7242 < ε
+    assert _fmt(0.72420099, "down") == "0.724200"
+    assert _fmt(0.7242, "up") == "0.7242"  # exact values are shown as they are
+    assert _fmt(1.2345601e-300, "up") == "1.23457e-300"  # never rounded to 0 either
+    assert _fmt(0.72420001) == "0.7242"
+
+
+def test_epsilon_table_never_shows_less_than_the_upper_bound(
+    ledger_file: str, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["epsilon", ledger_file, "--delta", "1e-5", "--accountant", "rdp,pld"]) == 0
+    table = capsys.readouterr().out
+    assert (
+        main(["epsilon", ledger_file, "--delta", "1e-5", "--accountant", "rdp,pld", "--json"]) == 0
+    )
+    rows = {r["accountant"]: r for r in _json_lines(capsys.readouterr().out)}
+    for line in table.splitlines():
+        words = line.split()
+        if words and words[0] in rows and rows[words[0]]["kind"] == "upper_bound":
+            assert float(words[1]) >= rows[words[0]]["epsilon"]
+            assert float(words[4]) >= rows[words[0]]["upper"]
