@@ -82,7 +82,7 @@ def test_stateful_step_factory(capsys):
 )
 def test_bad_step_spec_exits_two(spec, capsys):
     assert main(["check", spec]) == 2
-    assert "error: step=" in capsys.readouterr().err
+    assert "error: STEP=" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ mirrored variables; there is one ledger and one sampling event per step.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -164,6 +165,7 @@ class DPKerasModel(keras.Model):
             _log.warning(record_probe_off_warning())
         super().__init__(name=name or f"dp_{model.name}")
         q, n = sampling_of(sampler, sampling_probability, population_size)
+        self._dp_sampler = sampler
         _refuse_regularizers(model)
         # Built here so that bad clipping arguments fail now, not at the first fit.
         self._dp_queries = gradient_queries(
@@ -253,7 +255,11 @@ class DPKerasModel(keras.Model):
 
     def _probe_first_batch(self, x: Any) -> None:
         if isinstance(x, tf.data.Dataset):
-            first = next(iter(x.take(1)), None)
+            # Peeking draws a batch: the sampler's generator is restored afterwards, so that the
+            # probe leaves the batches of training exactly as they would have been.
+            preserved = getattr(self._dp_sampler, "preserved_state", contextlib.nullcontext)
+            with preserved():
+                first = next(iter(x.take(1)), None)
         elif isinstance(x, keras.utils.PyDataset):
             first = x[0] if len(x) else None  # type: ignore[arg-type]
         else:

@@ -20,8 +20,10 @@ cryptographically secure generator; seed from OS entropy (``seed=None``) in depl
 
 from __future__ import annotations
 
+import contextlib
 import math
 import secrets
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -137,6 +139,16 @@ class PoissonSampler:
             f"PoissonSampler(population_size={self._n}, sampling_probability={self._q!r}, "
             f"steps_per_epoch={self._steps}, seed={self._seed})"
         )
+
+    @contextlib.contextmanager
+    def preserved_state(self) -> Iterator[None]:
+        """Inside this block, draws (e.g. peeking at a batch) do not advance the sampler: its
+        generator is restored on exit, so training sees the same batches as without them."""
+        saved = tf.identity(self._generator.state)
+        try:
+            yield
+        finally:
+            self._generator.reset(saved)
 
     def _indices(self, _step: tf.Tensor) -> tf.Tensor:
         seed = self._generator.make_seeds(1)[:, 0]

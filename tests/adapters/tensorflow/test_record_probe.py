@@ -116,3 +116,29 @@ def test_switching_off_logs_a_warning_and_accepts_the_mixing_model(caplog):
     assert "check_record_independence=False" in caplog.text
     private(*_batch())
     assert private.ledger.num_steps == 1
+
+
+def test_fit_with_the_probe_trains_on_the_batches_it_would_have_drawn_without_it():
+    # The probe peeks at the first batch of the sampler's dataset; the sampler's generator is
+    # restored, so the Poisson batches (and so the trained weights) are those of a run without
+    # the probe.
+    from dpledger.adapters.tensorflow import PoissonSampler
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((40, D)).astype("float32")
+    y = rng.integers(0, C, 40)
+    weights = []
+    for check in (True, False):
+        sampler = PoissonSampler(population_size=40, sampling_probability=0.2, seed=3)
+        dp = DPKerasModel(
+            _model(),
+            l2_norm_clip=1.0,
+            noise_multiplier=1.0,
+            sampler=sampler,
+            seed=0,
+            check_record_independence=check,
+        )
+        dp.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
+        dp.fit(sampler.sample((x, y)), epochs=1, verbose=0)
+        weights.append(np.concatenate([np.ravel(v) for v in dp.model.get_weights()]))
+    np.testing.assert_array_equal(weights[0], weights[1])
