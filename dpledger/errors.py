@@ -104,3 +104,15 @@ class MissingHeaderError(NotALedgerError):
 
 
 __all__ += ["MissingHeaderError"]
+
+
+class SamplerMismatchError(DPLedgerError, RuntimeError):
+    """A step's records were not drawn by the sampler whose parameters the ledger would record.
+
+    The sampling event of a step says how its records were chosen (q and n of a Poisson sampler);
+    a batch from another loader, or one cut or filtered after sampling, would be recorded with a
+    guarantee it does not have. The step is refused before anything is recorded.
+    """
+
+
+__all__ += ["SamplerMismatchError"]

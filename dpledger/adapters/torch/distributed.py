@@ -132,9 +132,8 @@ class DistributedPoissonBatchSampler(PoissonBatchSampler):
         """W, the number of ranks sharing the sample."""
         return self._world
 
-    def sample(self) -> list[int]:
+    def _select(self, indices: list[int]) -> list[int]:
         """This rank's indices of a fresh global Poisson sample."""
-        indices = super().sample()
         if self._world == 1:
             return indices
         return [i for i in indices if i % self._world == self._rank]

@@ -97,7 +97,7 @@ from dpledger.adapters.torch.record_probe import (
     probe_record_independence,
     records_in,
 )
-from dpledger.errors import InvalidParameterError, LedgerStateError
+from dpledger.errors import InvalidParameterError, LedgerStateError, SamplerMismatchError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms import ClippingStrategy, ScaledGaussianSumQuery, open_step
 from dpledger.mechanisms.clipping import check_clip_margin, rounding_clip_margin
@@ -803,6 +803,8 @@ class DPOptimizer(torch.optim.Optimizer):
                 "not covered by the ledger's guarantee)"
             )
             self._discard_pending()
+            if self._sampler is not None and self._acc is None:
+                self._sampler.discard_draw()  # a whole batch skipped: its draw is not trained on
         self._opt.zero_grad(set_to_none=set_to_none)
 
     def virtual_step(self) -> None:
@@ -881,8 +883,25 @@ class DPOptimizer(torch.optim.Optimizer):
                         "(requires_grad_(False), grad = None) or wrap the optimizer anew"
                     )
 
+    def _claim_draw(self) -> None:
+        """Tie this step to the sampler's draw (see :mod:`~dpledger.adapters.torch.poisson`),
+        before anything is released or recorded; the step is dropped when refused.
+
+        Under torch.distributed a refusal on one rank would leave the others waiting in the
+        step's collectives, so there the tie is not checked (each rank's sampler is the same
+        seeded global draw).
+        """
+        if self._sampler is None or self._distributed:
+            return
+        try:
+            self._sampler.claim_draw(self._acc_count)
+        except SamplerMismatchError:
+            self._reset()
+            raise
+
     def _release_and_update(self) -> None:
         assert self._acc is not None
+        self._claim_draw()
         names = self._names
         sums = [self._acc[n] for n in names]
         count = self._acc_count

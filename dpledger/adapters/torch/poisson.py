@@ -9,10 +9,19 @@ The sampler does not write to the privacy ledger: the training step that consume
 records one sampling event (n, q) per logical step, reading :attr:`PoissonBatchSampler.
 sampling_probability` and :attr:`PoissonBatchSampler.population_size`. Recording here as well
 would count every step twice.
+
+Every step is tied to a draw of the sampler. The sampler keeps the sizes of the batches it drew
+that no step has claimed yet (a data loader may draw a few ahead to prefetch); the optimizer
+claims the oldest at each step (:meth:`PoissonBatchSampler.claim_draw`) and refuses the step,
+before anything is recorded, when the sampler drew nothing (the training loop iterates another
+loader, e.g. the user's own ``shuffle=True`` DataLoader) or drew a batch of another size. A new
+pass over the sampler forgets the unclaimed draws of an abandoned one (they were prefetched, never
+trained on).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,7 +30,7 @@ from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 from torch.utils.data._utils.collate import default_collate
 
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import InvalidParameterError, SamplerMismatchError
 from dpledger.validation import check_positive_int, check_probability
 
 __all__ = ["EmptyBatchCollate", "PoissonBatchSampler", "poisson_data_loader"]
@@ -90,6 +99,7 @@ class PoissonBatchSampler(Sampler[list[int]]):
                     raise InvalidParameterError("seed", seed, "an integer or None")
                 generator.manual_seed(seed)
         self._generator = generator
+        self._unclaimed: deque[int] = deque()
 
     @property
     def population_size(self) -> int:
@@ -120,15 +130,63 @@ class PoissonBatchSampler(Sampler[list[int]]):
         return self._steps
 
     def sample(self) -> list[int]:
-        """Draw one batch: the indices i with U_i < q for fresh uniforms U_1..U_n."""
+        """Draw one batch: the indices i with U_i < q for fresh uniforms U_1..U_n.
+
+        The draw's size is kept until a step claims it (:meth:`claim_draw`).
+        """
+        batch = self._select(self._draw())
+        self._unclaimed.append(len(batch))
+        return batch
+
+    def _draw(self) -> list[int]:
         if self._q == 1.0:
             return list(range(self._n))
         mask = torch.rand(self._n, generator=self._generator) < self._q
         return mask.nonzero().view(-1).tolist()
 
+    def _select(self, indices: list[int]) -> list[int]:
+        """The part of a drawn sample that this process trains on (all of it here)."""
+        return indices
+
     def __iter__(self) -> Iterator[list[int]]:
+        self._unclaimed.clear()  # a new pass: an abandoned pass's prefetched draws were not used
         for _ in range(self._steps):
             yield self.sample()
+
+    @property
+    def unclaimed_draws(self) -> int:
+        """The number of batches drawn that no step has claimed yet."""
+        return len(self._unclaimed)
+
+    def claim_draw(self, num_records: int) -> None:
+        """Tie a step of ``num_records`` records to the oldest unclaimed draw of this sampler.
+
+        Raises:
+            SamplerMismatchError: no draw is waiting (the step's records did not come from this
+                sampler), or the oldest draw has another number of records. The draw is
+                consumed either way.
+        """
+        if not self._unclaimed:
+            raise SamplerMismatchError(
+                f"a step of {num_records} records, but the recorded sampler "
+                f"({type(self).__name__}, q = {self._q!r}, n = {self._n}) drew no batch for it: "
+                "the records did not come from the sampler whose q the ledger would record. "
+                "Iterate the loader that make_private returned (or a DataLoader with "
+                "batch_sampler= this sampler), not your own DataLoader; nothing was recorded"
+            )
+        drawn = self._unclaimed.popleft()
+        if drawn != num_records:
+            raise SamplerMismatchError(
+                f"a step of {num_records} records, but the recorded sampler drew a batch of "
+                f"{drawn}: the step's records are not the sampler's draw (another loader, a "
+                "batch filtered or cut after sampling, or a skipped virtual chunk), and the "
+                "ledger's q would not describe them; nothing was recorded"
+            )
+
+    def discard_draw(self) -> None:
+        """Forget the oldest unclaimed draw (its batch was skipped, not trained on)."""
+        if self._unclaimed:
+            self._unclaimed.popleft()
 
     def state_dict(self) -> dict[str, Any]:
         """The generator's state, to resume the same stream of batches."""
