@@ -50,14 +50,23 @@ for name, runs in cases.items():
             result = acc.epsilon(CompressedLedger.from_runs(runs), delta=1e-5)
         times.append(time.perf_counter() - start)
     out[name] = [statistics.median(times), result.epsilon]
+import dpledger
+out["_path"] = dpledger.__file__
 print(json.dumps(out))
 """
 
 
 def _run(tree: str) -> dict[str, list[float]]:
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+    root = os.path.abspath(tree)
+    env = dict(os.environ, PYTHONPATH=root)
+    # run in the tree's root: ``python -c`` puts the working directory first on sys.path
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", _CHILD],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(done.stdout)
 
@@ -72,6 +81,10 @@ def main() -> None:
     for _ in range(args.rounds):
         for tree in (args.before, args.after):
             results[tree].append(_run(tree))
+    for tree in (args.before, args.after):
+        print(f"{tree}: dpledger from {results[tree][0].pop('_path')}")
+        for r in results[tree][1:]:
+            r.pop("_path")
     print("| ledger | before | after | after / before | ε before | ε after |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name in results[args.before][0]:
