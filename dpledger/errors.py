@@ -133,18 +133,20 @@ class ParameterValueError(InvalidParameterError):
 
 
 class ComputationBudgetError(DPLedgerError, ValueError):
-    """An accountant refused a computation that would exceed its memory or work budget.
+    """An accountant refused a computation that would exceed its memory or time budget.
 
     Raised *before* the work starts, from an up-front estimate. The message names the setting
     that drives the cost, the estimate, the budget and what would make the computation feasible
-    (a coarser discretisation, a larger ``memory_budget``, or another accountant).
+    (a coarser discretisation, a larger budget, or another accountant).
 
     Attributes:
         parameter: the setting or input that drives the cost (e.g.
             ``"value_discretization_interval"``, ``"noise_multiplier"``).
         value: its value.
         estimated_bytes: the estimated peak memory of the computation.
-        budget_bytes: the budget it was checked against.
+        budget_bytes: the memory budget it was checked against.
+        estimated_seconds: the estimated time (None when only memory was checked).
+        budget_seconds: the time budget (None when only memory was checked).
         suggestion: what would make it feasible.
     """
 
@@ -157,17 +159,28 @@ class ComputationBudgetError(DPLedgerError, ValueError):
         budget_bytes: float,
         suggestion: str,
         accountant: str = "",
+        estimated_seconds: float | None = None,
+        budget_seconds: float | None = None,
     ) -> None:
         self.parameter = parameter
         self.value = value
         self.estimated_bytes = estimated_bytes
         self.budget_bytes = budget_bytes
+        self.estimated_seconds = estimated_seconds
+        self.budget_seconds = budget_seconds
         self.suggestion = suggestion
         who = f"the {accountant} accountant" if accountant else "this computation"
+        if estimated_seconds is not None and budget_seconds is not None:
+            need = (
+                f"about {estimated_seconds:.3g} s (time budget {budget_seconds:g} s, time_budget_s)"
+            )
+        else:
+            need = (
+                f"about {format_bytes(estimated_bytes)} (memory budget "
+                f"{format_bytes(budget_bytes)}, memory_budget)"
+            )
         super().__init__(
-            f"{who} would need about {format_bytes(estimated_bytes)} (budget "
-            f"{format_bytes(budget_bytes)}) with {parameter}={describe_value(value)}; "
-            f"{suggestion}"
+            f"{who} would need {need} with {parameter}={describe_value(value)}; {suggestion}"
         )
 
 

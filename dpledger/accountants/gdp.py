@@ -72,6 +72,16 @@ from scipy.special import log_ndtr, ndtr
 
 from dpledger.accountants.base import Accountant, Answer, ResultKind
 from dpledger.accountants.bucketing import check_bucketing, maybe_bucket, optimistic_buckets
+from dpledger.accountants.budget import (
+    BYTES_PER_POINT,
+    DEFAULT_MEMORY_BUDGET,
+    DEFAULT_TIME_BUDGET_S,
+    SECONDS_PER_BUILT_POINT,
+    SECONDS_PER_COMPOSED_POINT,
+    check_memory_budget,
+    check_time_budget,
+    composed_points,
+)
 from dpledger.errors import DPLedgerError, InvalidParameterError, UnsupportedLedgerError
 from dpledger.ledger.events import NeighboringRelation
 from dpledger.ledger.steps import CompressedLedger
@@ -118,28 +128,52 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     return eps
 
 
+def _float_count(count: int) -> float:
+    """A step count as a float (∞ beyond the float range: μ is then infinite anyway)."""
+    try:
+        return float(count)
+    except OverflowError:
+        return math.inf
+
+
 def _mu_squared_parts(ledger: CompressedLedger) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per run: μ² contribution of one step, whether it is exact (full batch), step count."""
+    """Per run: μ² contribution of one step, whether it is exact (full batch), step count.
+
+    Counts are floats (a ledger may hold more steps than an int64 counts). The CLT term
+    q²(e^{1/z²} − 1) is evaluated as exp(2 log q + log expm1(1/z²)), so a tiny q with a tiny z
+    gives the right (possibly huge) number instead of 0 · ∞.
+    """
     factor = 2.0 if ledger.neighboring is NeighboringRelation.REPLACE_ONE else 1.0
     runs = ledger.runs
     n = len(runs)
     q = np.fromiter((r.sampling_probability for r in runs), np.float64, n)
     z = np.fromiter((r.noise_multiplier for r in runs), np.float64, n)
-    counts = np.fromiter((r.count for r in runs), np.int64, n)
+    counts = np.fromiter((_float_count(r.count) for r in runs), np.float64, n)
     free = (q == 0.0) | np.isinf(z)
     full = (q == 1.0) & ~free
-    with np.errstate(divide="ignore", over="ignore"):
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         inv_sq = 1.0 / (z * z)
-        per_step = np.where(full, factor * factor * inv_sq, q * q * np.expm1(inv_sq))
+        # log(e^x − 1) = x + log1p(−e^{−x}), exact enough for x > 1 and never overflowing
+        log_expm1 = np.where(
+            inv_sq > 1.0, inv_sq + np.log1p(-np.exp(-inv_sq)), np.log(np.expm1(inv_sq))
+        )
+        clt = np.exp(2.0 * np.log(q) + log_expm1)
+        per_step = np.where(full, factor * factor * inv_sq, clt)
     per_step = np.where(free, 0.0, per_step)
     return per_step, full | free, counts
+
+
+def _total(per_step: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Σ count · μ² term, with 0 for steps that cost nothing (never ∞ · 0)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.where(per_step == 0.0, 0.0, per_step * counts)
 
 
 def gdp_mu(ledger: CompressedLedger) -> tuple[float, bool]:
     """(μ, exact) of a ledger: exact when every costly step is full batch (see module docs)."""
     per_step, exact, counts = _mu_squared_parts(ledger)
     with np.errstate(over="ignore"):
-        mu_sq = float(np.sum(per_step * counts))
+        mu_sq = float(np.sum(_total(per_step, counts)))
     return math.sqrt(mu_sq), bool(np.all(exact))
 
 
@@ -155,6 +189,10 @@ class GdpAccountant(Accountant):
         lower_bound_bucketing: relative grid (q rounded down, z up) applied to the ledger before
             the fallback PLD lower bound, to collapse distinct steps.
         bucketing: None, or a relative precision r: round q up and z down first (conservative).
+        memory_budget: bytes the fallback PLD lower bound may need by its up-front estimate
+            (default 256 MiB); beyond it (or ``time_budget_s``, default 60 s) the bound is
+            skipped and the details say why. The GDP number itself is closed-form and cheap.
+        time_budget_s: seconds the fallback PLD lower bound may take by its estimate.
     """
 
     name = "gdp"
@@ -168,6 +206,8 @@ class GdpAccountant(Accountant):
         lower_bound_interval: float | None = None,
         lower_bound_bucketing: float = 0.02,
         bucketing: float | None = None,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        time_budget_s: float = DEFAULT_TIME_BUDGET_S,
     ) -> None:
         if not isinstance(lower_bound, bool):
             raise InvalidParameterError("lower_bound", lower_bound, "True or False")
@@ -189,6 +229,8 @@ class GdpAccountant(Accountant):
             lower_bound_bucketing, parameter="lower_bound_bucketing"
         )
         self.bucketing = check_bucketing(bucketing)
+        self.memory_budget = check_memory_budget(memory_budget)
+        self.time_budget_s = check_time_budget(time_budget_s)
 
     def settings(self) -> dict[str, Any]:
         """The lower-bound settings and the bucketing precision."""
@@ -197,6 +239,8 @@ class GdpAccountant(Accountant):
             "lower_bound_interval": self.lower_bound_interval,
             "lower_bound_bucketing": self.lower_bound_bucketing,
             "bucketing": self.bucketing,
+            "memory_budget": self.memory_budget,
+            "time_budget_s": self.time_budget_s,
         }
 
     def check_supported(self, ledger: CompressedLedger) -> None:
@@ -250,15 +294,16 @@ class GdpAccountant(Accountant):
         """ε after each step count from cumulative μ² (no lower bound per point)."""
         per_step, exact, counts = _mu_squared_parts(maybe_bucket(ledger, self.bucketing))
         with np.errstate(over="ignore"):
-            cum_mu_sq = np.cumsum(per_step * counts)
+            cum_mu_sq = np.cumsum(_total(per_step, counts))
         cum_steps = np.cumsum(counts)
         not_exact = np.cumsum(~exact & (per_step > 0))
         answers = []
         for t in steps:
             r = int(np.searchsorted(cum_steps, t, side="left"))
-            before_steps = int(cum_steps[r - 1]) if r > 0 else 0
+            before_steps = float(cum_steps[r - 1]) if r > 0 else 0.0
             before_mu = float(cum_mu_sq[r - 1]) if r > 0 else 0.0
-            mu = math.sqrt(before_mu + (t - before_steps) * float(per_step[r]))
+            extra = (_float_count(t) - before_steps) * float(per_step[r]) if per_step[r] else 0.0
+            mu = math.sqrt(before_mu + extra)
             is_exact = int(not_exact[r]) == 0
             eps = gdp_epsilon(mu, delta)
             kind = ResultKind.UPPER_BOUND if is_exact else ResultKind.APPROXIMATION
@@ -278,7 +323,15 @@ class GdpAccountant(Accountant):
         lower, info = _prv_lower_bound(ledger, delta)
         if lower is not None:
             return lower, info
-        fallback, more = self._pld_lower_bound(ledger, gdp_value=gdp_value, delta=delta)
+        try:
+            fallback, more = self._pld_lower_bound(ledger, gdp_value=gdp_value, delta=delta)
+        except DPLedgerError as exc:  # a budget refusal: the bound is optional
+            return None, {**info, "lower_bound_skipped": str(exc)}
+        except (ArithmeticError, MemoryError, ValueError) as exc:
+            return None, {
+                **info,
+                "lower_bound_skipped": f"the PLD lower bound failed: {type(exc).__name__}: {exc}",
+            }
         return fallback, {**info, **more}
 
     def _pld_lower_bound(
@@ -325,6 +378,19 @@ class GdpAccountant(Accountant):
             info["lower_bound_skipped"] = (
                 f"{len(costly)} distinct steps after bucketing (limit {_MAX_LOWER_BOUND_RUNS}); "
                 "raise lower_bound_bucketing to collapse them"
+            )
+            return None, info
+        points, seconds = 0.0, 0.0
+        for (q, z), count in costly.items():
+            if q < 1.0:
+                single, composed = composed_points(q, z, float(count), interval)
+                points = max(points, composed)
+                seconds += single * SECONDS_PER_BUILT_POINT + composed * SECONDS_PER_COMPOSED_POINT
+        if points * BYTES_PER_POINT > self.memory_budget or seconds > self.time_budget_s:
+            info["lower_bound_skipped"] = (
+                f"the optimistic PLD would need about {points:.3g} grid points and {seconds:.3g} s "
+                f"(memory_budget={self.memory_budget}, time_budget_s={self.time_budget_s:g}); "
+                "raise lower_bound_interval or the budgets to force it"
             )
             return None, info
         pld, truncated = _optimistic_pld(costly, factor=factor, interval=interval)

@@ -72,6 +72,7 @@ def test_settings_are_reported_and_registered() -> None:
         "report": "upper",
         "bucketing": 1e-3,
         "max_points": 1 << 23,
+        "memory_budget": 256 * 2**20,
     }
     assert "eps_error=0.02" in repr(acc)
 

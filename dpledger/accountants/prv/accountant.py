@@ -53,6 +53,7 @@ import numpy as np
 
 from dpledger.accountants.base import Accountant, Answer, ResultKind
 from dpledger.accountants.bucketing import conservative_buckets
+from dpledger.accountants.budget import DEFAULT_MEMORY_BUDGET, check_memory_budget
 from dpledger.accountants.prv.composition import ComposedLoss, compose, compose_prefixes
 from dpledger.accountants.prv.discretisation import DiscreteSteps, discretise_steps
 from dpledger.accountants.prv.fallback import rdp_epsilon
@@ -71,6 +72,9 @@ _DELTA_QUERY_ERROR = 1e-12
 _MAX_COARSENINGS = 6
 _SHIFT_SHARE = 1.2  # the mesh aims at a lower-bound shift t of about 1.4 eps_error
 MAX_DISTINCT_STEPS = 10_000  # about 0.4 MB of atoms each
+_BYTES_PER_SEGMENT = 256.0  # edges, tails, masses, widths and atoms of one 256-point segment
+_BYTES_PER_WINDOW_POINT = 32  # complex128 spectrum and one temporary per FFT window point
+_TINY_BUDGET = 1e-300  # a truncation budget below this underflows the mesh arithmetic
 
 
 class PrvNumericalError(DPLedgerError, ArithmeticError):
@@ -96,10 +100,19 @@ class _Plan:
         return 2.0 if self.replace_one else 1.0
 
     def gaussian_mu(self, counts: Sequence[int] | None = None) -> float:
+        """μ of the full-batch part: √(Σ count·(sensitivity/z)²), ∞ when that overflows."""
         s = self.sensitivity
         zs = [z for z, _ in self.gaussian]
         used = [c for _, c in self.gaussian] if counts is None else list(counts)
-        return math.sqrt(sum(c * (s / z) ** 2 for z, c in zip(zs, used, strict=True)))
+        total = 0.0
+        for z, c in zip(zs, used, strict=True):
+            if c == 0:
+                continue
+            try:
+                total += float(c) * max((s / z) ** 2, 5e-324)
+            except OverflowError:
+                return math.inf
+        return math.sqrt(total)
 
 
 def _plan(ledger: CompressedLedger) -> _Plan:
@@ -180,6 +193,13 @@ class PrvAccountant(Accountant):
             geometric grid of ratio 1 + r first (:func:`conservative_buckets`), which keeps the
             upper bound valid and makes ledgers with a new noise multiplier every step cheap.
         max_points: the largest FFT window (mesh points) a full-spectrum composition may use.
+        memory_budget: bytes the discretisation and composition may use by their up-front
+            estimates (default :data:`~dpledger.accountants.budget.DEFAULT_MEMORY_BUDGET`,
+            256 MiB): the truncated loss ranges may span at most ``memory_budget / 256``
+            segments of 256 mesh points, and the FFT window at most
+            min(``max_points``, ``memory_budget / 32``) points. Where even a 64× coarser mesh
+            does not fit, ε queries fall back to the RDP bound (labelled in the details and
+            warnings) and δ queries raise :class:`PrvNumericalError` naming these settings.
     """
 
     name = "prv"
@@ -194,6 +214,7 @@ class PrvAccountant(Accountant):
         report: str = "upper",
         bucketing: float | None = None,
         max_points: int = 1 << 23,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET,
     ) -> None:
         if (
             isinstance(eps_error, bool)
@@ -224,6 +245,7 @@ class PrvAccountant(Accountant):
         self.report = report
         self.bucketing = None if bucketing is None else float(bucketing)
         self.max_points = max_points
+        self.memory_budget = check_memory_budget(memory_budget)
 
     def settings(self) -> dict[str, Any]:
         """The accountant's settings."""
@@ -233,6 +255,7 @@ class PrvAccountant(Accountant):
             "report": self.report,
             "bucketing": self.bucketing,
             "max_points": self.max_points,
+            "memory_budget": self.memory_budget,
         }
 
     def check_supported(self, ledger: CompressedLedger) -> None:
@@ -249,6 +272,11 @@ class PrvAccountant(Accountant):
                     f"handles at most {MAX_DISTINCT_STEPS} without bucketing: use "
                     "PrvAccountant(bucketing=1e-3), which keeps the upper bound valid"
                 )
+
+    @property
+    def _window_limit(self) -> int:
+        """The largest FFT window: max_points, and at most memory_budget / 32 points."""
+        return max(1024, min(self.max_points, int(self.memory_budget // _BYTES_PER_WINDOW_POINT)))
 
     @property
     def _kind(self) -> ResultKind:
@@ -277,6 +305,7 @@ class PrvAccountant(Accountant):
             h=h,
             out_mass=eta_out / k,
             shift_lambda=lam,
+            max_segments=self.memory_budget / _BYTES_PER_SEGMENT,
         )
         return _Mesh(h=h, remove=remove, add=add)
 
@@ -301,7 +330,7 @@ class PrvAccountant(Accountant):
                     eta_wrap=0.05 * budget,
                     eta_band=0.1 * budget,
                     eta_shift=0.5 * budget,
-                    max_points=self.max_points,
+                    max_points=self._window_limit,
                     precise=precise,
                 )
             )
@@ -328,14 +357,16 @@ class PrvAccountant(Accountant):
         """Build the mesh and run ``run`` on it, coarsening the mesh if memory limits demand."""
         for coarsen in range(_MAX_COARSENINGS + 1):
             tried = attrs.evolve(tuning, coarsen=coarsen)
-            mesh = self._mesh(plan, tried)
             try:
+                mesh = self._mesh(plan, tried)
                 return run(mesh, tried), mesh, tried
             except MemoryError as exc:
-                logger.info("PRV mesh %.3g too fine (%s); coarsening", mesh.h, exc)
+                logger.info("PRV mesh too fine at coarsening %d (%s); coarsening", coarsen, exc)
         raise PrvNumericalError(
-            "the PRV composition needs more than max_points="
-            f"{self.max_points} mesh points even on a {2**_MAX_COARSENINGS}x coarser mesh"
+            f"the PRV discretisation and composition need more than memory_budget="
+            f"{self.memory_budget} bytes (FFT window limit {self._window_limit} points) even on "
+            f"a {2**_MAX_COARSENINGS}x coarser mesh; use a larger eps_error (now "
+            f"{self.eps_error!r}), a larger memory_budget, or the rdp accountant"
         )
 
     def _initial_tuning(self, delta: float) -> _Tuning:
@@ -355,6 +386,10 @@ class PrvAccountant(Accountant):
             return Answer(upper, lower=lower, upper=upper, kind=self._kind, details=details)
         counts = [c for _, _, c in plan.runs]
         tuning = self._initial_tuning(delta)
+        if not 0.05 * tuning.budget > _TINY_BUDGET:
+            return self._fallback(
+                plan, mu, delta, info, f"δ={delta!r} is too small for a truncation budget"
+            )
 
         def run(mesh: _Mesh, tried: _Tuning) -> tuple[_Bounds, dict[str, float]]:
             return self._epsilon_on_mesh(mesh, counts, mu, delta, tried.budget)
@@ -465,6 +500,8 @@ class PrvAccountant(Accountant):
         if not plan.runs:
             return [self._epsilon_plan(_prefix_plan(plan, t), delta, info) for t in steps]
         tuning = self._initial_tuning(delta)
+        if not 0.05 * tuning.budget > _TINY_BUDGET:
+            return [self._epsilon_plan(_prefix_plan(plan, t), delta, info) for t in steps]
         rows = [_prefix_counts(plan, t) for t in steps]
         live = [i for i, (counts, _) in enumerate(rows) if any(counts)]
         answers: list[Answer | None] = [None] * len(steps)
@@ -472,12 +509,15 @@ class PrvAccountant(Accountant):
             counts = np.array([rows[i][0] for i in live], dtype=np.int64)
             mus = np.array([plan.gaussian_mu(rows[i][1]) for i in live])
             budget = tuning.budget
-            mesh = self._mesh(plan, tuning)
-            sides = [
-                _compose_in_groups(side, counts, mus, budget)
-                for side in (mesh.remove, mesh.add)
-                if side is not None
-            ]
+            try:
+                mesh = self._mesh(plan, tuning)
+                sides = [
+                    _compose_in_groups(side, counts, mus, budget)
+                    for side in (mesh.remove, mesh.add)
+                    if side is not None
+                ]
+            except MemoryError:  # each prefix on its own (coarsening or falling back)
+                return [self._epsilon_plan(_prefix_plan(plan, t), delta, info) for t in steps]
             hint, previous = None, None
             for j, i in enumerate(live):
                 directions = tuple(side[j] for side in sides)
