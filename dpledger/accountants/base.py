@@ -47,7 +47,6 @@ import numpy as np
 from dpledger.errors import (
     AccountingNumericalError,
     DPLedgerError,
-    InvalidParameterError,
     ParameterValueError,
     UnsupportedLedgerError,
     describe_value,
@@ -190,7 +189,7 @@ def as_compressed(ledger: LedgerLike) -> CompressedLedger:
         return ledger
     if isinstance(ledger, PrivacyLedger):
         return ledger.compressed()
-    raise InvalidParameterError("ledger", ledger, "a PrivacyLedger or a CompressedLedger")
+    raise ParameterValueError("ledger", ledger, "a PrivacyLedger or a CompressedLedger")
 
 
 def _check_epsilon(value: Any) -> float:
@@ -472,7 +471,7 @@ class Accountant(abc.ABC):
         )
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.settings().items())
+        args = ", ".join(f"{k}={describe_value(v)}" for k, v in self.settings().items())
         return f"{type(self).__name__}({args})"
 
 
@@ -536,6 +535,6 @@ def make_accountant(name: str, **settings: Any) -> Accountant:
         module_name, class_name = ACCOUNTANT_MODULES[name]
     except (KeyError, TypeError):
         valid = ", ".join(sorted(ACCOUNTANT_MODULES))
-        raise InvalidParameterError("accountant", name, f"one of {valid}") from None
+        raise ParameterValueError("accountant", name, f"one of {valid}") from None
     cls = getattr(importlib.import_module(module_name), class_name)
     return cls(**settings)

@@ -82,7 +82,11 @@ from dpledger.accountants.budget import (
     check_time_budget,
     composed_points,
 )
-from dpledger.errors import DPLedgerError, InvalidParameterError, UnsupportedLedgerError
+from dpledger.errors import (
+    DPLedgerError,
+    ParameterValueError,
+    UnsupportedLedgerError,
+)
 from dpledger.ledger.events import NeighboringRelation
 from dpledger.ledger.steps import CompressedLedger
 
@@ -210,13 +214,13 @@ class GdpAccountant(Accountant):
         time_budget_s: float = DEFAULT_TIME_BUDGET_S,
     ) -> None:
         if not isinstance(lower_bound, bool):
-            raise InvalidParameterError("lower_bound", lower_bound, "True or False")
+            raise ParameterValueError("lower_bound", lower_bound, "True or False")
         if lower_bound_interval is not None and (
             isinstance(lower_bound_interval, bool)
             or not isinstance(lower_bound_interval, (int, float))
             or not 0.0 < lower_bound_interval <= 1.0
         ):
-            raise InvalidParameterError(
+            raise ParameterValueError(
                 "lower_bound_interval",
                 lower_bound_interval,
                 "None (automatic) or a number in (0, 1]",

@@ -24,7 +24,7 @@ import dp_accounting
 
 from dpledger.accountants.base import Accountant, PrivacyResult
 from dpledger.accountants.gdp import GdpAccountant
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import ParameterValueError
 from dpledger.ledger.events import NeighboringRelation
 from dpledger.ledger.steps import CompressedLedger, StepRun
 
@@ -52,11 +52,11 @@ class LedgerBackedPrivacyAccountant(dp_accounting.PrivacyAccountant):
         neighboring_relation: dp_accounting.NeighboringRelation = _NeighborRel.ADD_OR_REMOVE_ONE,
     ) -> None:
         if neighboring_relation not in _RELATIONS:
-            raise InvalidParameterError(
+            raise ParameterValueError(
                 "neighboring_relation", neighboring_relation, "ADD_OR_REMOVE_ONE or REPLACE_ONE"
             )
         if not isinstance(accountant, Accountant):
-            raise InvalidParameterError("accountant", accountant, "a dpledger Accountant")
+            raise ParameterValueError("accountant", accountant, "a dpledger Accountant")
         super().__init__(neighboring_relation)
         self._accountant = accountant
         self._runs: list[StepRun] = []
@@ -160,7 +160,7 @@ def ledger_from_opacus_history(
         try:
             noise_multiplier, sample_rate, steps = entry
         except (TypeError, ValueError):
-            raise InvalidParameterError(
+            raise ParameterValueError(
                 f"history[{i}]", entry, "a (noise_multiplier, sample_rate, steps) triple"
             ) from None
         if isinstance(steps, numbers.Integral) and not isinstance(steps, bool):

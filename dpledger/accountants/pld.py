@@ -53,7 +53,7 @@ from dpledger.accountants.budget import (
     refuse_if_over,
 )
 from dpledger.accountants.gdp import gdp_delta, gdp_epsilon
-from dpledger.errors import InvalidParameterError, UnsupportedLedgerError
+from dpledger.errors import ParameterValueError, UnsupportedLedgerError
 from dpledger.ledger.events import NeighboringRelation
 from dpledger.ledger.steps import CompressedLedger
 
@@ -117,7 +117,7 @@ class PldAccountant(Accountant):
     ) -> None:
         v = value_discretization_interval
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v <= 1.0:
-            raise InvalidParameterError(
+            raise ParameterValueError(
                 "value_discretization_interval", v, "a number in (0, 1], e.g. 1e-4"
             )
         self.value_discretization_interval = float(v)
