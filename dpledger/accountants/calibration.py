@@ -20,6 +20,12 @@ then the result says so in its kind and warnings.
 
 If no value in the bracket reaches the target, :class:`~dpledger.errors.InvalidParameterError`
 names the target and the bracket.
+
+Work is bounded: the bracket search doubles at most ~24 times, Brent's method converges in a few
+dozen evaluations and the step search in about 2·log₂(max_steps); every evaluation is one
+accountant call under that accountant's own memory and time budgets. On top of that the whole
+calibration stops with :class:`~dpledger.errors.ComputationBudgetError` once ``time_budget_s``
+(default 60 s) has passed, naming the evaluations done and a faster accountant.
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from typing import Any
 import attrs
 
 from dpledger.accountants.base import Accountant, PrivacyResult, ResultKind, make_accountant
-from dpledger.errors import ParameterValueError
+from dpledger.accountants.budget import DEFAULT_TIME_BUDGET_S, check_time_budget
+from dpledger.errors import ComputationBudgetError, ParameterValueError
 from dpledger.ledger.events import NeighboringRelation
 from dpledger.ledger.steps import CompressedLedger
 from dpledger.validation import (
@@ -109,8 +116,11 @@ class _Objective:
         neighboring: NeighboringRelation,
         allow_approximation: bool,
         build: Callable[[float], tuple[float, float, int]],
+        time_budget_s: float = DEFAULT_TIME_BUDGET_S,
     ) -> None:
         self.accountant = accountant
+        self.time_budget_s = time_budget_s
+        self.started = time.perf_counter()
         self.delta = delta
         self.neighboring = neighboring
         self.allow_approximation = allow_approximation
@@ -138,6 +148,21 @@ class _Objective:
     def __call__(self, x: float) -> float:
         if x in self.cache:
             return self.cache[x]
+        elapsed = time.perf_counter() - self.started
+        if elapsed > self.time_budget_s:
+            raise ComputationBudgetError(
+                parameter="time_budget_s",
+                value=self.time_budget_s,
+                estimated_bytes=0.0,
+                budget_bytes=0.0,
+                estimated_seconds=elapsed,
+                budget_seconds=self.time_budget_s,
+                accountant=self.accountant.name,
+                suggestion=(
+                    f"calibration stopped after {self.evaluations} evaluations; pass a larger "
+                    "time_budget_s, a narrower bracket, or a faster accountant (rdp)"
+                ),
+            )
         q, z, t = self.build(x)
         ledger = CompressedLedger.from_runs([(q, z, t)], neighboring=self.neighboring)
         value = self.certified(self.accountant.epsilon(ledger, delta=self.delta))
@@ -233,6 +258,7 @@ def calibrate_noise_multiplier(
     bracket: tuple[float, float] | None = None,
     neighboring: NeighboringRelation | str = NeighboringRelation.ADD_REMOVE,
     allow_approximation: bool = False,
+    time_budget_s: float = DEFAULT_TIME_BUDGET_S,
 ) -> CalibrationResult:
     """The smallest noise multiplier z (to 0.1%) whose ε at δ is at most ``target_epsilon``.
 
@@ -246,6 +272,8 @@ def calibrate_noise_multiplier(
             [1e-3, 1e4] until the boundary is bracketed.
         neighboring: the neighboring relation of the ledger being planned.
         allow_approximation: accept an accountant's approximation (labelled in the result).
+        time_budget_s: wall-clock seconds the calibration may take (default 60); checked
+            before each evaluation.
 
     Returns:
         A :class:`CalibrationResult` with ``value`` = z, ε(z) ≤ target, and ε(z / 1.001) > target
@@ -253,6 +281,8 @@ def calibrate_noise_multiplier(
 
     Raises:
         InvalidParameterError: bad arguments, or no z in the bracket reaches the target.
+        ComputationBudgetError: the time budget ran out, or an evaluation exceeded the
+            accountant's budget.
     """
     start = time.perf_counter()
     target = _check_target(target_epsilon)
@@ -267,6 +297,7 @@ def calibrate_noise_multiplier(
         delta=delta,
         neighboring=relation,
         allow_approximation=bool(allow_approximation),
+        time_budget_s=check_time_budget(time_budget_s),
         build=lambda z: (q, z, t),
     )
     warnings: list[str] = []
@@ -325,6 +356,7 @@ def calibrate_sampling_probability(
     bracket: tuple[float, float] = (1e-7, 1.0),
     neighboring: NeighboringRelation | str = NeighboringRelation.ADD_REMOVE,
     allow_approximation: bool = False,
+    time_budget_s: float = DEFAULT_TIME_BUDGET_S,
 ) -> CalibrationResult:
     """The largest sampling probability q (to 0.1%) whose ε at δ is at most ``target_epsilon``.
 
@@ -348,6 +380,7 @@ def calibrate_sampling_probability(
         delta=delta,
         neighboring=relation,
         allow_approximation=bool(allow_approximation),
+        time_budget_s=check_time_budget(time_budget_s),
         build=lambda q: (q, z, t),
     )
     if objective(hi) <= target:
@@ -381,6 +414,7 @@ def calibrate_steps(
     max_steps: int = _DEFAULT_MAX_STEPS,
     neighboring: NeighboringRelation | str = NeighboringRelation.ADD_REMOVE,
     allow_approximation: bool = False,
+    time_budget_s: float = DEFAULT_TIME_BUDGET_S,
 ) -> CalibrationResult:
     """The largest number of steps T ≤ ``max_steps`` whose ε at δ is at most ``target_epsilon``.
 
@@ -404,6 +438,7 @@ def calibrate_steps(
         delta=delta,
         neighboring=relation,
         allow_approximation=bool(allow_approximation),
+        time_budget_s=check_time_budget(time_budget_s),
         build=lambda t: (q, z, int(t)),
     )
     if objective(1) > target:

@@ -193,10 +193,10 @@ class GdpAccountant(Accountant):
         lower_bound_bucketing: relative grid (q rounded down, z up) applied to the ledger before
             the fallback PLD lower bound, to collapse distinct steps.
         bucketing: None, or a relative precision r: round q up and z down first (conservative).
-        memory_budget: bytes the fallback PLD lower bound may need by its up-front estimate
-            (default 256 MiB); beyond it (or ``time_budget_s``, default 60 s) the bound is
-            skipped and the details say why. The GDP number itself is closed-form and cheap.
-        time_budget_s: seconds the fallback PLD lower bound may take by its estimate.
+        memory_budget: bytes each lower-bound computation (PRV, then the PLD fallback) may
+            need (default 256 MiB); beyond it (or ``time_budget_s``, default 60 s each) the
+            bound is skipped and the details say why. The GDP number itself is closed-form.
+        time_budget_s: seconds each lower-bound computation may take.
     """
 
     name = "gdp"
@@ -324,7 +324,9 @@ class GdpAccountant(Accountant):
             return None, {
                 "lower_bound_skipped": "the GDP ε is infinite: nothing to certify against"
             }
-        lower, info = _prv_lower_bound(ledger, delta)
+        lower, info = _prv_lower_bound(
+            ledger, delta, memory_budget=self.memory_budget, time_budget_s=self.time_budget_s
+        )
         if lower is not None:
             return lower, info
         try:
@@ -419,8 +421,11 @@ class GdpAccountant(Accountant):
 _PRV_LOWER_BOUND_BUCKETING = 1e-3
 
 
-def _prv_lower_bound(ledger: CompressedLedger, delta: float) -> tuple[float | None, dict[str, Any]]:
-    """The PRV accountant's certified lower bound on an optimistically bucketed copy, or None."""
+def _prv_lower_bound(
+    ledger: CompressedLedger, delta: float, *, memory_budget: int, time_budget_s: float
+) -> tuple[float | None, dict[str, Any]]:
+    """The PRV accountant's certified lower bound on an optimistically bucketed copy, or None
+    (within the given memory and time budgets)."""
     from dpledger.accountants.prv import PrvAccountant
 
     start = time.perf_counter()
@@ -430,7 +435,9 @@ def _prv_lower_bound(ledger: CompressedLedger, delta: float) -> tuple[float | No
         "lower_bound_bucketing": _PRV_LOWER_BOUND_BUCKETING,
     }
     try:
-        result = PrvAccountant().epsilon(coarse, delta=delta)
+        result = PrvAccountant(memory_budget=memory_budget, time_budget_s=time_budget_s).epsilon(
+            coarse, delta=delta
+        )
     except DPLedgerError as exc:  # a refusal or a failed numerical check: use the fallback
         info["lower_bound_prv_failed"] = str(exc)
         return None, info

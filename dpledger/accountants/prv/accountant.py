@@ -43,9 +43,12 @@ use the remove pair only.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import math
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -53,7 +56,12 @@ import numpy as np
 
 from dpledger.accountants.base import Accountant, Answer, ResultKind
 from dpledger.accountants.bucketing import conservative_buckets
-from dpledger.accountants.budget import DEFAULT_MEMORY_BUDGET, check_memory_budget
+from dpledger.accountants.budget import (
+    DEFAULT_MEMORY_BUDGET,
+    DEFAULT_TIME_BUDGET_S,
+    check_memory_budget,
+    check_time_budget,
+)
 from dpledger.accountants.prv.composition import ComposedLoss, compose, compose_prefixes
 from dpledger.accountants.prv.discretisation import DiscreteSteps, discretise_steps
 from dpledger.accountants.prv.fallback import rdp_epsilon
@@ -79,6 +87,26 @@ MAX_DISTINCT_STEPS = 10_000  # about 0.4 MB of atoms each
 _BYTES_PER_SEGMENT = 256.0  # edges, tails, masses, widths and atoms of one 256-point segment
 _BYTES_PER_WINDOW_POINT = 32  # complex128 spectrum and one temporary per FFT window point
 _TINY_BUDGET = 1e-300  # a truncation budget below this underflows the mesh arithmetic
+_DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar("prv_deadline", default=math.inf)
+
+
+@contextlib.contextmanager
+def _time_budget(seconds: float) -> Iterator[None]:
+    """Set the deadline of the PRV computations in this context to now + ``seconds``."""
+    token = _DEADLINE.set(time.perf_counter() + seconds)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _check_deadline(seconds: float) -> None:
+    """Raise :class:`PrvNumericalError` once the current computation's deadline has passed."""
+    if time.perf_counter() > _DEADLINE.get():
+        raise PrvNumericalError(
+            f"the PRV computation exceeded time_budget_s={seconds:g} s; use a larger eps_error, "
+            "a larger time_budget_s, or the rdp accountant"
+        )
 
 
 class PrvNumericalError(DPLedgerError, ArithmeticError):
@@ -204,6 +232,10 @@ class PrvAccountant(Accountant):
             min(``max_points``, ``memory_budget / 32``) points. Where even a 64× coarser mesh
             does not fit, ε queries fall back to the RDP bound (labelled in the details and
             warnings) and δ queries raise :class:`PrvNumericalError` naming these settings.
+        time_budget_s: wall-clock seconds one question may take (default 60): checked before
+            each discretisation and composition (each bounded by ``memory_budget``); when it
+            has passed, ε queries fall back to the RDP bound (labelled) and δ queries raise
+            :class:`PrvNumericalError`.
     """
 
     name = "prv"
@@ -219,6 +251,7 @@ class PrvAccountant(Accountant):
         bucketing: float | None = None,
         max_points: int = 1 << 23,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        time_budget_s: float = DEFAULT_TIME_BUDGET_S,
     ) -> None:
         if (
             isinstance(eps_error, bool)
@@ -250,6 +283,7 @@ class PrvAccountant(Accountant):
         self.bucketing = None if bucketing is None else float(bucketing)
         self.max_points = max_points
         self.memory_budget = check_memory_budget(memory_budget)
+        self.time_budget_s = check_time_budget(time_budget_s)
 
     def settings(self) -> dict[str, Any]:
         """The accountant's settings."""
@@ -260,6 +294,7 @@ class PrvAccountant(Accountant):
             "bucketing": self.bucketing,
             "max_points": self.max_points,
             "memory_budget": self.memory_budget,
+            "time_budget_s": self.time_budget_s,
         }
 
     def check_supported(self, ledger: CompressedLedger) -> None:
@@ -360,6 +395,7 @@ class PrvAccountant(Accountant):
     ) -> tuple[Any, _Mesh, _Tuning]:
         """Build the mesh and run ``run`` on it, coarsening the mesh if memory limits demand."""
         for coarsen in range(_MAX_COARSENINGS + 1):
+            _check_deadline(self.time_budget_s)
             tried = attrs.evolve(tuning, coarsen=coarsen)
             try:
                 mesh = self._mesh(plan, tried)
@@ -380,7 +416,8 @@ class PrvAccountant(Accountant):
     # ------------------------------------------------------------------ ε
     def _epsilon(self, ledger: CompressedLedger, delta: float) -> Answer:
         plan, info = self._prepare(ledger)
-        return self._epsilon_plan(plan, delta, info)
+        with _time_budget(self.time_budget_s):
+            return self._epsilon_plan(plan, delta, info)
 
     def _epsilon_plan(self, plan: _Plan, delta: float, info: dict[str, Any]) -> Answer:
         mu = plan.gaussian_mu()
@@ -500,6 +537,12 @@ class PrvAccountant(Accountant):
         single call (its wrap or band, its float error, or an interval wider than 2·eps_error)
         is computed on its own.
         """
+        with _time_budget(self.time_budget_s):
+            return self._epsilon_curve_within_budget(ledger, delta, steps)
+
+    def _epsilon_curve_within_budget(
+        self, ledger: CompressedLedger, delta: float, steps: Sequence[int]
+    ) -> list[Answer]:
         plan, info = self._prepare(ledger)
         if not plan.runs:
             return [self._epsilon_plan(_prefix_plan(plan, t), delta, info) for t in steps]
@@ -525,6 +568,8 @@ class PrvAccountant(Accountant):
             hint, previous = None, None
             for j, i in enumerate(live):
                 directions = tuple(side[j] for side in sides)
+                if time.perf_counter() > _DEADLINE.get():
+                    break  # the remaining points each fall back on their own
                 try:
                     if any(d is None for d in directions):  # composed on its own window
                         bounds = self._checked_compose(
@@ -552,6 +597,10 @@ class PrvAccountant(Accountant):
 
     # ------------------------------------------------------------------ δ
     def _delta(self, ledger: CompressedLedger, epsilon: float) -> Answer:
+        with _time_budget(self.time_budget_s):
+            return self._delta_within_budget(ledger, epsilon)
+
+    def _delta_within_budget(self, ledger: CompressedLedger, epsilon: float) -> Answer:
         plan, info = self._prepare(ledger)
         mu = plan.gaussian_mu()
         if not plan.runs:
