@@ -27,6 +27,7 @@ from dpledger.accountants.gdp import GdpAccountant
 from dpledger.errors import ParameterValueError
 from dpledger.ledger.events import NeighboringRelation
 from dpledger.ledger.steps import CompressedLedger, StepRun
+from dpledger.validation import check_probability
 
 __all__ = ["GdpPrivacyAccountant", "LedgerBackedPrivacyAccountant", "ledger_from_opacus_history"]
 
@@ -35,6 +36,22 @@ _RELATIONS = {
     _NeighborRel.ADD_OR_REMOVE_ONE: NeighboringRelation.ADD_REMOVE,
     _NeighborRel.REPLACE_ONE: NeighboringRelation.REPLACE_ONE,
 }
+
+
+def _event_noise_multiplier(event: Any) -> float:
+    """A GaussianDpEvent's noise multiplier as a float ≥ 0 (dp-accounting events have no
+    validators, so a huge int or a string would otherwise fail later, untyped)."""
+    value = event.noise_multiplier
+    expected = "a noise multiplier >= 0 (a real number)"
+    if isinstance(value, bool):
+        raise ParameterValueError("noise_multiplier", value, expected)
+    try:
+        z = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ParameterValueError("noise_multiplier", value, expected) from None
+    if not z >= 0.0:
+        raise ParameterValueError("noise_multiplier", value, expected)
+    return z + 0.0
 
 
 class LedgerBackedPrivacyAccountant(dp_accounting.PrivacyAccountant):
@@ -81,12 +98,12 @@ class LedgerBackedPrivacyAccountant(dp_accounting.PrivacyAccountant):
         if isinstance(event, dp_accounting.NonPrivateDpEvent):
             return [(1.0, 0.0, count)]
         if isinstance(event, dp_accounting.GaussianDpEvent):
-            return [(1.0, float(event.noise_multiplier), count)]
+            return [(1.0, _event_noise_multiplier(event), count)]
         if isinstance(event, dp_accounting.PoissonSampledDpEvent):
             if not isinstance(event.event, dp_accounting.GaussianDpEvent):
                 return details(event, "PoissonSampledDpEvent must wrap a GaussianDpEvent")
-            q = float(event.sampling_probability)
-            z = float(event.event.noise_multiplier)
+            q = check_probability("sampling_probability", event.sampling_probability)
+            z = _event_noise_multiplier(event.event)
             if 0.0 < q < 1.0 and self.neighboring_relation is _NeighborRel.REPLACE_ONE:
                 return details(event, "Poisson sampling is supported only under ADD_OR_REMOVE_ONE")
             return [(q, z, count)]
@@ -156,7 +173,13 @@ def ledger_from_opacus_history(
         InvalidParameterError: an entry that is not a triple, or has an invalid value.
     """
     runs = []
-    for i, entry in enumerate(history):
+    try:
+        entries = iter(history)
+    except TypeError:
+        raise ParameterValueError(
+            "history", history, "an iterable of (noise_multiplier, sample_rate, steps) triples"
+        ) from None
+    for i, entry in enumerate(entries):
         try:
             noise_multiplier, sample_rate, steps = entry
         except (TypeError, ValueError):
