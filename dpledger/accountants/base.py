@@ -83,7 +83,6 @@ _NUMERICAL_FAILURES = (
     RecursionError,
     IndexError,
     ValueError,
-    TypeError,
     Warning,
 )
 
