@@ -68,6 +68,7 @@ from dpledger.accountants.prv.fallback import rdp_epsilon
 from dpledger.accountants.prv.gaussian import gaussian_delta, gaussian_epsilon
 from dpledger.accountants.prv.pairs import StepPair
 from dpledger.errors import (
+    ComputationBudgetError,
     DPLedgerError,
     ParameterValueError,
     UnsupportedLedgerError,
@@ -86,6 +87,7 @@ _SHIFT_SHARE = 1.2  # the mesh aims at a lower-bound shift t of about 1.4 eps_er
 MAX_DISTINCT_STEPS = 10_000  # about 0.4 MB of atoms each
 _BYTES_PER_SEGMENT = 256.0  # edges, tails, masses, widths and atoms of one 256-point segment
 _BYTES_PER_WINDOW_POINT = 32  # complex128 spectrum and one temporary per FFT window point
+_BYTES_PER_CURVE_CELL = 256.0  # per (curve point, distinct step): counts, spectra powers
 _TINY_BUDGET = 1e-300  # a truncation budget below this underflows the mesh arithmetic
 _DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar("prv_deadline", default=math.inf)
 
@@ -544,6 +546,19 @@ class PrvAccountant(Accountant):
         self, ledger: CompressedLedger, delta: float, steps: Sequence[int]
     ) -> list[Answer]:
         plan, info = self._prepare(ledger)
+        cells = float(len(steps)) * max(1, len(plan.runs))
+        if cells * _BYTES_PER_CURVE_CELL > self.memory_budget:
+            raise ComputationBudgetError(
+                parameter="steps",
+                value=f"<{len(steps)} step counts over {len(plan.runs)} distinct steps>",
+                estimated_bytes=cells * _BYTES_PER_CURVE_CELL,
+                budget_bytes=self.memory_budget,
+                accountant=self.name,
+                suggestion=(
+                    "ask for fewer curve points, use PrvAccountant(bucketing=1e-3) to collapse "
+                    "distinct steps, or a larger memory_budget"
+                ),
+            )
         if not plan.runs:
             return [self._epsilon_plan(_prefix_plan(plan, t), delta, info) for t in steps]
         tuning = self._initial_tuning(delta)
@@ -564,7 +579,7 @@ class PrvAccountant(Accountant):
                     if side is not None
                 ]
             except MemoryError:  # each prefix on its own (coarsening or falling back)
-                return [self._epsilon_plan(_prefix_plan(plan, t), delta, info) for t in steps]
+                return [self._epsilon_point(plan, t, delta, info) for t in steps]
             hint, previous = None, None
             for j, i in enumerate(live):
                 directions = tuple(side[j] for side in sides)
@@ -591,9 +606,28 @@ class PrvAccountant(Accountant):
                 if not answer.warnings:
                     answers[i] = answer
         return [
-            a if a is not None else self._epsilon_plan(_prefix_plan(plan, t), delta, info)
+            a if a is not None else self._epsilon_point(plan, t, delta, info)
             for a, t in zip(answers, steps, strict=True)
         ]
+
+    def _epsilon_point(self, plan: _Plan, t: int, delta: float, info: dict[str, Any]) -> Answer:
+        """One curve point on its own; refused once the curve's time budget has passed (a
+        fallback per point could take as long again for every remaining point)."""
+        if time.perf_counter() > _DEADLINE.get():
+            raise ComputationBudgetError(
+                parameter="time_budget_s",
+                value=self.time_budget_s,
+                estimated_bytes=0.0,
+                budget_bytes=float(self.memory_budget),
+                estimated_seconds=self.time_budget_s,
+                budget_seconds=self.time_budget_s,
+                accountant=self.name,
+                suggestion=(
+                    "the curve ran out of time before every point was certified: ask for fewer "
+                    "points, use a larger eps_error or time_budget_s, or the rdp accountant"
+                ),
+            )
+        return self._epsilon_plan(_prefix_plan(plan, t), delta, info)
 
     # ------------------------------------------------------------------ δ
     def _delta(self, ledger: CompressedLedger, epsilon: float) -> Answer:

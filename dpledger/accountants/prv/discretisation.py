@@ -322,7 +322,8 @@ def _choose_widths(
     rows = np.arange(weight.size)
 
     def pick(mu: float) -> tuple[np.ndarray, float]:
-        choice = np.argmin(bins[None, :] + mu * extra, axis=1)
+        with np.errstate(over="ignore"):  # an infinite cost only rules a width out
+            choice = np.argmin(bins[None, :] + mu * extra, axis=1)
         return choice, float(extra[rows, choice].sum())
 
     hi = 1.0
