@@ -233,3 +233,17 @@ def test_messages_never_round_a_nonzero_value_to_zero() -> None:
             _ledger((0.01, 1.0, 10)), delta=DELTA
         )
     assert "5e-324" in str(info.value)
+
+
+def test_prv_curve_over_many_points_and_distinct_steps_is_refused_up_front() -> None:
+    ledger = _ledger(*[(0.01, 1.0 + i * 1e-3, 2) for i in range(5000)])
+    start = time.perf_counter()
+    with pytest.raises(ComputationBudgetError, match="bucketing=1e-3"):
+        PrvAccountant().epsilon_curve(ledger, delta=DELTA, steps=range(1, 10_001))
+    assert time.perf_counter() - start < 5.0
+
+
+def test_pld_curve_work_counts_every_point() -> None:
+    ledger = _ledger((0.01, 1.0, 10_000))
+    with pytest.raises(ComputationBudgetError, match=r"time budget 60 s"):
+        PldAccountant().epsilon_curve(ledger, delta=DELTA, steps=range(1, 10_001))
