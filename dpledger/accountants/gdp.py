@@ -460,23 +460,30 @@ def _optimistic_pld(
     ``_PLD_TAIL_TRUNCATION`` per self-composition or composition)."""
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
+    from dpledger.accountants.pld_composition import self_compose
+
     full_mu_sq = 0.0
     parts = []
+    self_compositions = 0
     for (q, z), count in distinct.items():
         if q == 0.0 or math.isinf(z):
             continue
         if q == 1.0:
             full_mu_sq += count * (factor / z) ** 2
             continue
-        parts.append(
+        composed, operations = self_compose(
             pld_lib.from_gaussian_mechanism(
                 standard_deviation=z,
                 sampling_prob=q,
                 pessimistic_estimate=False,
                 use_connect_dots=False,
                 value_discretization_interval=interval,
-            ).self_compose(count, tail_mass_truncation=_PLD_TAIL_TRUNCATION)
+            ),
+            count,
+            tail_mass_truncation=_PLD_TAIL_TRUNCATION,
         )
+        parts.append(composed)
+        self_compositions += operations
     if full_mu_sq > 0.0:
         parts.append(
             pld_lib.from_gaussian_mechanism(
@@ -488,7 +495,6 @@ def _optimistic_pld(
         )
     if not parts:
         return None, 0.0
-    self_compositions = len(parts) - (1 if full_mu_sq > 0.0 else 0)
     operations = self_compositions + len(parts) - 1
     total = parts[0]
     for p in parts[1:]:

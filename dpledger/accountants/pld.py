@@ -53,6 +53,7 @@ from dpledger.accountants.budget import (
     refuse_if_over,
 )
 from dpledger.accountants.gdp import gdp_delta, gdp_epsilon
+from dpledger.accountants.pld_composition import self_compose
 from dpledger.errors import ParameterValueError, UnsupportedLedgerError
 from dpledger.ledger.events import NeighboringRelation
 from dpledger.ledger.steps import CompressedLedger
@@ -258,7 +259,7 @@ class PldAccountant(Accountant):
             if q == 1.0:
                 mu_squared += _gaussian_term(count, factor, z)
             else:
-                parts.append(self._subsampled(q, z).self_compose(count))
+                parts.append(self_compose(self._subsampled(q, z), count)[0])
         if mu_squared > 0.0:
             parts.append(self._gaussian(mu_squared))
         return self._compose(parts) if parts else None
@@ -312,7 +313,7 @@ class PldAccountant(Accountant):
                     else:
                         if (q, z) not in base:
                             base[(q, z)] = self._subsampled(q, z)
-                        parts.append(base[(q, z)].self_compose(take))
+                        parts.append(self_compose(base[(q, z)], take)[0])
                 need -= take
                 used_in_run += take
                 if used_in_run == run.count:
