@@ -43,12 +43,10 @@ use the remove pair only.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -63,13 +61,18 @@ from dpledger.accountants.budget import (
     check_time_budget,
 )
 from dpledger.accountants.prv.composition import ComposedLoss, compose, compose_prefixes
+from dpledger.accountants.prv.deadline import (
+    _DEADLINE,
+    PrvNumericalError,
+    _check_deadline,
+    _time_budget,
+)
 from dpledger.accountants.prv.discretisation import DiscreteSteps, discretise_steps
 from dpledger.accountants.prv.fallback import rdp_epsilon
 from dpledger.accountants.prv.gaussian import gaussian_delta, gaussian_epsilon
 from dpledger.accountants.prv.pairs import StepPair
 from dpledger.errors import (
     ComputationBudgetError,
-    DPLedgerError,
     ParameterValueError,
     UnsupportedLedgerError,
 )
@@ -89,30 +92,6 @@ _BYTES_PER_SEGMENT = 256.0  # edges, tails, masses, widths and atoms of one 256-
 _BYTES_PER_WINDOW_POINT = 32  # complex128 spectrum and one temporary per FFT window point
 _BYTES_PER_CURVE_CELL = 256.0  # per (curve point, distinct step): counts, spectra powers
 _TINY_BUDGET = 1e-300  # a truncation budget below this underflows the mesh arithmetic
-_DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar("prv_deadline", default=math.inf)
-
-
-@contextlib.contextmanager
-def _time_budget(seconds: float) -> Iterator[None]:
-    """Set the deadline of the PRV computations in this context to now + ``seconds``."""
-    token = _DEADLINE.set(time.perf_counter() + seconds)
-    try:
-        yield
-    finally:
-        _DEADLINE.reset(token)
-
-
-def _check_deadline(seconds: float) -> None:
-    """Raise :class:`PrvNumericalError` once the current computation's deadline has passed."""
-    if time.perf_counter() > _DEADLINE.get():
-        raise PrvNumericalError(
-            f"the PRV computation exceeded time_budget_s={seconds:g} s; use a larger eps_error, "
-            "a larger time_budget_s, or the rdp accountant"
-        )
-
-
-class PrvNumericalError(DPLedgerError, ArithmeticError):
-    """A numerical check of the PRV accountant failed and no certified fallback applies."""
 
 
 @attrs.frozen
