@@ -81,6 +81,7 @@ from dpledger.accountants.budget import (
     check_memory_budget,
     check_time_budget,
     composed_points,
+    gaussian_loss_width,
 )
 from dpledger.errors import (
     DPLedgerError,
@@ -194,9 +195,10 @@ class GdpAccountant(Accountant):
             the fallback PLD lower bound, to collapse distinct steps.
         bucketing: None, or a relative precision r: round q up and z down first (conservative).
         memory_budget: bytes each lower-bound computation (PRV, then the PLD fallback) may
-            need (default 256 MiB); beyond it (or ``time_budget_s``, default 60 s each) the
-            bound is skipped and the details say why. The GDP number itself is closed-form.
-        time_budget_s: seconds each lower-bound computation may take.
+            need (default 256 MiB); beyond it the bound is skipped and the details say why.
+            The GDP number itself is closed-form.
+        time_budget_s: seconds the lower bound may take in all (default 60): the PRV bound
+            gets half, the PLD fallback what is left by its up-front estimate.
     """
 
     name = "gdp"
@@ -324,13 +326,17 @@ class GdpAccountant(Accountant):
             return None, {
                 "lower_bound_skipped": "the GDP ε is infinite: nothing to certify against"
             }
+        start = time.perf_counter()
         lower, info = _prv_lower_bound(
-            ledger, delta, memory_budget=self.memory_budget, time_budget_s=self.time_budget_s
+            ledger, delta, memory_budget=self.memory_budget, time_budget_s=self.time_budget_s / 2
         )
         if lower is not None:
             return lower, info
+        time_left = self.time_budget_s - (time.perf_counter() - start)
         try:
-            fallback, more = self._pld_lower_bound(ledger, gdp_value=gdp_value, delta=delta)
+            fallback, more = self._pld_lower_bound(
+                ledger, gdp_value=gdp_value, delta=delta, time_left=time_left
+            )
         except DPLedgerError as exc:  # a budget refusal: the bound is optional
             return None, {**info, "lower_bound_skipped": str(exc)}
         except (ArithmeticError, MemoryError, ValueError) as exc:
@@ -341,7 +347,12 @@ class GdpAccountant(Accountant):
         return fallback, {**info, **more}
 
     def _pld_lower_bound(
-        self, ledger: CompressedLedger, *, gdp_value: float, delta: float
+        self,
+        ledger: CompressedLedger,
+        *,
+        gdp_value: float,
+        delta: float,
+        time_left: float = math.inf,
     ) -> tuple[float | None, dict[str, Any]]:
         """Certified lower bound on ε(δ) (dp-accounting PLD, optimistic), or None if skipped.
 
@@ -386,16 +397,25 @@ class GdpAccountant(Accountant):
                 "raise lower_bound_bucketing to collapse them"
             )
             return None, info
-        points, seconds = 0.0, 0.0
+        points, seconds, full_mu_sq = 0.0, 0.0, 0.0
         for (q, z), count in costly.items():
             if q < 1.0:
                 single, composed = composed_points(q, z, float(count), interval)
                 points = max(points, composed)
                 seconds += single * SECONDS_PER_BUILT_POINT + composed * SECONDS_PER_COMPOSED_POINT
-        if points * BYTES_PER_POINT > self.memory_budget or seconds > self.time_budget_s:
+            else:
+                full_mu_sq += float(count) * (factor / z) ** 2
+        if full_mu_sq > 0.0:  # the full-batch steps form one Gaussian PLD
+            single = gaussian_loss_width(math.sqrt(full_mu_sq)) / interval + 1.0
+            points = max(points, single)
+            seconds += single * (SECONDS_PER_BUILT_POINT + SECONDS_PER_COMPOSED_POINT)
+        if points * BYTES_PER_POINT > self.memory_budget or seconds > min(
+            time_left, self.time_budget_s
+        ):
             info["lower_bound_skipped"] = (
                 f"the optimistic PLD would need about {points:.3g} grid points and {seconds:.3g} s "
-                f"(memory_budget={self.memory_budget}, time_budget_s={self.time_budget_s:g}); "
+                f"(memory_budget={self.memory_budget}, {max(time_left, 0.0):.3g} s left of "
+                f"time_budget_s={self.time_budget_s:g}); "
                 "raise lower_bound_interval or the budgets to force it"
             )
             return None, info
