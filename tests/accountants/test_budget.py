@@ -279,3 +279,13 @@ def test_repeated_squaring_agrees_with_dp_accountings_loop() -> None:
         assert ours.get_delta_for_epsilon(eps) >= (
             theirs.get_delta_for_epsilon(eps) * (1 - 1e-12) - 2e-15
         )
+
+
+def test_gdp_lower_bound_shares_one_time_budget_and_counts_the_gaussian_part() -> None:
+    # μ of the full-batch part is ~2450: its optimistic PLD would need ~6e8 grid points
+    ledger = _ledger((1.0, 0.4083238960253006, 10**6), (0.5, 2.271342784009953, 2686))
+    start = time.perf_counter()
+    result = GdpAccountant(time_budget_s=2.0).epsilon(ledger, delta=DELTA)
+    assert time.perf_counter() - start < 2.0 + 2.0  # the budget plus one bounded step
+    assert result.kind is ResultKind.APPROXIMATION and result.lower is None
+    assert "grid points" in result.details["lower_bound_skipped"]
