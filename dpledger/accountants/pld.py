@@ -25,7 +25,11 @@ in range, each of which can only raise ε (the privacy loss is non-decreasing in
 non-increasing in z): q below 10⁻¹² is raised to 10⁻¹², and z above 10⁴ (μ below 10⁻⁴ for the
 full-batch Gaussian) is lowered to 10⁴.
 
-Results are upper bounds (pessimistic estimate). Replace-one: a full-batch step changes the sum
+Results are upper bounds (pessimistic estimate). Discretisation slack: the pessimistic
+discretisation rounds each step's privacy loss up by less than the interval h, so the reported ε
+exceeds the exact ε of the (clamped) ledger by less than (number of subsampled steps)·h, besides
+the at most 10⁻¹⁵ of tail mass per composition that is moved to an infinite loss. Comparisons
+between two results (e.g. monotonicity in T, q or z) hold up to that slack. Replace-one: a full-batch step changes the sum
 by up to 2S, so it is a Gaussian with sensitivity 2 (handled). For Poisson-subsampled steps under
 replace-one dp-accounting uses the pair (1 − q)N(0, z²) + qN(∓1, z²); this module does not rely
 on that pair without a proof it can cite and test, so such ledgers are refused with
