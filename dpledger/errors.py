@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AccountingNumericalError",
+    "ComputationBudgetError",
     "DPLedgerError",
     "InvalidParameterError",
     "LedgerError",
@@ -19,7 +21,10 @@ __all__ = [
     "LedgerStateError",
     "LedgerVerificationError",
     "NotALedgerError",
+    "ParameterValueError",
     "UnsupportedLedgerError",
+    "describe_value",
+    "format_bytes",
 ]
 
 
@@ -40,7 +45,9 @@ class InvalidParameterError(DPLedgerError, ValueError):
         self.parameter = parameter
         self.value = value
         self.expected = expected
-        super().__init__(f"{parameter}={value!r} is invalid: expected {expected}")
+        # describe_value: a value whose repr fails or runs to thousands of digits (an int past
+        # Python's int-to-string limit) must not turn building this error into another error
+        super().__init__(f"{parameter}={describe_value(value)} is invalid: expected {expected}")
 
 
 class LedgerError(DPLedgerError):
@@ -92,6 +99,113 @@ class LedgerVerificationError(LedgerFileError):
 
 class UnsupportedLedgerError(DPLedgerError, ValueError):
     """An accountant cannot analyse this ledger (an event kind, a neighboring relation, …)."""
+
+
+def describe_value(value: Any) -> str:
+    """``repr(value)``, except that it never fails and never prints thousands of digits.
+
+    An integer too long for ``repr`` (Python limits int-to-string conversion to 4300 digits) or
+    longer than 40 digits is described by its number of bits instead; any other value whose
+    ``repr`` fails is described by its type.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 130:
+        sign = "-" if value < 0 else ""
+        return f"{sign}<an integer of {value.bit_length()} bits, about 2**{value.bit_length() - 1}>"
+    try:
+        return repr(value)
+    except Exception:  # a repr that fails must not hide the real error
+        return f"<a {type(value).__name__}>"
+
+
+class ParameterValueError(InvalidParameterError):
+    """An :class:`InvalidParameterError` whose message describes any value safely.
+
+    Used where the rejected value may be a Python int with thousands of digits (a step count,
+    a population size) or an object whose ``repr`` fails: the message uses
+    :func:`describe_value`, so building the error can never raise in its turn.
+    """
+
+    def __init__(self, parameter: str, value: Any, expected: str) -> None:
+        self.parameter = parameter
+        self.value = value
+        self.expected = expected
+        DPLedgerError.__init__(
+            self, f"{parameter}={describe_value(value)} is invalid: expected {expected}"
+        )
+
+
+class ComputationBudgetError(DPLedgerError, ValueError):
+    """An accountant refused a computation that would exceed its memory or time budget.
+
+    Raised *before* the work starts, from an up-front estimate. The message names the setting
+    that drives the cost, the estimate, the budget and what would make the computation feasible
+    (a coarser discretisation, a larger budget, or another accountant).
+
+    Attributes:
+        parameter: the setting or input that drives the cost (e.g.
+            ``"value_discretization_interval"``, ``"noise_multiplier"``).
+        value: its value.
+        estimated_bytes: the estimated peak memory of the computation.
+        budget_bytes: the memory budget it was checked against.
+        estimated_seconds: the estimated time (None when only memory was checked).
+        budget_seconds: the time budget (None when only memory was checked).
+        suggestion: what would make it feasible.
+    """
+
+    def __init__(
+        self,
+        *,
+        parameter: str,
+        value: Any,
+        estimated_bytes: float,
+        budget_bytes: float,
+        suggestion: str,
+        accountant: str = "",
+        estimated_seconds: float | None = None,
+        budget_seconds: float | None = None,
+    ) -> None:
+        self.parameter = parameter
+        self.value = value
+        self.estimated_bytes = estimated_bytes
+        self.budget_bytes = budget_bytes
+        self.estimated_seconds = estimated_seconds
+        self.budget_seconds = budget_seconds
+        self.suggestion = suggestion
+        who = f"the {accountant} accountant" if accountant else "this computation"
+        if estimated_seconds is not None and budget_seconds is not None:
+            need = (
+                f"about {estimated_seconds:.3g} s (time budget {budget_seconds:g} s, time_budget_s)"
+            )
+        else:
+            need = (
+                f"about {format_bytes(estimated_bytes)} (memory budget "
+                f"{format_bytes(budget_bytes)}, memory_budget)"
+            )
+        super().__init__(
+            f"{who} would need {need} with {parameter}={describe_value(value)}; {suggestion}"
+        )
+
+
+class AccountingNumericalError(DPLedgerError, ArithmeticError):
+    """An accountant could not compute a trustworthy number for these inputs.
+
+    Raised instead of a NaN, a negative ε or an untyped floating-point error (overflow, division
+    by zero, …) when the inputs are legal but outside what the accountant's arithmetic handles.
+    The message names the accountant, the inputs and suggests another accountant or setting.
+    """
+
+
+def format_bytes(n: float) -> str:
+    """A byte count in binary units with three significant digits (``"35.5 PiB"``)."""
+    if n != n:  # NaN
+        return "an unknown amount"
+    if n == float("inf"):
+        return "unboundedly much memory"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if abs(n) < 1024.0 or unit == "EiB":
+            return f"{n:.3g} {unit}"
+        n /= 1024.0
+    return f"{n:.3g} EiB"  # pragma: no cover - the loop always returns
 
 
 class MissingHeaderError(NotALedgerError):

@@ -14,6 +14,19 @@ analyse (:class:`~dpledger.errors.UnsupportedLedgerError`), answer the trivial c
 ledger spends ε = 0; a step with σ̃ = 0 and q > 0 makes ε = ∞), and time the computation.
 Subclasses implement :meth:`Accountant._epsilon` and :meth:`Accountant._delta` on ledgers that
 have at least one private step and no non-private one.
+
+Guarantees of every public method, for every legal input (however extreme):
+
+* it returns a result or raises a :class:`~dpledger.errors.DPLedgerError`: the computation runs
+  with numpy's overflow, division and invalid-operation checks raising (so the answer does not
+  depend on the caller's warning filters), and any floating-point, memory or library failure
+  becomes an :class:`~dpledger.errors.AccountingNumericalError` naming the accountant and the
+  inputs; accountants refuse work beyond their memory budget up front with a
+  :class:`~dpledger.errors.ComputationBudgetError`;
+* a reported ε or δ is never NaN; ε ≥ 0 and 0 ≤ δ ≤ 1;
+* :meth:`Accountant.epsilon_curve` takes at most ``max_curve_points`` points
+  (:data:`DEFAULT_MAX_CURVE_POINTS` = 10,000 by default), checked before any work;
+* ``KeyboardInterrupt`` is never caught.
 """
 
 from __future__ import annotations
@@ -21,15 +34,23 @@ from __future__ import annotations
 import abc
 import enum
 import importlib
+import itertools
 import math
 import numbers
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
 
 import attrs
+import numpy as np
 
-from dpledger.errors import InvalidParameterError, UnsupportedLedgerError
+from dpledger.errors import (
+    AccountingNumericalError,
+    DPLedgerError,
+    ParameterValueError,
+    UnsupportedLedgerError,
+    describe_value,
+)
 from dpledger.ledger.events import NeighboringRelation
 from dpledger.ledger.ledger import PrivacyLedger
 from dpledger.ledger.steps import CompressedLedger, StepRun
@@ -37,6 +58,7 @@ from dpledger.validation import check_delta
 
 __all__ = [
     "ACCOUNTANT_MODULES",
+    "DEFAULT_MAX_CURVE_POINTS",
     "Accountant",
     "Answer",
     "LedgerLike",
@@ -47,6 +69,22 @@ __all__ = [
 ]
 
 LedgerLike = PrivacyLedger | CompressedLedger
+
+DEFAULT_MAX_CURVE_POINTS = 10_000
+"""The most step counts one :meth:`Accountant.epsilon_curve` call accepts by default."""
+
+_T = TypeVar("_T")
+
+# What a numerical computation may raise on legal but extreme inputs (Warning: a numpy or scipy
+# warning turned into an error by the caller's warning filters).
+_NUMERICAL_FAILURES = (
+    ArithmeticError,
+    MemoryError,
+    RecursionError,
+    IndexError,
+    ValueError,
+    Warning,
+)
 
 
 class ResultKind(str, enum.Enum):
@@ -150,13 +188,34 @@ def as_compressed(ledger: LedgerLike) -> CompressedLedger:
         return ledger
     if isinstance(ledger, PrivacyLedger):
         return ledger.compressed()
-    raise InvalidParameterError("ledger", ledger, "a PrivacyLedger or a CompressedLedger")
+    raise ParameterValueError("ledger", ledger, "a PrivacyLedger or a CompressedLedger")
 
 
 def _check_epsilon(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0.0:
-        raise InvalidParameterError("epsilon", value, "a number >= 0 (inf allowed)")
-    return float(value)
+    expected = "a number >= 0 (inf allowed)"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ParameterValueError("epsilon", value, expected)
+    try:
+        x = float(value)
+    except OverflowError:  # an int beyond the float range: ε = ∞
+        if value > 0:
+            return math.inf
+        raise ParameterValueError("epsilon", value, expected) from None
+    if not x >= 0.0:
+        raise ParameterValueError("epsilon", value, expected)
+    return x + 0.0
+
+
+def describe_ledger(comp: CompressedLedger, *, limit: int = 3) -> str:
+    """A short description of a ledger's runs for error messages: (q, z, count) of the first
+    ``limit`` runs, all numbers in repr form (a nonzero value never prints as 0)."""
+    runs = comp.runs
+    shown = ", ".join(
+        f"(q={r.sampling_probability!r}, z={r.noise_multiplier!r}, count={describe_value(r.count)})"
+        for r in runs[:limit]
+    )
+    more = f" and {len(runs) - limit} more runs" if len(runs) > limit else ""
+    return f"{comp.neighboring.value} ledger with runs {shown}{more}"
 
 
 def _is_costly(run: StepRun) -> bool:
@@ -218,7 +277,7 @@ class Accountant(abc.ABC):
         start = time.perf_counter()
         answer = self._trivial_epsilon(comp)
         if answer is None:
-            answer = self._epsilon(comp, delta)
+            answer = self._guarded(f"ε at δ={delta!r}", comp, self._epsilon, comp, delta)
         return self._result(
             "epsilon", answer, comp.num_steps, start, epsilon=answer.value, delta=delta
         )
@@ -234,35 +293,69 @@ class Accountant(abc.ABC):
             if math.isinf(epsilon):
                 answer = Answer(0.0, lower=0.0, upper=0.0)
             else:
-                answer = self._delta(comp, epsilon)
+                answer = self._guarded(f"δ at ε={epsilon!r}", comp, self._delta, comp, epsilon)
         return self._result(
             "delta", answer, comp.num_steps, start, epsilon=epsilon, delta=answer.value
         )
 
     def epsilon_curve(
-        self, ledger: LedgerLike, *, delta: float, steps: Sequence[int]
+        self,
+        ledger: LedgerLike,
+        *,
+        delta: float,
+        steps: Sequence[int],
+        max_curve_points: int = DEFAULT_MAX_CURVE_POINTS,
     ) -> tuple[PrivacyResult, ...]:
         """ε at δ after each of ``steps`` steps (in the order given), computed incrementally.
 
         Step counts are integers in [0, number of steps] (numpy integers are accepted); each
         result's ``seconds`` is the total time divided by the number of points.
+
+        Args:
+            ledger: the ledger.
+            delta: δ in (0, 1).
+            steps: the step counts, at most ``max_curve_points`` of them (checked before any
+                work, without materialising a longer iterable).
+            max_curve_points: the most points accepted (default
+                :data:`DEFAULT_MAX_CURVE_POINTS` = 10,000); each point costs at most one
+                accountant evaluation, so this bounds the work of a curve.
         """
         delta = check_delta("delta", delta)
+        if (
+            isinstance(max_curve_points, bool)
+            or not isinstance(max_curve_points, numbers.Integral)
+            or max_curve_points < 1
+        ):
+            raise ParameterValueError("max_curve_points", max_curve_points, "an integer >= 1")
         comp = as_compressed(ledger)
         self.check_supported(comp)
         total = comp.num_steps
+        too_many = (
+            f"at most max_curve_points={max_curve_points} step counts (pass a larger "
+            "max_curve_points, or fewer points)"
+        )
         try:
-            counts = list(steps)
+            length = len(steps)
+        except OverflowError:  # e.g. range(10**21)
+            raise ParameterValueError("steps", steps, too_many) from None
         except TypeError:
-            raise InvalidParameterError(
+            length = None
+        if length is not None and length > max_curve_points:
+            raise ParameterValueError("steps", f"<{length} step counts>", too_many)
+        try:
+            counts = list(itertools.islice(steps, max_curve_points + 1))
+        except TypeError:
+            raise ParameterValueError(
                 "steps", steps, "a non-empty sequence of step counts"
             ) from None
+        if len(counts) > max_curve_points:
+            raise ParameterValueError("steps", steps, too_many)
         if not counts:
-            raise InvalidParameterError("steps", steps, "a non-empty sequence of step counts")
+            raise ParameterValueError("steps", steps, "a non-empty sequence of step counts")
         for i, t in enumerate(counts):
             if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t <= total:
-                raise InvalidParameterError(
-                    "steps", t, f"step counts that are integers in [0, {total}]"
+                raise ParameterValueError(
+                    "steps", t, f"step counts that are integers in [0, {describe_value(total)}]"
                 )
             counts[i] = int(t)
         start = time.perf_counter()
@@ -276,7 +369,17 @@ class Accountant(abc.ABC):
             return None
 
         todo = sorted({t for t in counts if trivial(t) is None})
-        computed = dict(zip(todo, self._epsilon_curve(comp, delta, todo), strict=True))
+        computed = dict(
+            zip(
+                todo,
+                self._guarded(
+                    f"an ε curve at δ={delta!r}", comp, self._epsilon_curve, comp, delta, todo
+                )
+                if todo
+                else [],
+                strict=True,
+            )
+        )
         seconds_each = (time.perf_counter() - start) / len(counts)
         results = []
         for t in counts:
@@ -295,6 +398,25 @@ class Accountant(abc.ABC):
         return tuple(results)
 
     # ---------------------------------------------------------------- internals
+    def _guarded(self, what: str, comp: CompressedLedger, fn: Callable[..., _T], *args: Any) -> _T:
+        """Run ``fn(*args)`` with numpy's floating-point checks raising, and turn any untyped
+        numerical failure into an :class:`~dpledger.errors.AccountingNumericalError` that names
+        the accountant, the question and the ledger. Typed errors and ``KeyboardInterrupt``
+        pass through unchanged."""
+        try:
+            with np.errstate(over="raise", divide="raise", invalid="raise", under="ignore"):
+                return fn(*args)
+        except DPLedgerError:
+            raise
+        except _NUMERICAL_FAILURES as exc:
+            detail = str(exc)[:300]
+            raise AccountingNumericalError(
+                f"the {self.name} accountant could not compute {what} for the "
+                f"{describe_ledger(comp)}: {type(exc).__name__}: {detail}; these inputs are "
+                "outside what its arithmetic handles: try another accountant (the rdp "
+                "accountant handles the widest range) or less extreme settings"
+            ) from exc
+
     def _trivial_epsilon(self, comp: CompressedLedger) -> Answer | None:
         if any(not r.is_private for r in comp.runs):
             return _infinite_epsilon()
@@ -325,6 +447,13 @@ class Accountant(abc.ABC):
         if seconds is None:
             assert start is not None
             seconds = time.perf_counter() - start
+        epsilon, delta = _checked_value("epsilon", epsilon), _checked_value("delta", delta)
+        lower = None if answer.lower is None else _checked_value("lower", answer.lower)
+        upper = None if answer.upper is None else _checked_value("upper", answer.upper)
+        if quantity == "delta":
+            delta = min(delta, 1.0)
+            upper = None if upper is None else min(upper, 1.0)
+        answer = attrs.evolve(answer, lower=lower, upper=upper)
         return PrivacyResult(
             accountant=self.name,
             quantity=quantity,
@@ -341,8 +470,20 @@ class Accountant(abc.ABC):
         )
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.settings().items())
+        args = ", ".join(f"{k}={describe_value(v)}" for k, v in self.settings().items())
         return f"{type(self).__name__}({args})"
+
+
+def _checked_value(name: str, value: Any) -> float:
+    """``value`` as a float ≥ 0 (a negative zero or a negative rounding residue becomes 0.0);
+    NaN or a clearly negative number is an accountant bug and raises."""
+    x = float(value)
+    if math.isnan(x) or x < -1e-9:
+        raise AccountingNumericalError(
+            f"the accountant produced {name}={x!r}, which is not a valid privacy parameter; "
+            "please report this ledger"
+        )
+    return max(x, 0.0)
 
 
 def _infinite_epsilon() -> Answer:
@@ -393,6 +534,6 @@ def make_accountant(name: str, **settings: Any) -> Accountant:
         module_name, class_name = ACCOUNTANT_MODULES[name]
     except (KeyError, TypeError):
         valid = ", ".join(sorted(ACCOUNTANT_MODULES))
-        raise InvalidParameterError("accountant", name, f"one of {valid}") from None
+        raise ParameterValueError("accountant", name, f"one of {valid}") from None
     cls = getattr(importlib.import_module(module_name), class_name)
     return cls(**settings)

@@ -20,6 +20,12 @@ then the result says so in its kind and warnings.
 
 If no value in the bracket reaches the target, :class:`~dpledger.errors.InvalidParameterError`
 names the target and the bracket.
+
+Work is bounded: the bracket search doubles at most ~24 times, Brent's method converges in a few
+dozen evaluations and the step search in about 2·log₂(max_steps); every evaluation is one
+accountant call under that accountant's own memory and time budgets. On top of that the whole
+calibration stops with :class:`~dpledger.errors.ComputationBudgetError` once ``time_budget_s``
+(default 60 s) has passed, naming the evaluations done and a faster accountant.
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from typing import Any
 import attrs
 
 from dpledger.accountants.base import Accountant, PrivacyResult, ResultKind, make_accountant
-from dpledger.errors import InvalidParameterError
+from dpledger.accountants.budget import DEFAULT_TIME_BUDGET_S, check_time_budget
+from dpledger.errors import ComputationBudgetError, ParameterValueError
 from dpledger.ledger.events import NeighboringRelation
 from dpledger.ledger.steps import CompressedLedger
 from dpledger.validation import (
@@ -109,8 +116,11 @@ class _Objective:
         neighboring: NeighboringRelation,
         allow_approximation: bool,
         build: Callable[[float], tuple[float, float, int]],
+        time_budget_s: float = DEFAULT_TIME_BUDGET_S,
     ) -> None:
         self.accountant = accountant
+        self.time_budget_s = time_budget_s
+        self.started = time.perf_counter()
         self.delta = delta
         self.neighboring = neighboring
         self.allow_approximation = allow_approximation
@@ -125,7 +135,7 @@ class _Objective:
         if result.kind is ResultKind.UPPER_BOUND:
             return float(result.epsilon)
         if not self.allow_approximation:
-            raise InvalidParameterError(
+            raise ParameterValueError(
                 "accountant",
                 self.accountant.name,
                 "an accountant whose ε is a valid upper bound for this ledger (its result here is "
@@ -138,6 +148,21 @@ class _Objective:
     def __call__(self, x: float) -> float:
         if x in self.cache:
             return self.cache[x]
+        elapsed = time.perf_counter() - self.started
+        if elapsed > self.time_budget_s:
+            raise ComputationBudgetError(
+                parameter="time_budget_s",
+                value=self.time_budget_s,
+                estimated_bytes=0.0,
+                budget_bytes=0.0,
+                estimated_seconds=elapsed,
+                budget_seconds=self.time_budget_s,
+                accountant=self.accountant.name,
+                suggestion=(
+                    f"calibration stopped after {self.evaluations} evaluations; pass a larger "
+                    "time_budget_s, a narrower bracket, or a faster accountant (rdp)"
+                ),
+            )
         q, z, t = self.build(x)
         ledger = CompressedLedger.from_runs([(q, z, t)], neighboring=self.neighboring)
         value = self.certified(self.accountant.epsilon(ledger, delta=self.delta))
@@ -153,22 +178,25 @@ def _resolve(accountant: str | Accountant) -> Accountant:
 
 
 def _check_target(target_epsilon: Any) -> float:
-    if (
-        isinstance(target_epsilon, bool)
-        or not isinstance(target_epsilon, (int, float))
-        or not 0.0 < target_epsilon < math.inf
-    ):
-        raise InvalidParameterError("target_epsilon", target_epsilon, "a finite number > 0")
-    return float(target_epsilon)
+    expected = "a finite number > 0 (at most 1e300)"
+    if isinstance(target_epsilon, bool) or not isinstance(target_epsilon, (int, float)):
+        raise ParameterValueError("target_epsilon", target_epsilon, expected)
+    try:
+        x = float(target_epsilon)
+    except OverflowError:
+        raise ParameterValueError("target_epsilon", target_epsilon, expected) from None
+    if not 0.0 < x <= 1e300:
+        raise ParameterValueError("target_epsilon", target_epsilon, expected)
+    return x
 
 
 def _check_bracket(bracket: Any, lo_limit: float, hi_limit: float) -> tuple[float, float]:
     try:
         lo, hi = (float(b) for b in bracket)
-    except (TypeError, ValueError):
-        raise InvalidParameterError("bracket", bracket, "a pair (low, high)") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ParameterValueError("bracket", bracket, "a pair (low, high)") from None
     if not (lo_limit <= lo < hi <= hi_limit) or any(isinstance(b, bool) for b in bracket):
-        raise InvalidParameterError(
+        raise ParameterValueError(
             "bracket", bracket, f"a pair low < high within [{lo_limit:g}, {hi_limit:g}]"
         )
     return lo, hi
@@ -230,6 +258,7 @@ def calibrate_noise_multiplier(
     bracket: tuple[float, float] | None = None,
     neighboring: NeighboringRelation | str = NeighboringRelation.ADD_REMOVE,
     allow_approximation: bool = False,
+    time_budget_s: float = DEFAULT_TIME_BUDGET_S,
 ) -> CalibrationResult:
     """The smallest noise multiplier z (to 0.1%) whose ε at δ is at most ``target_epsilon``.
 
@@ -243,6 +272,8 @@ def calibrate_noise_multiplier(
             [1e-3, 1e4] until the boundary is bracketed.
         neighboring: the neighboring relation of the ledger being planned.
         allow_approximation: accept an accountant's approximation (labelled in the result).
+        time_budget_s: wall-clock seconds the calibration may take (default 60); checked
+            before each evaluation.
 
     Returns:
         A :class:`CalibrationResult` with ``value`` = z, ε(z) ≤ target, and ε(z / 1.001) > target
@@ -250,13 +281,15 @@ def calibrate_noise_multiplier(
 
     Raises:
         InvalidParameterError: bad arguments, or no z in the bracket reaches the target.
+        ComputationBudgetError: the time budget ran out, or an evaluation exceeded the
+            accountant's budget.
     """
     start = time.perf_counter()
     target = _check_target(target_epsilon)
     delta = check_delta("delta", delta)
     q = check_probability("sampling_probability", sampling_probability)
     if q == 0.0:
-        raise InvalidParameterError("sampling_probability", sampling_probability, "q in (0, 1]")
+        raise ParameterValueError("sampling_probability", sampling_probability, "q in (0, 1]")
     t = check_positive_int("steps", steps)
     relation = NeighboringRelation.parse(neighboring)
     objective = _Objective(
@@ -264,6 +297,7 @@ def calibrate_noise_multiplier(
         delta=delta,
         neighboring=relation,
         allow_approximation=bool(allow_approximation),
+        time_budget_s=check_time_budget(time_budget_s),
         build=lambda z: (q, z, t),
     )
     warnings: list[str] = []
@@ -272,7 +306,7 @@ def calibrate_noise_multiplier(
         while objective(hi) > target:
             lo, hi = hi, hi * 2.0
             if hi > _NOISE_LIMITS[1]:
-                raise InvalidParameterError(
+                raise ParameterValueError(
                     "target_epsilon",
                     target_epsilon,
                     f"a target some noise multiplier ≤ {_NOISE_LIMITS[1]:g} reaches "
@@ -288,7 +322,7 @@ def calibrate_noise_multiplier(
     else:
         lo, hi = _check_bracket(bracket, 1e-6, 1e9)
         if objective(hi) > target:
-            raise InvalidParameterError(
+            raise ParameterValueError(
                 "target_epsilon",
                 target_epsilon,
                 f"a target reached by a noise multiplier in the bracket [{lo:g}, {hi:g}] "
@@ -306,7 +340,7 @@ def calibrate_noise_multiplier(
             break
         z = min(hi, z * (1.0 + _NUDGE))
     else:  # pragma: no cover - only for an accountant whose ε is not monotone in z
-        raise InvalidParameterError(
+        raise ParameterValueError(
             "target_epsilon", target_epsilon, "a target the accountant meets monotonically in z"
         )
     return _finish("noise_multiplier", z, objective, target, start, warnings)
@@ -322,6 +356,7 @@ def calibrate_sampling_probability(
     bracket: tuple[float, float] = (1e-7, 1.0),
     neighboring: NeighboringRelation | str = NeighboringRelation.ADD_REMOVE,
     allow_approximation: bool = False,
+    time_budget_s: float = DEFAULT_TIME_BUDGET_S,
 ) -> CalibrationResult:
     """The largest sampling probability q (to 0.1%) whose ε at δ is at most ``target_epsilon``.
 
@@ -339,18 +374,19 @@ def calibrate_sampling_probability(
     relation = NeighboringRelation.parse(neighboring)
     lo, hi = _check_bracket(bracket, 0.0, 1.0)
     if lo == 0.0:
-        raise InvalidParameterError("bracket", bracket, "a lower end > 0")
+        raise ParameterValueError("bracket", bracket, "a lower end > 0")
     objective = _Objective(
         _resolve(accountant),
         delta=delta,
         neighboring=relation,
         allow_approximation=bool(allow_approximation),
+        time_budget_s=check_time_budget(time_budget_s),
         build=lambda q: (q, z, t),
     )
     if objective(hi) <= target:
         return _finish("sampling_probability", hi, objective, target, start, [])
     if objective(lo) > target:
-        raise InvalidParameterError(
+        raise ParameterValueError(
             "target_epsilon",
             target_epsilon,
             f"a target reached by a sampling probability in the bracket [{lo:g}, {hi:g}] "
@@ -362,7 +398,7 @@ def calibrate_sampling_probability(
             break
         q = max(lo, q * (1.0 - _NUDGE))
     else:  # pragma: no cover - only for an accountant whose ε is not monotone in q
-        raise InvalidParameterError(
+        raise ParameterValueError(
             "target_epsilon", target_epsilon, "a target the accountant meets monotonically in q"
         )
     return _finish("sampling_probability", q, objective, target, start, [])
@@ -378,6 +414,7 @@ def calibrate_steps(
     max_steps: int = _DEFAULT_MAX_STEPS,
     neighboring: NeighboringRelation | str = NeighboringRelation.ADD_REMOVE,
     allow_approximation: bool = False,
+    time_budget_s: float = DEFAULT_TIME_BUDGET_S,
 ) -> CalibrationResult:
     """The largest number of steps T ≤ ``max_steps`` whose ε at δ is at most ``target_epsilon``.
 
@@ -393,7 +430,7 @@ def calibrate_steps(
     z = check_positive_finite("noise_multiplier", noise_multiplier)
     q = check_probability("sampling_probability", sampling_probability)
     if q == 0.0:
-        raise InvalidParameterError("sampling_probability", sampling_probability, "q in (0, 1]")
+        raise ParameterValueError("sampling_probability", sampling_probability, "q in (0, 1]")
     cap = check_positive_int("max_steps", max_steps)
     relation = NeighboringRelation.parse(neighboring)
     objective = _Objective(
@@ -401,10 +438,11 @@ def calibrate_steps(
         delta=delta,
         neighboring=relation,
         allow_approximation=bool(allow_approximation),
+        time_budget_s=check_time_budget(time_budget_s),
         build=lambda t: (q, z, int(t)),
     )
     if objective(1) > target:
-        raise InvalidParameterError(
+        raise ParameterValueError(
             "target_epsilon",
             target_epsilon,
             f"a target one step already meets (one step gives ε = {objective(1):.6g})",

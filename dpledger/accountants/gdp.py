@@ -72,7 +72,22 @@ from scipy.special import log_ndtr, ndtr
 
 from dpledger.accountants.base import Accountant, Answer, ResultKind
 from dpledger.accountants.bucketing import check_bucketing, maybe_bucket, optimistic_buckets
-from dpledger.errors import DPLedgerError, InvalidParameterError, UnsupportedLedgerError
+from dpledger.accountants.budget import (
+    BYTES_PER_POINT,
+    DEFAULT_MEMORY_BUDGET,
+    DEFAULT_TIME_BUDGET_S,
+    SECONDS_PER_BUILT_POINT,
+    SECONDS_PER_COMPOSED_POINT,
+    check_memory_budget,
+    check_time_budget,
+    composed_points,
+    gaussian_loss_width,
+)
+from dpledger.errors import (
+    DPLedgerError,
+    ParameterValueError,
+    UnsupportedLedgerError,
+)
 from dpledger.ledger.events import NeighboringRelation
 from dpledger.ledger.steps import CompressedLedger
 
@@ -118,28 +133,52 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     return eps
 
 
+def _float_count(count: int) -> float:
+    """A step count as a float (∞ beyond the float range: μ is then infinite anyway)."""
+    try:
+        return float(count)
+    except OverflowError:
+        return math.inf
+
+
 def _mu_squared_parts(ledger: CompressedLedger) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per run: μ² contribution of one step, whether it is exact (full batch), step count."""
+    """Per run: μ² contribution of one step, whether it is exact (full batch), step count.
+
+    Counts are floats (a ledger may hold more steps than an int64 counts). The CLT term
+    q²(e^{1/z²} − 1) is evaluated as exp(2 log q + log expm1(1/z²)), so a tiny q with a tiny z
+    gives the right (possibly huge) number instead of 0 · ∞.
+    """
     factor = 2.0 if ledger.neighboring is NeighboringRelation.REPLACE_ONE else 1.0
     runs = ledger.runs
     n = len(runs)
     q = np.fromiter((r.sampling_probability for r in runs), np.float64, n)
     z = np.fromiter((r.noise_multiplier for r in runs), np.float64, n)
-    counts = np.fromiter((r.count for r in runs), np.int64, n)
+    counts = np.fromiter((_float_count(r.count) for r in runs), np.float64, n)
     free = (q == 0.0) | np.isinf(z)
     full = (q == 1.0) & ~free
-    with np.errstate(divide="ignore", over="ignore"):
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         inv_sq = 1.0 / (z * z)
-        per_step = np.where(full, factor * factor * inv_sq, q * q * np.expm1(inv_sq))
+        # log(e^x − 1) = x + log1p(−e^{−x}), exact enough for x > 1 and never overflowing
+        log_expm1 = np.where(
+            inv_sq > 1.0, inv_sq + np.log1p(-np.exp(-inv_sq)), np.log(np.expm1(inv_sq))
+        )
+        clt = np.exp(2.0 * np.log(q) + log_expm1)
+        per_step = np.where(full, factor * factor * inv_sq, clt)
     per_step = np.where(free, 0.0, per_step)
     return per_step, full | free, counts
+
+
+def _total(per_step: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Σ count · μ² term, with 0 for steps that cost nothing (never ∞ · 0)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.where(per_step == 0.0, 0.0, per_step * counts)
 
 
 def gdp_mu(ledger: CompressedLedger) -> tuple[float, bool]:
     """(μ, exact) of a ledger: exact when every costly step is full batch (see module docs)."""
     per_step, exact, counts = _mu_squared_parts(ledger)
     with np.errstate(over="ignore"):
-        mu_sq = float(np.sum(per_step * counts))
+        mu_sq = float(np.sum(_total(per_step, counts)))
     return math.sqrt(mu_sq), bool(np.all(exact))
 
 
@@ -155,6 +194,11 @@ class GdpAccountant(Accountant):
         lower_bound_bucketing: relative grid (q rounded down, z up) applied to the ledger before
             the fallback PLD lower bound, to collapse distinct steps.
         bucketing: None, or a relative precision r: round q up and z down first (conservative).
+        memory_budget: bytes each lower-bound computation (PRV, then the PLD fallback) may
+            need (default 256 MiB); beyond it the bound is skipped and the details say why.
+            The GDP number itself is closed-form.
+        time_budget_s: seconds the lower bound may take in all (default 60): the PRV bound
+            gets half, the PLD fallback what is left by its up-front estimate.
     """
 
     name = "gdp"
@@ -168,15 +212,17 @@ class GdpAccountant(Accountant):
         lower_bound_interval: float | None = None,
         lower_bound_bucketing: float = 0.02,
         bucketing: float | None = None,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        time_budget_s: float = DEFAULT_TIME_BUDGET_S,
     ) -> None:
         if not isinstance(lower_bound, bool):
-            raise InvalidParameterError("lower_bound", lower_bound, "True or False")
+            raise ParameterValueError("lower_bound", lower_bound, "True or False")
         if lower_bound_interval is not None and (
             isinstance(lower_bound_interval, bool)
             or not isinstance(lower_bound_interval, (int, float))
             or not 0.0 < lower_bound_interval <= 1.0
         ):
-            raise InvalidParameterError(
+            raise ParameterValueError(
                 "lower_bound_interval",
                 lower_bound_interval,
                 "None (automatic) or a number in (0, 1]",
@@ -189,6 +235,8 @@ class GdpAccountant(Accountant):
             lower_bound_bucketing, parameter="lower_bound_bucketing"
         )
         self.bucketing = check_bucketing(bucketing)
+        self.memory_budget = check_memory_budget(memory_budget)
+        self.time_budget_s = check_time_budget(time_budget_s)
 
     def settings(self) -> dict[str, Any]:
         """The lower-bound settings and the bucketing precision."""
@@ -197,6 +245,8 @@ class GdpAccountant(Accountant):
             "lower_bound_interval": self.lower_bound_interval,
             "lower_bound_bucketing": self.lower_bound_bucketing,
             "bucketing": self.bucketing,
+            "memory_budget": self.memory_budget,
+            "time_budget_s": self.time_budget_s,
         }
 
     def check_supported(self, ledger: CompressedLedger) -> None:
@@ -250,15 +300,16 @@ class GdpAccountant(Accountant):
         """ε after each step count from cumulative μ² (no lower bound per point)."""
         per_step, exact, counts = _mu_squared_parts(maybe_bucket(ledger, self.bucketing))
         with np.errstate(over="ignore"):
-            cum_mu_sq = np.cumsum(per_step * counts)
+            cum_mu_sq = np.cumsum(_total(per_step, counts))
         cum_steps = np.cumsum(counts)
         not_exact = np.cumsum(~exact & (per_step > 0))
         answers = []
         for t in steps:
             r = int(np.searchsorted(cum_steps, t, side="left"))
-            before_steps = int(cum_steps[r - 1]) if r > 0 else 0
+            before_steps = float(cum_steps[r - 1]) if r > 0 else 0.0
             before_mu = float(cum_mu_sq[r - 1]) if r > 0 else 0.0
-            mu = math.sqrt(before_mu + (t - before_steps) * float(per_step[r]))
+            extra = (_float_count(t) - before_steps) * float(per_step[r]) if per_step[r] else 0.0
+            mu = math.sqrt(before_mu + extra)
             is_exact = int(not_exact[r]) == 0
             eps = gdp_epsilon(mu, delta)
             kind = ResultKind.UPPER_BOUND if is_exact else ResultKind.APPROXIMATION
@@ -275,14 +326,33 @@ class GdpAccountant(Accountant):
             return None, {
                 "lower_bound_skipped": "the GDP ε is infinite: nothing to certify against"
             }
-        lower, info = _prv_lower_bound(ledger, delta)
+        start = time.perf_counter()
+        lower, info = _prv_lower_bound(
+            ledger, delta, memory_budget=self.memory_budget, time_budget_s=self.time_budget_s / 2
+        )
         if lower is not None:
             return lower, info
-        fallback, more = self._pld_lower_bound(ledger, gdp_value=gdp_value, delta=delta)
+        time_left = self.time_budget_s - (time.perf_counter() - start)
+        try:
+            fallback, more = self._pld_lower_bound(
+                ledger, gdp_value=gdp_value, delta=delta, time_left=time_left
+            )
+        except DPLedgerError as exc:  # a budget refusal: the bound is optional
+            return None, {**info, "lower_bound_skipped": str(exc)}
+        except (ArithmeticError, MemoryError, ValueError) as exc:
+            return None, {
+                **info,
+                "lower_bound_skipped": f"the PLD lower bound failed: {type(exc).__name__}: {exc}",
+            }
         return fallback, {**info, **more}
 
     def _pld_lower_bound(
-        self, ledger: CompressedLedger, *, gdp_value: float, delta: float
+        self,
+        ledger: CompressedLedger,
+        *,
+        gdp_value: float,
+        delta: float,
+        time_left: float = math.inf,
     ) -> tuple[float | None, dict[str, Any]]:
         """Certified lower bound on ε(δ) (dp-accounting PLD, optimistic), or None if skipped.
 
@@ -327,6 +397,28 @@ class GdpAccountant(Accountant):
                 "raise lower_bound_bucketing to collapse them"
             )
             return None, info
+        points, seconds, full_mu_sq = 0.0, 0.0, 0.0
+        for (q, z), count in costly.items():
+            if q < 1.0:
+                single, composed = composed_points(q, z, float(count), interval)
+                points = max(points, composed)
+                seconds += single * SECONDS_PER_BUILT_POINT + composed * SECONDS_PER_COMPOSED_POINT
+            else:
+                full_mu_sq += float(count) * (factor / z) ** 2
+        if full_mu_sq > 0.0:  # the full-batch steps form one Gaussian PLD
+            single = gaussian_loss_width(math.sqrt(full_mu_sq)) / interval + 1.0
+            points = max(points, single)
+            seconds += single * (SECONDS_PER_BUILT_POINT + SECONDS_PER_COMPOSED_POINT)
+        if points * BYTES_PER_POINT > self.memory_budget or seconds > min(
+            time_left, self.time_budget_s
+        ):
+            info["lower_bound_skipped"] = (
+                f"the optimistic PLD would need about {points:.3g} grid points and {seconds:.3g} s "
+                f"(memory_budget={self.memory_budget}, {max(time_left, 0.0):.3g} s left of "
+                f"time_budget_s={self.time_budget_s:g}); "
+                "raise lower_bound_interval or the budgets to force it"
+            )
+            return None, info
         pld, truncated = _optimistic_pld(costly, factor=factor, interval=interval)
         if pld is not None and delta < _PLD_DELTA_FLOOR_FACTOR * truncated:
             info["lower_bound_skipped"] = (
@@ -349,8 +441,11 @@ class GdpAccountant(Accountant):
 _PRV_LOWER_BOUND_BUCKETING = 1e-3
 
 
-def _prv_lower_bound(ledger: CompressedLedger, delta: float) -> tuple[float | None, dict[str, Any]]:
-    """The PRV accountant's certified lower bound on an optimistically bucketed copy, or None."""
+def _prv_lower_bound(
+    ledger: CompressedLedger, delta: float, *, memory_budget: int, time_budget_s: float
+) -> tuple[float | None, dict[str, Any]]:
+    """The PRV accountant's certified lower bound on an optimistically bucketed copy, or None
+    (within the given memory and time budgets)."""
     from dpledger.accountants.prv import PrvAccountant
 
     start = time.perf_counter()
@@ -360,7 +455,9 @@ def _prv_lower_bound(ledger: CompressedLedger, delta: float) -> tuple[float | No
         "lower_bound_bucketing": _PRV_LOWER_BOUND_BUCKETING,
     }
     try:
-        result = PrvAccountant().epsilon(coarse, delta=delta)
+        result = PrvAccountant(memory_budget=memory_budget, time_budget_s=time_budget_s).epsilon(
+            coarse, delta=delta
+        )
     except DPLedgerError as exc:  # a refusal or a failed numerical check: use the fallback
         info["lower_bound_prv_failed"] = str(exc)
         return None, info
@@ -383,23 +480,30 @@ def _optimistic_pld(
     ``_PLD_TAIL_TRUNCATION`` per self-composition or composition)."""
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
+    from dpledger.accountants.pld_composition import self_compose
+
     full_mu_sq = 0.0
     parts = []
+    self_compositions = 0
     for (q, z), count in distinct.items():
         if q == 0.0 or math.isinf(z):
             continue
         if q == 1.0:
             full_mu_sq += count * (factor / z) ** 2
             continue
-        parts.append(
+        composed, operations = self_compose(
             pld_lib.from_gaussian_mechanism(
                 standard_deviation=z,
                 sampling_prob=q,
                 pessimistic_estimate=False,
                 use_connect_dots=False,
                 value_discretization_interval=interval,
-            ).self_compose(count, tail_mass_truncation=_PLD_TAIL_TRUNCATION)
+            ),
+            count,
+            tail_mass_truncation=_PLD_TAIL_TRUNCATION,
         )
+        parts.append(composed)
+        self_compositions += operations
     if full_mu_sq > 0.0:
         parts.append(
             pld_lib.from_gaussian_mechanism(
@@ -411,7 +515,6 @@ def _optimistic_pld(
         )
     if not parts:
         return None, 0.0
-    self_compositions = len(parts) - (1 if full_mu_sq > 0.0 else 0)
     operations = self_compositions + len(parts) - 1
     total = parts[0]
     for p in parts[1:]:

@@ -24,9 +24,10 @@ import dp_accounting
 
 from dpledger.accountants.base import Accountant, PrivacyResult
 from dpledger.accountants.gdp import GdpAccountant
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import ParameterValueError
 from dpledger.ledger.events import NeighboringRelation
 from dpledger.ledger.steps import CompressedLedger, StepRun
+from dpledger.validation import check_probability
 
 __all__ = ["GdpPrivacyAccountant", "LedgerBackedPrivacyAccountant", "ledger_from_opacus_history"]
 
@@ -35,6 +36,22 @@ _RELATIONS = {
     _NeighborRel.ADD_OR_REMOVE_ONE: NeighboringRelation.ADD_REMOVE,
     _NeighborRel.REPLACE_ONE: NeighboringRelation.REPLACE_ONE,
 }
+
+
+def _event_noise_multiplier(event: Any) -> float:
+    """A GaussianDpEvent's noise multiplier as a float ≥ 0 (dp-accounting events have no
+    validators, so a huge int or a string would otherwise fail later, untyped)."""
+    value = event.noise_multiplier
+    expected = "a noise multiplier >= 0 (a real number)"
+    if isinstance(value, bool):
+        raise ParameterValueError("noise_multiplier", value, expected)
+    try:
+        z = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ParameterValueError("noise_multiplier", value, expected) from None
+    if not z >= 0.0:
+        raise ParameterValueError("noise_multiplier", value, expected)
+    return z + 0.0
 
 
 class LedgerBackedPrivacyAccountant(dp_accounting.PrivacyAccountant):
@@ -52,11 +69,11 @@ class LedgerBackedPrivacyAccountant(dp_accounting.PrivacyAccountant):
         neighboring_relation: dp_accounting.NeighboringRelation = _NeighborRel.ADD_OR_REMOVE_ONE,
     ) -> None:
         if neighboring_relation not in _RELATIONS:
-            raise InvalidParameterError(
+            raise ParameterValueError(
                 "neighboring_relation", neighboring_relation, "ADD_OR_REMOVE_ONE or REPLACE_ONE"
             )
         if not isinstance(accountant, Accountant):
-            raise InvalidParameterError("accountant", accountant, "a dpledger Accountant")
+            raise ParameterValueError("accountant", accountant, "a dpledger Accountant")
         super().__init__(neighboring_relation)
         self._accountant = accountant
         self._runs: list[StepRun] = []
@@ -81,12 +98,12 @@ class LedgerBackedPrivacyAccountant(dp_accounting.PrivacyAccountant):
         if isinstance(event, dp_accounting.NonPrivateDpEvent):
             return [(1.0, 0.0, count)]
         if isinstance(event, dp_accounting.GaussianDpEvent):
-            return [(1.0, float(event.noise_multiplier), count)]
+            return [(1.0, _event_noise_multiplier(event), count)]
         if isinstance(event, dp_accounting.PoissonSampledDpEvent):
             if not isinstance(event.event, dp_accounting.GaussianDpEvent):
                 return details(event, "PoissonSampledDpEvent must wrap a GaussianDpEvent")
-            q = float(event.sampling_probability)
-            z = float(event.event.noise_multiplier)
+            q = check_probability("sampling_probability", event.sampling_probability)
+            z = _event_noise_multiplier(event.event)
             if 0.0 < q < 1.0 and self.neighboring_relation is _NeighborRel.REPLACE_ONE:
                 return details(event, "Poisson sampling is supported only under ADD_OR_REMOVE_ONE")
             return [(q, z, count)]
@@ -156,11 +173,17 @@ def ledger_from_opacus_history(
         InvalidParameterError: an entry that is not a triple, or has an invalid value.
     """
     runs = []
-    for i, entry in enumerate(history):
+    try:
+        entries = iter(history)
+    except TypeError:
+        raise ParameterValueError(
+            "history", history, "an iterable of (noise_multiplier, sample_rate, steps) triples"
+        ) from None
+    for i, entry in enumerate(entries):
         try:
             noise_multiplier, sample_rate, steps = entry
         except (TypeError, ValueError):
-            raise InvalidParameterError(
+            raise ParameterValueError(
                 f"history[{i}]", entry, "a (noise_multiplier, sample_rate, steps) triple"
             ) from None
         if isinstance(steps, numbers.Integral) and not isinstance(steps, bool):

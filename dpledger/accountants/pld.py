@@ -16,7 +16,20 @@ by FFT. We use exactly that, with two changes in how a ledger is fed to it:
   δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) (Dong, Roth & Su 2019), computed in closed form
   (a discretised PLD of a Gaussian with large μ would need hundreds of millions of points).
 
-Results are upper bounds (pessimistic estimate). Replace-one: a full-batch step changes the sum
+Extreme inputs. Before building anything the accountant estimates the grid points and seconds
+the PLDs need (:mod:`dpledger.accountants.budget`) and raises
+:class:`~dpledger.errors.ComputationBudgetError` when they exceed ``memory_budget`` (default
+256 MiB) or ``time_budget_s`` (default 60 s), naming the discretisation interval that would fit
+or, when none would, the RDP accountant. Two conservative clamps keep dp-accounting's arithmetic
+in range, each of which can only raise ε (the privacy loss is non-decreasing in q and
+non-increasing in z): q below 10⁻¹² is raised to 10⁻¹², and z above 10⁴ (μ below 10⁻⁴ for the
+full-batch Gaussian) is lowered to 10⁴.
+
+Results are upper bounds (pessimistic estimate). Discretisation slack: the pessimistic
+discretisation rounds each step's privacy loss up by less than the interval h, so the reported ε
+exceeds the exact ε of the (clamped) ledger by less than (number of subsampled steps)·h, besides
+the at most 10⁻¹⁵ of tail mass per composition that is moved to an infinite loss. Comparisons
+between two results (e.g. monotonicity in T, q or z) hold up to that slack. Replace-one: a full-batch step changes the sum
 by up to 2S, so it is a Gaussian with sensitivity 2 (handled). For Poisson-subsampled steps under
 replace-one dp-accounting uses the pair (1 − q)N(0, z²) + qN(∓1, z²); this module does not rely
 on that pair without a proof it can cite and test, so such ledgers are refused with
@@ -31,12 +44,55 @@ from typing import Any
 
 from dpledger.accountants.base import Accountant, Answer
 from dpledger.accountants.bucketing import check_bucketing, maybe_bucket
+from dpledger.accountants.budget import (
+    BYTES_PER_POINT,
+    DEFAULT_MEMORY_BUDGET,
+    DEFAULT_TIME_BUDGET_S,
+    SECONDS_PER_BUILT_POINT,
+    SECONDS_PER_COMPOSED_POINT,
+    check_memory_budget,
+    check_time_budget,
+    composed_points,
+    gaussian_loss_width,
+    refuse_if_over,
+)
 from dpledger.accountants.gdp import gdp_delta, gdp_epsilon
-from dpledger.errors import InvalidParameterError, UnsupportedLedgerError
+from dpledger.accountants.pld_composition import self_compose
+from dpledger.errors import ParameterValueError, UnsupportedLedgerError
 from dpledger.ledger.events import NeighboringRelation
 from dpledger.ledger.steps import CompressedLedger
 
 __all__ = ["PldAccountant"]
+
+_Q_FLOOR = 1e-12  # q below this is raised to it (conservative)
+_Z_CAP = 1e4  # z above this is lowered to it (conservative)
+
+
+def _clamped(q: float, z: float) -> tuple[float, float]:
+    """(q, z) moved conservatively into the range dp-accounting computes reliably."""
+    return max(q, _Q_FLOOR), min(z, _Z_CAP)
+
+
+def _float(count: int) -> float:
+    """A step count as a float (∞ beyond the float range)."""
+    try:
+        return float(count)
+    except OverflowError:
+        return math.inf
+
+
+def _gaussian_term(count: int, factor: float, z: float) -> float:
+    """count · (factor / z)², the μ² of ``count`` full-batch steps: ∞ when it overflows, and
+    never rounded down to 0 (a step that costs anything keeps a positive μ²)."""
+    try:
+        term = (factor / z) ** 2
+    except OverflowError:
+        return math.inf
+    return _float(count) * max(term, 5e-324)
+
+
+def _clamped_mu_squared(mu_squared: float) -> float:
+    return max(mu_squared, 1.0 / (_Z_CAP * _Z_CAP))
 
 
 class PldAccountant(Accountant):
@@ -46,21 +102,33 @@ class PldAccountant(Accountant):
         value_discretization_interval: the PLD grid spacing of privacy-loss values (smaller is
             tighter and slower; dp-accounting's default is 1e-4).
         bucketing: None, or a relative precision r: round q up and z down first (conservative).
+        memory_budget: the most bytes a computation may need by the up-front estimate (default
+            :data:`~dpledger.accountants.budget.DEFAULT_MEMORY_BUDGET`, 256 MiB); beyond it
+            :class:`~dpledger.errors.ComputationBudgetError` names the interval that would fit.
+        time_budget_s: the most seconds a computation may take by the up-front estimate
+            (default 60).
     """
 
     name = "pld"
     supports_replace_one = True
 
     def __init__(
-        self, *, value_discretization_interval: float = 1e-4, bucketing: float | None = None
+        self,
+        *,
+        value_discretization_interval: float = 1e-4,
+        bucketing: float | None = None,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        time_budget_s: float = DEFAULT_TIME_BUDGET_S,
     ) -> None:
         v = value_discretization_interval
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v <= 1.0:
-            raise InvalidParameterError(
+            raise ParameterValueError(
                 "value_discretization_interval", v, "a number in (0, 1], e.g. 1e-4"
             )
         self.value_discretization_interval = float(v)
         self.bucketing = check_bucketing(bucketing)
+        self.memory_budget = check_memory_budget(memory_budget)
+        self.time_budget_s = check_time_budget(time_budget_s)
 
     def settings(self) -> dict[str, Any]:
         """The discretisation interval and the bucketing precision."""
@@ -68,6 +136,8 @@ class PldAccountant(Accountant):
             "value_discretization_interval": self.value_discretization_interval,
             "pessimistic_estimate": True,
             "bucketing": self.bucketing,
+            "memory_budget": self.memory_budget,
+            "time_budget_s": self.time_budget_s,
         }
 
     def check_supported(self, ledger: CompressedLedger) -> None:
@@ -86,9 +156,62 @@ class PldAccountant(Accountant):
     def _factor(self, ledger: CompressedLedger) -> float:
         return 2.0 if ledger.neighboring is NeighboringRelation.REPLACE_ONE else 1.0
 
+    def _check_budget(
+        self, distinct: dict[tuple[float, float], int], factor: float, evaluations: int = 1
+    ) -> None:
+        """Refuse (ComputationBudgetError) when the PLDs of ``distinct`` (q, z) → count would
+        exceed the memory or time budget; ``evaluations`` compositions of the result follow
+        (one per curve point)."""
+        h = self.value_discretization_interval
+        peak, seconds, mu_squared = 0.0, 0.0, 0.0
+        worst: tuple[float, float] = (1.0, math.inf)
+        for (q, z), count in distinct.items():
+            if q == 0.0 or math.isinf(z):
+                continue
+            if q == 1.0:
+                mu_squared += _gaussian_term(count, factor, z)
+                continue
+            single, composed = composed_points(*_clamped(q, z), _float(count), h)
+            seconds += single * SECONDS_PER_BUILT_POINT + composed * SECONDS_PER_COMPOSED_POINT
+            if composed > peak:
+                peak, worst = composed, (q, z)
+        if mu_squared > 0.0:
+            mu = math.sqrt(_clamped_mu_squared(mu_squared))
+            single = gaussian_loss_width(mu) / h + 1.0
+            seconds += single * SECONDS_PER_BUILT_POINT
+            if single > peak:
+                peak, worst = single, (1.0, 1.0 / mu)
+        total = peak + (peak if len(distinct) > 1 else 0.0)  # a composition holds two operands
+        seconds += evaluations * total * SECONDS_PER_COMPOSED_POINT
+        # the grid shrinks in proportion to the interval: the interval that would fit
+        shrink = max(total * BYTES_PER_POINT / self.memory_budget, seconds / self.time_budget_s)
+        coarser = h * shrink
+        if coarser <= 0.05:
+            suggestion = (
+                f"use PldAccountant(value_discretization_interval={_round_up(coarser):g}) "
+                "(coarser, still an upper bound), a larger budget, or the rdp accountant"
+            )
+        else:
+            suggestion = (
+                f"no discretisation interval fine enough to be useful fits (the largest costly "
+                f"step is q={worst[0]!r}, z={worst[1]!r}); use the rdp accountant, which "
+                "needs no grid"
+            )
+        refuse_if_over(
+            accountant=self.name,
+            points=total,
+            seconds=seconds,
+            memory_budget=self.memory_budget,
+            time_budget_s=self.time_budget_s,
+            parameter="value_discretization_interval",
+            value=h,
+            suggestion=suggestion,
+        )
+
     def _subsampled(self, q: float, z: float) -> Any:
         from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
+        q, z = _clamped(q, z)
         return pld_lib.from_gaussian_mechanism(
             standard_deviation=z,
             sampling_prob=q,
@@ -100,7 +223,7 @@ class PldAccountant(Accountant):
         from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
         return pld_lib.from_gaussian_mechanism(
-            standard_deviation=1.0 / math.sqrt(mu_squared),
+            standard_deviation=1.0 / math.sqrt(_clamped_mu_squared(mu_squared)),
             pessimistic_estimate=True,
             value_discretization_interval=self.value_discretization_interval,
         )
@@ -120,7 +243,7 @@ class PldAccountant(Accountant):
                 continue
             if run.sampling_probability < 1.0:
                 return None
-            mu_squared += run.count * (factor / run.noise_multiplier) ** 2
+            mu_squared += _gaussian_term(run.count, factor, run.noise_multiplier)
         return math.sqrt(mu_squared)
 
     def distribution(self, ledger: CompressedLedger) -> Any:
@@ -131,15 +254,16 @@ class PldAccountant(Accountant):
         """
         ledger = maybe_bucket(ledger, self.bucketing)
         factor = self._factor(ledger)
+        self._check_budget(ledger.distinct(), factor)
         mu_squared = 0.0
         parts = []
         for (q, z), count in ledger.distinct().items():
             if q == 0.0 or math.isinf(z):
                 continue
             if q == 1.0:
-                mu_squared += count * (factor / z) ** 2
+                mu_squared += _gaussian_term(count, factor, z)
             else:
-                parts.append(self._subsampled(q, z).self_compose(count))
+                parts.append(self_compose(self._subsampled(q, z), count)[0])
         if mu_squared > 0.0:
             parts.append(self._gaussian(mu_squared))
         return self._compose(parts) if parts else None
@@ -172,6 +296,7 @@ class PldAccountant(Accountant):
         subsampled step yet, the closed form)."""
         ledger = maybe_bucket(ledger, self.bucketing)
         factor = self._factor(ledger)
+        self._check_budget(ledger.distinct(), factor, evaluations=len(steps))
         base: dict[tuple[float, float], Any] = {}
         answers = []
         current = None  # PLD of the subsampled steps so far
@@ -188,11 +313,11 @@ class PldAccountant(Accountant):
                 q, z = run.sampling_probability, run.noise_multiplier
                 if not run.releases_nothing:
                     if q == 1.0:
-                        full_mu_squared += take * (factor / z) ** 2
+                        full_mu_squared += _gaussian_term(take, factor, z)
                     else:
                         if (q, z) not in base:
                             base[(q, z)] = self._subsampled(q, z)
-                        parts.append(base[(q, z)].self_compose(take))
+                        parts.append(self_compose(base[(q, z)], take)[0])
                 need -= take
                 used_in_run += take
                 if used_in_run == run.count:
@@ -209,3 +334,11 @@ class PldAccountant(Accountant):
                 eps = max(0.0, float(pld.get_epsilon_for_delta(delta)))
             answers.append(Answer(eps, upper=eps))
         return answers
+
+
+def _round_up(x: float) -> float:
+    """``x`` rounded up to one significant digit (a clean value to suggest)."""
+    if not 0.0 < x < math.inf:
+        return x
+    scale = 10.0 ** math.floor(math.log10(x))
+    return math.ceil(x / scale) * scale

@@ -69,14 +69,22 @@ def _probability(value: Any) -> float:
     return check_probability("sampling_probability", value)
 
 
+MAX_POPULATION_SIZE = 2**128
+"""The largest population a sampling event may name: far beyond any data set, small enough that
+every population size prints and converts to a finite float."""
+
+
 def _population_size(value: Any) -> int | None:
     if value is None:
         return None
-    expected = "an integer >= 1, or None if unknown"
+    expected = "an integer in [1, 2**128], or None if unknown"
     try:
-        return check_positive_int("population_size", value)
+        n = check_positive_int("population_size", value)
     except InvalidParameterError:
         raise InvalidParameterError("population_size", value, expected) from None
+    if n > MAX_POPULATION_SIZE:
+        raise InvalidParameterError("population_size", value, expected)
+    return n
 
 
 def _default_scheme(inst: SamplingEvent) -> SamplingScheme:

@@ -106,8 +106,16 @@ class LedgerStep:
         return step_noise_multiplier(self.queries)
 
 
+MAX_RUN_COUNT = 2**128
+"""The most steps one run may hold: far beyond any training run (1e24 steps is 2**80), small
+enough that every count prints and converts to a finite float."""
+
+
 def _count(value: Any) -> int:
-    return check_positive_int("count", value)
+    count = check_positive_int("count", value)
+    if count > MAX_RUN_COUNT:
+        raise InvalidParameterError("count", value, "an integer in [1, 2**128]")
+    return count
 
 
 def _run_probability(value: Any) -> float:

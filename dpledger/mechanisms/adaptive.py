@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import ParameterValueError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
 from dpledger.mechanisms.clipping import ClippingStrategy, check_record_norms
@@ -56,15 +56,25 @@ def adaptive_noise_multiplier(*, noise_multiplier: float, count_noise_stddev: fl
     """
     z = check_positive_finite("noise_multiplier", noise_multiplier)
     sigma_b = check_positive_finite("count_noise_stddev", count_noise_stddev)
-    remaining = z**-2 - (sigma_b / COUNT_SENSITIVITY) ** -2
-    if not remaining > 0.0:
-        raise InvalidParameterError(
+    # z_Δ = z / √(1 − r²) with r = z / (σ_b / sensitivity): the same value as
+    # (z⁻² − (σ_b/sensitivity)⁻²)^(-1/2), without overflowing z⁻² for tiny z
+    ratio = z / (sigma_b / COUNT_SENSITIVITY)
+    if not ratio < 1.0:
+        raise ParameterValueError(
             "count_noise_stddev",
             count_noise_stddev,
             f"a value > noise_multiplier/2 = {z / 2!r}, so the count query leaves budget for "
             "the main query",
         )
-    return remaining**-0.5
+    z_main = z / math.sqrt((1.0 - ratio) * (1.0 + ratio))
+    if not math.isfinite(z_main):
+        raise ParameterValueError(
+            "noise_multiplier",
+            noise_multiplier,
+            f"a value whose main-query noise multiplier z/√(1 − (2z/σ_b)²) is finite "
+            f"(count_noise_stddev={count_noise_stddev!r} leaves almost no budget)",
+        )
+    return z_main
 
 
 class AdaptiveClipping:
@@ -114,9 +124,9 @@ class AdaptiveClipping:
         )
         self.expected_batch_size = check_positive_finite("expected_batch_size", expected_batch_size)
         if not isinstance(count_label, str):
-            raise InvalidParameterError("count_label", count_label, "a string")
+            raise ParameterValueError("count_label", count_label, "a string")
         if label == count_label:
-            raise InvalidParameterError("count_label", count_label, f"a label other than {label!r}")
+            raise ParameterValueError("count_label", count_label, f"a label other than {label!r}")
         self._clipping = ClippingStrategy.parse(clipping)
         self._label = label
         self._check = check_sensitivity
@@ -212,7 +222,7 @@ class AdaptiveClipping:
         b = check_probability("unclipped_fraction", unclipped_fraction)
         new = self._bound * math.exp(-self.learning_rate * (b - self.target_unclipped_quantile))
         if not (new > 0.0 and math.isfinite(new)):  # pragma: no cover - needs ~700 steps at η=1
-            raise InvalidParameterError(
+            raise ParameterValueError(
                 "unclipped_fraction", unclipped_fraction, "a value keeping the bound finite > 0"
             )
         self._bound = new

@@ -27,7 +27,7 @@ from typing import Any
 
 import attrs
 
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import ParameterValueError
 from dpledger.ledger import effective_noise_multiplier as _z_from_sum
 from dpledger.ledger.events import inverse_square_term
 from dpledger.mechanisms.clipping import ClippingStrategy
@@ -47,29 +47,57 @@ __all__ = [
     "split_clip_equally",
 ]
 
+MAX_GROUPS = 1 << 24
+"""The most groups one sample may feed (a larger count is a bug, not a model)."""
+MAX_DIMENSION = 1 << 62
+"""The largest number of coordinates of one group (keeps D/d_g exact enough in float64)."""
+
 CLIP_SPLITS = ("equal", "dimension")
 NOISE_ALLOCATIONS = ("proportional", "dimension")
 
 
 def _floats(name: str, values: Any, check: Any) -> tuple[float, ...]:
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise InvalidParameterError(name, values, "a non-empty sequence of numbers")
+        raise ParameterValueError(name, values, "a non-empty sequence of numbers")
     if len(values) == 0:
-        raise InvalidParameterError(name, values, "at least one group")
+        raise ParameterValueError(name, values, "at least one group")
     return tuple(check(f"{name}[{g}]", v) for g, v in enumerate(values))
 
 
 def _dimensions(values: Any) -> tuple[int, ...]:
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise InvalidParameterError("dimensions", values, "a non-empty sequence of integers >= 1")
+        raise ParameterValueError("dimensions", values, "a non-empty sequence of integers >= 1")
     if len(values) == 0:
-        raise InvalidParameterError("dimensions", values, "at least one group")
+        raise ParameterValueError("dimensions", values, "at least one group")
     out = []
     for g, d in enumerate(values):
         if isinstance(d, numbers.Integral) and not isinstance(d, bool):
             d = int(d)
-        out.append(check_positive_int(f"dimensions[{g}]", d))
+        d = check_positive_int(f"dimensions[{g}]", d)
+        if d > MAX_DIMENSION:
+            raise ParameterValueError(
+                f"dimensions[{g}]", d, f"an integer in [1, 2**62 = {MAX_DIMENSION}]"
+            )
+        out.append(d)
     return tuple(out)
+
+
+def _checked_tuple(name: str, values: Any, *, positive: bool) -> tuple[float, ...]:
+    """``values`` as a tuple of finite floats (> 0 if ``positive``, else ≥ 0): an allocation
+    whose arithmetic overflowed (σ̃_g = ∞) or underflowed (S_g = 0) is refused, naming the
+    group, instead of reaching a query or the ledger."""
+    out = tuple(float(v) for v in values)
+    for g, v in enumerate(out):
+        if not (math.isfinite(v) and (v > 0.0 if positive else v >= 0.0)):
+            raise ParameterValueError(
+                f"{name}[{g}]",
+                v,
+                "a finite value "
+                + ("> 0" if positive else ">= 0")
+                + ": the inputs (bound, noise multiplier, dimensions) are so extreme that "
+                "the allocation overflows or underflows float64; use less extreme values",
+            )
+    return out
 
 
 def effective_noise_multiplier(
@@ -86,7 +114,7 @@ def effective_noise_multiplier(
     bounds = _floats("l2_norm_bounds", l2_norm_bounds, check_positive_finite)
     stddevs = _floats("noise_stddevs", noise_stddevs, check_non_negative_finite)
     if len(bounds) != len(stddevs):
-        raise InvalidParameterError(
+        raise ParameterValueError(
             "noise_stddevs",
             f"{len(stddevs)} values",
             f"one per group: {len(bounds)} values like l2_norm_bounds",
@@ -107,7 +135,9 @@ def split_clip_equally(*, total_l2_norm_bound: float, num_groups: int) -> tuple[
     """
     total = check_positive_finite("total_l2_norm_bound", total_l2_norm_bound)
     m = check_positive_int("num_groups", num_groups)
-    return (total / math.sqrt(m),) * m
+    if m > MAX_GROUPS:
+        raise ParameterValueError("num_groups", num_groups, f"an integer in [1, {MAX_GROUPS}]")
+    return _checked_tuple("l2_norm_bounds", (total / math.sqrt(m),) * m, positive=True)
 
 
 def split_clip_by_dimension(
@@ -121,7 +151,9 @@ def split_clip_by_dimension(
     total = check_positive_finite("total_l2_norm_bound", total_l2_norm_bound)
     dims = _dimensions(dimensions)
     full = sum(dims)
-    return tuple(total * math.sqrt(d / full) for d in dims)
+    return _checked_tuple(
+        "l2_norm_bounds", tuple(total * math.sqrt(d / full) for d in dims), positive=True
+    )
 
 
 @attrs.frozen
@@ -134,8 +166,12 @@ class NoiseAllocation:
         target_noise_multiplier: the z the allocation was asked for.
     """
 
-    l2_norm_bounds: tuple[float, ...]
-    noise_stddevs: tuple[float, ...]
+    l2_norm_bounds: tuple[float, ...] = attrs.field(
+        converter=lambda v: _checked_tuple("l2_norm_bounds", v, positive=True)
+    )
+    noise_stddevs: tuple[float, ...] = attrs.field(
+        converter=lambda v: _checked_tuple("noise_stddevs", v, positive=False)
+    )
     target_noise_multiplier: float
 
     @property
@@ -162,13 +198,13 @@ class NoiseAllocation:
         count = len(self.l2_norm_bounds)
         names = [None] * count if labels is None else list(labels)
         if len(names) != count:
-            raise InvalidParameterError("labels", labels, f"one label per group ({count})")
+            raise ParameterValueError("labels", labels, f"one label per group ({count})")
         if isinstance(clipping, (str, ClippingStrategy)):
             strategies = [clipping] * count
         else:
             strategies = list(clipping)
             if len(strategies) != count:
-                raise InvalidParameterError(
+                raise ParameterValueError(
                     "clipping", clipping, f"one strategy, or one per group ({count})"
                 )
         return tuple(
@@ -212,7 +248,7 @@ def dimension_adjusted_noise(
     bounds = _floats("l2_norm_bounds", l2_norm_bounds, check_positive_finite)
     dims = _dimensions(dimensions)
     if len(dims) != len(bounds):
-        raise InvalidParameterError(
+        raise ParameterValueError(
             "dimensions", dimensions, f"one dimension per group ({len(bounds)})"
         )
     full = sum(dims)
@@ -229,9 +265,9 @@ def check_allocation_methods(*, clip_split: Any, noise_allocation: Any) -> None:
         InvalidParameterError: naming the bad argument.
     """
     if clip_split not in CLIP_SPLITS:
-        raise InvalidParameterError("clip_split", clip_split, "'equal' or 'dimension'")
+        raise ParameterValueError("clip_split", clip_split, "'equal' or 'dimension'")
     if noise_allocation not in NOISE_ALLOCATIONS:
-        raise InvalidParameterError(
+        raise ParameterValueError(
             "noise_allocation", noise_allocation, "'proportional' or 'dimension'"
         )
 
@@ -266,10 +302,10 @@ def allocate(
     total = check_positive_finite("l2_norm_bound", l2_norm_bound)
     z = check_non_negative_finite("noise_multiplier", noise_multiplier)
     if isinstance(dimensions, (str, bytes)) or not isinstance(dimensions, Sequence):
-        raise InvalidParameterError("dimensions", dimensions, "one entry per group")
+        raise ParameterValueError("dimensions", dimensions, "one entry per group")
     count = len(dimensions)
     if count == 0:
-        raise InvalidParameterError("dimensions", dimensions, "at least one group")
+        raise ParameterValueError("dimensions", dimensions, "at least one group")
     if count == 1:
         return NoiseAllocation((total,), (z * total,), z)
     # The dimensions are checked where they are used (the "dimension" split and allocation).

@@ -13,13 +13,17 @@ from typing import Any
 
 import numpy as np
 
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import ParameterValueError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms.backend import ArrayBackend
 from dpledger.mechanisms.step import SampledStep, open_step
 from dpledger.validation import check_positive_int, check_probability
 
-__all__ = ["PoissonSampler"]
+__all__ = ["MAX_POPULATION", "PoissonSampler"]
+
+MAX_POPULATION = 1 << 33
+"""The largest population a :class:`PoissonSampler` draws from (one uniform draw per record)."""
+_CHUNK = 1 << 22  # uniform draws per chunk when sampling a large population
 
 
 class PoissonSampler:
@@ -43,9 +47,16 @@ class PoissonSampler:
         self, *, population_size: int, sampling_probability: float, generator: np.random.Generator
     ) -> None:
         self.population_size = check_positive_int("population_size", population_size)
+        if self.population_size > MAX_POPULATION:
+            raise ParameterValueError(
+                "population_size",
+                population_size,
+                f"an integer in [1, 2**33 = {MAX_POPULATION}]: drawing one uniform number per "
+                "record takes about a minute beyond that",
+            )
         self.sampling_probability = check_probability("sampling_probability", sampling_probability)
         if not isinstance(generator, np.random.Generator):
-            raise InvalidParameterError(
+            raise ParameterValueError(
                 "generator", generator, "a numpy.random.Generator (e.g. numpy.random.default_rng())"
             )
         self.generator = generator
@@ -59,8 +70,16 @@ class PoissonSampler:
         """Sorted indices of the records in a fresh sample (each included with probability q)."""
         if self.sampling_probability == 1.0:
             return np.arange(self.population_size)
-        keep = self.generator.random(self.population_size) < self.sampling_probability
-        return np.flatnonzero(keep)
+        n = self.population_size
+        if n <= _CHUNK:
+            keep = self.generator.random(n) < self.sampling_probability
+            return np.flatnonzero(keep)
+        # the same draws as one call of random(n), in chunks: memory ∝ chunk + sample
+        parts = []
+        for start in range(0, n, _CHUNK):
+            keep = self.generator.random(min(_CHUNK, n - start)) < self.sampling_probability
+            parts.append(np.flatnonzero(keep) + start)
+        return np.concatenate(parts)
 
     @contextlib.contextmanager
     def step(
@@ -95,6 +114,6 @@ class PoissonSampler:
 
     def __repr__(self) -> str:
         return (
-            f"PoissonSampler(population_size={self.population_size}, "
+            f"PoissonSampler(population_size={self.population_size!r}, "
             f"sampling_probability={self.sampling_probability!r})"
         )

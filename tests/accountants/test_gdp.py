@@ -122,7 +122,7 @@ def _without_prv(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the PRV lower bound fail, as a failed numerical check would."""
     from dpledger.accountants import gdp as gdp_module
 
-    def failing(_ledger: CompressedLedger, _delta: float) -> tuple[None, dict]:
+    def failing(_ledger: CompressedLedger, _delta: float, **_budgets: float) -> tuple[None, dict]:
         return None, {"lower_bound_prv_failed": "simulated failure"}
 
     monkeypatch.setattr(gdp_module, "_prv_lower_bound", failing)

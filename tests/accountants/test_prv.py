@@ -72,6 +72,8 @@ def test_settings_are_reported_and_registered() -> None:
         "report": "upper",
         "bucketing": 1e-3,
         "max_points": 1 << 23,
+        "memory_budget": 256 * 2**20,
+        "time_budget_s": 60.0,
     }
     assert "eps_error=0.02" in repr(acc)
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,12 +54,28 @@ import numpy as np
 
 from dpledger.accountants.base import Accountant, Answer, ResultKind
 from dpledger.accountants.bucketing import conservative_buckets
+from dpledger.accountants.budget import (
+    DEFAULT_MEMORY_BUDGET,
+    DEFAULT_TIME_BUDGET_S,
+    check_memory_budget,
+    check_time_budget,
+)
 from dpledger.accountants.prv.composition import ComposedLoss, compose, compose_prefixes
+from dpledger.accountants.prv.deadline import (
+    _DEADLINE,
+    PrvNumericalError,
+    _check_deadline,
+    _time_budget,
+)
 from dpledger.accountants.prv.discretisation import DiscreteSteps, discretise_steps
 from dpledger.accountants.prv.fallback import rdp_epsilon
 from dpledger.accountants.prv.gaussian import gaussian_delta, gaussian_epsilon
 from dpledger.accountants.prv.pairs import StepPair
-from dpledger.errors import DPLedgerError, InvalidParameterError, UnsupportedLedgerError
+from dpledger.errors import (
+    ComputationBudgetError,
+    ParameterValueError,
+    UnsupportedLedgerError,
+)
 from dpledger.ledger.events import NeighboringRelation
 from dpledger.ledger.steps import CompressedLedger
 
@@ -71,10 +88,10 @@ _DELTA_QUERY_ERROR = 1e-12
 _MAX_COARSENINGS = 6
 _SHIFT_SHARE = 1.2  # the mesh aims at a lower-bound shift t of about 1.4 eps_error
 MAX_DISTINCT_STEPS = 10_000  # about 0.4 MB of atoms each
-
-
-class PrvNumericalError(DPLedgerError, ArithmeticError):
-    """A numerical check of the PRV accountant failed and no certified fallback applies."""
+_BYTES_PER_SEGMENT = 256.0  # edges, tails, masses, widths and atoms of one 256-point segment
+_BYTES_PER_WINDOW_POINT = 32  # complex128 spectrum and one temporary per FFT window point
+_BYTES_PER_CURVE_CELL = 256.0  # per (curve point, distinct step): counts, spectra powers
+_TINY_BUDGET = 1e-300  # a truncation budget below this underflows the mesh arithmetic
 
 
 @attrs.frozen
@@ -96,10 +113,19 @@ class _Plan:
         return 2.0 if self.replace_one else 1.0
 
     def gaussian_mu(self, counts: Sequence[int] | None = None) -> float:
+        """μ of the full-batch part: √(Σ count·(sensitivity/z)²), ∞ when that overflows."""
         s = self.sensitivity
         zs = [z for z, _ in self.gaussian]
         used = [c for _, c in self.gaussian] if counts is None else list(counts)
-        return math.sqrt(sum(c * (s / z) ** 2 for z, c in zip(zs, used, strict=True)))
+        total = 0.0
+        for z, c in zip(zs, used, strict=True):
+            if c == 0:
+                continue
+            try:
+                total += float(c) * max((s / z) ** 2, 5e-324)
+            except OverflowError:
+                return math.inf
+        return math.sqrt(total)
 
 
 def _plan(ledger: CompressedLedger) -> _Plan:
@@ -180,6 +206,17 @@ class PrvAccountant(Accountant):
             geometric grid of ratio 1 + r first (:func:`conservative_buckets`), which keeps the
             upper bound valid and makes ledgers with a new noise multiplier every step cheap.
         max_points: the largest FFT window (mesh points) a full-spectrum composition may use.
+        memory_budget: bytes the discretisation and composition may use by their up-front
+            estimates (default :data:`~dpledger.accountants.budget.DEFAULT_MEMORY_BUDGET`,
+            256 MiB): the truncated loss ranges may span at most ``memory_budget / 256``
+            segments of 256 mesh points, and the FFT window at most
+            min(``max_points``, ``memory_budget / 32``) points. Where even a 64× coarser mesh
+            does not fit, ε queries fall back to the RDP bound (labelled in the details and
+            warnings) and δ queries raise :class:`PrvNumericalError` naming these settings.
+        time_budget_s: wall-clock seconds one question may take (default 60): checked before
+            each discretisation and composition (each bounded by ``memory_budget``); when it
+            has passed, ε queries fall back to the RDP bound (labelled) and δ queries raise
+            :class:`PrvNumericalError`.
     """
 
     name = "prv"
@@ -194,36 +231,40 @@ class PrvAccountant(Accountant):
         report: str = "upper",
         bucketing: float | None = None,
         max_points: int = 1 << 23,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        time_budget_s: float = DEFAULT_TIME_BUDGET_S,
     ) -> None:
         if (
             isinstance(eps_error, bool)
             or not isinstance(eps_error, (int, float))
             or not 0.0 < eps_error <= 1.0
         ):
-            raise InvalidParameterError("eps_error", eps_error, "a number in (0, 1]")
+            raise ParameterValueError("eps_error", eps_error, "a number in (0, 1]")
         if delta_error is not None and (
             isinstance(delta_error, bool)
             or not isinstance(delta_error, (int, float))
             or not 0.0 < delta_error < 1.0
         ):
-            raise InvalidParameterError("delta_error", delta_error, "None or a number in (0, 1)")
+            raise ParameterValueError("delta_error", delta_error, "None or a number in (0, 1)")
         if report not in _REPORTS:
-            raise InvalidParameterError("report", report, "one of 'upper', 'estimate'")
+            raise ParameterValueError("report", report, "one of 'upper', 'estimate'")
         if bucketing is not None and (
             isinstance(bucketing, bool)
             or not isinstance(bucketing, (int, float))
             or not 0.0 < bucketing < 1.0
         ):
-            raise InvalidParameterError(
+            raise ParameterValueError(
                 "bucketing", bucketing, "None or a relative precision in (0, 1)"
             )
         if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 1024:
-            raise InvalidParameterError("max_points", max_points, "an integer >= 1024")
+            raise ParameterValueError("max_points", max_points, "an integer >= 1024")
         self.eps_error = float(eps_error)
         self.delta_error = None if delta_error is None else float(delta_error)
         self.report = report
         self.bucketing = None if bucketing is None else float(bucketing)
         self.max_points = max_points
+        self.memory_budget = check_memory_budget(memory_budget)
+        self.time_budget_s = check_time_budget(time_budget_s)
 
     def settings(self) -> dict[str, Any]:
         """The accountant's settings."""
@@ -233,6 +274,8 @@ class PrvAccountant(Accountant):
             "report": self.report,
             "bucketing": self.bucketing,
             "max_points": self.max_points,
+            "memory_budget": self.memory_budget,
+            "time_budget_s": self.time_budget_s,
         }
 
     def check_supported(self, ledger: CompressedLedger) -> None:
@@ -249,6 +292,11 @@ class PrvAccountant(Accountant):
                     f"handles at most {MAX_DISTINCT_STEPS} without bucketing: use "
                     "PrvAccountant(bucketing=1e-3), which keeps the upper bound valid"
                 )
+
+    @property
+    def _window_limit(self) -> int:
+        """The largest FFT window: max_points, and at most memory_budget / 32 points."""
+        return max(1024, min(self.max_points, int(self.memory_budget // _BYTES_PER_WINDOW_POINT)))
 
     @property
     def _kind(self) -> ResultKind:
@@ -277,6 +325,7 @@ class PrvAccountant(Accountant):
             h=h,
             out_mass=eta_out / k,
             shift_lambda=lam,
+            max_segments=self.memory_budget / _BYTES_PER_SEGMENT,
         )
         return _Mesh(h=h, remove=remove, add=add)
 
@@ -301,7 +350,7 @@ class PrvAccountant(Accountant):
                     eta_wrap=0.05 * budget,
                     eta_band=0.1 * budget,
                     eta_shift=0.5 * budget,
-                    max_points=self.max_points,
+                    max_points=self._window_limit,
                     precise=precise,
                 )
             )
@@ -327,15 +376,18 @@ class PrvAccountant(Accountant):
     ) -> tuple[Any, _Mesh, _Tuning]:
         """Build the mesh and run ``run`` on it, coarsening the mesh if memory limits demand."""
         for coarsen in range(_MAX_COARSENINGS + 1):
+            _check_deadline(self.time_budget_s)
             tried = attrs.evolve(tuning, coarsen=coarsen)
-            mesh = self._mesh(plan, tried)
             try:
+                mesh = self._mesh(plan, tried)
                 return run(mesh, tried), mesh, tried
             except MemoryError as exc:
-                logger.info("PRV mesh %.3g too fine (%s); coarsening", mesh.h, exc)
+                logger.info("PRV mesh too fine at coarsening %d (%s); coarsening", coarsen, exc)
         raise PrvNumericalError(
-            "the PRV composition needs more than max_points="
-            f"{self.max_points} mesh points even on a {2**_MAX_COARSENINGS}x coarser mesh"
+            f"the PRV discretisation and composition need more than memory_budget="
+            f"{self.memory_budget} bytes (FFT window limit {self._window_limit} points) even on "
+            f"a {2**_MAX_COARSENINGS}x coarser mesh; use a larger eps_error (now "
+            f"{self.eps_error!r}), a larger memory_budget, or the rdp accountant"
         )
 
     def _initial_tuning(self, delta: float) -> _Tuning:
@@ -345,7 +397,8 @@ class PrvAccountant(Accountant):
     # ------------------------------------------------------------------ ε
     def _epsilon(self, ledger: CompressedLedger, delta: float) -> Answer:
         plan, info = self._prepare(ledger)
-        return self._epsilon_plan(plan, delta, info)
+        with _time_budget(self.time_budget_s):
+            return self._epsilon_plan(plan, delta, info)
 
     def _epsilon_plan(self, plan: _Plan, delta: float, info: dict[str, Any]) -> Answer:
         mu = plan.gaussian_mu()
@@ -355,6 +408,10 @@ class PrvAccountant(Accountant):
             return Answer(upper, lower=lower, upper=upper, kind=self._kind, details=details)
         counts = [c for _, _, c in plan.runs]
         tuning = self._initial_tuning(delta)
+        if not 0.05 * tuning.budget > _TINY_BUDGET:
+            return self._fallback(
+                plan, mu, delta, info, f"δ={delta!r} is too small for a truncation budget"
+            )
 
         def run(mesh: _Mesh, tried: _Tuning) -> tuple[_Bounds, dict[str, float]]:
             return self._epsilon_on_mesh(mesh, counts, mu, delta, tried.budget)
@@ -461,10 +518,31 @@ class PrvAccountant(Accountant):
         single call (its wrap or band, its float error, or an interval wider than 2·eps_error)
         is computed on its own.
         """
+        with _time_budget(self.time_budget_s):
+            return self._epsilon_curve_within_budget(ledger, delta, steps)
+
+    def _epsilon_curve_within_budget(
+        self, ledger: CompressedLedger, delta: float, steps: Sequence[int]
+    ) -> list[Answer]:
         plan, info = self._prepare(ledger)
+        cells = float(len(steps)) * max(1, len(plan.runs))
+        if cells * _BYTES_PER_CURVE_CELL > self.memory_budget:
+            raise ComputationBudgetError(
+                parameter="steps",
+                value=f"<{len(steps)} step counts over {len(plan.runs)} distinct steps>",
+                estimated_bytes=cells * _BYTES_PER_CURVE_CELL,
+                budget_bytes=self.memory_budget,
+                accountant=self.name,
+                suggestion=(
+                    "ask for fewer curve points, use PrvAccountant(bucketing=1e-3) to collapse "
+                    "distinct steps, or a larger memory_budget"
+                ),
+            )
         if not plan.runs:
             return [self._epsilon_plan(_prefix_plan(plan, t), delta, info) for t in steps]
         tuning = self._initial_tuning(delta)
+        if not 0.05 * tuning.budget > _TINY_BUDGET:
+            return [self._epsilon_plan(_prefix_plan(plan, t), delta, info) for t in steps]
         rows = [_prefix_counts(plan, t) for t in steps]
         live = [i for i, (counts, _) in enumerate(rows) if any(counts)]
         answers: list[Answer | None] = [None] * len(steps)
@@ -472,15 +550,20 @@ class PrvAccountant(Accountant):
             counts = np.array([rows[i][0] for i in live], dtype=np.int64)
             mus = np.array([plan.gaussian_mu(rows[i][1]) for i in live])
             budget = tuning.budget
-            mesh = self._mesh(plan, tuning)
-            sides = [
-                _compose_in_groups(side, counts, mus, budget)
-                for side in (mesh.remove, mesh.add)
-                if side is not None
-            ]
+            try:
+                mesh = self._mesh(plan, tuning)
+                sides = [
+                    _compose_in_groups(side, counts, mus, budget)
+                    for side in (mesh.remove, mesh.add)
+                    if side is not None
+                ]
+            except MemoryError:  # each prefix on its own (coarsening or falling back)
+                return [self._epsilon_point(plan, t, delta, info) for t in steps]
             hint, previous = None, None
             for j, i in enumerate(live):
                 directions = tuple(side[j] for side in sides)
+                if time.perf_counter() > _DEADLINE.get():
+                    break  # the remaining points each fall back on their own
                 try:
                     if any(d is None for d in directions):  # composed on its own window
                         bounds = self._checked_compose(
@@ -502,12 +585,35 @@ class PrvAccountant(Accountant):
                 if not answer.warnings:
                     answers[i] = answer
         return [
-            a if a is not None else self._epsilon_plan(_prefix_plan(plan, t), delta, info)
+            a if a is not None else self._epsilon_point(plan, t, delta, info)
             for a, t in zip(answers, steps, strict=True)
         ]
 
+    def _epsilon_point(self, plan: _Plan, t: int, delta: float, info: dict[str, Any]) -> Answer:
+        """One curve point on its own; refused once the curve's time budget has passed (a
+        fallback per point could take as long again for every remaining point)."""
+        if time.perf_counter() > _DEADLINE.get():
+            raise ComputationBudgetError(
+                parameter="time_budget_s",
+                value=self.time_budget_s,
+                estimated_bytes=0.0,
+                budget_bytes=float(self.memory_budget),
+                estimated_seconds=self.time_budget_s,
+                budget_seconds=self.time_budget_s,
+                accountant=self.name,
+                suggestion=(
+                    "the curve ran out of time before every point was certified: ask for fewer "
+                    "points, use a larger eps_error or time_budget_s, or the rdp accountant"
+                ),
+            )
+        return self._epsilon_plan(_prefix_plan(plan, t), delta, info)
+
     # ------------------------------------------------------------------ δ
     def _delta(self, ledger: CompressedLedger, epsilon: float) -> Answer:
+        with _time_budget(self.time_budget_s):
+            return self._delta_within_budget(ledger, epsilon)
+
+    def _delta_within_budget(self, ledger: CompressedLedger, epsilon: float) -> Answer:
         plan, info = self._prepare(ledger)
         mu = plan.gaussian_mu()
         if not plan.runs:

@@ -38,6 +38,7 @@ import numpy as np
 import scipy.fft
 import scipy.signal
 
+from dpledger.accountants.prv.deadline import _check_deadline
 from dpledger.accountants.prv.discretisation import (
     FACTORIALS,
     TERMS,
@@ -353,9 +354,11 @@ class ComposedLoss:
         if self.gaussian_mu > 0:
             f = self._density()
             s = (self.start + np.arange(self.size)) * self.h
-            return np.array(
-                [max(dot(f, gaussian_delta(e - s, self.gaussian_mu)), 0.0) for e in epsilon]
-            )
+            out = np.empty(epsilon.size)
+            for i, e in enumerate(epsilon):
+                _check_deadline()  # each point costs a pass over the whole window
+                out[i] = max(dot(f, gaussian_delta(e - s, self.gaussian_mu)), 0.0)
+            return out
         return self._materialised(epsilon)
 
     def _kernel_parts(self) -> tuple[np.ndarray, ...]:

@@ -322,7 +322,8 @@ def _choose_widths(
     rows = np.arange(weight.size)
 
     def pick(mu: float) -> tuple[np.ndarray, float]:
-        choice = np.argmin(bins[None, :] + mu * extra, axis=1)
+        with np.errstate(over="ignore"):  # an infinite cost only rules a width out
+            choice = np.argmin(bins[None, :] + mu * extra, axis=1)
         return choice, float(extra[rows, choice].sum())
 
     hi = 1.0
@@ -396,6 +397,7 @@ def discretise_steps(
     shift_lambda: float,
     budget: float = 8.0,
     stride: int = 256,
+    max_segments: float = math.inf,
 ) -> tuple[DiscreteSteps, DiscreteSteps | None]:
     """Discretise the distinct steps of a ledger for the remove and (unless symmetric) add sides.
 
@@ -407,20 +409,34 @@ def discretise_steps(
         shift_lambda: the λ at which the lower bound's Chernoff bound is expected to be tight.
         budget: total increase of that Chernoff exponent the wide bins may cause.
         stride: the widest bin, in units of h (a power of two).
+        max_segments: the most stride-wide segments (over all steps) the truncated ranges may
+            span; checked from the range ends alone, before any array is allocated.
 
     Returns:
         (remove, add): the laws of L under P, and of −L under Q (None for symmetric pairs).
+
+    Raises:
+        MemoryError: when the ranges span more than ``max_segments`` segments (the caller
+            coarsens the mesh or refuses).
     """
     replace = pairs[0].replace_one
     q = np.array([p.q for p in pairs])
     z = np.array([p.z for p in pairs])
     k = np.asarray(counts, dtype=float)
     # ---- truncation and segments (stride·h wide, aligned on multiples of stride)
-    top = np.array([math.ceil(p.loss_with_upper_tail(out_mass) / h) for p in pairs])
+    top_f = np.array([p.loss_with_upper_tail(out_mass) / h for p in pairs])
     if replace:
-        bottom = np.array([math.floor(p.loss_with_lower_tail(out_mass) / h) for p in pairs])
+        bottom_f = np.array([p.loss_with_lower_tail(out_mass) / h for p in pairs])
     else:
-        bottom = np.floor(np.log1p(-q) / h).astype(np.int64)
+        bottom_f = np.log1p(-q) / h
+    spanned = float(np.sum((top_f - bottom_f) / stride + 2.0))
+    if not spanned <= max_segments:  # also NaN and ∞
+        raise MemoryError(
+            f"the truncated privacy-loss ranges span about {spanned:.3g} segments of "
+            f"{stride} mesh points at mesh width {h!r} (limit {max_segments:.3g})"
+        )
+    top = np.ceil(top_f).astype(np.int64)
+    bottom = np.floor(bottom_f).astype(np.int64)
     first = bottom // stride * stride
     last = -(-np.maximum(top, bottom + 1) // stride) * stride
     n_seg = (last - first) // stride
