@@ -45,6 +45,7 @@ __all__ = [
     "broadcast_tensors",
     "distributed_world",
     "reduce_tensors",
+    "sum_counts",
 ]
 
 
@@ -165,6 +166,13 @@ def reduce_tensors(
     flat = _flat(tensors)
     dist.reduce(flat, dst=_global_rank(0, process_group), op=dist.ReduceOp.SUM, group=process_group)
     return _unflat(flat, tensors)
+
+
+def sum_counts(counts: Sequence[int], *, device: Any, process_group: Any = None) -> list[int]:
+    """The sums of small integer counts over the ranks, known on every rank (one all-reduce)."""
+    flat = torch.tensor(list(counts), dtype=torch.int64, device=device)
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=process_group)
+    return [int(v) for v in flat.tolist()]
 
 
 def broadcast_tensors(

@@ -84,6 +84,7 @@ from dpledger.adapters.torch.distributed import (
     broadcast_tensors,
     distributed_world,
     reduce_tensors,
+    sum_counts,
 )
 from dpledger.adapters.torch.engine import LossReduction, PerExampleGradientEngine, Strategy
 from dpledger.adapters.torch.errors import EngineStateError
@@ -883,25 +884,29 @@ class DPOptimizer(torch.optim.Optimizer):
                         "(requires_grad_(False), grad = None) or wrap the optimizer anew"
                     )
 
-    def _claim_draw(self) -> None:
+    def _claim_draw(self) -> str | None:
         """Tie this step to the sampler's draw (see :mod:`~dpledger.adapters.torch.poisson`),
         before anything is released or recorded; the step is dropped when refused.
 
-        Under torch.distributed a refusal on one rank would leave the others waiting in the
-        step's collectives, so there the tie is not checked (each rank's sampler is the same
-        seeded global draw).
+        In one process a mismatch raises :class:`~dpledger.errors.SamplerMismatchError` here.
+        Under torch.distributed it is returned instead (the message, or None): every rank must
+        learn of any rank's refusal through the step's count collective and raise together,
+        or the others would wait in the step's collectives for ever.
         """
-        if self._sampler is None or self._distributed:
-            return
+        if self._sampler is None:
+            return None
         try:
             self._sampler.claim_draw(self._acc_count)
-        except SamplerMismatchError:
-            self._reset()
-            raise
+        except SamplerMismatchError as exc:
+            if not self._distributed:
+                self._reset()
+                raise
+            return str(exc)
+        return None
 
     def _release_and_update(self) -> None:
         assert self._acc is not None
-        self._claim_draw()
+        problem = self._claim_draw()
         names = self._names
         sums = [self._acc[n] for n in names]
         count = self._acc_count
@@ -910,13 +915,24 @@ class DPOptimizer(torch.optim.Optimizer):
             unclipped = [self._acc_unclipped[n] for n in names]
         clipped = self._acc_clipped
         if self._distributed:
+            # counts first, on every rank: a rank whose records were not its sampler's draw
+            # stops every rank before the gradients are reduced or anything is recorded
+            count, clipped, refused = sum_counts(
+                [count, clipped, 0 if problem is None else 1],
+                device=self._device,
+                process_group=self._group,
+            )
+            if refused:
+                self._reset()
+                raise SamplerMismatchError(
+                    problem
+                    or f"{refused} other rank(s) stepped on records their sampler did not draw; "
+                    "no rank released or recorded anything for this step"
+                )
             reduced = reduce_tensors(sums + (unclipped or []), process_group=self._group)
-            counts = torch.tensor([count, clipped], dtype=torch.int64, device=self._device)
-            (counts,) = reduce_tensors([counts], process_group=self._group)
             sums = reduced[: len(names)]
             if unclipped is not None:
                 unclipped = reduced[len(names) :]
-            count, clipped = (int(v) for v in counts.tolist())
         averaged: list[torch.Tensor] = []
         if self._rank == 0:
             assert self._ledger is not None

@@ -20,7 +20,7 @@ from dpledger.adapters.torch import (
     PoissonBatchSampler,
     RecordDependenceError,
 )
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import InvalidParameterError, SamplerMismatchError
 from tests.adapters.torch.dp_helpers import batch, small_cnn
 
 N, Q, STEPS, SEED, NOISE_SEED = 40, 0.25, 3, 3, 7
@@ -133,6 +133,31 @@ def worker(rank: int, world: int, directory: str) -> None:
             centred(torch.randn(4, 4))
         except RecordDependenceError as err:
             refusals.append(f"mixing:{err.module_name}")
+        # Rank 1 steps on records its sampler did not draw, rank 0 on its real draw: every rank
+        # refuses the step together (none waits in a collective), and nothing is recorded.
+        m = small_cnn()
+        sampler = DistributedPoissonBatchSampler(
+            population_size=N, sampling_probability=Q, steps=STEPS, seed=SEED
+        )
+        tie_ledger = PrivacyLedger() if rank == 0 else None
+        dp = DPOptimizer(
+            torch.optim.SGD(m.parameters(), lr=0.1),
+            model=m,
+            sampler=sampler,
+            ledger=tie_ledger,
+            max_grad_norm=1.0,
+            noise_multiplier=1.0,
+        )
+        xs, ys = dataset().tensors
+        idx = sampler.sample() if rank == 0 else list(range(3))
+        dp.zero_grad()
+        F.cross_entropy(m(xs[idx]), ys[idx]).backward()
+        try:
+            dp.step()
+        except SamplerMismatchError as err:
+            refusals.append("other rank" if "other rank" in str(err) else "no draw")
+        if tie_ledger is not None:
+            refusals.append(f"steps:{tie_ledger.num_steps}")
         torch.save(refusals, path / f"refusals{rank}.pt")
     finally:
         dist.destroy_process_group()

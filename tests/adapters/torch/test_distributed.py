@@ -39,8 +39,18 @@ def test_two_gloo_ranks_equal_one_process_on_the_union(tmp_path):
         assert list(ledger.events()) == list(reference.events())
         assert [s.sampling for s in ledger.steps()] == [SamplingEvent(w.Q, w.N)] * w.STEPS
     assert not list(tmp_path.glob("rank1*.dpl"))
-    assert torch.load(tmp_path / "refusals0.pt") == ["sampler", "mixing:module.1"]
-    assert torch.load(tmp_path / "refusals1.pt") == ["sampler", "ledger", "mixing:module.1"]
+    assert torch.load(tmp_path / "refusals0.pt") == [
+        "sampler",
+        "mixing:module.1",
+        "other rank",
+        "steps:0",
+    ]
+    assert torch.load(tmp_path / "refusals1.pt") == [
+        "sampler",
+        "ledger",
+        "mixing:module.1",
+        "no draw",
+    ]
 
 
 def test_ranks_share_one_poisson_sample_with_the_global_q():
