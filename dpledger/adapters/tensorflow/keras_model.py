@@ -54,7 +54,7 @@ from dpledger.adapters.tensorflow.record_probe import (
     record_probe_off_warning,
 )
 from dpledger.audit.bias import ClippingBiasCallback
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import InvalidParameterError, SamplerMismatchError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms import ClippingStrategy, GaussianSumQuery
 
@@ -230,8 +230,13 @@ class DPKerasModel(keras.Model):
 
         ``shuffle`` defaults to False (Keras cannot shuffle a dataset's batches anyway).
 
+        When the model was given its ``sampler``, ``x`` must be that sampler's
+        :meth:`~dpledger.adapters.tensorflow.PoissonSampler.sample` dataset (optionally
+        prefetched): every step is then one of its draws.
+
         Raises:
             InvalidParameterError: ``x`` is arrays or tensors, or ``batch_size`` is given.
+            SamplerMismatchError: the model has a sampler and ``x`` is not its draws.
         """
         if batch_size is not None:
             raise InvalidParameterError(
@@ -247,6 +252,16 @@ class DPKerasModel(keras.Model):
                 "a dataset of Poisson-sampled batches (sampler.sample((x, y))), not arrays: "
                 "Keras would shuffle arrays into fixed-size batches, whose sampling is not "
                 "the rate q recorded in the ledger",
+            )
+        drew = getattr(self._dp_sampler, "drew", None)
+        if drew is not None and not drew(x):
+            raise SamplerMismatchError(
+                "fit() was given batches that the recorded sampler did not draw: "
+                f"{self._dp_sampler!r} records its q with every step, so the data must be "
+                "sampler.sample((x, y)) itself, optionally followed by .prefetch() or "
+                ".with_options(); a dataset shuffled and batched (or batched, filtered, mapped, "
+                "taken, cached …) after or instead of sampling has other batches. Nothing was "
+                "recorded"
             )
         kwargs.setdefault("shuffle", False)  # the batches are already sampled
         if not self._dp_probed and self._dp_loss is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import secrets
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +34,10 @@ from dpledger.errors import InvalidParameterError
 from dpledger.validation import check_positive_finite, check_positive_int, check_probability
 
 __all__ = ["PoissonSampler"]
+
+
+# Dataset transformations that pass every element through unchanged.
+_RECORD_PRESERVING = frozenset({"_PrefetchDataset", "PrefetchDataset", "_OptionsDataset"})
 
 
 class PoissonSampler:
@@ -81,6 +86,7 @@ class PoissonSampler:
             raise InvalidParameterError("seed", seed, "a non-negative integer or None")
         self._seed = int(seed)
         self._generator = tf.random.Generator.from_seed(self._seed)
+        self._datasets: weakref.WeakSet[tf.data.Dataset] = weakref.WeakSet()
 
     @classmethod
     def from_expected_batch_size(
@@ -179,7 +185,7 @@ class PoissonSampler:
             InvalidParameterError: when a leading axis (or a known dataset cardinality) is not n.
         """
         if isinstance(data, tf.data.Dataset):
-            return self._sample_dataset(data)
+            return self._made(self._sample_dataset(data))
         tensors = tf.nest.map_structure(tf.convert_to_tensor, data)
         for t in tf.nest.flatten(tensors):
             if t.shape.rank == 0 or (t.shape[0] is not None and t.shape[0] != self._n):
@@ -188,9 +194,32 @@ class PoissonSampler:
                     f"an array of shape {t.shape.as_list()}",
                     f"arrays whose leading axis has population_size={self._n} records",
                 )
-        return self.index_dataset().map(
-            lambda idx: tf.nest.map_structure(lambda t: tf.gather(t, idx), tensors)
+        return self._made(
+            self.index_dataset().map(
+                lambda idx: tf.nest.map_structure(lambda t: tf.gather(t, idx), tensors)
+            )
         )
+
+    def _made(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        self._datasets.add(dataset)
+        return dataset
+
+    def drew(self, dataset: Any) -> bool:
+        """Whether ``dataset`` yields exactly this sampler's batches: a dataset made by
+        :meth:`sample`, possibly behind ``prefetch`` or ``with_options`` (which keep every record
+        of every batch). Any other transformation (``shuffle``, ``batch``, ``unbatch``,
+        ``filter``, ``map``, ``take``, ``cache``, …) may change which records a step sees, so a
+        dataset built with one is not this sampler's draw."""
+        while isinstance(dataset, tf.data.Dataset):
+            if dataset in self._datasets:
+                return True
+            if type(dataset).__name__ not in _RECORD_PRESERVING:
+                return False
+            inputs = dataset._inputs()  # the public API has no way to walk a pipeline
+            if len(inputs) != 1:
+                return False
+            dataset = inputs[0]
+        return False
 
     def _sample_dataset(self, data: tf.data.Dataset) -> tf.data.Dataset:
         cardinality = int(data.cardinality())

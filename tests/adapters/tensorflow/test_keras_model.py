@@ -18,7 +18,7 @@ from dpledger.adapters.tensorflow import (
     make_private,
 )
 from dpledger.audit.checks_keras import assert_dp_sgd_correct
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import InvalidParameterError, SamplerMismatchError
 from tests.audit.checks_keras_steps import keras_mlp
 
 HUGE = 1e30
@@ -296,3 +296,43 @@ def test_keras_fit_step_passes_every_implementation_bug_check():
         input_shape=(10,),
         denominator=_KerasTrainStep.DENOMINATOR,
     )
+
+
+def _tied_model(sampler):
+    dp = DPKerasModel(_model(), l2_norm_clip=1.0, noise_multiplier=1.0, sampler=sampler, seed=1)
+    dp.compile(optimizer=keras.optimizers.SGD(0.1), loss=_loss())
+    return dp
+
+
+@pytest.mark.parametrize(
+    "pipeline",
+    [
+        # the migrating user's pipeline: shuffled, fixed-size batches, not the sampler's draws
+        lambda s, x, y: tf.data.Dataset.from_tensor_slices((x, y)).shuffle(60).batch(8),
+        # the sampler's batches, re-cut after sampling
+        lambda s, x, y: s.sample((x, y)).unbatch().batch(8),
+        # the sampler's batches, some dropped
+        lambda s, x, y: s.sample((x, y)).filter(lambda a, b: tf.shape(b)[0] > 0),
+        # another sampler's batches
+        lambda s, x, y: PoissonSampler(population_size=60, sampling_probability=0.1).sample((x, y)),
+    ],
+    ids=["shuffle_batch", "rebatched", "filtered", "other_sampler"],
+)
+def test_fit_refuses_batches_the_recorded_sampler_did_not_draw(pipeline):
+    x, y = _data(60)
+    sampler = PoissonSampler(population_size=60, sampling_probability=0.1, seed=4)
+    dp = _tied_model(sampler)
+    with pytest.raises(SamplerMismatchError, match="did not draw"):
+        dp.fit(pipeline(sampler, x, y), epochs=1, verbose=0)
+    assert dp.ledger.num_steps == 0
+
+
+def test_fit_accepts_the_samplers_draws_behind_prefetch_and_options():
+    x, y = _data(20)
+    sampler = PoissonSampler(population_size=20, sampling_probability=0.1, seed=4)
+    dp = _tied_model(sampler)
+    options = tf.data.Options()
+    options.deterministic = True
+    data = sampler.sample((x, y)).with_options(options).prefetch(tf.data.AUTOTUNE)
+    dp.fit(data, epochs=1, verbose=0)
+    assert dp.ledger.num_steps == 10
