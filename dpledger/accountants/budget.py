@@ -29,7 +29,7 @@ import math
 import numbers
 from typing import Any
 
-from dpledger.errors import ComputationBudgetError, ParameterValueError
+from dpledger.errors import ComputationBudgetError, InvalidParameterError
 
 __all__ = [
     "BYTES_PER_POINT",
@@ -64,7 +64,7 @@ def check_memory_budget(value: Any, *, parameter: str = "memory_budget") -> int:
     """A memory budget in bytes: an integer ≥ 1 MiB (``float("inf")`` is not accepted)."""
     expected = "an integer number of bytes >= 1048576 (1 MiB)"
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 2**20:
-        raise ParameterValueError(parameter, value, expected)
+        raise InvalidParameterError(parameter, value, expected)
     return int(value)
 
 
@@ -72,13 +72,13 @@ def check_time_budget(value: Any, *, parameter: str = "time_budget_s") -> float:
     """A time budget in seconds: a finite number > 0."""
     expected = "a finite number of seconds > 0"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ParameterValueError(parameter, value, expected)
+        raise InvalidParameterError(parameter, value, expected)
     try:
         x = float(value)
     except OverflowError:
-        raise ParameterValueError(parameter, value, expected) from None
+        raise InvalidParameterError(parameter, value, expected) from None
     if not (0.0 < x < math.inf):
-        raise ParameterValueError(parameter, value, expected)
+        raise InvalidParameterError(parameter, value, expected)
     return x
 
 
@@ -144,16 +144,12 @@ def refuse_if_over(
     """Raise :class:`ComputationBudgetError` if ``points`` grid points (at
     :data:`BYTES_PER_POINT` each) exceed the memory budget or ``seconds`` the time budget."""
     need = points * BYTES_PER_POINT
-    if not need <= memory_budget:  # also NaN
-        raise ComputationBudgetError(
-            parameter=parameter,
-            value=value,
-            estimated_bytes=need,
-            budget_bytes=memory_budget,
-            suggestion=suggestion,
-            accountant=accountant,
+    over_memory = not need <= memory_budget  # also NaN
+    if over_memory or not seconds <= time_budget_s:
+        # the time estimate is named only when time, not memory, is what does not fit
+        timing = (
+            {} if over_memory else {"estimated_seconds": seconds, "budget_seconds": time_budget_s}
         )
-    if not seconds <= time_budget_s:
         raise ComputationBudgetError(
             parameter=parameter,
             value=value,
@@ -161,6 +157,5 @@ def refuse_if_over(
             budget_bytes=memory_budget,
             suggestion=suggestion,
             accountant=accountant,
-            estimated_seconds=seconds,
-            budget_seconds=time_budget_s,
+            **timing,
         )
