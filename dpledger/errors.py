@@ -21,7 +21,6 @@ __all__ = [
     "LedgerStateError",
     "LedgerVerificationError",
     "NotALedgerError",
-    "ParameterValueError",
     "UnsupportedLedgerError",
     "describe_value",
     "format_bytes",
@@ -115,23 +114,6 @@ def describe_value(value: Any) -> str:
         return repr(value)
     except Exception:  # a repr that fails must not hide the real error
         return f"<a {type(value).__name__}>"
-
-
-class ParameterValueError(InvalidParameterError):
-    """An :class:`InvalidParameterError` whose message describes any value safely.
-
-    Used where the rejected value may be a Python int with thousands of digits (a step count,
-    a population size) or an object whose ``repr`` fails: the message uses
-    :func:`describe_value`, so building the error can never raise in its turn.
-    """
-
-    def __init__(self, parameter: str, value: Any, expected: str) -> None:
-        self.parameter = parameter
-        self.value = value
-        self.expected = expected
-        DPLedgerError.__init__(
-            self, f"{parameter}={describe_value(value)} is invalid: expected {expected}"
-        )
 
 
 class ComputationBudgetError(DPLedgerError, ValueError):

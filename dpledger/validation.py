@@ -14,7 +14,7 @@ import numbers
 import operator
 from typing import Any, TypeVar
 
-from dpledger.errors import ParameterValueError as InvalidParameterError
+from dpledger.errors import InvalidParameterError as InvalidParameterError
 
 __all__ = [
     "check_delta",

@@ -47,7 +47,7 @@ import numpy as np
 from dpledger.errors import (
     AccountingNumericalError,
     DPLedgerError,
-    ParameterValueError,
+    InvalidParameterError,
     UnsupportedLedgerError,
     describe_value,
 )
@@ -188,21 +188,21 @@ def as_compressed(ledger: LedgerLike) -> CompressedLedger:
         return ledger
     if isinstance(ledger, PrivacyLedger):
         return ledger.compressed()
-    raise ParameterValueError("ledger", ledger, "a PrivacyLedger or a CompressedLedger")
+    raise InvalidParameterError("ledger", ledger, "a PrivacyLedger or a CompressedLedger")
 
 
 def _check_epsilon(value: Any) -> float:
     expected = "a number >= 0 (inf allowed)"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ParameterValueError("epsilon", value, expected)
+        raise InvalidParameterError("epsilon", value, expected)
     try:
         x = float(value)
     except OverflowError:  # an int beyond the float range: ε = ∞
         if value > 0:
             return math.inf
-        raise ParameterValueError("epsilon", value, expected) from None
+        raise InvalidParameterError("epsilon", value, expected) from None
     if not x >= 0.0:
-        raise ParameterValueError("epsilon", value, expected)
+        raise InvalidParameterError("epsilon", value, expected)
     return x + 0.0
 
 
@@ -326,7 +326,7 @@ class Accountant(abc.ABC):
             or not isinstance(max_curve_points, numbers.Integral)
             or max_curve_points < 1
         ):
-            raise ParameterValueError("max_curve_points", max_curve_points, "an integer >= 1")
+            raise InvalidParameterError("max_curve_points", max_curve_points, "an integer >= 1")
         comp = as_compressed(ledger)
         self.check_supported(comp)
         total = comp.num_steps
@@ -337,24 +337,24 @@ class Accountant(abc.ABC):
         try:
             length = len(steps)
         except OverflowError:  # e.g. range(10**21)
-            raise ParameterValueError("steps", steps, too_many) from None
+            raise InvalidParameterError("steps", steps, too_many) from None
         except TypeError:
             length = None
         if length is not None and length > max_curve_points:
-            raise ParameterValueError("steps", f"<{length} step counts>", too_many)
+            raise InvalidParameterError("steps", f"<{length} step counts>", too_many)
         try:
             counts = list(itertools.islice(steps, max_curve_points + 1))
         except TypeError:
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 "steps", steps, "a non-empty sequence of step counts"
             ) from None
         if len(counts) > max_curve_points:
-            raise ParameterValueError("steps", steps, too_many)
+            raise InvalidParameterError("steps", steps, too_many)
         if not counts:
-            raise ParameterValueError("steps", steps, "a non-empty sequence of step counts")
+            raise InvalidParameterError("steps", steps, "a non-empty sequence of step counts")
         for i, t in enumerate(counts):
             if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t <= total:
-                raise ParameterValueError(
+                raise InvalidParameterError(
                     "steps", t, f"step counts that are integers in [0, {describe_value(total)}]"
                 )
             counts[i] = int(t)
@@ -534,6 +534,6 @@ def make_accountant(name: str, **settings: Any) -> Accountant:
         module_name, class_name = ACCOUNTANT_MODULES[name]
     except (KeyError, TypeError):
         valid = ", ".join(sorted(ACCOUNTANT_MODULES))
-        raise ParameterValueError("accountant", name, f"one of {valid}") from None
+        raise InvalidParameterError("accountant", name, f"one of {valid}") from None
     cls = getattr(importlib.import_module(module_name), class_name)
     return cls(**settings)

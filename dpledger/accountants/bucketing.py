@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from dpledger.errors import ParameterValueError
+from dpledger.errors import InvalidParameterError
 from dpledger.ledger.steps import CompressedLedger, StepRun
 
 __all__ = [
@@ -35,7 +35,7 @@ def _check_precision(relative_precision: float) -> float:
         or not isinstance(relative_precision, (int, float))
         or not 0.0 < relative_precision < 1.0
     ):
-        raise ParameterValueError(
+        raise InvalidParameterError(
             "relative_precision", relative_precision, "a number in the open interval (0, 1)"
         )
     return float(relative_precision)
@@ -97,7 +97,7 @@ def check_bucketing(value: float | None, *, parameter: str = "bucketing") -> flo
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < 1.0:
-        raise ParameterValueError(
+        raise InvalidParameterError(
             parameter, value, "None (no bucketing) or a relative precision in (0, 1), e.g. 1e-3"
         )
     return float(value)

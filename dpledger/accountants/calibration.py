@@ -39,7 +39,7 @@ import attrs
 
 from dpledger.accountants.base import Accountant, PrivacyResult, ResultKind, make_accountant
 from dpledger.accountants.budget import DEFAULT_TIME_BUDGET_S, check_time_budget
-from dpledger.errors import ComputationBudgetError, ParameterValueError
+from dpledger.errors import ComputationBudgetError, InvalidParameterError
 from dpledger.ledger.events import NeighboringRelation
 from dpledger.ledger.steps import CompressedLedger
 from dpledger.validation import (
@@ -135,7 +135,7 @@ class _Objective:
         if result.kind is ResultKind.UPPER_BOUND:
             return float(result.epsilon)
         if not self.allow_approximation:
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 "accountant",
                 self.accountant.name,
                 "an accountant whose ε is a valid upper bound for this ledger (its result here is "
@@ -180,13 +180,13 @@ def _resolve(accountant: str | Accountant) -> Accountant:
 def _check_target(target_epsilon: Any) -> float:
     expected = "a finite number > 0 (at most 1e300)"
     if isinstance(target_epsilon, bool) or not isinstance(target_epsilon, (int, float)):
-        raise ParameterValueError("target_epsilon", target_epsilon, expected)
+        raise InvalidParameterError("target_epsilon", target_epsilon, expected)
     try:
         x = float(target_epsilon)
     except OverflowError:
-        raise ParameterValueError("target_epsilon", target_epsilon, expected) from None
+        raise InvalidParameterError("target_epsilon", target_epsilon, expected) from None
     if not 0.0 < x <= 1e300:
-        raise ParameterValueError("target_epsilon", target_epsilon, expected)
+        raise InvalidParameterError("target_epsilon", target_epsilon, expected)
     return x
 
 
@@ -194,9 +194,9 @@ def _check_bracket(bracket: Any, lo_limit: float, hi_limit: float) -> tuple[floa
     try:
         lo, hi = (float(b) for b in bracket)
     except (TypeError, ValueError, OverflowError):
-        raise ParameterValueError("bracket", bracket, "a pair (low, high)") from None
+        raise InvalidParameterError("bracket", bracket, "a pair (low, high)") from None
     if not (lo_limit <= lo < hi <= hi_limit) or any(isinstance(b, bool) for b in bracket):
-        raise ParameterValueError(
+        raise InvalidParameterError(
             "bracket", bracket, f"a pair low < high within [{lo_limit:g}, {hi_limit:g}]"
         )
     return lo, hi
@@ -289,7 +289,7 @@ def calibrate_noise_multiplier(
     delta = check_delta("delta", delta)
     q = check_probability("sampling_probability", sampling_probability)
     if q == 0.0:
-        raise ParameterValueError("sampling_probability", sampling_probability, "q in (0, 1]")
+        raise InvalidParameterError("sampling_probability", sampling_probability, "q in (0, 1]")
     t = check_positive_int("steps", steps)
     relation = NeighboringRelation.parse(neighboring)
     objective = _Objective(
@@ -306,7 +306,7 @@ def calibrate_noise_multiplier(
         while objective(hi) > target:
             lo, hi = hi, hi * 2.0
             if hi > _NOISE_LIMITS[1]:
-                raise ParameterValueError(
+                raise InvalidParameterError(
                     "target_epsilon",
                     target_epsilon,
                     f"a target some noise multiplier ≤ {_NOISE_LIMITS[1]:g} reaches "
@@ -322,7 +322,7 @@ def calibrate_noise_multiplier(
     else:
         lo, hi = _check_bracket(bracket, 1e-6, 1e9)
         if objective(hi) > target:
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 "target_epsilon",
                 target_epsilon,
                 f"a target reached by a noise multiplier in the bracket [{lo:g}, {hi:g}] "
@@ -340,7 +340,7 @@ def calibrate_noise_multiplier(
             break
         z = min(hi, z * (1.0 + _NUDGE))
     else:  # pragma: no cover - only for an accountant whose ε is not monotone in z
-        raise ParameterValueError(
+        raise InvalidParameterError(
             "target_epsilon", target_epsilon, "a target the accountant meets monotonically in z"
         )
     return _finish("noise_multiplier", z, objective, target, start, warnings)
@@ -374,7 +374,7 @@ def calibrate_sampling_probability(
     relation = NeighboringRelation.parse(neighboring)
     lo, hi = _check_bracket(bracket, 0.0, 1.0)
     if lo == 0.0:
-        raise ParameterValueError("bracket", bracket, "a lower end > 0")
+        raise InvalidParameterError("bracket", bracket, "a lower end > 0")
     objective = _Objective(
         _resolve(accountant),
         delta=delta,
@@ -386,7 +386,7 @@ def calibrate_sampling_probability(
     if objective(hi) <= target:
         return _finish("sampling_probability", hi, objective, target, start, [])
     if objective(lo) > target:
-        raise ParameterValueError(
+        raise InvalidParameterError(
             "target_epsilon",
             target_epsilon,
             f"a target reached by a sampling probability in the bracket [{lo:g}, {hi:g}] "
@@ -398,7 +398,7 @@ def calibrate_sampling_probability(
             break
         q = max(lo, q * (1.0 - _NUDGE))
     else:  # pragma: no cover - only for an accountant whose ε is not monotone in q
-        raise ParameterValueError(
+        raise InvalidParameterError(
             "target_epsilon", target_epsilon, "a target the accountant meets monotonically in q"
         )
     return _finish("sampling_probability", q, objective, target, start, [])
@@ -430,7 +430,7 @@ def calibrate_steps(
     z = check_positive_finite("noise_multiplier", noise_multiplier)
     q = check_probability("sampling_probability", sampling_probability)
     if q == 0.0:
-        raise ParameterValueError("sampling_probability", sampling_probability, "q in (0, 1]")
+        raise InvalidParameterError("sampling_probability", sampling_probability, "q in (0, 1]")
     cap = check_positive_int("max_steps", max_steps)
     relation = NeighboringRelation.parse(neighboring)
     objective = _Objective(
@@ -442,7 +442,7 @@ def calibrate_steps(
         build=lambda t: (q, z, int(t)),
     )
     if objective(1) > target:
-        raise ParameterValueError(
+        raise InvalidParameterError(
             "target_epsilon",
             target_epsilon,
             f"a target one step already meets (one step gives ε = {objective(1):.6g})",

@@ -85,7 +85,7 @@ from dpledger.accountants.budget import (
 )
 from dpledger.errors import (
     DPLedgerError,
-    ParameterValueError,
+    InvalidParameterError,
     UnsupportedLedgerError,
 )
 from dpledger.ledger.events import NeighboringRelation
@@ -216,13 +216,13 @@ class GdpAccountant(Accountant):
         time_budget_s: float = DEFAULT_TIME_BUDGET_S,
     ) -> None:
         if not isinstance(lower_bound, bool):
-            raise ParameterValueError("lower_bound", lower_bound, "True or False")
+            raise InvalidParameterError("lower_bound", lower_bound, "True or False")
         if lower_bound_interval is not None and (
             isinstance(lower_bound_interval, bool)
             or not isinstance(lower_bound_interval, (int, float))
             or not 0.0 < lower_bound_interval <= 1.0
         ):
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 "lower_bound_interval",
                 lower_bound_interval,
                 "None (automatic) or a number in (0, 1]",

@@ -24,7 +24,7 @@ import dp_accounting
 
 from dpledger.accountants.base import Accountant, PrivacyResult
 from dpledger.accountants.gdp import GdpAccountant
-from dpledger.errors import ParameterValueError
+from dpledger.errors import InvalidParameterError
 from dpledger.ledger.events import NeighboringRelation
 from dpledger.ledger.steps import CompressedLedger, StepRun
 from dpledger.validation import check_probability
@@ -44,13 +44,13 @@ def _event_noise_multiplier(event: Any) -> float:
     value = event.noise_multiplier
     expected = "a noise multiplier >= 0 (a real number)"
     if isinstance(value, bool):
-        raise ParameterValueError("noise_multiplier", value, expected)
+        raise InvalidParameterError("noise_multiplier", value, expected)
     try:
         z = float(value)
     except (TypeError, ValueError, OverflowError):
-        raise ParameterValueError("noise_multiplier", value, expected) from None
+        raise InvalidParameterError("noise_multiplier", value, expected) from None
     if not z >= 0.0:
-        raise ParameterValueError("noise_multiplier", value, expected)
+        raise InvalidParameterError("noise_multiplier", value, expected)
     return z + 0.0
 
 
@@ -69,11 +69,11 @@ class LedgerBackedPrivacyAccountant(dp_accounting.PrivacyAccountant):
         neighboring_relation: dp_accounting.NeighboringRelation = _NeighborRel.ADD_OR_REMOVE_ONE,
     ) -> None:
         if neighboring_relation not in _RELATIONS:
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 "neighboring_relation", neighboring_relation, "ADD_OR_REMOVE_ONE or REPLACE_ONE"
             )
         if not isinstance(accountant, Accountant):
-            raise ParameterValueError("accountant", accountant, "a dpledger Accountant")
+            raise InvalidParameterError("accountant", accountant, "a dpledger Accountant")
         super().__init__(neighboring_relation)
         self._accountant = accountant
         self._runs: list[StepRun] = []
@@ -176,14 +176,14 @@ def ledger_from_opacus_history(
     try:
         entries = iter(history)
     except TypeError:
-        raise ParameterValueError(
+        raise InvalidParameterError(
             "history", history, "an iterable of (noise_multiplier, sample_rate, steps) triples"
         ) from None
     for i, entry in enumerate(entries):
         try:
             noise_multiplier, sample_rate, steps = entry
         except (TypeError, ValueError):
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 f"history[{i}]", entry, "a (noise_multiplier, sample_rate, steps) triple"
             ) from None
         if isinstance(steps, numbers.Integral) and not isinstance(steps, bool):

@@ -29,11 +29,12 @@ Results are upper bounds (pessimistic estimate). Discretisation slack: the pessi
 discretisation rounds each step's privacy loss up by less than the interval h, so the reported ε
 exceeds the exact ε of the (clamped) ledger by less than (number of subsampled steps)·h, besides
 the at most 10⁻¹⁵ of tail mass per composition that is moved to an infinite loss. Comparisons
-between two results (e.g. monotonicity in T, q or z) hold up to that slack. Replace-one: a full-batch step changes the sum
-by up to 2S, so it is a Gaussian with sensitivity 2 (handled). For Poisson-subsampled steps under
-replace-one dp-accounting uses the pair (1 − q)N(0, z²) + qN(∓1, z²); this module does not rely
-on that pair without a proof it can cite and test, so such ledgers are refused with
-:class:`~dpledger.errors.UnsupportedLedgerError`.
+between two results (e.g. monotonicity in T, q or z) hold up to that slack.
+
+Replace-one: a full-batch step changes the sum by up to 2S, so it is a Gaussian with sensitivity 2
+(handled). For Poisson-subsampled steps under replace-one dp-accounting uses the pair
+(1 − q)N(0, z²) + qN(∓1, z²); this module does not rely on that pair without a proof it can cite
+and test, so such ledgers are refused with :class:`~dpledger.errors.UnsupportedLedgerError`.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from dpledger.accountants.budget import (
 )
 from dpledger.accountants.gdp import gdp_delta, gdp_epsilon
 from dpledger.accountants.pld_composition import self_compose
-from dpledger.errors import ParameterValueError, UnsupportedLedgerError
+from dpledger.errors import InvalidParameterError, UnsupportedLedgerError
 from dpledger.ledger.events import NeighboringRelation
 from dpledger.ledger.steps import CompressedLedger
 
@@ -122,7 +123,7 @@ class PldAccountant(Accountant):
     ) -> None:
         v = value_discretization_interval
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v <= 1.0:
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 "value_discretization_interval", v, "a number in (0, 1], e.g. 1e-4"
             )
         self.value_discretization_interval = float(v)

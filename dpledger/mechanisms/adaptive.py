@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from dpledger.errors import ParameterValueError
+from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
 from dpledger.mechanisms.clipping import ClippingStrategy, check_record_norms
@@ -60,7 +60,7 @@ def adaptive_noise_multiplier(*, noise_multiplier: float, count_noise_stddev: fl
     # (z⁻² − (σ_b/sensitivity)⁻²)^(-1/2), without overflowing z⁻² for tiny z
     ratio = z / (sigma_b / COUNT_SENSITIVITY)
     if not ratio < 1.0:
-        raise ParameterValueError(
+        raise InvalidParameterError(
             "count_noise_stddev",
             count_noise_stddev,
             f"a value > noise_multiplier/2 = {z / 2!r}, so the count query leaves budget for "
@@ -68,7 +68,7 @@ def adaptive_noise_multiplier(*, noise_multiplier: float, count_noise_stddev: fl
         )
     z_main = z / math.sqrt((1.0 - ratio) * (1.0 + ratio))
     if not math.isfinite(z_main):
-        raise ParameterValueError(
+        raise InvalidParameterError(
             "noise_multiplier",
             noise_multiplier,
             f"a value whose main-query noise multiplier z/√(1 − (2z/σ_b)²) is finite "
@@ -124,9 +124,9 @@ class AdaptiveClipping:
         )
         self.expected_batch_size = check_positive_finite("expected_batch_size", expected_batch_size)
         if not isinstance(count_label, str):
-            raise ParameterValueError("count_label", count_label, "a string")
+            raise InvalidParameterError("count_label", count_label, "a string")
         if label == count_label:
-            raise ParameterValueError("count_label", count_label, f"a label other than {label!r}")
+            raise InvalidParameterError("count_label", count_label, f"a label other than {label!r}")
         self._clipping = ClippingStrategy.parse(clipping)
         self._label = label
         self._check = check_sensitivity
@@ -222,7 +222,7 @@ class AdaptiveClipping:
         b = check_probability("unclipped_fraction", unclipped_fraction)
         new = self._bound * math.exp(-self.learning_rate * (b - self.target_unclipped_quantile))
         if not (new > 0.0 and math.isfinite(new)):  # pragma: no cover - needs ~700 steps at η=1
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 "unclipped_fraction", unclipped_fraction, "a value keeping the bound finite > 0"
             )
         self._bound = new

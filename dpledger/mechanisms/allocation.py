@@ -27,7 +27,7 @@ from typing import Any
 
 import attrs
 
-from dpledger.errors import ParameterValueError
+from dpledger.errors import InvalidParameterError
 from dpledger.ledger import effective_noise_multiplier as _z_from_sum
 from dpledger.ledger.events import inverse_square_term
 from dpledger.mechanisms.clipping import ClippingStrategy
@@ -58,24 +58,24 @@ NOISE_ALLOCATIONS = ("proportional", "dimension")
 
 def _floats(name: str, values: Any, check: Any) -> tuple[float, ...]:
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise ParameterValueError(name, values, "a non-empty sequence of numbers")
+        raise InvalidParameterError(name, values, "a non-empty sequence of numbers")
     if len(values) == 0:
-        raise ParameterValueError(name, values, "at least one group")
+        raise InvalidParameterError(name, values, "at least one group")
     return tuple(check(f"{name}[{g}]", v) for g, v in enumerate(values))
 
 
 def _dimensions(values: Any) -> tuple[int, ...]:
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise ParameterValueError("dimensions", values, "a non-empty sequence of integers >= 1")
+        raise InvalidParameterError("dimensions", values, "a non-empty sequence of integers >= 1")
     if len(values) == 0:
-        raise ParameterValueError("dimensions", values, "at least one group")
+        raise InvalidParameterError("dimensions", values, "at least one group")
     out = []
     for g, d in enumerate(values):
         if isinstance(d, numbers.Integral) and not isinstance(d, bool):
             d = int(d)
         d = check_positive_int(f"dimensions[{g}]", d)
         if d > MAX_DIMENSION:
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 f"dimensions[{g}]", d, f"an integer in [1, 2**62 = {MAX_DIMENSION}]"
             )
         out.append(d)
@@ -89,7 +89,7 @@ def _checked_tuple(name: str, values: Any, *, positive: bool) -> tuple[float, ..
     out = tuple(float(v) for v in values)
     for g, v in enumerate(out):
         if not (math.isfinite(v) and (v > 0.0 if positive else v >= 0.0)):
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 f"{name}[{g}]",
                 v,
                 "a finite value "
@@ -114,7 +114,7 @@ def effective_noise_multiplier(
     bounds = _floats("l2_norm_bounds", l2_norm_bounds, check_positive_finite)
     stddevs = _floats("noise_stddevs", noise_stddevs, check_non_negative_finite)
     if len(bounds) != len(stddevs):
-        raise ParameterValueError(
+        raise InvalidParameterError(
             "noise_stddevs",
             f"{len(stddevs)} values",
             f"one per group: {len(bounds)} values like l2_norm_bounds",
@@ -136,7 +136,7 @@ def split_clip_equally(*, total_l2_norm_bound: float, num_groups: int) -> tuple[
     total = check_positive_finite("total_l2_norm_bound", total_l2_norm_bound)
     m = check_positive_int("num_groups", num_groups)
     if m > MAX_GROUPS:
-        raise ParameterValueError("num_groups", num_groups, f"an integer in [1, {MAX_GROUPS}]")
+        raise InvalidParameterError("num_groups", num_groups, f"an integer in [1, {MAX_GROUPS}]")
     return _checked_tuple("l2_norm_bounds", (total / math.sqrt(m),) * m, positive=True)
 
 
@@ -198,13 +198,13 @@ class NoiseAllocation:
         count = len(self.l2_norm_bounds)
         names = [None] * count if labels is None else list(labels)
         if len(names) != count:
-            raise ParameterValueError("labels", labels, f"one label per group ({count})")
+            raise InvalidParameterError("labels", labels, f"one label per group ({count})")
         if isinstance(clipping, (str, ClippingStrategy)):
             strategies = [clipping] * count
         else:
             strategies = list(clipping)
             if len(strategies) != count:
-                raise ParameterValueError(
+                raise InvalidParameterError(
                     "clipping", clipping, f"one strategy, or one per group ({count})"
                 )
         return tuple(
@@ -248,7 +248,7 @@ def dimension_adjusted_noise(
     bounds = _floats("l2_norm_bounds", l2_norm_bounds, check_positive_finite)
     dims = _dimensions(dimensions)
     if len(dims) != len(bounds):
-        raise ParameterValueError(
+        raise InvalidParameterError(
             "dimensions", dimensions, f"one dimension per group ({len(bounds)})"
         )
     full = sum(dims)
@@ -265,9 +265,9 @@ def check_allocation_methods(*, clip_split: Any, noise_allocation: Any) -> None:
         InvalidParameterError: naming the bad argument.
     """
     if clip_split not in CLIP_SPLITS:
-        raise ParameterValueError("clip_split", clip_split, "'equal' or 'dimension'")
+        raise InvalidParameterError("clip_split", clip_split, "'equal' or 'dimension'")
     if noise_allocation not in NOISE_ALLOCATIONS:
-        raise ParameterValueError(
+        raise InvalidParameterError(
             "noise_allocation", noise_allocation, "'proportional' or 'dimension'"
         )
 
@@ -302,10 +302,10 @@ def allocate(
     total = check_positive_finite("l2_norm_bound", l2_norm_bound)
     z = check_non_negative_finite("noise_multiplier", noise_multiplier)
     if isinstance(dimensions, (str, bytes)) or not isinstance(dimensions, Sequence):
-        raise ParameterValueError("dimensions", dimensions, "one entry per group")
+        raise InvalidParameterError("dimensions", dimensions, "one entry per group")
     count = len(dimensions)
     if count == 0:
-        raise ParameterValueError("dimensions", dimensions, "at least one group")
+        raise InvalidParameterError("dimensions", dimensions, "at least one group")
     if count == 1:
         return NoiseAllocation((total,), (z * total,), z)
     # The dimensions are checked where they are used (the "dimension" split and allocation).

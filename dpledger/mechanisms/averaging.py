@@ -20,7 +20,7 @@ import numbers
 import warnings
 from collections.abc import Sequence
 
-from dpledger.errors import ParameterValueError
+from dpledger.errors import InvalidParameterError
 from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
 from dpledger.mechanisms.sum_query import as_members
 from dpledger.validation import check_positive_int, check_probability
@@ -56,7 +56,7 @@ def fixed_denominator_average(
     """
     q = check_probability("sampling_probability", sampling_probability)
     if q == 0.0:
-        raise ParameterValueError(
+        raise InvalidParameterError(
             "sampling_probability", sampling_probability, "q > 0 (the denominator is q·n)"
         )
     n = check_positive_int("population_size", population_size)
@@ -85,9 +85,9 @@ def realised_batch_average(
         backend: the array backend (default NumPy).
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
-        raise ParameterValueError("batch_size", batch_size, "an integer >= 0")
+        raise InvalidParameterError("batch_size", batch_size, "an integer >= 0")
     if batch_size < 0:
-        raise ParameterValueError("batch_size", batch_size, "an integer >= 0")
+        raise InvalidParameterError("batch_size", batch_size, "an integer >= 0")
     warnings.warn(
         "dividing by the realised batch size releases a function of |R|, which the Gaussian "
         "sum query's accounting does not cover; use the fixed denominator q·n to stay within "

@@ -40,7 +40,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from dpledger.errors import ParameterValueError
+from dpledger.errors import InvalidParameterError
 
 __all__ = ["Array", "ArrayBackend", "NumpyBackend", "resolve_backend"]
 
@@ -136,7 +136,7 @@ class NumpyBackend:
             if a.dtype == object or not (
                 np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.bool_)
             ):
-                raise ParameterValueError("x", type(x).__name__, "a real numeric array")
+                raise InvalidParameterError("x", type(x).__name__, "a real numeric array")
             a = a.astype(np.float64)
         return a
 
@@ -172,7 +172,7 @@ class NumpyBackend:
         """See :meth:`ArrayBackend.record_norms`."""
         a = self._array(x)
         if a.ndim == 0:
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 "x", "a 0-d array", "an array with the records on its leading axis"
             )
         return self._rows_norms(a.reshape(a.shape[0], math.prod(a.shape[1:])))
@@ -207,7 +207,7 @@ class NumpyBackend:
     def add_gaussian_noise(self, x: Array, *, stddev: float, generator: Any) -> Array:
         """See :meth:`ArrayBackend.add_gaussian_noise`."""
         if not isinstance(generator, np.random.Generator):
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 "generator", generator, "a numpy.random.Generator (e.g. numpy.random.default_rng())"
             )
         a = self._array(x)
@@ -240,7 +240,7 @@ def resolve_backend(backend: ArrayBackend | None) -> ArrayBackend:
     if kind in _CHECKED_BACKEND_TYPES:  # a runtime Protocol check costs microseconds per call
         return backend
     if not isinstance(backend, ArrayBackend):
-        raise ParameterValueError(
+        raise InvalidParameterError(
             "backend", backend, "an ArrayBackend (e.g. dpledger.mechanisms.NumpyBackend())"
         )
     _CHECKED_BACKEND_TYPES.add(kind)

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import attrs
 import numpy as np
 
-from dpledger.errors import ParameterValueError
+from dpledger.errors import InvalidParameterError
 from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
 from dpledger.validation import check_positive_finite
 
@@ -71,7 +71,7 @@ def check_clip_margin(name: str, value: Any) -> float | None:
         or not isinstance(value, (int, float))
         or not 0.0 <= float(value) < 0.5
     ):
-        raise ParameterValueError(name, value, "None or a number in [0, 0.5)")
+        raise InvalidParameterError(name, value, "None or a number in [0, 0.5)")
     return float(value)
 
 
@@ -85,15 +85,15 @@ def check_record_norms(name: str, norms: Any) -> np.ndarray:
     try:
         v = np.asarray(norms, dtype=np.float64)
     except (TypeError, ValueError):
-        raise ParameterValueError(name, norms, "a 1-D vector of per-record norms") from None
+        raise InvalidParameterError(name, norms, "a 1-D vector of per-record norms") from None
     if v.ndim != 1:
-        raise ParameterValueError(
+        raise InvalidParameterError(
             name, f"an array of shape {v.shape}", "a 1-D vector with one norm per record"
         )
     bad = ~(np.isfinite(v) & (v >= 0.0))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ParameterValueError(
+        raise InvalidParameterError(
             f"{name}[{i}]",
             float(v[i]),
             "a finite norm >= 0 (a record with a NaN or infinite norm is never clipped or "
@@ -134,7 +134,7 @@ class ClippingStrategy(abc.ABC):
             return value
         strategy = _BY_NAME.get(value) if isinstance(value, str) else None
         if strategy is None:
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 parameter,
                 value,
                 "a ClippingStrategy or one of 'flat', 'global', 'automatic'",

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dpledger.errors import ParameterValueError
+from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms.allocation import effective_noise_multiplier
 from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
@@ -44,16 +44,16 @@ class GroupedSumQuery:
 
     def __init__(self, queries: Sequence[GaussianSumQuery]) -> None:
         if isinstance(queries, (str, bytes)) or not isinstance(queries, Sequence):
-            raise ParameterValueError("queries", queries, "a sequence of GaussianSumQuery")
+            raise InvalidParameterError("queries", queries, "a sequence of GaussianSumQuery")
         if len(queries) == 0:
-            raise ParameterValueError("queries", queries, "at least one query (group)")
+            raise InvalidParameterError("queries", queries, "at least one query (group)")
         seen: set[str] = set()
         for g, q in enumerate(queries):
             if not isinstance(q, GaussianSumQuery):
-                raise ParameterValueError(f"queries[{g}]", q, "a GaussianSumQuery")
+                raise InvalidParameterError(f"queries[{g}]", q, "a GaussianSumQuery")
             if q.label is not None:
                 if q.label in seen:
-                    raise ParameterValueError(
+                    raise InvalidParameterError(
                         f"queries[{g}].label", q.label, "a label no other group uses"
                     )
                 seen.add(q.label)
@@ -82,9 +82,9 @@ class GroupedSumQuery:
 
     def _check_count(self, name: str, values: Any) -> list[Any]:
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-            raise ParameterValueError(name, values, "a sequence with one entry per group")
+            raise InvalidParameterError(name, values, "a sequence with one entry per group")
         if len(values) != len(self._queries):
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 name, f"{len(values)} entries", f"one per group ({len(self._queries)})"
             )
         return list(values)
@@ -114,7 +114,7 @@ class GroupedSumQuery:
         prepared = [q._prepare_run(r, be) for q, r in zip(self._queries, per_group, strict=True)]
         counts = [p.num_records for p in prepared]
         if len(set(counts)) != 1:
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 "records",
                 f"groups with {counts} records",
                 "the same sample, so the same number of records, in every group",

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dpledger.errors import ParameterValueError
+from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms.backend import ArrayBackend
 from dpledger.mechanisms.step import SampledStep, open_step
@@ -48,7 +48,7 @@ class PoissonSampler:
     ) -> None:
         self.population_size = check_positive_int("population_size", population_size)
         if self.population_size > MAX_POPULATION:
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 "population_size",
                 population_size,
                 f"an integer in [1, 2**33 = {MAX_POPULATION}]: drawing one uniform number per "
@@ -56,7 +56,7 @@ class PoissonSampler:
             )
         self.sampling_probability = check_probability("sampling_probability", sampling_probability)
         if not isinstance(generator, np.random.Generator):
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 "generator", generator, "a numpy.random.Generator (e.g. numpy.random.default_rng())"
             )
         self.generator = generator

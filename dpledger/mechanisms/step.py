@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from dpledger.errors import LedgerStateError, ParameterValueError
+from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.ledger import PrivacyLedger, SamplingScheme
 from dpledger.mechanisms.averaging import fixed_denominator_average, realised_batch_average
 from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
@@ -118,7 +118,7 @@ class SampledStep:
         """
         self._check_open()
         if not hasattr(query, "run"):
-            raise ParameterValueError("query", query, "a sum query, grouped query or adaptive")
+            raise InvalidParameterError("query", query, "a sum query, grouped query or adaptive")
         return query.run(
             records, ledger=self.ledger, generator=self._generator(generator), backend=self.backend
         )
@@ -157,7 +157,7 @@ class SampledStep:
         """
         self._check_open()
         if not isinstance(query, (GaussianSumQuery, GroupedSumQuery)):
-            raise ParameterValueError("query", query, "a GaussianSumQuery or GroupedSumQuery")
+            raise InvalidParameterError("query", query, "a GaussianSumQuery or GroupedSumQuery")
         return query.release(
             clipped_sums,
             num_records=num_records,
@@ -184,7 +184,7 @@ class SampledStep:
                 noised_sums, batch_size=realised_batch_size, backend=self.backend
             )
         if self.population_size is None:
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 "population_size",
                 None,
                 "a known population size n for the fixed-denominator average sum/(q·n)",
@@ -220,7 +220,7 @@ def open_step(
 ) -> SampledStep:
     """Record the sampling event and return the :class:`SampledStep` (no ``with`` block)."""
     if not isinstance(ledger, PrivacyLedger):
-        raise ParameterValueError("ledger", ledger, "a dpledger.PrivacyLedger")
+        raise InvalidParameterError("ledger", ledger, "a dpledger.PrivacyLedger")
     be = resolve_backend(backend)
     ledger.record_sample(
         sampling_probability=sampling_probability, population_size=population_size, scheme=scheme

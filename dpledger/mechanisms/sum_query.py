@@ -47,7 +47,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from dpledger.errors import InvalidParameterError, LedgerStateError, ParameterValueError
+from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
 from dpledger.mechanisms.clipping import ClippingStrategy, check_clip_margin, check_record_norms
@@ -94,12 +94,12 @@ def _stddev(value: float) -> float:
 
 def _label(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if value is not None and not isinstance(value, str):
-        raise ParameterValueError(attribute.name, value, "a string or None")
+        raise InvalidParameterError(attribute.name, value, "a string or None")
 
 
 def _flag(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if not isinstance(value, bool):
-        raise ParameterValueError(attribute.name, value, "True or False")
+        raise InvalidParameterError(attribute.name, value, "True or False")
 
 
 def _scales(value: Sequence[float]) -> tuple[float, ...]:
@@ -107,15 +107,15 @@ def _scales(value: Sequence[float]) -> tuple[float, ...]:
         try:
             value = tuple(np.asarray(value, dtype=np.float64).ravel())
         except (TypeError, ValueError):
-            raise ParameterValueError("scales", value, "a sequence of numbers > 0") from None
+            raise InvalidParameterError("scales", value, "a sequence of numbers > 0") from None
     if len(value) == 0:
-        raise ParameterValueError("scales", value, "at least one scale α_j > 0")
+        raise InvalidParameterError("scales", value, "at least one scale α_j > 0")
     return tuple(check_positive_finite(f"scales[{j}]", a) for j, a in enumerate(value))
 
 
 def _num_records(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ParameterValueError("num_records", value, "an integer >= 0 (|R|, the sample size)")
+        raise InvalidParameterError("num_records", value, "an integer >= 0 (|R|, the sample size)")
     return int(value)
 
 
@@ -126,7 +126,7 @@ def check_ledger(ledger: Any) -> PrivacyLedger:
     work is done, for the common mistakes (no sampling event yet, a closed ledger).
     """
     if not isinstance(ledger, PrivacyLedger):
-        raise ParameterValueError("ledger", ledger, "a dpledger.PrivacyLedger")
+        raise InvalidParameterError("ledger", ledger, "a dpledger.PrivacyLedger")
     if ledger.closed:
         raise LedgerStateError("this ledger is closed; no further events can be recorded")
     if ledger.num_steps == 0:
@@ -141,10 +141,10 @@ def as_members(records: Any, *, parameter: str = "records") -> list[Array]:
     """A group of arrays as a list: a list/tuple of arrays, or one array (a group of one)."""
     if isinstance(records, (list, tuple)):
         if len(records) == 0:
-            raise ParameterValueError(parameter, records, "at least one array in the group")
+            raise InvalidParameterError(parameter, records, "at least one array in the group")
         return list(records)
     if records is None or isinstance(records, (str, bytes, dict)):
-        raise ParameterValueError(parameter, records, "an array or a sequence of arrays")
+        raise InvalidParameterError(parameter, records, "an array or a sequence of arrays")
     return [records]
 
 
@@ -264,7 +264,7 @@ class GaussianSumQuery:
                 negative, NaN or infinite (naming the array and the record).
         """
         if (norms is None) == (squared_norms is None):
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 "norms", "both or neither", "exactly one of norms= and squared_norms="
             )
         squared = norms is None
@@ -280,7 +280,7 @@ class GaussianSumQuery:
     def _group_norms(self, vectors: list[np.ndarray], *, squared: bool, name: str) -> np.ndarray:
         lengths = {v.shape[0] for v in vectors}
         if len(lengths) != 1:
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 name,
                 f"vectors of lengths {[v.shape[0] for v in vectors]}",
                 "one entry per record in every vector (the same number of records)",
@@ -297,7 +297,7 @@ class GaussianSumQuery:
         bad = ~np.isfinite(out)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 name,
                 f"record {i} with group norm {float(out[i])!r}",
                 "per-record norms whose group norm is finite (this one overflows float64)",
@@ -326,12 +326,12 @@ class GaussianSumQuery:
         shapes = [backend.shape(x) for x in members]
         for j, s in enumerate(shapes):
             if len(s) == 0:
-                raise ParameterValueError(
+                raise InvalidParameterError(
                     f"records[{j}]", "a 0-d array", "an array with the records on its leading axis"
                 )
         counts = [s[0] for s in shapes]
         if len(set(counts)) != 1:
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 "records",
                 f"arrays with leading dimensions {counts}",
                 "the same number of records (leading dimension) in every array of the group",
@@ -377,7 +377,7 @@ class GaussianSumQuery:
         count = self._num_records_of(members, be)
         f = np.asarray(factors, dtype=np.float64)
         if f.shape != (count,):
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 "factors",
                 f"a vector of shape {f.shape}",
                 f"one factor per record, shape ({count},)",
@@ -407,7 +407,7 @@ class GaussianSumQuery:
         for j, s in enumerate(sums):
             norms[j] = be.norm(s)
             if not math.isfinite(norms[j]):
-                raise ParameterValueError(
+                raise InvalidParameterError(
                     f"clipped_sums[{j}]", f"an array of norm {norms[j]!r}", "a finite clipped sum"
                 )
             eps = max(eps, be.float_info(s)[0])
@@ -537,7 +537,7 @@ class ScaledGaussianSumQuery(GaussianSumQuery):
 
     def _scale_vector(self, num_members: int, parameter: str) -> np.ndarray | None:
         if num_members != len(self.scales):
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 parameter,
                 f"a group of {num_members} arrays",
                 f"one array per scale: {len(self.scales)} arrays for scales={self.scales}",

@@ -73,7 +73,7 @@ from dpledger.accountants.prv.gaussian import gaussian_delta, gaussian_epsilon
 from dpledger.accountants.prv.pairs import StepPair
 from dpledger.errors import (
     ComputationBudgetError,
-    ParameterValueError,
+    InvalidParameterError,
     UnsupportedLedgerError,
 )
 from dpledger.ledger.events import NeighboringRelation
@@ -239,25 +239,25 @@ class PrvAccountant(Accountant):
             or not isinstance(eps_error, (int, float))
             or not 0.0 < eps_error <= 1.0
         ):
-            raise ParameterValueError("eps_error", eps_error, "a number in (0, 1]")
+            raise InvalidParameterError("eps_error", eps_error, "a number in (0, 1]")
         if delta_error is not None and (
             isinstance(delta_error, bool)
             or not isinstance(delta_error, (int, float))
             or not 0.0 < delta_error < 1.0
         ):
-            raise ParameterValueError("delta_error", delta_error, "None or a number in (0, 1)")
+            raise InvalidParameterError("delta_error", delta_error, "None or a number in (0, 1)")
         if report not in _REPORTS:
-            raise ParameterValueError("report", report, "one of 'upper', 'estimate'")
+            raise InvalidParameterError("report", report, "one of 'upper', 'estimate'")
         if bucketing is not None and (
             isinstance(bucketing, bool)
             or not isinstance(bucketing, (int, float))
             or not 0.0 < bucketing < 1.0
         ):
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 "bucketing", bucketing, "None or a relative precision in (0, 1)"
             )
         if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 1024:
-            raise ParameterValueError("max_points", max_points, "an integer >= 1024")
+            raise InvalidParameterError("max_points", max_points, "an integer >= 1024")
         self.eps_error = float(eps_error)
         self.delta_error = None if delta_error is None else float(delta_error)
         self.report = report

@@ -26,7 +26,7 @@ import dp_accounting
 from dp_accounting import dp_event
 
 from dpledger.accountants.prv.accountant import PrvAccountant
-from dpledger.errors import ParameterValueError
+from dpledger.errors import InvalidParameterError
 from dpledger.ledger.steps import CompressedLedger
 
 __all__ = ["PrvDpAccountant"]
@@ -55,13 +55,13 @@ class PrvDpAccountant(dp_accounting.PrivacyAccountant):
         **settings: Any,
     ) -> None:
         if neighboring_relation not in _RELATIONS:
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 "neighboring_relation",
                 neighboring_relation,
                 "ADD_OR_REMOVE_ONE, REPLACE_ONE or REPLACE_SPECIAL",
             )
         if "report" in settings:
-            raise ParameterValueError(
+            raise InvalidParameterError(
                 "report", settings["report"], "no value: get_epsilon reports the upper bound"
             )
         super().__init__(neighboring_relation)
