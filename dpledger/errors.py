@@ -212,3 +212,24 @@ class SamplerMismatchError(DPLedgerError, RuntimeError):
 
 
 __all__ += ["SamplerMismatchError"]
+
+
+class UnsupportedSamplingError(UnsupportedLedgerError):
+    """An accountant has no valid analysis for a sampling scheme (or unit) in the ledger.
+
+    Raised before any computation, so that a run is never credited with another sampler's
+    guarantee (e.g. shuffled batches accounted as Poisson).
+
+    Attributes:
+        accountant: the accountant's name.
+        scheme: the value of the scheme it refused (``"shuffle"``, …), or None when the ledger
+            mixes units of privacy.
+    """
+
+    def __init__(self, message: str, *, accountant: str, scheme: str | None) -> None:
+        self.accountant = accountant
+        self.scheme = scheme
+        super().__init__(message)
+
+
+__all__ += ["UnsupportedSamplingError"]

@@ -49,9 +49,10 @@ from dpledger.errors import (
     DPLedgerError,
     InvalidParameterError,
     UnsupportedLedgerError,
+    UnsupportedSamplingError,
     describe_value,
 )
-from dpledger.ledger.events import NeighboringRelation
+from dpledger.ledger.events import SCHEME_RELATIONS, NeighboringRelation, SamplingScheme
 from dpledger.ledger.ledger import PrivacyLedger
 from dpledger.ledger.steps import CompressedLedger, StepRun
 from dpledger.validation import check_delta
@@ -230,11 +231,21 @@ class Accountant(abc.ABC):
         default_kind: the kind of the numbers this accountant reports.
         supports_replace_one: whether ledgers with the replace-one relation are analysed
             (correctly) or refused with :class:`~dpledger.errors.UnsupportedLedgerError`.
+        supported_schemes: the sampling schemes the accountant has a valid analysis of; a
+            ledger with a step of another scheme is refused with
+            :class:`~dpledger.errors.UnsupportedSamplingError` before any computation. The
+            default is Poisson and full batch only: a subclass that lists another scheme must
+            handle the runs of that scheme itself (their q is not a Poisson rate).
+        scheme_notes: for the schemes an accountant refuses, why (shown in the refusal).
     """
 
     name: ClassVar[str]
     default_kind: ClassVar[ResultKind] = ResultKind.UPPER_BOUND
     supports_replace_one: ClassVar[bool] = False
+    supported_schemes: ClassVar[frozenset[SamplingScheme]] = frozenset(
+        {SamplingScheme.POISSON, SamplingScheme.FULL}
+    )
+    scheme_notes: ClassVar[Mapping[SamplingScheme, str]] = {}
 
     # ---------------------------------------------------------------- subclass hooks
     @abc.abstractmethod
@@ -267,6 +278,39 @@ class Accountant(abc.ABC):
                 "relation; use an accountant that does (see the accountants' documentation) "
                 "or a ledger recorded under add_remove"
             )
+        self._check_sampling(ledger)
+
+    def _check_sampling(self, ledger: CompressedLedger) -> None:
+        """Refuse a ledger with a sampling scheme this accountant has no valid analysis of, a
+        scheme under a relation it is not analysed under, or a mix of units of privacy."""
+        units = ledger.units
+        if len(units) > 1:
+            raise UnsupportedSamplingError(
+                f"the ledger mixes units of privacy ({', '.join(u.value for u in units)}): a "
+                "guarantee is stated per record or per user, not for a mix; account each part "
+                "in a ledger of its own",
+                accountant=self.name,
+                scheme=None,
+            )
+        for scheme in ledger.schemes:
+            if scheme not in self.supported_schemes:
+                note = self.scheme_notes.get(scheme, "")
+                raise UnsupportedSamplingError(
+                    f"the {self.name} accountant has no valid analysis of steps sampled by "
+                    f"{scheme.value!r}{': ' + note if note else ''}. "
+                    f"{SCHEME_ADVICE.get(scheme, '')}".rstrip(),
+                    accountant=self.name,
+                    scheme=scheme.value,
+                )
+            relations = SCHEME_RELATIONS[scheme]
+            if ledger.neighboring not in relations:
+                raise UnsupportedSamplingError(
+                    f"steps sampled by {scheme.value!r} are analysed under "
+                    f"{' or '.join(r.value for r in relations)} only, and this ledger is "
+                    f"{ledger.neighboring.value}. {RELATION_ADVICE.get(scheme, '')}".rstrip(),
+                    accountant=self.name,
+                    scheme=scheme.value,
+                )
 
     # ---------------------------------------------------------------- public API
     def epsilon(self, ledger: LedgerLike, *, delta: float) -> PrivacyResult:
@@ -279,7 +323,12 @@ class Accountant(abc.ABC):
         if answer is None:
             answer = self._guarded(f"ε at δ={delta!r}", comp, self._epsilon, comp, delta)
         return self._result(
-            "epsilon", answer, comp.num_steps, start, epsilon=answer.value, delta=delta
+            "epsilon",
+            _with_sampling(answer, comp),
+            comp.num_steps,
+            start,
+            epsilon=answer.value,
+            delta=delta,
         )
 
     def delta(self, ledger: LedgerLike, *, epsilon: float) -> PrivacyResult:
@@ -295,7 +344,12 @@ class Accountant(abc.ABC):
             else:
                 answer = self._guarded(f"δ at ε={epsilon!r}", comp, self._delta, comp, epsilon)
         return self._result(
-            "delta", answer, comp.num_steps, start, epsilon=epsilon, delta=answer.value
+            "delta",
+            _with_sampling(answer, comp),
+            comp.num_steps,
+            start,
+            epsilon=epsilon,
+            delta=answer.value,
         )
 
     def epsilon_curve(
@@ -383,7 +437,7 @@ class Accountant(abc.ABC):
         seconds_each = (time.perf_counter() - start) / len(counts)
         results = []
         for t in counts:
-            answer = trivial(t) or computed[t]
+            answer = _with_sampling(trivial(t) or computed[t], comp)
             results.append(
                 self._result(
                     "epsilon",
@@ -474,6 +528,18 @@ class Accountant(abc.ABC):
         return f"{type(self).__name__}({args})"
 
 
+def _with_sampling(answer: Answer, comp: CompressedLedger) -> Answer:
+    """The answer with the ledger's unit and non-Poisson sampling in its details (unchanged
+    for a record-level Poisson ledger)."""
+    events = comp.sampling_events()
+    if not events:
+        return answer
+    details = dict(answer.details)
+    details["unit"] = comp.units[0].value
+    details["sampling"] = [e.describe() for e in events]
+    return attrs.evolve(answer, details=details)
+
+
 def _checked_value(name: str, value: Any) -> float:
     """``value`` as a float ≥ 0 (a negative zero or a negative rounding residue becomes 0.0);
     NaN or a clearly negative number is an accountant bug and raises."""
@@ -514,6 +580,25 @@ def _first_special_steps(comp: CompressedLedger) -> tuple[float, float]:
         seen += r.count
     return first_costly, first_not_private
 
+
+SCHEME_ADVICE: dict[SamplingScheme, str] = {
+    SamplingScheme.FIXED_SIZE: "The rdp accountant certifies it (Wang, Balle & "
+    "Kasiviswanathan 2019, replace-one).",
+    SamplingScheme.TRUNCATED_POISSON: "The pld accountant certifies it (dp-accounting's "
+    "truncated subsampled Gaussian).",
+    SamplingScheme.BALLS_IN_BINS: "The rdp and pld accountants certify it without "
+    "amplification (each record is in one batch per epoch).",
+    SamplingScheme.SHUFFLE: "No accountant credits shuffled batches with amplification; the "
+    "rdp and pld accountants certify a replace-one ledger without it (each record is in one "
+    "batch per epoch), and dpledger.accountants.shuffle_bound gives the ε a shuffled run "
+    "provably exceeds.",
+}
+RELATION_ADVICE: dict[SamplingScheme, str] = {
+    SamplingScheme.FIXED_SIZE: "Record the run in a ledger with neighboring='replace_one' "
+    "(the natural relation for fixed-size batches), or sample with PoissonBatchSampler.",
+    SamplingScheme.SHUFFLE: "Record the run in a ledger with neighboring='replace_one', or "
+    "sample with PoissonBatchSampler for an amplified add/remove guarantee.",
+}
 
 _NOT_PRIVATE = (
     "the ledger has a sum query with noise_stddev = 0 on a sampled step: the run is not "

@@ -2,6 +2,7 @@
 
 from dpledger.ledger.events import (
     NeighboringRelation,
+    PrivacyUnit,
     SamplingEvent,
     SamplingScheme,
     SumQueryEvent,
@@ -9,6 +10,7 @@ from dpledger.ledger.events import (
 from dpledger.ledger.ledger import LedgerHeader, LedgerWarning, PrivacyLedger
 from dpledger.ledger.steps import (
     CompressedLedger,
+    EpochSegment,
     LedgerStep,
     StepRun,
     effective_noise_multiplier,
@@ -18,11 +20,13 @@ from dpledger.ledger.verify import VerificationReport, verify_ledger
 
 __all__ = [
     "CompressedLedger",
+    "EpochSegment",
     "LedgerHeader",
     "LedgerStep",
     "LedgerWarning",
     "NeighboringRelation",
     "PrivacyLedger",
+    "PrivacyUnit",
     "SamplingEvent",
     "SamplingScheme",
     "StepRun",

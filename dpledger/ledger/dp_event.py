@@ -20,17 +20,51 @@ __all__ = ["compressed_to_dp_event", "run_to_dp_event"]
 def run_to_dp_event(run: StepRun) -> dp_accounting.DpEvent:
     """One run of identical steps as a dp-accounting event.
 
-    A step is one Gaussian sum query with noise multiplier z_eff on a Poisson sample with
-    probability q (paper Eq. 1). Steps that release nothing (no query, or q = 0) are
-    ``NoOpDpEvent``; a step with z_eff = 0 is ``NonPrivateDpEvent`` (ε = ∞).
+    A step is one Gaussian sum query with noise multiplier z_eff on the step's sample (paper
+    Eq. 1). Steps that release nothing (no query, or q = 0) are ``NoOpDpEvent``; a step with
+    z_eff = 0 is ``NonPrivateDpEvent`` (ε = ∞). The sample becomes:
+
+    * Poisson (of records or of users): ``PoissonSampledDpEvent(q, GaussianDpEvent(z_eff))``,
+      a bare Gaussian when q = 1;
+    * fixed size without replacement: ``SampledWithoutReplacementDpEvent(n, b,
+      GaussianDpEvent(z_eff / 2))``. dp-accounting analyses it under replace-one only and takes
+      the noise multiplier relative to the replace-one sensitivity, which is 2S for a sum
+      clipped to S; hence z_eff / 2;
+    * truncated Poisson: ``TruncatedSubsampledGaussianDpEvent(n, q, max_batch_size, z_eff)``;
+    * balls-in-bins and shuffle: ``UnsupportedDpEvent`` — dp-accounting has no analysis of
+      them, and an event of another kind would let its accountants certify a guarantee the run
+      does not have.
     """
     import dp_accounting
 
+    from dpledger.ledger.events import SamplingScheme
+
     q, z = run.sampling_probability, run.noise_multiplier
+    scheme = run.scheme
     if math.isinf(z) or q == 0.0:
         step: dp_accounting.DpEvent = dp_accounting.NoOpDpEvent()
+    elif scheme in (SamplingScheme.BALLS_IN_BINS, SamplingScheme.SHUFFLE):
+        step = dp_accounting.UnsupportedDpEvent()
     elif z == 0.0:
         step = dp_accounting.NonPrivateDpEvent()
+    elif scheme is SamplingScheme.FIXED_SIZE:
+        ev = run.sampling
+        assert ev is not None and ev.population_size is not None and ev.batch_size is not None
+        step = dp_accounting.SampledWithoutReplacementDpEvent(
+            source_dataset_size=ev.population_size,
+            sample_size=ev.batch_size,
+            event=dp_accounting.GaussianDpEvent(noise_multiplier=z / 2.0),
+        )
+    elif scheme is SamplingScheme.TRUNCATED_POISSON:
+        ev = run.sampling
+        assert ev is not None and ev.population_size is not None
+        assert ev.max_batch_size is not None
+        step = dp_accounting.TruncatedSubsampledGaussianDpEvent(
+            dataset_size=ev.population_size,
+            sampling_probability=q,
+            truncated_batch_size=ev.max_batch_size,
+            noise_multiplier=z,
+        )
     else:
         step = dp_accounting.GaussianDpEvent(noise_multiplier=z)
         if q < 1.0:

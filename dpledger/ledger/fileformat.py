@@ -30,7 +30,7 @@ from typing import IO, Any
 import attrs
 
 from dpledger.errors import InvalidParameterError, LedgerVerificationError, NotALedgerError
-from dpledger.ledger.events import NeighboringRelation
+from dpledger.ledger.events import NeighboringRelation, SamplingEvent
 
 __all__ = [
     "FORMAT_NAME",
@@ -38,6 +38,7 @@ __all__ = [
     "GENESIS_HASH",
     "HEADER_MAGIC",
     "MAX_METADATA_DEPTH",
+    "SUPPORTED_FORMAT_VERSIONS",
     "LedgerHeader",
     "LedgerReader",
     "TornTail",
@@ -47,15 +48,22 @@ __all__ = [
     "encode_label",
     "encode_marker",
     "encode_sample",
+    "encode_sampling_event",
     "encode_sum_query",
     "line_hash",
     "sample_body",
+    "sampling_event_body",
     "sum_query_body",
     "utc_timestamp",
 ]
 
 FORMAT_NAME = "dpledger-ledger"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The version this module writes. Version 2 adds sampling events of the schemes beyond Poisson
+and full batch, and of user-level units (the extended ``sample`` line); a version-1 file holds
+only the classic ``sample`` line, which version 2 writes unchanged."""
+SUPPORTED_FORMAT_VERSIONS = (1, 2)
+"""The versions this module reads."""
 GENESIS_HASH = "0" * 64
 HEADER_MAGIC = b'{"format":"' + FORMAT_NAME.encode() + b'",'
 _SUFFIX_START = b',"hash":"'
@@ -92,6 +100,20 @@ _QUERY_FIELDS = ("seq", "prev", "kind", "l2_norm_bound", "noise_stddev", "label"
 _RESUME_FIELDS = ("seq", "prev", "kind", "time", "library_version", "hash")
 _RESUME_FIELDS_META = ("seq", "prev", "kind", "time", "library_version", "metadata", "hash")
 _CLOSE_FIELDS = ("seq", "prev", "kind", "time", "events", "steps", "hash")
+_SAMPLE_FIELDS_EXT = (
+    "seq",
+    "prev",
+    "kind",
+    "sampling_probability",
+    "population_size",
+    "scheme",
+    "batch_size",
+    "max_batch_size",
+    "num_batches",
+    "epoch_start",
+    "unit",
+    "hash",
+)
 
 # How the two event kinds' lines continue after ``"kind":"`` (the fast path of the reader).
 _SAMPLE_START = b'sample","sampling_probability":'
@@ -161,10 +183,12 @@ def encode_header(
     metadata: dict[str, Any],
     library_version: str,
     created: str,
+    format_version: int = FORMAT_VERSION,
 ) -> tuple[bytes, str]:
-    """The header line (seq 0), with its newline, and its hash."""
+    """The header line (seq 0), with its newline, and its hash (``format_version`` other than
+    the current one only to re-encode an older file's header when verifying it)."""
     content = (
-        f'{{"format":"{FORMAT_NAME}","format_version":{FORMAT_VERSION},"seq":0,'
+        f'{{"format":"{FORMAT_NAME}","format_version":{format_version},"seq":0,'
         f'"prev":"{GENESIS_HASH}","kind":"header","library_version":{json.dumps(library_version)},'
         f'"created":{json.dumps(created)},"neighboring":"{neighboring.value}",'
         f'"metadata":{_json_text(metadata)}'
@@ -181,6 +205,29 @@ def sample_body(sampling_probability: float, population_size: int | None, scheme
     return (
         f'sample","sampling_probability":{sampling_probability + 0.0!r},'
         f'"population_size":{n},"scheme":"{scheme}"'
+    )
+
+
+def _optional_int(value: int | None) -> str:
+    return "null" if value is None else str(value)
+
+
+def sampling_event_body(event: SamplingEvent) -> str:
+    """The body of a sampling-event line for any event (format version 2).
+
+    A record-level Poisson or full-batch event is written exactly as :func:`sample_body` writes
+    it (the version-1 line); any other event gets the extended line, which names every field of
+    :class:`~dpledger.ledger.events.SamplingEvent` (null where the scheme does not use it).
+    """
+    if event.is_classic:
+        return sample_body(event.sampling_probability, event.population_size, event.scheme.value)
+    return (
+        sample_body(event.sampling_probability, event.population_size, event.scheme.value)
+        + f',"batch_size":{_optional_int(event.batch_size)}'
+        f',"max_batch_size":{_optional_int(event.max_batch_size)}'
+        f',"num_batches":{_optional_int(event.num_batches)}'
+        f',"epoch_start":{"true" if event.epoch_start else "false"}'
+        f',"unit":"{event.unit.value}"'
     )
 
 
@@ -206,6 +253,11 @@ def encode_sample(
     return encode_event(seq, prev, sample_body(sampling_probability, population_size, scheme))
 
 
+def encode_sampling_event(seq: int, prev: str, event: SamplingEvent) -> tuple[bytes, str]:
+    """A sampling-event line for any event (see :func:`sampling_event_body`) and its hash."""
+    return encode_event(seq, prev, sampling_event_body(event))
+
+
 def encode_sum_query(
     seq: int, prev: str, l2_norm_bound: float, noise_stddev: float, label_json: str
 ) -> tuple[bytes, str]:
@@ -228,7 +280,7 @@ class LedgerHeader:
         metadata: user metadata given when the ledger was created (JSON values).
         created: creation time, ISO 8601 UTC.
         library_version: the dpledger version that created the ledger.
-        format_version: the file-format version (1).
+        format_version: the file-format version (1 or 2; see :data:`FORMAT_VERSION`).
     """
 
     neighboring: NeighboringRelation
@@ -396,18 +448,62 @@ def _canonical_label(cache: dict[bytes, Any], text: bytes) -> Any:
     return label
 
 
+def _parse_extended_sample(body: bytes) -> tuple[bool, Any, Any, Any, Any] | None:
+    """Parse an extended (version 2) sampling-event body, or None unless it is exactly what
+    :func:`sampling_event_body` writes for a valid event."""
+    try:
+        obj = json.loads(b'{"kind":"' + body + b"}", object_pairs_hook=_unique_keys)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict) or tuple(obj) != ("kind", *_SAMPLE_FIELDS_EXT[3:-1]):
+        return None
+    try:
+        event = _extended_event(obj)
+    except (InvalidParameterError, TypeError):
+        return None
+    if event.is_classic or sampling_event_body(event).encode("ascii") != body:
+        return None
+    return (True, event.sampling_probability, event.population_size, event.scheme.value, event)
+
+
+def _extended_event(obj: dict[str, Any]) -> SamplingEvent:
+    """The event an extended sample line's decoded fields describe (raises if invalid)."""
+    q = obj["sampling_probability"]
+    if not _is_number(q):
+        raise InvalidParameterError("sampling_probability", q, "a finite number")
+    for key in ("population_size", "batch_size", "max_batch_size", "num_batches"):
+        value = obj[key]
+        if value is not None and type(value) is not int:
+            raise InvalidParameterError(key, value, "null or an integer")
+    if type(obj["epoch_start"]) is not bool:
+        raise InvalidParameterError("epoch_start", obj["epoch_start"], "true or false")
+    if not isinstance(obj["scheme"], str) or not isinstance(obj["unit"], str):
+        raise InvalidParameterError("scheme", obj["scheme"], "a string")
+    return SamplingEvent(
+        float(q),
+        obj["population_size"],
+        obj["scheme"],
+        batch_size=obj["batch_size"],
+        max_batch_size=obj["max_batch_size"],
+        num_batches=obj["num_batches"],
+        epoch_start=obj["epoch_start"],
+        unit=obj["unit"],
+    )
+
+
 def _parse_event_body(
     body: bytes, numbers: dict[bytes, float], labels: dict[bytes, Any]
-) -> tuple[bool, Any, Any, Any] | None:
+) -> tuple[Any, ...] | None:
     """Parse the part of an event line between ``"kind":"`` and ``,"hash":``.
 
-    Returns ``(True, q, n, scheme)`` for a sampling event, ``(False, S, sigma, label)`` for a
-    sum query, or None unless the body is exactly what the encoders write for valid values.
+    Returns ``(True, q, n, scheme)`` for a classic sampling event, ``(True, q, n, scheme,
+    event)`` for an extended one, ``(False, S, sigma, label)`` for a sum query, or None unless
+    the body is exactly what the encoders write for valid values.
     """
     if body[:_SAMPLE_LEN] == _SAMPLE_START:
         parts = body[_SAMPLE_LEN:].split(b",")
         if len(parts) != 3:
-            return None
+            return _parse_extended_sample(body) if len(parts) == 8 else None
         q_t, n_t, sch_t = parts
         q = numbers.get(q_t)
         if q is None:
@@ -520,8 +616,10 @@ class LedgerReader:
         on_query: Callable[[float, float, str | None], Any] = _noop,
         on_marker: Callable[[str, dict[str, Any]], Any] = _noop,
     ) -> LedgerReader:
-        """Verify the whole file, calling ``on_sample(q, n, scheme)``,
-        ``on_query(S, sigma, label)`` and ``on_marker(kind, fields)`` for its records in order.
+        """Verify the whole file, calling ``on_sample(q, n, scheme)`` (``on_sample(q, n, scheme,
+        event)`` with the :class:`~dpledger.ledger.events.SamplingEvent` for an extended sampling
+        event), ``on_query(S, sigma, label)`` and ``on_marker(kind, fields)`` for its records in
+        order.
         """
         fp = self._fp
         fast = self._fast
@@ -540,6 +638,7 @@ class LedgerReader:
         pending = b""
         last_kind = self.last_kind
         first_block = True
+        extended_ok = self.header is not None and self.header.format_version >= 2
         while True:
             block = fp.read(_BLOCK_SIZE)
             if not block:
@@ -573,9 +672,9 @@ class LedgerReader:
                                 if len(bodies) >= _CACHE_LIMIT:
                                     bodies.clear()
                                 bodies[body] = rec
-                        if rec is not None:
+                        if rec is not None and (len(rec) == 4 or extended_ok):
                             if rec[0]:  # a sampling event
-                                on_sample(rec[1], rec[2], rec[3])
+                                on_sample(*rec[1:])
                                 step_open = True
                                 num_steps += 1
                                 num_events += 1
@@ -607,6 +706,7 @@ class LedgerReader:
                     num_events += 1
                 elif kind == "header":
                     self.header = value
+                    extended_ok = value.format_version >= 2
                 else:
                     on_marker(kind, value)
                     step_open = False
@@ -676,6 +776,9 @@ class LedgerReader:
                 raise  # a whole line that is wrong: not a crash
             if line_number == 1:
                 expected = _header_prefix()
+                older = _header_prefix(1)
+                if raw[: min(len(raw), len(older))] == older[: len(raw)]:
+                    expected = older  # a version-1 writer's torn header
             else:
                 expected = b'{"seq":%d,"prev":"%s","kind":"' % (self.last_seq + 1, head)
             k = min(len(raw), len(expected))
@@ -771,10 +874,10 @@ class LedgerReader:
             raise fail("is not a JSON object")
         if line_number == 1:
             version = obj.get("format_version")
-            if type(version) is not int or version != FORMAT_VERSION:
+            if type(version) is not int or version not in SUPPORTED_FORMAT_VERSIONS:
                 raise fail(
-                    f"format_version {_show(version)} is not supported "
-                    f"(this reader knows version {FORMAT_VERSION})"
+                    f"format_version {_show(version)} is not supported (this reader knows "
+                    f"versions {', '.join(map(str, SUPPORTED_FORMAT_VERSIONS))})"
                 )
         got_seq = obj.get("seq")
         if type(got_seq) is not int or got_seq != seq + 1:
@@ -797,6 +900,7 @@ class LedgerReader:
                 metadata=value.metadata,
                 library_version=value.library_version,
                 created=value.created,
+                format_version=value.format_version,
             )
         elif kind == "header":
             raise fail("a second header")
@@ -805,6 +909,19 @@ class LedgerReader:
                 f"a {_show(kind)} record after the close marker "
                 "(only a resume marker may follow it)"
             )
+        elif kind == "sample" and tuple(obj) == _SAMPLE_FIELDS_EXT:
+            version = self.header.format_version if self.header is not None else FORMAT_VERSION
+            if version < 2:
+                raise fail(
+                    "an extended sampling event (a scheme beyond Poisson and full batch, or a "
+                    "user-level unit) in a format-version-1 file, which cannot hold one"
+                )
+            try:
+                event = _extended_event(obj)
+            except InvalidParameterError as exc:
+                raise fail(f"the sampling event is invalid: {exc}") from None
+            value = (event.sampling_probability, event.population_size, event.scheme.value, event)
+            expected, _ = encode_sampling_event(seq + 1, prev, event)
         elif kind == "sample":
             _check_fields(obj, _SAMPLE_FIELDS, fail)
             q = obj["sampling_probability"]
@@ -913,10 +1030,11 @@ def _check_fields(
         )
 
 
-def _header_prefix() -> bytes:
-    """What every header line starts with, up to the first value that varies."""
+def _header_prefix(version: int = FORMAT_VERSION) -> bytes:
+    """What every header line of a format version starts with, up to the first value that
+    varies."""
     return (
         HEADER_MAGIC
-        + f'"format_version":{FORMAT_VERSION},"seq":0,"prev":"{GENESIS_HASH}","kind":"header",'
+        + f'"format_version":{version},"seq":0,"prev":"{GENESIS_HASH}","kind":"header",'
         '"library_version":"'.encode("ascii")
     )

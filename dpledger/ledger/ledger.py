@@ -61,6 +61,7 @@ logger = logging.getLogger(__name__)
 _POISSON_SAMPLE = 0
 _QUERY = 1
 _FULL_SAMPLE = 2
+_EXTENDED_SAMPLE = 3  # any other sampling event; its event is in _specs[_c[i]]
 
 
 class LedgerWarning(UserWarning):
@@ -215,6 +216,8 @@ class PrivacyLedger:
         self._label_json: list[str] = []
         self._pops: list[int | None] = []
         self._pop_ids: dict[int | None, int] = {}
+        self._specs: list[SamplingEvent] = []
+        self._spec_ids: dict[SamplingEvent, int] = {}
         self._keep_events = keep_events
         self._num_events = 0
         self._compressor = RunCompressor()
@@ -239,16 +242,35 @@ class PrivacyLedger:
         self._pop_ids[n] = pid
         return pid
 
-    def _append_sample(self, q: float, n: int | None, scheme: str) -> None:
+    def _append_sample(
+        self, q: float, n: int | None, scheme: str, event: SamplingEvent | None = None
+    ) -> None:
         pid = self._pop_ids.get(n)
         if pid is None:
             pid = self._new_population(n)
+        if event is not None:
+            self._append_extended(event)
+            return
         if self._keep_events:
             self._kind.append(_POISSON_SAMPLE if scheme == "poisson" else _FULL_SAMPLE)
             self._a.append(q)
             self._b.append(0.0)
             self._c.append(pid)
         self._compressor.add_sample(q)
+        self._num_events += 1
+
+    def _append_extended(self, event: SamplingEvent) -> None:
+        sid = self._spec_ids.get(event)
+        if sid is None:
+            sid = len(self._specs)
+            self._specs.append(event)
+            self._spec_ids[event] = sid
+        if self._keep_events:
+            self._kind.append(_EXTENDED_SAMPLE)
+            self._a.append(event.sampling_probability)
+            self._b.append(0.0)
+            self._c.append(sid)
+        self._compressor.add_sample(event.sampling_probability, event)
         self._num_events += 1
 
     def _append_query(self, s: float, sigma: float, label: str | None) -> int:
@@ -534,25 +556,37 @@ class PrivacyLedger:
     def record_sample(
         self,
         *,
-        sampling_probability: float,
+        sampling_probability: float | None = None,
         population_size: int | None = None,
         scheme: SamplingScheme | str | None = None,
+        event: SamplingEvent | None = None,
     ) -> None:
         """Record that a sample was drawn; this opens a new step.
+
+        Give either q (with n and the scheme, for a record-level Poisson or full-batch sample)
+        or ``event``, a :class:`~dpledger.ledger.events.SamplingEvent` of any scheme and unit
+        (``SamplingEvent.fixed_size(b, n)``, ``.truncated_poisson(q, n, m)``,
+        ``.balls_in_bins(k, n, epoch_start=...)``, ``.shuffle(b, n, epoch_start=...)``, or a
+        user-level ``.poisson(q, n, unit="user")``), which is recorded as it is.
 
         Args:
             sampling_probability: q in [0, 1], the probability with which each record was
                 included, of the sampler actually used (not 1 / number of batches).
             population_size: n ≥ 1, the number of records sampled from (None if unknown).
             scheme: ``"poisson"`` (default for q < 1) or ``"full"`` (default for q = 1; only
-                valid with q = 1).
+                valid with q = 1). Other schemes need their parameters: give ``event``.
+            event: the sampling event, instead of the three arguments above.
 
         Raises:
             InvalidParameterError: a bad value; the ledger is unchanged.
-            LedgerStateError: the ledger is closed or read-only.
+            LedgerStateError: the ledger is closed or read-only, or ``event`` is an extended
+                event and the ledger's file is format version 1 (which cannot hold it).
         """
         if not self._writable:
             raise self._not_writable()
+        if event is not None or (scheme is not None and scheme not in ("poisson", "full")):
+            self._record_event(sampling_probability, population_size, scheme, event)
+            return
         q = sampling_probability
         if type(q) is float and 0.0 <= q <= 1.0:
             q += 0.0  # -0.0 becomes 0.0
@@ -583,14 +617,61 @@ class PrivacyLedger:
             body = self._sample_bodies.get(key)
             if body is None:
                 body = _remember(self._sample_bodies, key, ff.sample_body(q, n, sch))
-            self._seq += 1
-            line, self._head = ff.encode_event(self._seq, self._head, body)
-            self._buffer.append(line)
-            if (
-                len(self._buffer) >= self._buffer_size
-                or time.monotonic() - self._last_flush >= self._flush_interval
-            ):
-                self.flush()
+            self._write_event(body)
+
+    def _record_event(
+        self,
+        sampling_probability: float | None,
+        population_size: int | None,
+        scheme: SamplingScheme | str | None,
+        event: SamplingEvent | None,
+    ) -> None:
+        """record_sample for an event object (any scheme and unit)."""
+        if event is None:
+            SamplingScheme.parse(scheme)  # a bad name is reported as such
+            raise InvalidParameterError(
+                "scheme",
+                scheme,
+                "'poisson' or 'full' with sampling_probability=; for other schemes pass "
+                "event=SamplingEvent.fixed_size(...) (or .truncated_poisson, .balls_in_bins, "
+                ".shuffle), which carries the scheme's parameters",
+            )
+        if not isinstance(event, SamplingEvent):
+            raise InvalidParameterError("event", event, "a dpledger.ledger.SamplingEvent")
+        if sampling_probability is not None or population_size is not None or scheme is not None:
+            raise InvalidParameterError(
+                "sampling_probability",
+                sampling_probability,
+                "None when event= is given (the event carries q, n and the scheme)",
+            )
+        if event.is_classic:
+            self.record_sample(
+                sampling_probability=event.sampling_probability,
+                population_size=event.population_size,
+                scheme=event.scheme,
+            )
+            return
+        if self.header is not None and self.header.format_version < 2 and self.path is not None:
+            raise LedgerStateError(
+                f"{self.path} is a format-version-1 ledger, which cannot hold a "
+                f"{event.describe()} sampling event; record this run in a new ledger file"
+            )
+        n = event.population_size
+        if n not in self._pop_ids:
+            self._new_population(n)
+        self._append_extended(event)
+        if self._fd is not None:
+            self._write_event(ff.sampling_event_body(event))
+
+    def _write_event(self, body: str) -> None:
+        self._seq += 1
+        line, self._head = ff.encode_event(self._seq, self._head, body)
+        self._buffer.append(line)
+        if (
+            len(self._buffer) >= self._buffer_size
+            or time.monotonic() - self._last_flush >= self._flush_interval
+        ):
+            self.flush()
 
     def record_sum_query(
         self, *, l2_norm_bound: float, noise_stddev: float, label: str | None = None
@@ -826,11 +907,14 @@ class PrivacyLedger:
         labels, pops = self._labels, self._pops
         kinds, a, b, c = self._kind, self._a, self._b, self._c
         full, poisson = SamplingScheme.FULL, SamplingScheme.POISSON
+        specs = self._specs
         for i in range(len(kinds)):
             kind = kinds[i]
             if kind == _QUERY:
                 lid = c[i]
                 yield SumQueryEvent(a[i], b[i], None if lid < 0 else labels[lid])
+            elif kind == _EXTENDED_SAMPLE:
+                yield specs[c[i]]
             else:
                 yield SamplingEvent(a[i], pops[c[i]], full if kind == _FULL_SAMPLE else poisson)
 

@@ -20,10 +20,12 @@ from typing import Any
 
 import attrs
 
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import InvalidParameterError, UnsupportedLedgerError
 from dpledger.ledger.events import (
     NeighboringRelation,
+    PrivacyUnit,
     SamplingEvent,
+    SamplingScheme,
     SumQueryEvent,
     inverse_square_term,
 )
@@ -31,6 +33,7 @@ from dpledger.validation import check_positive_int, check_probability
 
 __all__ = [
     "CompressedLedger",
+    "EpochSegment",
     "LedgerStep",
     "RunCompressor",
     "StepRun",
@@ -135,19 +138,56 @@ def _noise_multiplier(value: Any) -> float:
     return z + 0.0
 
 
+def _run_sampling(value: Any) -> SamplingEvent | None:
+    if value is None or (isinstance(value, SamplingEvent) and not value.is_classic):
+        return value
+    raise InvalidParameterError(
+        "sampling",
+        value,
+        "None (a record-level Poisson or full-batch step) or a SamplingEvent of another scheme "
+        "or unit",
+    )
+
+
+def _sampling_matches(inst: StepRun, _attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and value.sampling_probability != inst.sampling_probability:
+        raise InvalidParameterError(
+            "sampling_probability",
+            inst.sampling_probability,
+            f"{value.sampling_probability!r}, the q of the run's sampling event",
+        )
+
+
 @attrs.frozen(slots=True)
 class StepRun:
-    """``count`` consecutive steps that share the same (q, z_eff).
+    """``count`` consecutive steps that share the same sampling and z_eff.
 
     Attributes:
         sampling_probability: q of every step in the run.
         noise_multiplier: z_eff of every step in the run (∞: nothing released; 0: not private).
         count: the number of steps, at least 1.
+        sampling: the steps' sampling event when it is not a record-level Poisson or full-batch
+            sample (its scheme, parameters and unit); None for those, which q describes fully.
     """
 
     sampling_probability: float = attrs.field(converter=_run_probability)
     noise_multiplier: float = attrs.field(converter=_noise_multiplier)
     count: int = attrs.field(converter=_count)
+    sampling: SamplingEvent | None = attrs.field(
+        default=None, converter=_run_sampling, validator=_sampling_matches, kw_only=True
+    )
+
+    @property
+    def scheme(self) -> SamplingScheme:
+        """The sampling scheme of the run's steps."""
+        if self.sampling is not None:
+            return self.sampling.scheme
+        return SamplingScheme.FULL if self.sampling_probability == 1.0 else SamplingScheme.POISSON
+
+    @property
+    def unit(self) -> PrivacyUnit:
+        """The unit of privacy of the run's steps."""
+        return PrivacyUnit.RECORD if self.sampling is None else self.sampling.unit
 
     @property
     def is_private(self) -> bool:
@@ -173,8 +213,9 @@ class CompressedLedger:
 
     Attributes:
         neighboring: the neighboring relation of the ledger.
-        runs: consecutive runs of steps with identical (q, z_eff), in ledger order. Adjacent runs
-            always differ (equal neighbours are merged).
+        runs: consecutive runs of steps with identical sampling and z_eff, in ledger order.
+            Adjacent runs always differ (equal neighbours are merged); runs of different
+            sampling schemes are never mixed.
     """
 
     neighboring: NeighboringRelation = attrs.field(
@@ -219,17 +260,90 @@ class CompressedLedger:
         """Total number of steps."""
         return sum(r.count for r in self.runs)
 
+    @property
+    def schemes(self) -> tuple[SamplingScheme, ...]:
+        """The sampling schemes of the ledger's steps, in order of first appearance."""
+        return tuple(dict.fromkeys(r.scheme for r in self.runs))
+
+    @property
+    def units(self) -> tuple[PrivacyUnit, ...]:
+        """The units of privacy of the ledger's steps, in order of first appearance."""
+        return tuple(dict.fromkeys(r.unit for r in self.runs))
+
+    @property
+    def is_poisson(self) -> bool:
+        """True when every step is a Poisson or full-batch sample (of records or of users)."""
+        return all(
+            r.sampling is None or r.sampling.scheme in (SamplingScheme.POISSON, SamplingScheme.FULL)
+            for r in self.runs
+        )
+
+    def sampling_events(self) -> tuple[SamplingEvent, ...]:
+        """The distinct non-classic sampling events of the ledger, in order of first appearance
+        (epoch starts folded into the other steps of their scheme)."""
+        seen: dict[SamplingEvent, None] = {}
+        for r in self.runs:
+            if r.sampling is not None:
+                seen.setdefault(attrs.evolve(r.sampling, epoch_start=False), None)
+        return tuple(seen)
+
     def distinct(self) -> dict[tuple[float, float], int]:
         """Total step count per distinct (q, z_eff), in order of first appearance.
 
         Composition is commutative, so accountants may compose each distinct step kind once with
-        its total count.
+        its total count. Only for ledgers of Poisson (and full-batch) steps: (q, z_eff) does
+        not describe a step of another scheme, so this raises
+        :class:`~dpledger.errors.UnsupportedLedgerError` for them rather than let them pass for
+        Poisson steps.
         """
+        if not self.is_poisson:
+            raise UnsupportedLedgerError(
+                "distinct() describes Poisson steps by (q, z_eff); this ledger also has steps "
+                f"sampled by {', '.join(s.value for s in self.schemes)}"
+            )
         out: dict[tuple[float, float], int] = {}
         for r in self.runs:
             key = (r.sampling_probability, r.noise_multiplier)
             out[key] = out.get(key, 0) + r.count
         return out
+
+    def epoch_segments(self) -> tuple[EpochSegment, ...]:
+        """The epochs of the ledger's epoch-based steps (balls-in-bins, shuffle), in order.
+
+        An epoch starts at a step recorded with ``epoch_start=True`` (or at the first step of a
+        run of its scheme that follows a step of another kind) and holds the consecutive steps
+        of the same sampling event that follow it. An epoch that holds more steps than the
+        scheme's batches per epoch is counted as ⌈steps / batches⌉ epochs (conservative: no
+        record can be in more batches than that). A step of another scheme in between ends the
+        epoch. Each segment carries the smallest z_eff of its steps: the epoch is analysed as
+        if every step had that noise (less noise never gives a smaller ε).
+        """
+        out: list[EpochSegment] = []
+        current: EpochSegment | None = None
+        for r in self.runs:
+            ev = r.sampling
+            if ev is None or not ev.scheme.is_epoch_based:
+                if current is not None:
+                    out.append(current)
+                    current = None
+                continue
+            base = attrs.evolve(ev, epoch_start=False)
+            count = r.count
+            z = r.noise_multiplier
+            if ev.epoch_start or current is None or current.sampling != base:
+                if current is not None:
+                    out.append(current)
+                # a run of epoch starts: every step but the last is a one-step epoch
+                for _ in range(count - 1 if ev.epoch_start else 0):
+                    out.append(EpochSegment(base, 1, z))
+                current = EpochSegment(base, 1 if ev.epoch_start else count, z)
+            else:
+                current = EpochSegment(
+                    base, current.steps + count, min(current.noise_multiplier, z)
+                )
+        if current is not None:
+            out.append(current)
+        return tuple(out)
 
     def prefix(self, num_steps: int) -> CompressedLedger:
         """The ledger of the first ``num_steps`` steps."""
@@ -256,6 +370,27 @@ class CompressedLedger:
         return len(self.runs)
 
 
+@attrs.frozen(slots=True)
+class EpochSegment:
+    """One epoch of an epoch-based sampling scheme, as replayed from the ledger.
+
+    Attributes:
+        sampling: the epoch's sampling event (with ``epoch_start=False``).
+        steps: the steps recorded for the epoch.
+        noise_multiplier: the smallest z_eff among them.
+    """
+
+    sampling: SamplingEvent
+    steps: int
+    noise_multiplier: float
+
+    @property
+    def epochs(self) -> int:
+        """How many epochs the segment counts as: ⌈steps / batches per epoch⌉ (at least 1)."""
+        per = self.sampling.batches_per_epoch or 1
+        return max(1, -(-self.steps // per))
+
+
 def _merge_adjacent(runs: Sequence[StepRun]) -> tuple[StepRun, ...]:
     out: list[StepRun] = []
     for r in runs:
@@ -263,6 +398,7 @@ def _merge_adjacent(runs: Sequence[StepRun]) -> tuple[StepRun, ...]:
             out
             and out[-1].sampling_probability == r.sampling_probability
             and out[-1].noise_multiplier == r.noise_multiplier
+            and out[-1].sampling == r.sampling
         ):
             out[-1] = attrs.evolve(out[-1], count=out[-1].count + r.count)
         else:
@@ -270,12 +406,13 @@ def _merge_adjacent(runs: Sequence[StepRun]) -> tuple[StepRun, ...]:
     return tuple(out)
 
 
-def _trusted_run(q: float, z: float, count: int) -> StepRun:
+def _trusted_run(q: float, z: float, count: int, sampling: SamplingEvent | None = None) -> StepRun:
     """A StepRun from values the compressor produced (already valid): no re-validation."""
     run = object.__new__(StepRun)
     object.__setattr__(run, "sampling_probability", q)
     object.__setattr__(run, "noise_multiplier", z)
     object.__setattr__(run, "count", count)
+    object.__setattr__(run, "sampling", sampling)
     return run
 
 
@@ -285,17 +422,32 @@ class RunCompressor:
     The last step stays open (more queries may arrive) until the next sampling event; ``runs()``
     includes it as it stands. The arithmetic is that of :func:`step_noise_multiplier`, written
     out inline because this sits on the recording hot path, so runs and steps agree exactly.
-    Finished runs are kept in three flat arrays (24 bytes per run).
+    Finished runs are kept in three flat arrays (24 bytes per run), plus a sparse map from run
+    index to the sampling event of runs that are not record-level Poisson.
     """
 
-    __slots__ = ("_nq", "_q", "_rc", "_rq", "_rz", "_single", "_step_open", "_steps", "_sum")
+    __slots__ = (
+        "_nq",
+        "_q",
+        "_rc",
+        "_rq",
+        "_rs",
+        "_rz",
+        "_single",
+        "_spec",
+        "_step_open",
+        "_steps",
+        "_sum",
+    )
 
     def __init__(self) -> None:
         self._rq = array("d")  # q of each finished run
         self._rz = array("d")  # z_eff of each finished run
         self._rc = array("q")  # number of steps of each finished run
+        self._rs: dict[int, SamplingEvent] = {}  # run index -> sampling event, when not classic
         self._step_open = False
         self._q = 0.0
+        self._spec: SamplingEvent | None = None  # the open step's event, when not classic
         self._sum = 0.0  # Σ (S/σ̃)² of the open step
         self._nq = 0
         self._single = math.inf  # σ̃/S of the open step's last query
@@ -316,12 +468,17 @@ class RunCompressor:
         """True after a sampling event, until the step is ended."""
         return self._step_open
 
-    def add_sample(self, q: float) -> None:
-        """A sampling event: ends the open step and opens a new one."""
+    def add_sample(self, q: float, sampling: SamplingEvent | None = None) -> None:
+        """A sampling event: ends the open step and opens a new one.
+
+        ``sampling`` is the event when it is not a record-level Poisson or full-batch sample
+        (its q must be ``q``); None for those.
+        """
         if self._step_open:
             self._fold()
         self._step_open = True
         self._q = q
+        self._spec = sampling
         self._sum = 0.0
         self._nq = 0
         self._steps += 1
@@ -346,12 +503,16 @@ class RunCompressor:
         nq = self._nq
         z = self._single if nq == 1 else effective_noise_multiplier(self._sum, nq)
         rc = self._rc
-        if rc and self._rq[-1] == self._q and self._rz[-1] == z:
+        spec = self._spec
+        last = len(rc) - 1
+        if rc and self._rq[-1] == self._q and self._rz[-1] == z and self._rs.get(last) == spec:
             rc[-1] += 1
         else:
             self._rq.append(self._q)
             self._rz.append(z)
             rc.append(1)
+            if spec is not None:
+                self._rs[last + 1] = spec
 
     def end_step(self) -> None:
         """Fold the open step into the runs; later queries need a new sampling event."""
@@ -361,11 +522,23 @@ class RunCompressor:
 
     def runs(self) -> tuple[StepRun, ...]:
         """The runs of identical steps so far, the open step included."""
-        out = list(map(_trusted_run, self._rq, self._rz, self._rc))
+        if self._rs:
+            specs = self._rs
+            out = [
+                _trusted_run(q, z, c, specs.get(i))
+                for i, (q, z, c) in enumerate(zip(self._rq, self._rz, self._rc, strict=True))
+            ]
+        else:
+            out = list(map(_trusted_run, self._rq, self._rz, self._rc))
         if self._step_open:
-            q, z = self._q, self._open_z()
-            if out and out[-1].sampling_probability == q and out[-1].noise_multiplier == z:
-                out[-1] = _trusted_run(q, z, out[-1].count + 1)
+            q, z, spec = self._q, self._open_z(), self._spec
+            if (
+                out
+                and out[-1].sampling_probability == q
+                and out[-1].noise_multiplier == z
+                and out[-1].sampling == spec
+            ):
+                out[-1] = _trusted_run(q, z, out[-1].count + 1, spec)
             else:
-                out.append(_trusted_run(q, z, 1))
+                out.append(_trusted_run(q, z, 1, spec))
         return tuple(out)

@@ -57,8 +57,8 @@ class Sink:
     def __init__(self) -> None:
         self.records: list[tuple[Any, ...]] = []
 
-    def sample(self, q: float, n: int | None, scheme: str) -> None:
-        self.records.append(("sample", q.hex(), n, scheme))
+    def sample(self, q: float, n: int | None, scheme: str, event: Any = None) -> None:
+        self.records.append(("sample", q.hex(), n, scheme, event))
 
     def query(self, s: float, sigma: float, label: str | None) -> None:
         self.records.append(("sum_query", s.hex(), sigma.hex(), label))
@@ -443,9 +443,9 @@ def test_order_rules(tmp_path: Path) -> None:
 def test_unsupported_format_version(tmp_path: Path) -> None:
     data = build_sessions(tmp_path / "s.dpl")
     lines = data.splitlines(keepends=True)
-    lines[0] = seal(content_of(lines[0]).replace(b'"format_version":1', b'"format_version":2'))
+    lines[0] = seal(content_of(lines[0]).replace(b'"format_version":2', b'"format_version":3'))
     outcome = read_both(b"".join(rechain(lines, 0)))
-    assert outcome[0] == "error" and "format_version 2 is not supported" in outcome[1][2]
+    assert outcome[0] == "error" and "format_version 3 is not supported" in outcome[1][2]
 
 
 # ---------------------------------------------------------------------------- fast == slow
@@ -495,7 +495,7 @@ def test_fast_and_slow_paths_agree_on_valid_and_mutated_files(steps, mutation) -
     outcome = read_both(data)
     assert outcome[0] == "ok"
     assert outcome[1][0] == [
-        ("sample", e.sampling_probability.hex(), e.population_size, e.scheme.value)
+        ("sample", e.sampling_probability.hex(), e.population_size, e.scheme.value, None)
         if isinstance(e, SamplingEvent)
         else ("sum_query", e.l2_norm_bound.hex(), e.noise_stddev.hex(), e.label)
         for e in ledger.events()

@@ -58,7 +58,7 @@ def test_round_trip_of_every_field(tmp_path: Path) -> None:
     assert loaded.header.neighboring is NeighboringRelation.REPLACE_ONE
     assert loaded.header.metadata == metadata
     assert loaded.header.library_version == __version__
-    assert loaded.header.format_version == 1
+    assert loaded.header.format_version == 2
     assert loaded.header.created == written.header.created
     assert loaded.closed_cleanly is True
     events = list(loaded.events())
