@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dpledger.errors import InvalidParameterError
 from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
 from dpledger.mechanisms.sum_query import as_members
-from dpledger.validation import check_positive_int, check_probability
+from dpledger.validation import check_positive_finite, check_positive_int, check_probability
 
 __all__ = [
     "UnaccountedReleaseWarning",
@@ -39,29 +39,43 @@ class UnaccountedReleaseWarning(UserWarning):
 def fixed_denominator_average(
     noised_sums: Array | Sequence[Array],
     *,
-    sampling_probability: float,
-    population_size: int,
+    sampling_probability: float | None = None,
+    population_size: int | None = None,
+    denominator: float | None = None,
     backend: ArrayBackend | None = None,
 ) -> list[Array]:
     """noised sum / (q·n) for every array: the unbiased fixed-denominator average.
+
+    Give q and n (Poisson: the expected sample size q·n), or ``denominator``, the public
+    constant of the step's sampling scheme (b for fixed-size and shuffled batches, n / k for
+    balls-in-bins; see :attr:`dpledger.ledger.SamplingEvent.average_denominator`).
 
     Args:
         noised_sums: the output of a sum query's release (one array or a sequence).
         sampling_probability: q > 0 of the step's sample.
         population_size: n, the number of records sampled from.
+        denominator: a public denominator > 0, instead of q and n.
         backend: the array backend (default NumPy).
 
     Raises:
-        InvalidParameterError: q not in (0, 1], or n not an integer ≥ 1.
+        InvalidParameterError: q not in (0, 1], n not an integer ≥ 1, a denominator that is not
+            a finite number > 0, or both forms given.
     """
-    q = check_probability("sampling_probability", sampling_probability)
-    if q == 0.0:
-        raise InvalidParameterError(
-            "sampling_probability", sampling_probability, "q > 0 (the denominator is q·n)"
-        )
-    n = check_positive_int("population_size", population_size)
     be = resolve_backend(backend)
-    factor = 1.0 / (q * n)
+    if denominator is not None:
+        if sampling_probability is not None or population_size is not None:
+            raise InvalidParameterError(
+                "denominator", denominator, "None when sampling_probability= is given"
+            )
+        factor = 1.0 / check_positive_finite("denominator", denominator)
+    else:
+        q = check_probability("sampling_probability", sampling_probability)
+        if q == 0.0:
+            raise InvalidParameterError(
+                "sampling_probability", sampling_probability, "q > 0 (the denominator is q·n)"
+            )
+        n = check_positive_int("population_size", population_size)
+        factor = 1.0 / (q * n)
     return [be.scale(s, factor) for s in as_members(noised_sums, parameter="noised_sums")]
 
 

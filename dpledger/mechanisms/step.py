@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from dpledger.errors import InvalidParameterError, LedgerStateError
-from dpledger.ledger import PrivacyLedger, SamplingScheme
+from dpledger.ledger import PrivacyLedger, SamplingEvent, SamplingScheme
 from dpledger.mechanisms.averaging import fixed_denominator_average, realised_batch_average
 from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
 from dpledger.mechanisms.grouped import GroupedSumQuery
@@ -48,6 +48,7 @@ class SampledStep:
         backend: the array backend.
         indices: the sampled record indices, when the sample was drawn by a
             :class:`PoissonSampler` (else None).
+        event: the recorded sampling event (its scheme decides the average's denominator).
     """
 
     def __init__(
@@ -59,8 +60,10 @@ class SampledStep:
         generator: Any,
         backend: ArrayBackend,
         indices: np.ndarray | None = None,
+        event: SamplingEvent | None = None,
     ) -> None:
         self.ledger = ledger
+        self.event = event
         self.sampling_probability = sampling_probability
         self.population_size = population_size
         self.index = ledger.num_steps - 1
@@ -82,6 +85,15 @@ class SampledStep:
         if self.population_size is None:
             return None
         return self.sampling_probability * self.population_size
+
+    @property
+    def denominator(self) -> float | None:
+        """The fixed denominator of :meth:`average` for this step's sampling scheme: q·n for
+        Poisson, b for fixed-size and shuffled batches, n / k for balls-in-bins (None if n is
+        unknown)."""
+        if self.event is not None:
+            return self.event.average_denominator
+        return self.expected_batch_size
 
     def _check_open(self) -> None:
         if not self.is_open:
@@ -189,6 +201,10 @@ class SampledStep:
                 None,
                 "a known population size n for the fixed-denominator average sum/(q·n)",
             )
+        if self.event is not None and not self.event.is_classic:
+            return fixed_denominator_average(
+                noised_sums, denominator=self.denominator, backend=self.backend
+            )
         return fixed_denominator_average(
             noised_sums,
             sampling_probability=self.sampling_probability,
@@ -211,20 +227,31 @@ class SampledStep:
 def open_step(
     ledger: PrivacyLedger,
     *,
-    sampling_probability: float,
+    sampling_probability: float | None = None,
     population_size: int | None = None,
     scheme: SamplingScheme | str | None = None,
     generator: Any = None,
     backend: ArrayBackend | None = None,
     indices: np.ndarray | None = None,
+    event: SamplingEvent | None = None,
 ) -> SampledStep:
-    """Record the sampling event and return the :class:`SampledStep` (no ``with`` block)."""
+    """Record the sampling event and return the :class:`SampledStep` (no ``with`` block).
+
+    Give q (with n and the scheme) of a Poisson or full-batch sample, or ``event``, a
+    :class:`~dpledger.ledger.SamplingEvent` of any scheme.
+    """
     if not isinstance(ledger, PrivacyLedger):
         raise InvalidParameterError("ledger", ledger, "a dpledger.PrivacyLedger")
     be = resolve_backend(backend)
     ledger.record_sample(
-        sampling_probability=sampling_probability, population_size=population_size, scheme=scheme
+        sampling_probability=sampling_probability,
+        population_size=population_size,
+        scheme=scheme,
+        event=event,
     )
+    if event is not None:
+        sampling_probability, population_size = event.sampling_probability, event.population_size
+    assert sampling_probability is not None  # record_sample refused a missing q
     return SampledStep(
         ledger=ledger,
         sampling_probability=float(sampling_probability),
@@ -232,6 +259,7 @@ def open_step(
         generator=generator,
         backend=be,
         indices=indices,
+        event=event,
     )
 
 
@@ -239,11 +267,12 @@ def open_step(
 def sampled_step(
     ledger: PrivacyLedger,
     *,
-    sampling_probability: float,
+    sampling_probability: float | None = None,
     population_size: int | None = None,
     scheme: SamplingScheme | str | None = None,
     generator: Any = None,
     backend: ArrayBackend | None = None,
+    event: SamplingEvent | None = None,
 ) -> Iterator[SampledStep]:
     """Record a sampling event and run the step's queries inside a ``with`` block.
 
@@ -256,6 +285,8 @@ def sampled_step(
             sampler actually used.
         population_size: n, the number of records sampled from (needed for the average).
         scheme: ``"poisson"`` (default for q < 1) or ``"full"`` (q = 1).
+        event: the sampling event of any scheme (``SamplingEvent.shuffle(b, n, ...)``, …),
+            instead of q, n and the scheme.
         generator: the random generator for the step's noise (``numpy.random.Generator`` for
             NumPy); may instead be given per call.
         backend: the array backend (default NumPy).
@@ -270,6 +301,7 @@ def sampled_step(
         scheme=scheme,
         generator=generator,
         backend=backend,
+        event=event,
     )
     try:
         yield step
