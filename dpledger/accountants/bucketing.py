@@ -14,6 +14,8 @@ original (used for certified lower bounds, never for a reported ε).
 
 from __future__ import annotations
 
+import attrs
+
 import math
 
 from dpledger.errors import InvalidParameterError
@@ -72,6 +74,9 @@ def conservative_buckets(
 ) -> CompressedLedger:
     """Round every step's q up and z_eff down onto a geometric grid of ratio 1 + r.
 
+    A step of another scheme than record-level Poisson keeps its sampling event (and its q,
+    which the event fixes); only its z_eff is rounded down.
+
     Args:
         ledger: the compressed ledger.
         relative_precision: r; each q grows and each z shrinks by a factor of at most 1 + r.
@@ -87,6 +92,8 @@ def conservative_buckets(
             bucket_noise_multiplier(run.noise_multiplier, r),
             run.count,
         )
+        if run.sampling is None
+        else attrs.evolve(run, noise_multiplier=bucket_noise_multiplier(run.noise_multiplier, r))
         for run in ledger.runs
     ]
     return CompressedLedger(neighboring=ledger.neighboring, runs=tuple(rounded))
@@ -154,6 +161,8 @@ def optimistic_buckets(
             _round_up_to_grid(run.noise_multiplier, r),
             run.count,
         )
+        if run.sampling is None
+        else attrs.evolve(run, noise_multiplier=_round_up_to_grid(run.noise_multiplier, r))
         for run in ledger.runs
     ]
     return CompressedLedger(neighboring=ledger.neighboring, runs=tuple(rounded))

@@ -310,15 +310,23 @@ class CompressedLedger:
     def epoch_segments(self) -> tuple[EpochSegment, ...]:
         """The epochs of the ledger's epoch-based steps (balls-in-bins, shuffle), in order.
 
-        An epoch starts at a step recorded with ``epoch_start=True`` (or at the first step of a
-        run of its scheme that follows a step of another kind) and holds the consecutive steps
-        of the same sampling event that follow it. An epoch that holds more steps than the
-        scheme's batches per epoch is counted as ⌈steps / batches⌉ epochs (conservative: no
-        record can be in more batches than that). A step of another scheme in between ends the
-        epoch. Each segment carries the smallest z_eff of its steps: the epoch is analysed as
-        if every step had that noise (less noise never gives a smaller ε).
+        See :meth:`epoch_view` for how epochs are delimited.
         """
-        out: list[EpochSegment] = []
+        return tuple(item for item in self.epoch_view() if isinstance(item, EpochSegment))
+
+    def epoch_view(self) -> tuple[StepRun | EpochSegment, ...]:
+        """The ledger in order, with the steps of epoch-based schemes grouped into epochs.
+
+        Runs of other schemes are kept as they are. An epoch starts at a step recorded with
+        ``epoch_start=True`` (or at the first step of its scheme after a step of another kind)
+        and holds the consecutive steps of the same sampling event that follow it. An epoch
+        that holds more steps than the scheme's batches per epoch is counted as
+        ⌈steps / batches⌉ epochs (conservative: no record can be in more batches than that).
+        A step of another scheme in between ends the epoch. Each segment carries the smallest
+        z_eff of its steps: the epoch is analysed as if every step had that noise (less noise
+        never gives a smaller ε).
+        """
+        out: list[StepRun | EpochSegment] = []
         current: EpochSegment | None = None
         for r in self.runs:
             ev = r.sampling
@@ -326,6 +334,7 @@ class CompressedLedger:
                 if current is not None:
                     out.append(current)
                     current = None
+                out.append(r)
                 continue
             base = attrs.evolve(ev, epoch_start=False)
             count = r.count
@@ -344,30 +353,6 @@ class CompressedLedger:
         if current is not None:
             out.append(current)
         return tuple(out)
-
-    def prefix(self, num_steps: int) -> CompressedLedger:
-        """The ledger of the first ``num_steps`` steps."""
-        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
-            raise InvalidParameterError("num_steps", num_steps, "an integer >= 0")
-        if num_steps > self.num_steps:
-            raise InvalidParameterError(
-                "num_steps", num_steps, f"at most the ledger's {self.num_steps} steps"
-            )
-        out: list[StepRun] = []
-        left = num_steps
-        for r in self.runs:
-            if left == 0:
-                break
-            take = min(left, r.count)
-            out.append(r if take == r.count else attrs.evolve(r, count=take))
-            left -= take
-        return CompressedLedger(neighboring=self.neighboring, runs=tuple(out))
-
-    def __iter__(self) -> Iterator[StepRun]:
-        return iter(self.runs)
-
-    def __len__(self) -> int:
-        return len(self.runs)
 
 
 @attrs.frozen(slots=True)
