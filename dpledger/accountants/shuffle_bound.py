@@ -11,8 +11,8 @@ bound exceeds the Poisson ε, the shuffled run is provably less private than rep
 The bound is the construction of Chua, Ghazi, Kamath, Kumar, Manurangsi, Sinha & Zhang:
 
 * one epoch: "How Private are DP-SGD Implementations?" (ICML 2024, arXiv:2403.17673), the lower
-  bound on δ of ABLQ with the shuffle batch sampler (Sec. 4 there; the pair of data sets and the
-  test sets described below);
+  bound on δ of ABLQ with the shuffle batch sampler (the pair of data sets and the test sets
+  described below);
 * several epochs: "Scalable DP-SGD: Shuffling vs. Poisson Subsampling" (NeurIPS 2024,
   arXiv:2411.04205), the lower bound for *dynamic* shuffling, i.e. a new permutation every epoch
   (Theorem 3.8 there), which composes the per-epoch privacy loss of the statistic "largest
