@@ -14,9 +14,9 @@ original (used for certified lower bounds, never for a reported ε).
 
 from __future__ import annotations
 
-import attrs
-
 import math
+
+import attrs
 
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger.steps import CompressedLedger, StepRun

@@ -40,8 +40,8 @@ and test, so such ledgers are refused with :class:`~dpledger.errors.UnsupportedL
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from dpledger.accountants.base import Accountant, Answer
 from dpledger.accountants.bucketing import check_bucketing, maybe_bucket
@@ -59,9 +59,14 @@ from dpledger.accountants.budget import (
 )
 from dpledger.accountants.gdp import gdp_delta, gdp_epsilon
 from dpledger.accountants.pld_composition import self_compose
+from dpledger.accountants.sampling_reduction import (
+    NO_AMPLIFICATION_NOTE,
+    has_epochs,
+    reduce_epochs,
+)
 from dpledger.errors import InvalidParameterError, UnsupportedLedgerError
-from dpledger.ledger.events import NeighboringRelation
-from dpledger.ledger.steps import CompressedLedger
+from dpledger.ledger.events import NeighboringRelation, SamplingScheme
+from dpledger.ledger.steps import CompressedLedger, StepRun
 
 __all__ = ["PldAccountant"]
 
@@ -112,6 +117,19 @@ class PldAccountant(Accountant):
 
     name = "pld"
     supports_replace_one = True
+    supported_schemes = frozenset(
+        {
+            SamplingScheme.POISSON,
+            SamplingScheme.FULL,
+            SamplingScheme.TRUNCATED_POISSON,
+            SamplingScheme.BALLS_IN_BINS,
+            SamplingScheme.SHUFFLE,
+        }
+    )
+    scheme_notes: ClassVar[Mapping[SamplingScheme, str]] = {
+        SamplingScheme.FIXED_SIZE: "dp-accounting's PLD has no construction for sampling "
+        "without replacement",
+    }
 
     def __init__(
         self,
@@ -146,6 +164,8 @@ class PldAccountant(Accountant):
         super().check_supported(ledger)
         if ledger.neighboring is NeighboringRelation.REPLACE_ONE:
             for run in ledger.runs:
+                if run.scheme is not SamplingScheme.POISSON:
+                    continue  # full batch, or a scheme whose relations the base class checked
                 if not run.releases_nothing and run.sampling_probability < 1.0:
                     raise UnsupportedLedgerError(
                         "the pld accountant supports the replace-one relation only for full-batch "
@@ -160,6 +180,8 @@ class PldAccountant(Accountant):
     def _check_budget(
         self, distinct: dict[tuple[float, float], int], factor: float, evaluations: int = 1
     ) -> None:
+        # (truncated Poisson steps are budgeted as the Poisson steps of the same q and z: their
+        # PLD is the Poisson one mixed with a sensitivity-2 part of the same grid)
         """Refuse (ComputationBudgetError) when the PLDs of ``distinct`` (q, z) → count would
         exceed the memory or time budget; ``evaluations`` compositions of the result follow
         (one per curve point)."""
@@ -229,6 +251,21 @@ class PldAccountant(Accountant):
             value_discretization_interval=self.value_discretization_interval,
         )
 
+    def _truncated(self, run: StepRun) -> Any:
+        from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+        event = run.sampling
+        assert event is not None and event.population_size is not None
+        assert event.max_batch_size is not None
+        q, z = _clamped(run.sampling_probability, run.noise_multiplier)
+        return pld_lib.from_truncated_subsampled_gaussian_mechanism(
+            dataset_size=event.population_size,
+            sampling_probability=q,
+            truncated_batch_size=event.max_batch_size,
+            noise_multiplier=z,
+            value_discretization_interval=self.value_discretization_interval,
+        )
+
     def _compose(self, parts: list[Any]) -> Any:
         total = parts[0]
         for p in parts[1:]:
@@ -242,7 +279,7 @@ class PldAccountant(Accountant):
         for run in ledger.runs:
             if run.releases_nothing:
                 continue
-            if run.sampling_probability < 1.0:
+            if run.sampling_probability < 1.0 or run.scheme is not SamplingScheme.FULL:
                 return None
             mu_squared += _gaussian_term(run.count, factor, run.noise_multiplier)
         return math.sqrt(mu_squared)
@@ -251,14 +288,22 @@ class PldAccountant(Accountant):
         """The composed dp-accounting ``PrivacyLossDistribution`` of a ledger's costly steps.
 
         Each distinct subsampled (q, z) is self-composed once with its total count; all
-        full-batch steps form one Gaussian. Returns None if no step is costly.
+        full-batch steps form one Gaussian; each epoch of balls-in-bins or shuffled steps is one
+        full-batch step (no amplification, :mod:`~dpledger.accountants.sampling_reduction`);
+        each run of truncated Poisson steps is dp-accounting's truncated subsampled Gaussian
+        PLD, self-composed. Returns None if no step is costly.
         """
-        ledger = maybe_bucket(ledger, self.bucketing)
+        ledger = maybe_bucket(reduce_epochs(ledger), self.bucketing)
         factor = self._factor(ledger)
-        self._check_budget(ledger.distinct(), factor)
+        classic, truncated = _split_truncated(ledger)
+        self._check_budget(_budget_items(classic, truncated), factor)
         mu_squared = 0.0
-        parts = []
-        for (q, z), count in ledger.distinct().items():
+        parts = [
+            self_compose(self._truncated(run), run.count)[0]
+            for run in truncated
+            if not run.releases_nothing
+        ]
+        for (q, z), count in classic.distinct().items():
             if q == 0.0 or math.isinf(z):
                 continue
             if q == 1.0:
@@ -271,24 +316,32 @@ class PldAccountant(Accountant):
 
     # ------------------------------------------------------------------ accountant hooks
     def _epsilon(self, ledger: CompressedLedger, delta: float) -> Answer:
-        mu = self._gaussian_only(maybe_bucket(ledger, self.bucketing))
+        mu = self._gaussian_only(maybe_bucket(reduce_epochs(ledger), self.bucketing))
         if mu is not None:
             eps = gdp_epsilon(mu, delta)
-            return Answer(eps, upper=eps, details={"closed_form_gaussian_mu": mu})
+            return Answer(eps, upper=eps, details=_details(ledger, closed_form_gaussian_mu=mu))
         pld = self.distribution(ledger)
         eps = max(0.0, float(pld.get_epsilon_for_delta(delta)))
-        return Answer(eps, upper=eps, details={"distinct_runs": len(ledger.distinct())})
+        return Answer(eps, upper=eps, details=_details(ledger, distinct_runs=_distinct(ledger)))
 
     def _delta(self, ledger: CompressedLedger, epsilon: float) -> Answer:
-        mu = self._gaussian_only(maybe_bucket(ledger, self.bucketing))
+        mu = self._gaussian_only(maybe_bucket(reduce_epochs(ledger), self.bucketing))
         if mu is not None:
             delta = gdp_delta(mu, epsilon)
-            return Answer(delta, upper=delta, details={"closed_form_gaussian_mu": mu})
+            return Answer(delta, upper=delta, details=_details(ledger, closed_form_gaussian_mu=mu))
         pld = self.distribution(ledger)
         delta = min(1.0, max(0.0, float(pld.get_delta_for_epsilon(epsilon))))
-        return Answer(delta, upper=delta, details={"distinct_runs": len(ledger.distinct())})
+        return Answer(delta, upper=delta, details=_details(ledger, distinct_runs=_distinct(ledger)))
 
     def _epsilon_curve(
+        self, ledger: CompressedLedger, delta: float, steps: Sequence[int]
+    ) -> list[Answer]:
+        if not ledger.is_poisson:
+            # epochs and truncated runs do not map step counts to runs one to one
+            return [self._epsilon(ledger.prefix(t), delta) for t in steps]
+        return self._poisson_curve(ledger, delta, steps)
+
+    def _poisson_curve(
         self, ledger: CompressedLedger, delta: float, steps: Sequence[int]
     ) -> list[Answer]:
         """Incremental: the subsampled part of the PLD after t_i steps is that after t_{i−1}
@@ -335,6 +388,38 @@ class PldAccountant(Accountant):
                 eps = max(0.0, float(pld.get_epsilon_for_delta(delta)))
             answers.append(Answer(eps, upper=eps))
         return answers
+
+
+def _split_truncated(ledger: CompressedLedger) -> tuple[CompressedLedger, list[StepRun]]:
+    """(the ledger without its truncated-Poisson runs, those runs)."""
+    truncated = [r for r in ledger.runs if r.scheme is SamplingScheme.TRUNCATED_POISSON]
+    if not truncated:
+        return ledger, []
+    rest = tuple(r for r in ledger.runs if r.scheme is not SamplingScheme.TRUNCATED_POISSON)
+    return CompressedLedger(neighboring=ledger.neighboring, runs=rest), truncated
+
+
+def _budget_items(
+    classic: CompressedLedger, truncated: list[StepRun]
+) -> dict[tuple[float, float], int]:
+    items = dict(classic.distinct())
+    for run in truncated:
+        key = (run.sampling_probability, run.noise_multiplier)
+        items[key] = items.get(key, 0) + run.count
+    return items
+
+
+def _distinct(ledger: CompressedLedger) -> int:
+    """The number of distinct steps the PLD is built from."""
+    classic, truncated = _split_truncated(reduce_epochs(ledger))
+    return len(classic.distinct()) + len(truncated)
+
+
+def _details(ledger: CompressedLedger, **values: Any) -> dict[str, Any]:
+    details: dict[str, Any] = dict(values)
+    if has_epochs(ledger):
+        details["sampling_note"] = NO_AMPLIFICATION_NOTE
+    return details
 
 
 def _round_up(x: float) -> float:

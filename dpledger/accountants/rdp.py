@@ -68,8 +68,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 from scipy.special import erf
@@ -77,8 +77,13 @@ from scipy.special import erf
 from dpledger.accountants.base import Accountant, Answer, LedgerLike, as_compressed
 from dpledger.accountants.bucketing import check_bucketing, maybe_bucket
 from dpledger.accountants.rdp_moments import fractional_log_moments, integer_log_moments
+from dpledger.accountants.sampling_reduction import (
+    NO_AMPLIFICATION_NOTE,
+    has_epochs,
+    reduce_epochs,
+)
 from dpledger.errors import InvalidParameterError, UnsupportedLedgerError
-from dpledger.ledger.events import NeighboringRelation
+from dpledger.ledger.events import NeighboringRelation, SamplingScheme
 from dpledger.ledger.steps import CompressedLedger
 from dpledger.validation import check_delta
 
@@ -342,6 +347,8 @@ class _Replay:
 
     def __init__(self, ledger: CompressedLedger, alphas: np.ndarray) -> None:
         self.alphas = alphas
+        self.epochs_reduced = False
+        self.num_steps = ledger.num_steps
         factor = 2.0 if ledger.neighboring is NeighboringRelation.REPLACE_ONE else 1.0
         runs = ledger.runs
         n = len(runs)
@@ -445,6 +452,18 @@ class RdpAccountant(Accountant):
 
     name = "rdp"
     supports_replace_one = True
+    supported_schemes = frozenset(
+        {
+            SamplingScheme.POISSON,
+            SamplingScheme.FULL,
+            SamplingScheme.BALLS_IN_BINS,
+            SamplingScheme.SHUFFLE,
+        }
+    )
+    scheme_notes: ClassVar[Mapping[SamplingScheme, str]] = {
+        SamplingScheme.TRUNCATED_POISSON: "cutting a Poisson sample to a maximum size is not a "
+        "Poisson sample, and this accountant has no RDP analysis of the cut",
+    }
 
     def __init__(
         self, *, orders: Sequence[float] | None = None, bucketing: float | None = None
@@ -477,6 +496,8 @@ class RdpAccountant(Accountant):
         super().check_supported(ledger)
         if ledger.neighboring is NeighboringRelation.REPLACE_ONE:
             for run in ledger.runs:
+                if run.scheme is not SamplingScheme.POISSON:
+                    continue  # full batch, or a scheme analysed under replace-one on its own
                 if not run.releases_nothing and run.sampling_probability < 1.0:
                     raise UnsupportedLedgerError(
                         "the rdp accountant supports the replace-one relation only for full-batch "
@@ -487,7 +508,9 @@ class RdpAccountant(Accountant):
 
     # ------------------------------------------------------------------ computation
     def _replay(self, ledger: CompressedLedger) -> _Replay:
-        return _Replay(maybe_bucket(ledger, self.bucketing), self.orders)
+        replay = _Replay(maybe_bucket(reduce_epochs(ledger), self.bucketing), self.orders)
+        replay.epochs_reduced = has_epochs(ledger)
+        return replay
 
     def _search(
         self,
@@ -503,16 +526,19 @@ class RdpAccountant(Accountant):
         )
 
     def _details(self, replay: _Replay, order_index: int, evaluated: int) -> dict[str, Any]:
-        return {
+        details: dict[str, Any] = {
             "optimal_order": float(self.orders[order_index]),
             "orders_evaluated": evaluated,
             "distinct_runs": replay.num_distinct,
         }
+        if replay.epochs_reduced:
+            details["sampling_note"] = NO_AMPLIFICATION_NOTE
+        return details
 
     def _epsilon(self, ledger: CompressedLedger, delta: float) -> Answer:
         replay = self._replay(ledger)
         i, eps, evaluated = self._search(
-            replay, ledger.num_steps, lambda a, h: _epsilon_values(a, h, delta)
+            replay, replay.num_steps, lambda a, h: _epsilon_values(a, h, delta)
         )
         eps = max(0.0, eps)
         return Answer(eps, upper=eps, details=self._details(replay, i, evaluated))
@@ -520,7 +546,7 @@ class RdpAccountant(Accountant):
     def _delta(self, ledger: CompressedLedger, epsilon: float) -> Answer:
         replay = self._replay(ledger)
         i, log_delta, evaluated = self._search(
-            replay, ledger.num_steps, lambda a, h: _log_delta_values(a, h, epsilon)
+            replay, replay.num_steps, lambda a, h: _log_delta_values(a, h, epsilon)
         )
         delta = min(1.0, math.exp(log_delta))
         return Answer(delta, upper=delta, details=self._details(replay, i, evaluated))
@@ -528,6 +554,9 @@ class RdpAccountant(Accountant):
     def _epsilon_curve(
         self, ledger: CompressedLedger, delta: float, steps: Sequence[int]
     ) -> list[Answer]:
+        if not ledger.is_poisson:
+            # epochs and other schemes do not map step counts to runs one to one
+            return [self._epsilon(ledger.prefix(t), delta) for t in steps]
         replay = self._replay(ledger)
         answers = []
         for t in steps:
@@ -550,5 +579,5 @@ class RdpAccountant(Accountant):
         idx = np.arange(self.orders.shape[0])
         if comp.num_steps == 0:
             return self.orders.copy(), np.zeros(self.orders.shape[0])
-        log_moment = replay.composed_upper(idx, comp.num_steps)
+        log_moment = replay.composed_upper(idx, replay.num_steps)
         return self.orders.copy(), log_moment / (self.orders - 1.0)

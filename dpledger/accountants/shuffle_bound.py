@@ -121,11 +121,14 @@ relative terms; it is there so that "lower bound" holds without a caveat.
 
 What it does not cover
 ----------------------
-n not divisible by b. The parameter is T, the number of batches per epoch, and the construction
-assumes every epoch has exactly T batches of equal size b with n = b·T (each record in exactly one
-batch per epoch). If n = b·T + r with 0 < r < b, the record's batch is not uniform over T equal
-batches (a partial last batch, or r records left out by ``drop_last``), the pair above is not the
-mechanism's output pair and this bound does not apply as stated. Persistent shuffling (one
+n not divisible by b. The parameter is T, the number of batches per epoch. When n = b·(T − 1) + r
+with 0 < r < b and the last batch holds the r remaining records (a ``shuffle(b, n)`` event,
+T = ⌈n/b⌉), the record's batch is not uniform (batch t with probability b_t / n), but the bound
+still holds as computed: batch sizes are public, so after subtracting each batch's known offset
+the record's batch is shifted by m and the others are not, and the distribution of the maximum
+given the record's batch, Φ((C − m)/σ)·Φ(C/σ)^{T−1}, does not depend on which batch it is. Every
+quantity above is a function of that distribution only. With ``drop_last`` (the r records left
+out of the epoch) the pair changes and this module does not cover it. Persistent shuffling (one
 permutation reused for all epochs) is also not covered: its lower bound is the one-epoch bound at
 σ/√E (Theorem 3.5 of arXiv:2411.04205), which callers can get with ``epochs=1`` and z/√E.
 """
@@ -405,8 +408,8 @@ def shuffle_delta_lower_bound(
     discretisation (see the module docstring), or the one-epoch bound if that is larger.
 
     Args:
-        batches_per_epoch: T ≥ 1, the number of (equal-size) batches per epoch, n / b. The bound
-            assumes b divides n; see the module docstring for other cases.
+        batches_per_epoch: T ≥ 1, the number of batches per epoch, ⌈n / b⌉ (the last batch may
+            be smaller; see the module docstring).
         epochs: E ≥ 1, the number of epochs, each with a fresh permutation.
         noise_multiplier: z > 0, noise standard deviation divided by the clipping norm.
         epsilon: ε ≥ 0.
@@ -451,7 +454,7 @@ def shuffle_epsilon_lower_bound(
     δ_lower(lo) ≥ δ and returns lo; the larger of that and the one-epoch value is returned.
 
     Args:
-        batches_per_epoch: T ≥ 1, the number of (equal-size) batches per epoch, n / b.
+        batches_per_epoch: T ≥ 1, the number of batches per epoch, ⌈n / b⌉.
         epochs: E ≥ 1, the number of epochs, each with a fresh permutation.
         noise_multiplier: z > 0, noise standard deviation divided by the clipping norm.
         delta: δ in (0, 1).

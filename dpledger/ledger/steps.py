@@ -355,6 +355,31 @@ class CompressedLedger:
         return tuple(out)
 
 
+    def prefix(self, num_steps: int) -> CompressedLedger:
+        """The ledger of the first ``num_steps`` steps."""
+        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
+            raise InvalidParameterError("num_steps", num_steps, "an integer >= 0")
+        if num_steps > self.num_steps:
+            raise InvalidParameterError(
+                "num_steps", num_steps, f"at most the ledger's {self.num_steps} steps"
+            )
+        out: list[StepRun] = []
+        left = num_steps
+        for r in self.runs:
+            if left == 0:
+                break
+            take = min(left, r.count)
+            out.append(r if take == r.count else attrs.evolve(r, count=take))
+            left -= take
+        return CompressedLedger(neighboring=self.neighboring, runs=tuple(out))
+
+    def __iter__(self) -> Iterator[StepRun]:
+        return iter(self.runs)
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+
 @attrs.frozen(slots=True)
 class EpochSegment:
     """One epoch of an epoch-based sampling scheme, as replayed from the ledger.

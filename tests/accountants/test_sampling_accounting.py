@@ -1,0 +1,201 @@
+"""Accounting for every sampling scheme: who certifies what, checked against independent
+references, and who refuses what before computing."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import dp_accounting
+import pytest
+from scipy.optimize import brentq
+from scipy.stats import norm
+
+from dpledger import PrivacyLedger, SamplingEvent
+from dpledger.accountants import make_accountant
+from dpledger.errors import UnsupportedSamplingError
+from dpledger.ledger.steps import CompressedLedger, StepRun
+
+N = 60_000
+DELTA = 1e-5
+DATA = Path(__file__).resolve().parents[1] / "ledger" / "data"
+
+
+def ledger_of(events, *, sigma: float = 1.1, neighboring: str = "add_remove") -> PrivacyLedger:
+    ledger = PrivacyLedger(neighboring=neighboring)
+    for event in events:
+        ledger.record_sample(event=event)
+        ledger.record_sum_query(l2_norm_bound=1.0, noise_stddev=sigma)
+    return ledger
+
+
+def epochs_of(build, per_epoch: int, epochs: int, steps: int | None = None):
+    total = per_epoch * epochs if steps is None else steps
+    return [build(epoch_start=t % per_epoch == 0) for t in range(total)]
+
+
+def gaussian_epsilon(mu: float, delta: float) -> float:
+    """ε of μ-GDP at δ from the Balle & Wang (2018) closed form, solved with brentq."""
+
+    def excess(eps: float) -> float:
+        return norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2) - delta
+
+    return brentq(excess, 0.0, 500.0, xtol=1e-12)
+
+
+# ------------------------------------------------------------------ epoch-based schemes
+def test_balls_in_bins_is_one_gaussian_per_epoch_under_add_remove() -> None:
+    """Reference: the analytical Gaussian mechanism (Balle & Wang 2018) with μ = √E / z, the
+    no-amplification bound (each record in one batch per epoch)."""
+    events = epochs_of(lambda **kw: SamplingEvent.balls_in_bins(10, 1000, **kw), 10, 15)
+    ledger = ledger_of(events)
+    exact = gaussian_epsilon(math.sqrt(15) / 1.1, DELTA)
+    pld = make_accountant("pld").epsilon(ledger, delta=DELTA)
+    rdp = make_accountant("rdp").epsilon(ledger, delta=DELTA)
+    assert pld.epsilon == pytest.approx(exact, rel=1e-9)  # closed form inside the accountant
+    assert exact <= rdp.epsilon <= exact * 1.1  # RDP conversion is looser, never below
+    assert "without amplification" in pld.details["sampling_note"]
+    assert pld.details["sampling"] == ["balls_in_bins(num_batches=10, n=1000)"]
+
+
+def test_shuffle_under_replace_one_is_a_gaussian_with_twice_the_sensitivity() -> None:
+    """Reference: dp-accounting's PLD of GaussianDpEvent(z / 2) composed E times (replace-one
+    moves a clipped sum by 2S), an implementation independent of ours."""
+    events = epochs_of(lambda **kw: SamplingEvent.shuffle(100, 1000, **kw), 10, 4)
+    ledger = ledger_of(events, neighboring="replace_one")
+    ours = make_accountant("pld").epsilon(ledger, delta=DELTA).epsilon
+    reference = dp_accounting.pld.PLDAccountant()
+    reference.compose(dp_accounting.GaussianDpEvent(1.1 / 2), 4)
+    assert ours == pytest.approx(reference.get_epsilon(DELTA), rel=1e-3)
+
+
+def test_a_partial_epoch_costs_a_whole_epoch_and_the_curve_follows_epochs() -> None:
+    events = epochs_of(lambda **kw: SamplingEvent.shuffle(100, 1000, **kw), 10, 2, steps=13)
+    ledger = ledger_of(events, neighboring="replace_one")
+    curve = make_accountant("pld").epsilon_curve(ledger, delta=DELTA, steps=[1, 10, 11, 13])
+    one = gaussian_epsilon(2 / 1.1, DELTA)
+    two = gaussian_epsilon(2 * math.sqrt(2) / 1.1, DELTA)
+    assert [r.epsilon for r in curve] == pytest.approx([one, one, two, two], rel=1e-9)
+
+
+def test_the_epoch_takes_the_smallest_noise_of_its_steps() -> None:
+    ledger = PrivacyLedger()
+    for t, sigma in enumerate([2.0, 0.9, 3.0]):
+        ledger.record_sample(event=SamplingEvent.balls_in_bins(3, 30, epoch_start=t == 0))
+        ledger.record_sum_query(l2_norm_bound=1.0, noise_stddev=sigma)
+    eps = make_accountant("pld").epsilon(ledger, delta=DELTA).epsilon
+    assert eps == pytest.approx(gaussian_epsilon(1 / 0.9, DELTA), rel=1e-9)
+
+
+# ------------------------------------------------------------------ truncated Poisson
+def test_truncated_poisson_through_dp_accountings_pld() -> None:
+    """References: with a cap the sample can never reach (max_batch_size = n) the truncated
+    PLD is the Poisson PLD, so ε equals dp-accounting's Poisson ε; a tight cap can only cost
+    more; and our wiring equals dp-accounting's PLDAccountant fed the same event."""
+    q, steps = 0.01, 200
+    uncapped = ledger_of([SamplingEvent.truncated_poisson(q, 1000, 1000)] * steps)
+    capped = ledger_of([SamplingEvent.truncated_poisson(q, 1000, 12)] * steps)
+    poisson = dp_accounting.pld.PLDAccountant()
+    poisson.compose(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(1.1)), steps
+    )
+    pld = make_accountant("pld")
+    assert pld.epsilon(uncapped, delta=DELTA).epsilon == pytest.approx(
+        poisson.get_epsilon(DELTA), rel=2e-3
+    )
+    ours = pld.epsilon(capped, delta=DELTA).epsilon
+    assert ours > poisson.get_epsilon(DELTA)
+    reference = dp_accounting.pld.PLDAccountant()
+    reference.compose(capped.to_dp_event())
+    assert ours == pytest.approx(reference.get_epsilon(DELTA), rel=2e-3)
+
+
+# ------------------------------------------------------------------ refusals
+REFUSALS = {
+    # scheme builder, relation -> accountants that refuse it
+    "fixed": (lambda: SamplingEvent.fixed_size(10, 1000), "replace_one", {"pld", "prv", "gdp"}),
+    "truncated": (
+        lambda: SamplingEvent.truncated_poisson(0.01, 1000, 20),
+        "add_remove",
+        {"rdp", "prv", "gdp"},
+    ),
+    "bins": (lambda: SamplingEvent.balls_in_bins(10, 1000), "add_remove", {"prv", "gdp"}),
+    "shuffle": (lambda: SamplingEvent.shuffle(10, 1000), "replace_one", {"prv", "gdp"}),
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "accountant"),
+    [(kind, name) for kind in sorted(REFUSALS) for name in sorted(REFUSALS[kind][2])],
+)
+def test_accountants_refuse_schemes_they_have_no_analysis_of(kind, accountant) -> None:
+    build, relation, _ = REFUSALS[kind]
+    ledger = ledger_of([build()] * 3, neighboring=relation)
+    with pytest.raises(UnsupportedSamplingError) as info:
+        make_accountant(accountant).epsilon(ledger, delta=DELTA)
+    assert info.value.accountant == accountant
+    assert info.value.scheme == build().scheme.value
+
+
+def test_a_scheme_under_a_relation_it_is_not_analysed_under_is_refused() -> None:
+    ledger = ledger_of([SamplingEvent.shuffle(10, 1000, epoch_start=True)] * 3)
+    for name in ("rdp", "pld"):
+        with pytest.raises(UnsupportedSamplingError, match="replace_one"):
+            make_accountant(name).epsilon(ledger, delta=DELTA)
+
+
+def test_mixed_units_are_refused_and_user_level_poisson_is_accounted_per_user() -> None:
+    user = ledger_of([SamplingEvent.poisson(0.01, 5000, unit="user")] * 100)
+    record = ledger_of([SamplingEvent.poisson(0.01, 5000)] * 100)
+    for name in ("rdp", "pld", "prv"):
+        per_user = make_accountant(name).epsilon(user, delta=DELTA)
+        assert per_user.epsilon == make_accountant(name).epsilon(record, delta=DELTA).epsilon
+        assert per_user.details["unit"] == "user"
+    mixed = ledger_of([SamplingEvent.poisson(0.01, 5000, unit="user"), SamplingEvent.poisson(0.01)])
+    with pytest.raises(UnsupportedSamplingError, match="mixes units"):
+        make_accountant("rdp").epsilon(mixed, delta=DELTA)
+
+
+def test_bucketing_never_turns_a_scheme_into_poisson() -> None:
+    ledger = ledger_of([SamplingEvent.truncated_poisson(0.01, 1000, 12)] * 50)
+    bucketed = make_accountant("pld", bucketing=1e-2).epsilon(ledger, delta=DELTA)
+    plain = make_accountant("pld").epsilon(ledger, delta=DELTA)
+    assert bucketed.epsilon >= plain.epsilon - 1e-3
+    with pytest.raises(UnsupportedSamplingError):
+        make_accountant("rdp", bucketing=1e-2).epsilon(ledger, delta=DELTA)
+
+
+# ------------------------------------------------------------------ old files, same ε
+def test_the_committed_version_1_file_gives_the_epsilon_of_its_runs() -> None:
+    """The format-1 example file replays to exactly the ε of the same runs built by hand, for
+    every accountant; and RDP agrees with dp-accounting's RDP on them."""
+    loaded = PrivacyLedger.load(DATA / "example.dpl")
+    assert loaded.header.format_version == 1
+    runs = CompressedLedger.from_runs(
+        [(r.sampling_probability, r.noise_multiplier, r.count) for r in loaded.runs()]
+    )
+    assert all(r.sampling is None for r in loaded.runs())
+    for name in ("rdp", "pld", "prv", "gdp"):
+        acc = make_accountant(name)
+        assert acc.epsilon(loaded, delta=DELTA).epsilon == acc.epsilon(runs, delta=DELTA).epsilon
+    reference = dp_accounting.rdp.RdpAccountant(orders=list(range(2, 65)))
+    reference.compose(loaded.to_dp_event())
+    ours = make_accountant("rdp", orders=list(range(2, 65))).epsilon(loaded, delta=DELTA)
+    assert ours.epsilon == pytest.approx(reference.get_epsilon(DELTA), rel=1e-6)
+
+
+def test_dp_event_of_every_scheme() -> None:
+    ledger = ledger_of(
+        [
+            SamplingEvent.fixed_size(10, 1000),
+            SamplingEvent.truncated_poisson(0.01, 1000, 20),
+            SamplingEvent.shuffle(10, 1000),
+        ],
+        neighboring="replace_one",
+    )
+    events = ledger.to_dp_event().events
+    assert isinstance(events[0], dp_accounting.SampledWithoutReplacementDpEvent)
+    assert events[0].event.noise_multiplier == pytest.approx(1.1 / 2)
+    assert isinstance(events[1], dp_accounting.TruncatedSubsampledGaussianDpEvent)
+    assert isinstance(events[2], dp_accounting.UnsupportedDpEvent)
+    assert StepRun(0.01, 1.1, 1, sampling=SamplingEvent.shuffle(10, 1000)).scheme.value == "shuffle"
