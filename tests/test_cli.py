@@ -43,7 +43,7 @@ def test_info_text(ledger_file: Path, capsys) -> None:
     head = PrivacyLedger.load(ledger_file).head_hash
     for expected in (
         f"ledger        {ledger_file}",
-        f"format        dpledger-ledger v1 (written by {__version__})",
+        f"format        dpledger-ledger v2 (written by {__version__})",
         "neighboring   add_remove",
         'metadata      {"model": "cnn"}',
         "steps         5",

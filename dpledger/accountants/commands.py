@@ -167,6 +167,7 @@ def _epsilon(args: argparse.Namespace) -> int:
         )
     print_warnings("epsilon", notes)
     ledger = loaded.compressed()
+    sampling_notes = _sampling_notes(ledger, delta)
     steps = _curve_steps(ledger.num_steps, points) if points and ledger.num_steps else []
     settings = {} if args.bucketing is None else {"bucketing": args.bucketing}
     rows: list[dict[str, Any]] = []
@@ -196,6 +197,7 @@ def _epsilon(args: argparse.Namespace) -> int:
     if args.json:
         for row in rows:
             row["ledger_warnings"] = notes
+            row["sampling_notes"] = sampling_notes
             print(json.dumps(row, sort_keys=True))
     else:
         torn = loaded.torn_tail
@@ -203,6 +205,8 @@ def _epsilon(args: argparse.Namespace) -> int:
             "" if torn is None else f" (the valid prefix: line {torn.line_number} is cut short)"
         )
         _print_table(rows, ledger.num_steps, delta, prefix)
+        for note in sampling_notes:
+            print(f"sampling: {note}")
         if steps and not args.plot:
             _print_curves(curves)
     if args.plot and curves:
@@ -211,6 +215,20 @@ def _epsilon(args: argparse.Namespace) -> int:
             print(f"plot written to {args.plot}")
     ok = any("error" not in row for row in rows)
     return 0 if ok else 2
+
+
+def _sampling_notes(ledger: Any, delta: float) -> list[str]:
+    """What the ledger's sampling schemes mean for the numbers (empty for Poisson ledgers)."""
+    from dpledger.accountants.sampling_report import shuffle_gap
+
+    events = ledger.sampling_events()
+    if not events:
+        return []
+    notes = ["this ledger's steps were sampled by " + "; ".join(e.describe() for e in events)]
+    gap = shuffle_gap(ledger, delta=delta)
+    if gap is not None:
+        notes.append(gap.describe())
+    return notes
 
 
 def _error_row(name: str, delta: float, message: str) -> dict[str, Any]:

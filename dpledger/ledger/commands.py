@@ -140,7 +140,9 @@ def _info(args: argparse.Namespace) -> int:
         return 1
     print_warnings("info", notes)
     runs = ledger.runs()
-    distinct = ledger.compressed().distinct()
+    comp = ledger.compressed()
+    distinct = {(r.sampling, r.sampling_probability, r.noise_multiplier) for r in runs}
+    sampling = _sampling_summary(comp)
     header = ledger.header
     if args.json:
         out: dict[str, Any] = {
@@ -162,9 +164,13 @@ def _info(args: argparse.Namespace) -> int:
                     "sampling_probability": r.sampling_probability,
                     "noise_multiplier": _json_number(r.noise_multiplier),
                     "count": r.count,
+                    "scheme": r.scheme.value,
+                    "sampling": None if r.sampling is None else r.sampling.describe(),
+                    "epoch_start": r.sampling is not None and r.sampling.epoch_start,
                 }
                 for r in runs
             ],
+            "sampling": sampling,
             "num_distinct": len(distinct),
             "torn_tail": None if ledger.torn_tail is None else ledger.torn_tail.describe(),
             "warnings": notes,
@@ -187,15 +193,62 @@ def _info(args: argparse.Namespace) -> int:
     print(f"population    {sizes or '-'}")
     labels = ", ".join(one_line(label) for label in ledger.labels)
     print(f"labels        {labels or '-'}")
-    print(f"runs          {len(runs)} runs of identical steps, {len(distinct)} distinct (q, z_eff)")
+    for i, item in enumerate(sampling):
+        epochs = "" if item["epochs"] is None else f", {item['epochs']} epochs"
+        relations = " or ".join(item["relations"])
+        print(
+            f"{'sampling' if i == 0 else '':<14}{item['sampling']}: {item['steps']} steps{epochs}"
+            f" (unit {item['unit']}; analysed under {relations})"
+        )
+    kinds = "sampling, q, z_eff" if not comp.is_poisson or comp.sampling_events() else "q, z_eff"
+    print(f"runs          {len(runs)} runs of identical steps, {len(distinct)} distinct ({kinds})")
     if runs:
-        print(f"  {'q':>12}  {'z_eff':>16}  {'steps':>10}")
+        print(f"  {'q':>12}  {'z_eff':>16}  {'steps':>10}  scheme")
         for r in runs[:_MAX_RUNS_SHOWN]:
             z = _z_text(r.noise_multiplier)
-            print(f"  {r.sampling_probability:>12.6g}  {z:>16}  {r.count:>10}")
+            start = " (epoch start)" if r.sampling is not None and r.sampling.epoch_start else ""
+            print(
+                f"  {r.sampling_probability:>12.6g}  {z:>16}  {r.count:>10}  "
+                f"{r.scheme.value}{start}"
+            )
         if len(runs) > _MAX_RUNS_SHOWN:
             print(f"  … {len(runs) - _MAX_RUNS_SHOWN} more runs (use --json for all)")
     return 0
+
+
+def _sampling_summary(comp: Any) -> list[dict[str, Any]]:
+    """One entry per sampling kind of the ledger: what it is, its steps and epochs, its unit
+    and the relations it is analysed under, in order of first appearance."""
+    from dpledger.ledger.events import SCHEME_RELATIONS, SamplingEvent
+    from dpledger.ledger.steps import EpochSegment
+
+    out: dict[str, dict[str, Any]] = {}
+    for item in comp.epoch_view():
+        if isinstance(item, EpochSegment):
+            event, steps, epochs = item.sampling, item.steps, item.epochs
+        else:
+            event = item.sampling or SamplingEvent(item.sampling_probability)
+            steps, epochs = item.count, None
+        key = (
+            event.describe()
+            if item.sampling is not None or isinstance(item, EpochSegment)
+            else ("full_batch" if event.scheme.value == "full" else "poisson")
+        )
+        entry = out.setdefault(
+            key,
+            {
+                "sampling": key,
+                "scheme": event.scheme.value,
+                "unit": event.unit.value,
+                "relations": [r.value for r in SCHEME_RELATIONS[event.scheme]],
+                "steps": 0,
+                "epochs": None,
+            },
+        )
+        entry["steps"] += steps
+        if epochs is not None:
+            entry["epochs"] = (entry["epochs"] or 0) + epochs
+    return list(out.values())
 
 
 def _verify(args: argparse.Namespace) -> int:

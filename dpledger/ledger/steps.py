@@ -354,7 +354,6 @@ class CompressedLedger:
             out.append(current)
         return tuple(out)
 
-
     def prefix(self, num_steps: int) -> CompressedLedger:
         """The ledger of the first ``num_steps`` steps."""
         if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
