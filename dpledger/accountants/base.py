@@ -302,8 +302,10 @@ class Accountant(abc.ABC):
                     accountant=self.name,
                     scheme=scheme.value,
                 )
+        for run in ledger.runs:
+            scheme = run.scheme
             relations = SCHEME_RELATIONS[scheme]
-            if ledger.neighboring not in relations:
+            if ledger.neighboring not in relations and not run.releases_nothing:
                 raise UnsupportedSamplingError(
                     f"steps sampled by {scheme.value!r} are analysed under "
                     f"{' or '.join(r.value for r in relations)} only, and this ledger is "
@@ -594,6 +596,9 @@ SCHEME_ADVICE: dict[SamplingScheme, str] = {
     "provably exceeds.",
 }
 RELATION_ADVICE: dict[SamplingScheme, str] = {
+    SamplingScheme.POISSON: "dpledger has no replace-one analysis of Poisson-subsampled steps "
+    "(q < 1) that it can cite and test: record the ledger under add_remove, or use full "
+    "batches.",
     SamplingScheme.FIXED_SIZE: "Record the run in a ledger with neighboring='replace_one' "
     "(the natural relation for fixed-size batches), or sample with PoissonBatchSampler.",
     SamplingScheme.SHUFFLE: "Record the run in a ledger with neighboring='replace_one', or "

@@ -82,6 +82,7 @@ from dpledger.accountants.sampling_reduction import (
     has_epochs,
     reduce_epochs,
 )
+from dpledger.accountants.without_replacement import rdp_without_replacement
 from dpledger.errors import InvalidParameterError, UnsupportedLedgerError
 from dpledger.ledger.events import NeighboringRelation, SamplingScheme
 from dpledger.ledger.steps import CompressedLedger
@@ -357,7 +358,9 @@ class _Replay:
         counts = np.fromiter((r.count for r in runs), np.int64, n)
         free = (qs == 0.0) | np.isinf(zs)
         full = (qs == 1.0) & ~free
-        sub = ~free & ~full
+        fixed = np.fromiter((r.scheme is SamplingScheme.FIXED_SIZE for r in runs), bool, n)
+        fixed &= ~free & ~full
+        sub = ~free & ~full & ~fixed
         with np.errstate(divide="ignore"):
             self.full_weight = np.where(full, (factor / zs) ** 2, 0.0)
             tv = qs * erf(1.0 / (2.0 * math.sqrt(2.0) * zs))
@@ -369,9 +372,23 @@ class _Replay:
         # A lower bound on each step's KL divergence (the order-1 limit of its RDP): exactly
         # factor²/(2z²) for a Gaussian; Pinsker's KL ≥ 2·TV² with TV = q·(2Φ(1/(2z)) − 1) for a
         # subsampled one. Used only to skip orders, never as a result.
+        # (0 for fixed-size runs: a valid floor)
         kl = np.where(full, 0.5 * self.full_weight, np.where(sub, 2.0 * tv * tv, 0.0))
         self.cum_kl = np.cumsum(self.counts * kl)
         self.table = _SubsampledRuns(keys[:, 0], keys[:, 1])
+        # Fixed-size runs: log-moments (α − 1)·ε(α) of Wang, Balle & Kasiviswanathan's bound at
+        # every order, once per distinct (γ, z), rounded up by two ulp for the product.
+        self.run_fixed = np.full(n, -1, dtype=np.int64)
+        fixed_rows: list[np.ndarray] = []
+        seen: dict[tuple[float, float], int] = {}
+        for r in np.flatnonzero(fixed).tolist():
+            key = (float(qs[r]), float(zs[r]))
+            if key not in seen:
+                seen[key] = len(fixed_rows)
+                rdp = rdp_without_replacement(key[0], key[1], alphas)
+                fixed_rows.append(rdp * (alphas - 1.0) * (1.0 + 2.0 * _U))
+            self.run_fixed[r] = seen[key]
+        self.fixed_table = np.array(fixed_rows) if fixed_rows else np.zeros((0, alphas.shape[0]))
         self.num_distinct = keys.shape[0]
         self._columns: dict[int, np.ndarray] = {}
         self._cumulative: dict[int, np.ndarray] = {}
@@ -392,6 +409,8 @@ class _Replay:
         per_run = 0.5 * a * (a - 1.0) * self.full_weight
         sub = self.run_distinct >= 0
         per_run[sub] = self._columns[i][self.run_distinct[sub]]
+        fixed = self.run_fixed >= 0
+        per_run[fixed] = self.fixed_table[self.run_fixed[fixed], i]
         return per_run
 
     def cumulative(self, i: int) -> np.ndarray:
@@ -431,6 +450,9 @@ class _Replay:
         d = self.run_distinct[r]
         if d >= 0:
             return float(self._columns[i][d])
+        f = self.run_fixed[r]
+        if f >= 0:
+            return float(self.fixed_table[f, i])
         a = self.alphas[i]
         return float(0.5 * a * (a - 1.0) * self.full_weight[r])
 
@@ -458,6 +480,7 @@ class RdpAccountant(Accountant):
             SamplingScheme.FULL,
             SamplingScheme.BALLS_IN_BINS,
             SamplingScheme.SHUFFLE,
+            SamplingScheme.FIXED_SIZE,
         }
     )
     scheme_notes: ClassVar[Mapping[SamplingScheme, str]] = {
