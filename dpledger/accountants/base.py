@@ -615,11 +615,19 @@ ACCOUNTANT_MODULES: dict[str, tuple[str, str]] = {
     "prv": ("dpledger.accountants.prv", "PrvAccountant"),
     "gdp": ("dpledger.accountants.gdp", "GdpAccountant"),
     "pld": ("dpledger.accountants.pld", "PldAccountant"),
+    "balls_in_bins": ("dpledger.accountants.balls_in_bins_mc", "BallsInBinsAccountant"),
 }
+
+SCHEME_SPECIFIC_ACCOUNTANTS: dict[str, SamplingScheme] = {
+    "balls_in_bins": SamplingScheme.BALLS_IN_BINS,
+}
+"""Accountants that analyse one sampling scheme only; the CLI's ``--accountant all`` runs them
+only on ledgers with steps of that scheme."""
 
 
 def make_accountant(name: str, **settings: Any) -> Accountant:
-    """An accountant by its short name (``"rdp"``, ``"prv"``, ``"gdp"``, ``"pld"``)."""
+    """An accountant by its short name (``"rdp"``, ``"prv"``, ``"gdp"``, ``"pld"``, or
+    ``"balls_in_bins"`` for the Monte-Carlo estimate of balls-in-bins ledgers)."""
     try:
         module_name, class_name = ACCOUNTANT_MODULES[name]
     except (KeyError, TypeError):

@@ -10,7 +10,12 @@ import os
 import sys
 from typing import Any
 
-from dpledger.accountants.base import ACCOUNTANT_MODULES, PrivacyResult, make_accountant
+from dpledger.accountants.base import (
+    ACCOUNTANT_MODULES,
+    SCHEME_SPECIFIC_ACCOUNTANTS,
+    PrivacyResult,
+    make_accountant,
+)
 from dpledger.accountants.bucketing import check_bucketing
 from dpledger.errors import DPLedgerError, InvalidParameterError, UnsupportedLedgerError
 from dpledger.ledger.commands import add_ledger_checks, load_for_command, print_warnings
@@ -168,6 +173,13 @@ def _epsilon(args: argparse.Namespace) -> int:
     print_warnings("epsilon", notes)
     ledger = loaded.compressed()
     sampling_notes = _sampling_notes(ledger, delta)
+    if args.accountant.strip() == "all":  # a scheme's own accountant only where it applies
+        names = [
+            n
+            for n in names
+            if n not in SCHEME_SPECIFIC_ACCOUNTANTS
+            or SCHEME_SPECIFIC_ACCOUNTANTS[n] in ledger.schemes
+        ]
     steps = _curve_steps(ledger.num_steps, points) if points and ledger.num_steps else []
     settings = {} if args.bucketing is None else {"bucketing": args.bucketing}
     rows: list[dict[str, Any]] = []
