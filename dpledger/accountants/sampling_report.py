@@ -16,7 +16,7 @@ from dpledger.accountants.shuffle_bound import shuffle_epsilon_lower_bound
 from dpledger.ledger.events import SamplingScheme
 from dpledger.ledger.steps import CompressedLedger, EpochSegment, StepRun
 
-__all__ = ["ShuffleGap", "shuffle_gap"]
+__all__ = ["ShuffleGap", "floor_digits", "shuffle_gap"]
 
 
 @attrs.frozen
@@ -64,13 +64,13 @@ class ShuffleGap:
             else "which does not rule out the Poisson ε"
         )
         return (
-            f"{text}; this run's ε is at least {_floor4(self.lower_bound)} (Chua et al. lower "
+            f"{text}; this run's ε is at least {floor_digits(self.lower_bound)} (Chua et al. lower "
             "bound, "
             f"{relation}), {verdict}."
         )
 
 
-def _floor4(x: float) -> str:
+def floor_digits(x: float) -> str:
     """``x`` to 4 significant digits, rounded down (a lower bound must not grow when printed)."""
     import decimal
 
