@@ -292,3 +292,9 @@ def test_mutated_extended_lines_are_read_alike_and_exactly(picks, mutation) -> N
             prev = json.loads(mlines[seq])["prev"]
             event = rec[4] or SamplingEvent(float.fromhex(rec[1]), rec[2], rec[3])
             assert ff.encode_sampling_event(seq, prev, event)[0] == mlines[seq]
+
+
+def test_the_format_document_shows_the_extended_line_as_written() -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs" / "ledger-format.md"
+    body = '"kind":"' + ff.sampling_event_body(SamplingEvent.shuffle(256, N, epoch_start=True))
+    assert f"Example body: `{body}`" in docs.read_text(encoding="utf-8")
