@@ -596,9 +596,6 @@ SCHEME_ADVICE: dict[SamplingScheme, str] = {
     "provably exceeds.",
 }
 RELATION_ADVICE: dict[SamplingScheme, str] = {
-    SamplingScheme.POISSON: "dpledger has no replace-one analysis of Poisson-subsampled steps "
-    "(q < 1) that it can cite and test: record the ledger under add_remove, or use full "
-    "batches.",
     SamplingScheme.FIXED_SIZE: "Record the run in a ledger with neighboring='replace_one' "
     "(the natural relation for fixed-size batches), or sample with PoissonBatchSampler.",
     SamplingScheme.SHUFFLE: "Record the run in a ledger with neighboring='replace_one', or "

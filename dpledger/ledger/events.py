@@ -109,7 +109,8 @@ class PrivacyUnit(str, enum.Enum):
 
 # The neighbouring relations under which dpledger analyses each sampling scheme: an accountant
 # refuses a ledger whose relation is not listed for one of its (costly) steps' schemes.
-# Poisson subsampling is analysed under add/remove only (a full batch, q = 1, under both).
+# (Poisson sampling under replace-one is analysed by the PRV accountant only; the others refuse
+# it themselves.)
 # Fixed-size sampling without replacement is analysed under replace-one only (Wang, Balle &
 # Kasiviswanathan 2019 define it there: the population size is public and one record is
 # swapped). Shuffling has a valid upper bound (no amplification: each record is in one batch
@@ -117,7 +118,7 @@ class PrivacyUnit(str, enum.Enum):
 # Truncated Poisson is analysed under add/remove only, like Poisson sampling itself (dpledger
 # has no replace-one analysis of subsampled steps that it can cite and test).
 SCHEME_RELATIONS: dict[SamplingScheme, tuple[NeighboringRelation, ...]] = {
-    SamplingScheme.POISSON: (NeighboringRelation.ADD_REMOVE,),
+    SamplingScheme.POISSON: (NeighboringRelation.ADD_REMOVE, NeighboringRelation.REPLACE_ONE),
     SamplingScheme.FULL: (NeighboringRelation.ADD_REMOVE, NeighboringRelation.REPLACE_ONE),
     SamplingScheme.FIXED_SIZE: (NeighboringRelation.REPLACE_ONE,),
     SamplingScheme.TRUNCATED_POISSON: (NeighboringRelation.ADD_REMOVE,),
