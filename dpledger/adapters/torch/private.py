@@ -2,8 +2,11 @@
 
 :func:`make_private` returns the model (with the per-example gradient engine attached), the
 :class:`~dpledger.adapters.torch.optimizer.DPOptimizer` wrapping the given optimizer, and a
-Poisson data loader whose q and n are the ones the optimizer records — so an existing loop over
-``data_loader`` with ``loss.backward(); optimizer.step()`` trains with DP and leaves a ledger.
+data loader whose batch sampler's events are the ones the optimizer records (Poisson by default;
+fixed-size, truncated Poisson, balls-in-bins or shuffled batches with ``sampling=``), so that an
+existing loop over ``data_loader`` with ``loss.backward(); optimizer.step()`` trains with DP and
+leaves a ledger. A DataLoader given to it is never accounted by its own batches: see
+:func:`make_private` for what happens to each kind of loader.
 
 The noise multiplier is given, or chosen for a target (ε, δ) by
 :func:`calibrated_noise_multiplier`, which asks
