@@ -103,7 +103,7 @@ from dpledger.adapters.torch.record_probe import (
 )
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.errors import InvalidParameterError, LedgerStateError, SamplerMismatchError
-from dpledger.ledger import PrivacyLedger, SamplingEvent
+from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, ScaledGaussianSumQuery, open_step
 from dpledger.mechanisms.clipping import check_clip_margin, rounding_clip_margin
 from dpledger.validation import (
@@ -184,7 +184,8 @@ class DPOptimizer(torch.optim.Optimizer):
         noise_multiplier: z ≥ 0, the step's effective noise multiplier: σ̃ = z·C with one group
             (z = 0 is allowed, recorded, and not private).
         ledger: the ledger the step's events go to; None creates an in-memory ledger
-            (:attr:`ledger`). Under ``torch.distributed`` only rank 0 takes a ledger; the
+            (:attr:`ledger`), add/remove unless the sampler's scheme is analysed under
+            replace-one only. Under ``torch.distributed`` only rank 0 takes a ledger; the
             others must pass None.
         sampler: where the batches come from: a recorded batch sampler (a DataLoader using one
             is fine): :class:`~dpledger.adapters.torch.PoissonBatchSampler`,
@@ -371,8 +372,17 @@ class DPOptimizer(torch.optim.Optimizer):
                     f"None on rank {self._rank}: only rank 0 draws the noise and records events",
                 )
         elif ledger is None:
-            ledger = PrivacyLedger()
-            logger.info("no ledger given: recording to an in-memory ledger (optimizer.ledger)")
+            relations = self._event.relations
+            relation = (
+                NeighboringRelation.ADD_REMOVE
+                if NeighboringRelation.ADD_REMOVE in relations
+                else relations[0]
+            )
+            ledger = PrivacyLedger(neighboring=relation)
+            logger.info(
+                "no ledger given: recording to an in-memory %s ledger (optimizer.ledger)",
+                relation.value,
+            )
         if ledger is not None and ledger.closed:
             raise LedgerStateError(
                 f"the ledger {_where(ledger)} is closed; open a new one or resume its file"

@@ -48,7 +48,7 @@ from dpledger.adapters.torch.poisson import EmptyBatchCollate, PoissonBatchSampl
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.adapters.torch.virtual_batches import virtual_batches
 from dpledger.errors import InvalidParameterError
-from dpledger.ledger import NeighboringRelation, PrivacyLedger
+from dpledger.ledger import PrivacyLedger
 from dpledger.validation import check_delta, check_positive_finite, check_positive_int
 
 __all__ = [
@@ -346,7 +346,7 @@ def make_private(
             ``"balls_in_bins"`` (:class:`BallsInBinsBatchSampler`, k = ``num_batches`` or
             ⌈n / b⌉) or ``"shuffle"`` (:class:`ShuffleBatchSampler`). Schemes analysed under
             replace-one only (fixed-size, shuffle) need a ledger with
-            ``neighboring="replace_one"``; with ``ledger=None`` make_private creates one.
+            ``neighboring="replace_one"``; with ``ledger=None`` the optimizer creates one.
         batch_size: b for ``"fixed_size"`` and ``"shuffle"`` (default: the DataLoader's), or to
             derive q (Poisson) or k (balls-in-bins).
         max_batch_size: the cap of ``"truncated_poisson"``.
@@ -465,9 +465,6 @@ def make_private(
             num_batches=num_batches,
             seed=sampling_seed,
         )
-    relations = batch_sampler.sampling_event().relations
-    if ledger is None and NeighboringRelation.ADD_REMOVE not in relations:
-        ledger = PrivacyLedger(neighboring=NeighboringRelation.REPLACE_ONE)
     loader = private_data_loader(dataset, sampler=batch_sampler, **loader_kwargs)
     dp_optimizer = DPOptimizer(
         optimizer,
