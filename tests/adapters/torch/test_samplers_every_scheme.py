@@ -14,7 +14,13 @@ import scipy.stats
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import (
+    DataLoader,
+    RandomSampler,
+    TensorDataset,
+    WeightedRandomSampler,
+)
+from torch.utils.data.distributed import DistributedSampler
 
 from dpledger import PrivacyLedger
 from dpledger.accountants import make_accountant
@@ -26,6 +32,7 @@ from dpledger.adapters.torch import (
     RecordedBatchSampler,
     ShuffleBatchSampler,
     TruncatedPoissonBatchSampler,
+    make_private,
     private_data_loader,
 )
 from dpledger.errors import InvalidParameterError, SamplerMismatchError, UnsupportedSamplingError
@@ -561,3 +568,156 @@ def test_a_checkpoint_in_the_middle_of_a_shuffled_epoch_resumes_the_same_run():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert [s.sampling.epoch_start for s in resumed_ledger.steps()] == [True] + [False] * 4
     assert SamplingScheme.SHUFFLE in resumed_ledger.compressed().schemes
+
+
+# ---------------------------------------------------------------------------- make_private
+def _make_private(data, **kwargs):
+    model = _model()
+    kwargs.setdefault("noise_multiplier", 1.0)
+    return make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        data,
+        max_grad_norm=1.0,
+        seed=0,
+        **kwargs,
+    )
+
+
+def test_make_private_replaces_a_shuffled_loader_by_poisson_with_q_b_over_n():
+    data = _data()
+    own = DataLoader(data, batch_size=12, shuffle=True)
+    model, dp, loader = _make_private(own)
+    sampler = loader.batch_sampler
+    assert type(sampler) is PoissonBatchSampler
+    assert sampler.sampling_probability == 12 / N and dp.denominator == 12.0
+    x, y = next(iter(own))  # the user's own loader: refused, nothing recorded
+    F.cross_entropy(model(x), y).backward()
+    with pytest.raises(SamplerMismatchError, match="drew no batch"):
+        dp.step()
+    assert dp.ledger.num_steps == 0
+    _train(model, dp, loader, epochs=1)
+    assert [s.sampling for s in dp.ledger.steps()] == [SamplingEvent.poisson(0.25, N)] * 4
+    # an explicit q wins over the loader's batch size; a sequential loader is replaced alike
+    _, dp, loader = _make_private(DataLoader(data, batch_size=5), sampling_probability=0.5)
+    assert loader.batch_sampler.sampling_probability == 0.5
+
+
+def test_make_private_keeps_shuffled_batches_when_asked_and_records_them_as_shuffle():
+    data = _data()
+    model, dp, loader = _make_private(
+        DataLoader(data, batch_size=10, shuffle=True, drop_last=True), sampling="shuffle"
+    )
+    sampler = loader.batch_sampler
+    assert type(sampler) is ShuffleBatchSampler
+    assert (sampler.batch_size, sampler.drop_last, len(loader)) == (10, True, 4)
+    assert dp.ledger.neighboring.value == "replace_one" and dp.denominator == 10.0
+    _train(model, dp, loader, epochs=2)
+    recorded = [s.sampling for s in dp.ledger.steps()]
+    assert recorded == [SamplingEvent.shuffle(10, N, epoch_start=i % 4 == 0) for i in range(8)]
+    with pytest.raises(InvalidParameterError, match="neighboring='replace_one'"):
+        _make_private(data, sampling="shuffle", batch_size=10, ledger=PrivacyLedger())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "sampler_type", "event"),
+    [
+        ({"sampling": "fixed_size"}, FixedSizeBatchSampler, SamplingEvent.fixed_size(12, N)),
+        (
+            {"sampling": "truncated_poisson", "max_batch_size": 9},
+            TruncatedPoissonBatchSampler,
+            SamplingEvent.truncated_poisson(0.25, N, 9),
+        ),
+        ({"sampling": "balls_in_bins"}, BallsInBinsBatchSampler, SamplingEvent.balls_in_bins(4, N)),
+        (
+            {"sampling": "balls_in_bins", "num_batches": 6},
+            BallsInBinsBatchSampler,
+            SamplingEvent.balls_in_bins(6, N),
+        ),
+    ],
+)
+def test_make_private_builds_each_scheme_from_the_loaders_batch_size(kwargs, sampler_type, event):
+    _, dp, loader = _make_private(DataLoader(_data(), batch_size=12, shuffle=True), **kwargs)
+    assert type(loader.batch_sampler) is sampler_type
+    assert loader.batch_sampler.sampling_event() == event
+    assert dp.sampling_event == event
+
+
+class _EveryOther(torch.utils.data.Sampler):
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(0, self.n, 2))
+
+    def __len__(self):
+        return self.n // 2
+
+
+@pytest.mark.parametrize(
+    ("make_loader", "advice"),
+    [
+        (
+            lambda d: DataLoader(
+                d, batch_size=4, sampler=WeightedRandomSampler([1.0] * N, num_samples=N)
+            ),
+            "unequal weights",
+        ),
+        (
+            lambda d: DataLoader(d, batch_size=4, sampler=RandomSampler(d, replacement=True)),
+            "FixedSizeBatchSampler",
+        ),
+        (
+            lambda d: DataLoader(d, batch_size=4, sampler=RandomSampler(d, num_samples=10)),
+            "num_samples",
+        ),
+        (
+            lambda d: DataLoader(
+                d, batch_size=4, sampler=DistributedSampler(d, num_replicas=2, rank=0)
+            ),
+            "DistributedPoissonBatchSampler",
+        ),
+        (
+            lambda d: DataLoader(d, batch_size=4, sampler=_EveryOther(N)),
+            "private_data_loader",
+        ),
+        (
+            lambda d: DataLoader(d, batch_sampler=[[0, 1], [2, 3]]),
+            "private_data_loader",
+        ),
+    ],
+    ids=["weighted", "with_replacement", "num_samples", "distributed", "custom", "batch_sampler"],
+)
+def test_make_private_refuses_loaders_whose_sampling_it_cannot_reproduce(make_loader, advice):
+    with pytest.raises(InvalidParameterError, match=advice) as info:
+        _make_private(make_loader(_data()), sampling_probability=0.25)
+    assert info.value.parameter == "data"
+
+
+@pytest.mark.parametrize(
+    ("data", "kwargs", "parameter"),
+    [
+        ("dataset", {}, "sampling_probability"),  # a data set has no batch size to derive q from
+        ("dataset", {"sampling": "shuffle"}, "batch_size"),
+        ("dataset", {"sampling": "truncated_poisson", "batch_size": 4}, "max_batch_size"),
+        ("dataset", {"sampling": "balls_in_bins"}, "num_batches"),
+        ("loader", {"sampling": "shuffle", "sampling_probability": 0.5}, "sampling_probability"),
+        ("loader", {"sampling": "bootstrap"}, "sampling"),
+        (
+            "loader",
+            {
+                "sampling": "shuffle",
+                "noise_multiplier": None,
+                "target_epsilon": 1.0,
+                "delta": 1e-5,
+                "epochs": 1,
+            },
+            "target_epsilon",
+        ),
+    ],
+)
+def test_make_private_names_what_a_scheme_needs(data, kwargs, parameter):
+    source = _data() if data == "dataset" else DataLoader(_data(), batch_size=8, shuffle=True)
+    with pytest.raises(InvalidParameterError) as info:
+        _make_private(source, **kwargs)
+    assert info.value.parameter == parameter
