@@ -721,3 +721,37 @@ def test_make_private_names_what_a_scheme_needs(data, kwargs, parameter):
     with pytest.raises(InvalidParameterError) as info:
         _make_private(source, **kwargs)
     assert info.value.parameter == parameter
+
+
+def test_empty_balls_in_bins_batches_are_steps_and_virtual_batches_keep_one_event_per_step():
+    data = TensorDataset(*_data()[:6])
+    model = _model()
+    loader = private_data_loader(
+        data, sampler=BallsInBinsBatchSampler(population_size=6, num_batches=6, seed=0)
+    )
+    dp = DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model=model,
+        sampler=loader,
+        max_grad_norm=1.0,
+        noise_multiplier=1.0,
+        loss_reduction="sum",
+    )
+    sizes = []
+    for _ in range(2):
+        for x, y in loader:
+            sizes.append(len(x))
+            dp.zero_grad()
+            F.cross_entropy(model(x), y, reduction="sum").backward()  # B = 0 runs too
+            dp.step()
+    assert 0 in sizes and sum(sizes) == 12
+    assert [s.sampling.epoch_start for s in dp.ledger.steps()] == ([True] + [False] * 5) * 2
+
+    model, dp, loader = _make_private(
+        DataLoader(_data(), batch_size=10, shuffle=True),
+        sampling="shuffle",
+        max_physical_batch_size=4,
+    )
+    _train(model, dp, loader, epochs=1)
+    recorded = [s.sampling for s in dp.ledger.steps()]
+    assert recorded == [SamplingEvent.shuffle(10, N, epoch_start=i == 0) for i in range(5)]
