@@ -158,7 +158,7 @@ def _sampling_source(sampler: Any) -> RecordedBatchSampler:
                 "sampler",
                 f"a DataLoader with batch_sampler {type(inner).__name__}",
                 "a data loader whose batches are the draws of a recorded sampler "
-                f"(poisson_data_loader, private_data_loader, or a DataLoader with batch_sampler= "
+                "(poisson_data_loader, private_data_loader, or a DataLoader with batch_sampler= "
                 f"{_SAMPLERS}); the sampling probability of other loaders is not "
                 "q = 1/len(loader), and their scheme is not known. For your own Poisson "
                 "sampler, give sampling_probability= and population_size= instead",
@@ -348,8 +348,8 @@ class DPOptimizer(torch.optim.Optimizer):
                 raise InvalidParameterError(
                     "sampler",
                     None,
-                    "a PoissonBatchSampler (or its DataLoader), or both sampling_probability= "
-                    "and population_size= of the Poisson sampler you use",
+                    f"{_SAMPLERS} (or its DataLoader), or both sampling_probability= and "
+                    "population_size= of the Poisson sampler you use",
                 )
             self._event = SamplingEvent.poisson(
                 _check_q(sampling_probability),
@@ -949,7 +949,7 @@ class DPOptimizer(torch.optim.Optimizer):
                     )
 
     def _claim_draw(self) -> tuple[str | None, SamplingEvent]:
-        """Tie this step to the sampler's draw (see :mod:`~dpledger.adapters.torch.poisson`),
+        """Tie this step to the sampler's draw (see :mod:`~dpledger.adapters.torch.sampler_base`),
         before anything is released or recorded; the step is dropped when refused.
 
         In one process a mismatch raises :class:`~dpledger.errors.SamplerMismatchError` here.
