@@ -9,7 +9,11 @@ Importing this package imports torch; ``import dpledger`` and ``import dpledger.
 * :func:`per_example_gradients` and :class:`FunctionalPerExampleEngine`: the generic path for any
   differentiable model, from a per-example loss function.
 * :func:`register_grad_sampler`: teach the engine a new layer type.
-* :class:`PoissonBatchSampler` and :func:`poisson_data_loader`: Poisson sampling with rate q.
+* :class:`PoissonBatchSampler` and :func:`poisson_data_loader`: Poisson sampling with rate q;
+  :class:`FixedSizeBatchSampler`, :class:`TruncatedPoissonBatchSampler`,
+  :class:`BallsInBinsBatchSampler`, :class:`ShuffleBatchSampler` and
+  :func:`private_data_loader`: the other sampling schemes, each recording its own event
+  (:class:`RecordedBatchSampler` is their base).
 * :class:`DPOptimizer`: DP steps with any ``torch.optim.Optimizer`` (clipping strategies, groups,
   noise on the parameters' device, the ledger's events, virtual batches, distributed training,
   checkpoints, BAM, bias metrics); :func:`make_private` builds model, optimizer and loader in one
@@ -22,6 +26,13 @@ Importing this package imports torch; ``import dpledger`` and ``import dpledger.
 from dpledger.adapters.torch import samplers
 from dpledger.adapters.torch.backend import TorchBackend
 from dpledger.adapters.torch.bam import per_example_gradients_and_losses
+from dpledger.adapters.torch.batch_samplers import (
+    BallsInBinsBatchSampler,
+    FixedSizeBatchSampler,
+    ShuffleBatchSampler,
+    TruncatedPoissonBatchSampler,
+    private_data_loader,
+)
 from dpledger.adapters.torch.distributed import DistributedPoissonBatchSampler
 from dpledger.adapters.torch.engine import LossReduction, PerExampleGradientEngine, Strategy
 from dpledger.adapters.torch.errors import (
@@ -64,13 +75,17 @@ from dpledger.adapters.torch.registry import (
     registered_module_types,
     unregister_grad_sampler,
 )
+from dpledger.adapters.torch.sampler_base import EpochBatchSampler, RecordedBatchSampler
 from dpledger.adapters.torch.virtual_batches import split_batch, virtual_batches
 
 __all__ = [
+    "BallsInBinsBatchSampler",
     "DPOptimizer",
     "DistributedPoissonBatchSampler",
     "EmptyBatchCollate",
     "EngineStateError",
+    "EpochBatchSampler",
+    "FixedSizeBatchSampler",
     "FunctionalPerExampleEngine",
     "GradSampler",
     "GradientQueries",
@@ -80,8 +95,11 @@ __all__ = [
     "PrivateTraining",
     "RecordDependenceError",
     "RecordMixingModuleError",
+    "RecordedBatchSampler",
+    "ShuffleBatchSampler",
     "Strategy",
     "TorchBackend",
+    "TruncatedPoissonBatchSampler",
     "UnsupportedModuleError",
     "UnsupportedParameterUseError",
     "calibrated_noise_multiplier",
@@ -95,6 +113,7 @@ __all__ = [
     "per_example_gradients",
     "per_example_gradients_and_losses",
     "poisson_data_loader",
+    "private_data_loader",
     "probe_record_independence",
     "register_grad_sampler",
     "registered_module_types",

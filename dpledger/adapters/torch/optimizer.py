@@ -18,11 +18,14 @@ takes one DP-SGD step per ``step()`` (Abadi et al. 2016; McMahan & Andrew 2018, 
    the chosen strategy (flat, global, automatic; joint scaled clipping with scales α_j), on the
    host in float64, and the clipped sums Σ_i f_ig g_ig formed on the device without
    materialising g_i where possible (book-keeping);
-3. one sampling event (q, n) — the q and n of the sampler that drew the batch — and, per group,
+3. one sampling event — the event of the sampler's draw the batch is (Poisson (q, n) by
+   default; fixed-size, truncated Poisson, balls-in-bins or shuffle with the samplers of
+   :mod:`~dpledger.adapters.torch.batch_samplers`) — and, per group,
    Gaussian noise N(0, σ̃_g² I) drawn in float64 on the parameters' device from a seedable
    ``torch.Generator`` with one sum-query event (S_g, σ̃_g, label) each, in the ledger, through
    :class:`~dpledger.mechanisms.GroupedSumQuery` (with its sensitivity check);
-4. the fixed-denominator average (noisy sum)/(q·n), written to ``p.grad``, and the wrapped
+4. the fixed-denominator average (noisy sum)/(q·n) (the event's denominator: b for fixed-size and
+   shuffled batches, n / k for balls-in-bins), written to ``p.grad``, and the wrapped
    optimizer's own ``step()``.
 
 Step semantics (every case has a defined, tested outcome):
@@ -36,9 +39,9 @@ Step semantics (every case has a defined, tested outcome):
   gradients are discarded, nothing is released and nothing is recorded (a warning is logged:
   if the decision to skip depended on the batch's data, that decision is not covered by the
   ledger's guarantee).
-* An empty Poisson batch is still a step: run the forward and backward on the empty batch (the
-  engine handles B = 0) or call :meth:`DPOptimizer.empty_step`; the sample is recorded and the
-  released sum is pure noise.
+* An empty batch (Poisson, truncated Poisson or balls-in-bins) is still a step: run the forward
+  and backward on the empty batch (the engine handles B = 0) or call
+  :meth:`DPOptimizer.empty_step`; the sample is recorded and the released sum is pure noise.
 * Virtual batches: :meth:`DPOptimizer.virtual_step` after each physical chunk's backward
   accumulates the chunk's clipped sum; the ``step()`` after the last chunk releases the logical
   step once, with one sampling event of the logical q
@@ -92,14 +95,15 @@ from dpledger.adapters.torch.factors import expand_factors
 from dpledger.adapters.torch.functional_gradients import clipped_sum_of, squared_norms_of
 from dpledger.adapters.torch.gradient_queries import GradientQueries, Grouping
 from dpledger.adapters.torch.module_checks import check_module_configuration
-from dpledger.adapters.torch.poisson import PoissonBatchSampler, _check_q
+from dpledger.adapters.torch.poisson import _check_q
 from dpledger.adapters.torch.record_probe import (
     model_fingerprint,
     probe_record_independence,
     records_in,
 )
+from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.errors import InvalidParameterError, LedgerStateError, SamplerMismatchError
-from dpledger.ledger import PrivacyLedger
+from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, ScaledGaussianSumQuery, open_step
 from dpledger.mechanisms.clipping import check_clip_margin, rounding_clip_margin
 from dpledger.validation import (
@@ -140,24 +144,29 @@ def _where(ledger: PrivacyLedger) -> str:
     return repr(str(ledger.path)) if ledger.path is not None else "(in memory)"
 
 
-def _sampling_source(sampler: Any) -> PoissonBatchSampler:
+_SAMPLERS = (
+    "a PoissonBatchSampler, FixedSizeBatchSampler, TruncatedPoissonBatchSampler, "
+    "BallsInBinsBatchSampler or ShuffleBatchSampler"
+)
+
+
+def _sampling_source(sampler: Any) -> RecordedBatchSampler:
     if isinstance(sampler, DataLoader):
         inner = sampler.batch_sampler
-        if not isinstance(inner, PoissonBatchSampler):
+        if not isinstance(inner, RecordedBatchSampler):
             raise InvalidParameterError(
                 "sampler",
                 f"a DataLoader with batch_sampler {type(inner).__name__}",
-                "a data loader whose batches are Poisson samples (poisson_data_loader, or a "
-                "DataLoader with batch_sampler=PoissonBatchSampler); the sampling probability "
-                "of other loaders is not q = 1/len(loader). For your own Poisson sampler, give "
-                "sampling_probability= and population_size= instead",
+                "a data loader whose batches are the draws of a recorded sampler "
+                "(poisson_data_loader, private_data_loader, or a DataLoader with batch_sampler= "
+                f"{_SAMPLERS}); the sampling probability of other loaders is not "
+                "q = 1/len(loader), and their scheme is not known. For your own Poisson "
+                "sampler, give sampling_probability= and population_size= instead",
             )
         return inner
-    if isinstance(sampler, PoissonBatchSampler):
+    if isinstance(sampler, RecordedBatchSampler):
         return sampler
-    raise InvalidParameterError(
-        "sampler", sampler, "a PoissonBatchSampler or a DataLoader using one"
-    )
+    raise InvalidParameterError("sampler", sampler, f"{_SAMPLERS}, or a DataLoader using one")
 
 
 class DPOptimizer(torch.optim.Optimizer):
@@ -175,10 +184,22 @@ class DPOptimizer(torch.optim.Optimizer):
         noise_multiplier: z ≥ 0, the step's effective noise multiplier: σ̃ = z·C with one group
             (z = 0 is allowed, recorded, and not private).
         ledger: the ledger the step's events go to; None creates an in-memory ledger
-            (:attr:`ledger`). Under ``torch.distributed`` only rank 0 takes a ledger; the
+            (:attr:`ledger`), add/remove unless the sampler's scheme is analysed under
+            replace-one only. Under ``torch.distributed`` only rank 0 takes a ledger; the
             others must pass None.
-        sampler: where the batches come from: a :class:`PoissonBatchSampler` (or a DataLoader
-            using one); q and n are read from it.
+        sampler: where the batches come from: a recorded batch sampler (a DataLoader using one
+            is fine): :class:`~dpledger.adapters.torch.PoissonBatchSampler`,
+            :class:`~dpledger.adapters.torch.FixedSizeBatchSampler`,
+            :class:`~dpledger.adapters.torch.TruncatedPoissonBatchSampler`,
+            :class:`~dpledger.adapters.torch.BallsInBinsBatchSampler` or
+            :class:`~dpledger.adapters.torch.ShuffleBatchSampler`. Every step records the
+            sampling event of the draw it claims (see
+            :meth:`~dpledger.adapters.torch.sampler_base.RecordedBatchSampler.claim_draw`) and
+            averages over that event's denominator (:attr:`denominator`). A ledger whose
+            neighbouring relation the sampler's scheme is not analysed under (fixed-size and
+            shuffled batches: replace-one only) is refused here, before training. Under
+            ``torch.distributed`` only a
+            :class:`~dpledger.adapters.torch.DistributedPoissonBatchSampler` is accepted.
         sampling_probability: q in (0, 1] of your own Poisson sampler, with
             ``population_size`` n, instead of ``sampler``.
         population_size: n, the number of records the batches are drawn from.
@@ -234,7 +255,7 @@ class DPOptimizer(torch.optim.Optimizer):
         max_grad_norm: float,
         noise_multiplier: float,
         ledger: PrivacyLedger | None = None,
-        sampler: PoissonBatchSampler | DataLoader | None = None,
+        sampler: RecordedBatchSampler | DataLoader | None = None,
         sampling_probability: float | None = None,
         population_size: int | None = None,
         loss_reduction: LossReduction = "mean",
@@ -299,7 +320,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self._group = process_group
 
         # ---- sampling: q and n of the sampler actually used
-        self._sampler: PoissonBatchSampler | None = None
+        self._sampler: RecordedBatchSampler | None = None
         if sampler is not None:
             if sampling_probability is not None or population_size is not None:
                 raise InvalidParameterError(
@@ -316,19 +337,29 @@ class DPOptimizer(torch.optim.Optimizer):
                     "sampler",
                     type(self._sampler).__name__,
                     f"a DistributedPoissonBatchSampler over {self._world} ranks: independent "
-                    "samplers on each rank do not draw one Poisson sample with rate q",
+                    "samplers on each rank do not draw one sample of the scheme they would "
+                    "record (dpledger has no distributed fixed-size, truncated, balls-in-bins "
+                    "or shuffle sampler: each would need every rank to draw one global sample "
+                    "and take its share, and only Poisson sampling is implemented that way)",
                 )
-            self._q, self._n = self._sampler.sampling_probability, self._sampler.population_size
+            self._event = self._sampler.sampling_event()
         else:
             if sampling_probability is None or population_size is None:
                 raise InvalidParameterError(
                     "sampler",
                     None,
-                    "a PoissonBatchSampler (or its DataLoader), or both sampling_probability= "
-                    "and population_size= of the Poisson sampler you use",
+                    f"{_SAMPLERS} (or its DataLoader), or both sampling_probability= and "
+                    "population_size= of the Poisson sampler you use",
                 )
-            self._q = _check_q(sampling_probability)
-            self._n = check_positive_int("population_size", population_size)
+            self._event = SamplingEvent.poisson(
+                _check_q(sampling_probability),
+                check_positive_int("population_size", population_size),
+            )
+        self._q = self._event.sampling_probability
+        self._n = self._event.population_size
+        denominator = self._event.average_denominator
+        assert self._n is not None and denominator is not None
+        self._denominator = denominator
 
         # ---- the ledger (rank 0 only)
         if ledger is not None and not isinstance(ledger, PrivacyLedger):
@@ -341,11 +372,30 @@ class DPOptimizer(torch.optim.Optimizer):
                     f"None on rank {self._rank}: only rank 0 draws the noise and records events",
                 )
         elif ledger is None:
-            ledger = PrivacyLedger()
-            logger.info("no ledger given: recording to an in-memory ledger (optimizer.ledger)")
+            relations = self._event.relations
+            relation = (
+                NeighboringRelation.ADD_REMOVE
+                if NeighboringRelation.ADD_REMOVE in relations
+                else relations[0]
+            )
+            ledger = PrivacyLedger(neighboring=relation)
+            logger.info(
+                "no ledger given: recording to an in-memory %s ledger (optimizer.ledger)",
+                relation.value,
+            )
         if ledger is not None and ledger.closed:
             raise LedgerStateError(
                 f"the ledger {_where(ledger)} is closed; open a new one or resume its file"
+            )
+        if ledger is not None and ledger.neighboring not in self._event.relations:
+            relations = " or ".join(f"neighboring={r.value!r}" for r in self._event.relations)
+            raise InvalidParameterError(
+                "ledger",
+                f"<PrivacyLedger with neighboring={ledger.neighboring.value!r}>",
+                f"a ledger created with {relations}: steps sampled by "
+                f"{self._event.describe()} are analysed under that relation only, so no "
+                "accountant could certify this run (e.g. PrivacyLedger(path, "
+                f"neighboring={self._event.relations[0].value!r}))",
             )
         self._ledger = ledger
 
@@ -542,12 +592,26 @@ class DPOptimizer(torch.optim.Optimizer):
 
     @property
     def expected_batch_size(self) -> float:
-        """q·n, the fixed denominator of the average."""
+        """q·n: the mean batch size of a Poisson sampler (and the average's denominator for
+        one); for the other schemes the nominal rate q times n (see :attr:`denominator`)."""
         return self._q * self._n
 
     @property
-    def sampler(self) -> PoissonBatchSampler | None:
-        """The batch sampler q and n are read from (None when they were given as numbers)."""
+    def denominator(self) -> float:
+        """The fixed denominator of every step's average: the sampling event's
+        ``average_denominator`` (q·n for Poisson and truncated Poisson, b for fixed-size and
+        shuffled batches, n / k for balls-in-bins)."""
+        return self._denominator
+
+    @property
+    def sampling_event(self) -> SamplingEvent:
+        """The sampling event the steps record (``epoch_start=False``; the first step of each
+        epoch of an epoch-based sampler records it with ``epoch_start=True``)."""
+        return self._event
+
+    @property
+    def sampler(self) -> RecordedBatchSampler | None:
+        """The batch sampler the events are read from (None when q and n were given)."""
         return self._sampler
 
     @property
@@ -819,7 +883,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self._absorb()
 
     def empty_step(self) -> None:
-        """The step of an empty Poisson sample: record the sample and release pure noise.
+        """The step of an empty sample: record the sample and release pure noise.
 
         For models that cannot run a forward on zero records; equivalent to ``step()`` after a
         forward and backward of an empty batch.
@@ -884,29 +948,30 @@ class DPOptimizer(torch.optim.Optimizer):
                         "(requires_grad_(False), grad = None) or wrap the optimizer anew"
                     )
 
-    def _claim_draw(self) -> str | None:
-        """Tie this step to the sampler's draw (see :mod:`~dpledger.adapters.torch.poisson`),
+    def _claim_draw(self) -> tuple[str | None, SamplingEvent]:
+        """Tie this step to the sampler's draw (see :mod:`~dpledger.adapters.torch.sampler_base`),
         before anything is released or recorded; the step is dropped when refused.
 
         In one process a mismatch raises :class:`~dpledger.errors.SamplerMismatchError` here.
         Under torch.distributed it is returned instead (the message, or None): every rank must
         learn of any rank's refusal through the step's count collective and raise together,
-        or the others would wait in the step's collectives for ever.
+        or the others would wait in the step's collectives for ever. The event to record is
+        returned with it.
         """
         if self._sampler is None:
-            return None
+            return None, self._event
         try:
-            self._sampler.claim_draw(self._acc_count)
+            event = self._sampler.claim_draw(self._acc_count)
         except SamplerMismatchError as exc:
             if not self._distributed:
                 self._reset()
                 raise
-            return str(exc)
-        return None
+            return str(exc), self._event
+        return None, event
 
     def _release_and_update(self) -> None:
         assert self._acc is not None
-        problem = self._claim_draw()
+        problem, event = self._claim_draw()
         names = self._names
         sums = [self._acc[n] for n in names]
         count = self._acc_count
@@ -938,13 +1003,18 @@ class DPOptimizer(torch.optim.Optimizer):
             assert self._ledger is not None
             queries = self._queries
             by_name = dict(zip(names, sums, strict=True))
-            step = open_step(
-                self._ledger,
-                sampling_probability=self._q,
-                population_size=self._n,
-                generator=self._generator,
-                backend=self._backend,
-            )
+            if event.is_classic:  # Poisson or full batch: the ledger's fast path
+                step = open_step(
+                    self._ledger,
+                    sampling_probability=self._q,
+                    population_size=self._n,
+                    generator=self._generator,
+                    backend=self._backend,
+                )
+            else:
+                step = open_step(
+                    self._ledger, event=event, generator=self._generator, backend=self._backend
+                )
             # A group under separate clipping is one concatenated vector (McMahan & Andrew,
             # section 2): its members' sums are released as one flat array — the same norm, the
             # same i.i.d. noise per coordinate — in a few large operations instead of several
@@ -1004,7 +1074,7 @@ class DPOptimizer(torch.optim.Optimizer):
             num_examples=count,
             per_example_norms=norms,
             num_clipped=clipped,
-            denominator=self.expected_batch_size,
+            denominator=self._denominator,
         )
         self._bias_callback(self._steps_taken, metrics)
 
@@ -1099,7 +1169,7 @@ class DPOptimizer(torch.optim.Optimizer):
             )
             self._generator.seed()
             if self._sampler is not None:
-                self._sampler.generator.manual_seed(
+                self._sampler.reseed(
                     _common_seed(self._group) if self._distributed else secrets.randbits(62)
                 )
         else:
@@ -1111,7 +1181,8 @@ class DPOptimizer(torch.optim.Optimizer):
         self._reset()
 
     def __repr__(self) -> str:
-        return (
-            f"DPOptimizer({type(self._opt).__name__}, q={self._q!r}, n={self._n}, "
-            f"{self._queries!r})"
-        )
+        if self._event.is_classic:
+            sampling = f"q={self._q!r}, n={self._n}"
+        else:
+            sampling = self._event.describe()
+        return f"DPOptimizer({type(self._opt).__name__}, {sampling}, {self._queries!r})"

@@ -10,27 +10,27 @@ records one sampling event (n, q) per logical step, reading :attr:`PoissonBatchS
 sampling_probability` and :attr:`PoissonBatchSampler.population_size`. Recording here as well
 would count every step twice.
 
-Every step is tied to a draw of the sampler. The sampler keeps the sizes of the batches it drew
-that no step has claimed yet (a data loader may draw a few ahead to prefetch); the optimizer
-claims the oldest at each step (:meth:`PoissonBatchSampler.claim_draw`) and refuses the step,
-before anything is recorded, when the sampler drew nothing (the training loop iterates another
-loader, e.g. the user's own ``shuffle=True`` DataLoader) or drew a batch of another size. A new
-pass over the sampler forgets the unclaimed draws of an abandoned one (they were prefetched, never
-trained on).
+Every step is tied to a draw of the sampler (:mod:`~dpledger.adapters.torch.sampler_base`): the
+optimizer claims the oldest unclaimed draw at each step (:meth:`PoissonBatchSampler.claim_draw`,
+which returns the event to record) and refuses the step, before anything is recorded, when the
+sampler drew nothing (the training loop iterates another loader, e.g. the user's own
+``shuffle=True`` DataLoader) or drew a batch of another size. Samplers of the other schemes are
+in :mod:`~dpledger.adapters.torch.batch_samplers`.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
-from dpledger.errors import InvalidParameterError, SamplerMismatchError
+from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
+from dpledger.errors import InvalidParameterError
+from dpledger.ledger import SamplingEvent
 from dpledger.validation import check_positive_int, check_probability
 
 __all__ = ["EmptyBatchCollate", "PoissonBatchSampler", "poisson_data_loader"]
@@ -45,18 +45,13 @@ def _check_q(value: Any) -> float:
     return q
 
 
-def _check_generator(generator: Any) -> torch.Generator | None:
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise InvalidParameterError("generator", generator, "a torch.Generator or None")
-    return generator
-
-
-class PoissonBatchSampler(Sampler[list[int]]):
+class PoissonBatchSampler(RecordedBatchSampler):
     """Yields, for each step, the indices of the records drawn by Poisson sampling.
 
     Each of ``population_size`` records is included independently with probability
     ``sampling_probability`` in every batch; batches are lists of indices in increasing order and
-    may be empty.
+    may be empty. A step on one of its draws records ``SamplingEvent.poisson(q, n)``
+    (``scheme="full"`` when q = 1), the scheme every accountant analyses.
 
     Args:
         population_size: n, the number of records (``len(dataset)``).
@@ -82,29 +77,13 @@ class PoissonBatchSampler(Sampler[list[int]]):
         generator: torch.Generator | None = None,
         seed: int | None = None,
     ) -> None:
-        self._n = check_positive_int("population_size", population_size)
+        n = check_positive_int("population_size", population_size)
         self._q = _check_q(sampling_probability)
         self._steps = (
             max(1, round(1.0 / self._q)) if steps is None else check_positive_int("steps", steps)
         )
-        generator = _check_generator(generator)
-        if generator is not None and seed is not None:
-            raise InvalidParameterError("seed", seed, "None when a generator is given")
-        if generator is None:
-            generator = torch.Generator()
-            if seed is None:
-                generator.seed()
-            else:
-                if isinstance(seed, bool) or not isinstance(seed, int):
-                    raise InvalidParameterError("seed", seed, "an integer or None")
-                generator.manual_seed(seed)
-        self._generator = generator
-        self._unclaimed: deque[int] = deque()
-
-    @property
-    def population_size(self) -> int:
-        """n, the number of records each batch is drawn from."""
-        return self._n
+        super().__init__(population_size=n, generator=generator, seed=seed)
+        self._event = SamplingEvent.poisson(self._q, self._n)
 
     @property
     def sampling_probability(self) -> float:
@@ -117,14 +96,13 @@ class PoissonBatchSampler(Sampler[list[int]]):
         return self._steps
 
     @property
-    def generator(self) -> torch.Generator:
-        """The generator the batches are drawn from."""
-        return self._generator
-
-    @property
     def expected_batch_size(self) -> float:
         """q·n, the mean batch size (the fixed denominator of DP-SGD's average)."""
         return self._q * self._n
+
+    def sampling_event(self, *, epoch_start: bool = False) -> SamplingEvent:
+        """``SamplingEvent.poisson(q, n)``, what a step on a draw records."""
+        return self._event
 
     def __len__(self) -> int:
         return self._steps
@@ -135,7 +113,7 @@ class PoissonBatchSampler(Sampler[list[int]]):
         The draw's size is kept until a step claims it (:meth:`claim_draw`).
         """
         batch = self._select(self._draw())
-        self._unclaimed.append(len(batch))
+        self._note_draw(len(batch))
         return batch
 
     def _draw(self) -> list[int]:
@@ -149,52 +127,9 @@ class PoissonBatchSampler(Sampler[list[int]]):
         return indices
 
     def __iter__(self) -> Iterator[list[int]]:
-        self._unclaimed.clear()  # a new pass: an abandoned pass's prefetched draws were not used
+        self._new_pass()
         for _ in range(self._steps):
             yield self.sample()
-
-    @property
-    def unclaimed_draws(self) -> int:
-        """The number of batches drawn that no step has claimed yet."""
-        return len(self._unclaimed)
-
-    def claim_draw(self, num_records: int) -> None:
-        """Tie a step of ``num_records`` records to the oldest unclaimed draw of this sampler.
-
-        Raises:
-            SamplerMismatchError: no draw is waiting (the step's records did not come from this
-                sampler), or the oldest draw has another number of records. The draw is
-                consumed either way.
-        """
-        if not self._unclaimed:
-            raise SamplerMismatchError(
-                f"a step of {num_records} records, but the recorded sampler "
-                f"({type(self).__name__}, q = {self._q!r}, n = {self._n}) drew no batch for it: "
-                "the records did not come from the sampler whose q the ledger would record. "
-                "Iterate the loader that make_private returned (or a DataLoader with "
-                "batch_sampler= this sampler), not your own DataLoader; nothing was recorded"
-            )
-        drawn = self._unclaimed.popleft()
-        if drawn != num_records:
-            raise SamplerMismatchError(
-                f"a step of {num_records} records, but the recorded sampler drew a batch of "
-                f"{drawn}: the step's records are not the sampler's draw (another loader, a "
-                "batch filtered or cut after sampling, or a skipped virtual chunk), and the "
-                "ledger's q would not describe them; nothing was recorded"
-            )
-
-    def discard_draw(self) -> None:
-        """Forget the oldest unclaimed draw (its batch was skipped, not trained on)."""
-        if self._unclaimed:
-            self._unclaimed.popleft()
-
-    def state_dict(self) -> dict[str, Any]:
-        """The generator's state, to resume the same stream of batches."""
-        return {"generator_state": self._generator.get_state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a state from :meth:`state_dict`."""
-        self._generator.set_state(state["generator_state"])
 
 
 class EmptyBatchCollate:

@@ -2,8 +2,11 @@
 
 :func:`make_private` returns the model (with the per-example gradient engine attached), the
 :class:`~dpledger.adapters.torch.optimizer.DPOptimizer` wrapping the given optimizer, and a
-Poisson data loader whose q and n are the ones the optimizer records — so an existing loop over
-``data_loader`` with ``loss.backward(); optimizer.step()`` trains with DP and leaves a ledger.
+data loader whose batch sampler's events are the ones the optimizer records (Poisson by default;
+fixed-size, truncated Poisson, balls-in-bins or shuffled batches with ``sampling=``), so that an
+existing loop over ``data_loader`` with ``loss.backward(); optimizer.step()`` trains with DP and
+leaves a ledger. A DataLoader given to it is never accounted by its own batches: see
+:func:`make_private` for what happens to each kind of loader.
 
 The noise multiplier is given, or chosen for a target (ε, δ) by
 :func:`calibrated_noise_multiplier`, which asks
@@ -20,18 +23,41 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    WeightedRandomSampler,
+)
+from torch.utils.data.distributed import DistributedSampler
 
 from dpledger.accountants import Accountant, calibrate_noise_multiplier
+from dpledger.adapters.torch.batch_samplers import (
+    BallsInBinsBatchSampler,
+    FixedSizeBatchSampler,
+    ShuffleBatchSampler,
+    TruncatedPoissonBatchSampler,
+    private_data_loader,
+)
 from dpledger.adapters.torch.distributed import DistributedPoissonBatchSampler, distributed_world
 from dpledger.adapters.torch.optimizer import DPOptimizer
-from dpledger.adapters.torch.poisson import EmptyBatchCollate, _check_q, poisson_data_loader
+from dpledger.adapters.torch.poisson import EmptyBatchCollate, PoissonBatchSampler, _check_q
+from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.adapters.torch.virtual_batches import virtual_batches
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
 from dpledger.validation import check_delta, check_positive_finite, check_positive_int
 
-__all__ = ["PrivateTraining", "calibrated_noise_multiplier", "make_private", "steps_per_epoch"]
+__all__ = [
+    "SAMPLING_SCHEMES",
+    "PrivateTraining",
+    "calibrated_noise_multiplier",
+    "make_private",
+    "steps_per_epoch",
+]
 
 
 def steps_per_epoch(sampling_probability: float) -> int:
@@ -104,13 +130,163 @@ def _seeds(seed: int | None) -> tuple[int | None, int | None]:
     )
 
 
+SAMPLING_SCHEMES = ("poisson", "fixed_size", "truncated_poisson", "balls_in_bins", "shuffle")
+"""The values of :func:`make_private`'s ``sampling``."""
+
+_ANALYSED = (
+    "pass the data set itself (or a DataLoader with shuffle=True or shuffle=False) and choose "
+    "an analysed scheme with sampling= ('poisson': PoissonBatchSampler; 'fixed_size': "
+    "FixedSizeBatchSampler; 'truncated_poisson': TruncatedPoissonBatchSampler; "
+    "'balls_in_bins': BallsInBinsBatchSampler; 'shuffle': ShuffleBatchSampler)"
+)
+
+
+class _LoaderSettings(NamedTuple):
+    dataset: Dataset
+    kwargs: dict[str, Any]
+    batch_size: int | None
+    drop_last: bool
+
+
+def _check_loader_sampler(sampler: Any) -> None:
+    """Refuse a loader's sampler that make_private cannot replace by an analysed scheme without
+    changing what the user asked for, naming the sampler to use instead."""
+    if type(sampler) is SequentialSampler:
+        return
+    if type(sampler) is RandomSampler:
+        if sampler.replacement:
+            raise InvalidParameterError(
+                "data",
+                "<DataLoader with RandomSampler(replacement=True)>",
+                "a loader without replacement: a batch drawn with replacement (a record may be "
+                "in it twice) is not a scheme any accountant analyses; use sampling="
+                "'fixed_size' (FixedSizeBatchSampler: b distinct records per step) or "
+                "sampling='poisson' (PoissonBatchSampler), and pass the data set itself",
+            )
+        if sampler._num_samples is not None:
+            raise InvalidParameterError(
+                "data",
+                f"<DataLoader with RandomSampler(num_samples={sampler._num_samples})>",
+                "a loader whose epoch is one permutation of the whole data set (no num_samples)"
+                f"; {_ANALYSED}",
+            )
+        return
+    if isinstance(sampler, WeightedRandomSampler):
+        raise InvalidParameterError(
+            "data",
+            "<DataLoader with WeightedRandomSampler>",
+            "a loader with equal-probability sampling: records drawn with unequal weights "
+            "(and with replacement) are not a scheme any accountant analyses, and make_private "
+            f"cannot keep the weights; {_ANALYSED}",
+        )
+    if isinstance(sampler, DistributedSampler):
+        raise InvalidParameterError(
+            "data",
+            "<DataLoader with DistributedSampler>",
+            "the data set (or a non-distributed loader): one rank's shard of a DistributedSampler "
+            "is not a sample of the whole data set; under torch.distributed make_private "
+            "builds a DistributedPoissonBatchSampler, which splits one global Poisson sample "
+            "over the ranks",
+        )
+    raise InvalidParameterError(
+        "data",
+        f"<DataLoader with sampler {type(sampler).__name__}>",
+        f"a loader whose sampling make_private can reproduce; the draws of a "
+        f"{type(sampler).__name__} have no recorded scheme. Either {_ANALYSED}, or build the "
+        "loader with private_data_loader(dataset, sampler=...) and give it to "
+        "DPOptimizer(sampler=...)",
+    )
+
+
+def _loader_settings(data: Any) -> _LoaderSettings:
+    """The data set and the settings make_private reuses from ``data``, with the batch size and
+    drop_last of a DataLoader; refuses a loader whose sampling it cannot reproduce."""
+    if not isinstance(data, DataLoader):
+        if isinstance(data, Dataset) and not isinstance(data, IterableDataset):
+            return _LoaderSettings(data, {}, None, False)
+        raise InvalidParameterError(
+            "data", type(data).__name__, "a map-style Dataset or a DataLoader over one"
+        )
+    if isinstance(data.dataset, IterableDataset):
+        raise InvalidParameterError(
+            "data",
+            f"<DataLoader over {type(data.dataset).__name__}>",
+            "a DataLoader over a map-style data set (records that can be drawn by index)",
+        )
+    inner = data.batch_sampler
+    batch_size: int | None = None
+    drop_last = False
+    if isinstance(inner, RecordedBatchSampler):
+        batch_size = getattr(inner, "batch_size", None)
+        drop_last = bool(getattr(inner, "drop_last", False))
+    elif inner is None:  # batch_size=None: one record at a time
+        _check_loader_sampler(data.sampler)
+    elif type(inner) is BatchSampler:
+        _check_loader_sampler(inner.sampler)
+        batch_size, drop_last = inner.batch_size, inner.drop_last
+    else:
+        raise InvalidParameterError(
+            "data",
+            f"<DataLoader with batch_sampler {type(inner).__name__}>",
+            f"a loader whose batching make_private can reproduce; the batches of a "
+            f"{type(inner).__name__} have no recorded scheme. Either {_ANALYSED}, or build the "
+            "loader with private_data_loader(dataset, sampler=...) and give it to "
+            "DPOptimizer(sampler=...)",
+        )
+    collate = data.collate_fn
+    if isinstance(collate, EmptyBatchCollate):
+        collate = collate._collate_fn
+    kwargs = {"num_workers": data.num_workers, "pin_memory": data.pin_memory, "collate_fn": collate}
+    return _LoaderSettings(data.dataset, kwargs, batch_size, drop_last)
+
+
+def _build_sampler(
+    sampling: str,
+    n: int,
+    *,
+    q: float | None,
+    batch_size: int | None,
+    drop_last: bool,
+    max_batch_size: int | None,
+    num_batches: int | None,
+    seed: int | None,
+) -> RecordedBatchSampler:
+    def need(name: str, value: Any, what: str) -> Any:
+        if value is None:
+            raise InvalidParameterError(name, None, f"{what} for sampling={sampling!r}")
+        return value
+
+    if sampling == "poisson":
+        return PoissonBatchSampler(population_size=n, sampling_probability=q, seed=seed)
+    if sampling == "truncated_poisson":
+        return TruncatedPoissonBatchSampler(
+            population_size=n,
+            sampling_probability=q,
+            max_batch_size=need("max_batch_size", max_batch_size, "the cap m"),
+            seed=seed,
+        )
+    if sampling == "balls_in_bins":
+        if num_batches is None and batch_size is not None:
+            num_batches = -(-n // check_positive_int("batch_size", batch_size))
+        k = need("num_batches", num_batches, "k (or batch_size=, for k = ⌈n / b⌉)")
+        return BallsInBinsBatchSampler(population_size=n, num_batches=k, seed=seed)
+    b = need("batch_size", batch_size, "b (or a DataLoader with a batch_size)")
+    if sampling == "fixed_size":
+        return FixedSizeBatchSampler(population_size=n, batch_size=b, seed=seed)
+    return ShuffleBatchSampler(population_size=n, batch_size=b, drop_last=drop_last, seed=seed)
+
+
 def make_private(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     data: Dataset | DataLoader,
     *,
-    sampling_probability: float,
     max_grad_norm: float,
+    sampling_probability: float | None = None,
+    sampling: str = "poisson",
+    batch_size: int | None = None,
+    max_batch_size: int | None = None,
+    num_batches: int | None = None,
     noise_multiplier: float | None = None,
     target_epsilon: float | None = None,
     delta: float | None = None,
@@ -137,15 +313,47 @@ def make_private(
                 F.cross_entropy(model(x), y).backward()
                 optimizer.step()
 
+    The returned loader draws its batches with a recorded batch sampler of the scheme
+    ``sampling`` names, and every step records that sampler's event; iterating any other loader
+    (your own ``DataLoader``) is refused at ``optimizer.step()`` with
+    :class:`~dpledger.errors.SamplerMismatchError` before anything is recorded. Given a
+    ``DataLoader``, make_private reuses its data set, collate function and worker settings and
+    replaces its sampling; it never records the loader's own batches as Poisson:
+
+    * ``shuffle=True`` (``RandomSampler`` without replacement) or ``shuffle=False``
+      (``SequentialSampler``), or a loader of a dpledger batch sampler: replaced by the scheme
+      ``sampling`` names, with the loader's ``batch_size`` as b (and ``drop_last`` for
+      ``"shuffle"``). The default ``"poisson"`` samples with q = ``sampling_probability``, or
+      q = batch_size / n when it is not given; ``sampling="shuffle"`` keeps shuffled batches of
+      b and records them truthfully as ``shuffle(b, n)`` (replace-one ledgers, no amplification).
+    * ``WeightedRandomSampler``, ``RandomSampler(replacement=True)`` or with ``num_samples``,
+      ``DistributedSampler``, any other sampler or batch sampler, an iterable data set:
+      :class:`~dpledger.errors.InvalidParameterError` naming the sampler to use instead: their
+      draws are no scheme dpledger analyses, and replacing them would silently change them.
+
     Args:
         model: the model (the per-example gradient engine attaches to it).
         optimizer: any ``torch.optim.Optimizer`` over the model's parameters.
-        data: a map-style data set, or a DataLoader whose data set, collate function and worker
-            settings are reused (its batch size and shuffling are replaced by Poisson sampling).
-        sampling_probability: q in (0, 1]: every step includes each record with probability q.
+        data: a map-style data set, or a DataLoader over one (see above).
         max_grad_norm: C > 0.
-        noise_multiplier: z ≥ 0; or give ``target_epsilon``, ``delta`` and ``epochs`` (or
-            ``steps``) to calibrate it (:func:`calibrated_noise_multiplier`).
+        sampling_probability: q in (0, 1] for ``"poisson"`` and ``"truncated_poisson"``: every
+            step includes each record with probability q. Default: batch_size / n (the
+            ``batch_size`` argument or the DataLoader's).
+        sampling: the sampling scheme of the returned loader: ``"poisson"`` (default,
+            :class:`PoissonBatchSampler`), ``"fixed_size"`` (:class:`FixedSizeBatchSampler`, b
+            distinct records per step), ``"truncated_poisson"``
+            (:class:`TruncatedPoissonBatchSampler`, needs ``max_batch_size``),
+            ``"balls_in_bins"`` (:class:`BallsInBinsBatchSampler`, k = ``num_batches`` or
+            ⌈n / b⌉) or ``"shuffle"`` (:class:`ShuffleBatchSampler`). Schemes analysed under
+            replace-one only (fixed-size, shuffle) need a ledger with
+            ``neighboring="replace_one"``; with ``ledger=None`` the optimizer creates one.
+        batch_size: b for ``"fixed_size"`` and ``"shuffle"`` (default: the DataLoader's), or to
+            derive q (Poisson) or k (balls-in-bins).
+        max_batch_size: the cap of ``"truncated_poisson"``.
+        num_batches: k of ``"balls_in_bins"``.
+        noise_multiplier: z ≥ 0; or, for Poisson sampling only, give ``target_epsilon``,
+            ``delta`` and ``epochs`` (or ``steps``) to calibrate it
+            (:func:`calibrated_noise_multiplier`).
         target_epsilon: ε to meet at ``delta`` after the planned run.
         delta: δ of the target.
         epochs: planned epochs (round(1/q) steps each), for the calibration.
@@ -164,8 +372,23 @@ def make_private(
 
     Returns:
         ``PrivateTraining(model, optimizer, data_loader)``.
+
+    Raises:
+        InvalidParameterError: a bad argument, a loader whose sampling cannot be reproduced (see
+            above), a scheme other than Poisson under ``torch.distributed`` or with
+            ``target_epsilon``, or a ledger whose relation the scheme is not analysed under.
     """
-    q = _check_q(sampling_probability)
+    if sampling not in SAMPLING_SCHEMES:
+        raise InvalidParameterError("sampling", sampling, f"one of {SAMPLING_SCHEMES}")
+    uses_q = sampling in ("poisson", "truncated_poisson")
+    if sampling_probability is not None:
+        if not uses_q:
+            raise InvalidParameterError(
+                "sampling_probability",
+                sampling_probability,
+                f"None for sampling={sampling!r} (its rate follows from its batch size)",
+            )
+        _check_q(sampling_probability)
     if max_physical_batch_size is not None:
         check_positive_int("max_physical_batch_size", max_physical_batch_size)
     if (noise_multiplier is None) == (target_epsilon is None):
@@ -174,10 +397,34 @@ def make_private(
             noise_multiplier,
             "exactly one of noise_multiplier= and target_epsilon= (with delta= and epochs=)",
         )
+    for key in ("sampler", "sampling_probability", "population_size", "seed", "generator"):
+        if key in options:
+            raise InvalidParameterError(key, options[key], "not given: make_private sets it")
+    settings = _loader_settings(data)
+    dataset, loader_kwargs = settings.dataset, settings.kwargs
+    n = len(dataset)  # type: ignore[arg-type]
+    b = settings.batch_size if batch_size is None else batch_size
+    q = sampling_probability
+    if uses_q and q is None:
+        if b is None:
+            raise InvalidParameterError(
+                "sampling_probability",
+                None,
+                f"q in (0, 1] for sampling={sampling!r} (or batch_size=, for q = batch_size / n)",
+            )
+        q = _check_q(check_positive_int("batch_size", b) / n)
     if target_epsilon is not None:
+        if sampling != "poisson":
+            raise InvalidParameterError(
+                "target_epsilon",
+                target_epsilon,
+                f"None for sampling={sampling!r}: give noise_multiplier= (the calibration "
+                "plans Poisson-sampled steps only)",
+            )
         if delta is None:
             raise InvalidParameterError("delta", delta, "δ in (0, 1) with target_epsilon=")
         check_delta("delta", delta)
+        assert q is not None
         noise_multiplier = calibrated_noise_multiplier(
             target_epsilon=target_epsilon,
             delta=delta,
@@ -186,52 +433,44 @@ def make_private(
             epochs=epochs,
             accountant=accountant,
         )
-    for key in ("sampler", "sampling_probability", "population_size", "seed", "generator"):
-        if key in options:
-            raise InvalidParameterError(key, options[key], "not given: make_private sets it")
-    if isinstance(data, DataLoader):
-        dataset = data.dataset
-        collate = data.collate_fn
-        if isinstance(collate, EmptyBatchCollate):
-            collate = collate._collate_fn
-        loader_kwargs = {
-            "num_workers": data.num_workers,
-            "pin_memory": data.pin_memory,
-            "collate_fn": collate,
-        }
-    elif isinstance(data, Dataset):
-        dataset, loader_kwargs = data, {}
-    else:
-        raise InvalidParameterError("data", type(data).__name__, "a Dataset or a DataLoader")
     sampling_seed, noise_seed = _seeds(seed)
     _, world = distributed_world(options.get("process_group"))
     distributed = options.get("distributed")
     if distributed is None:
         distributed = world > 1
+    batch_sampler: RecordedBatchSampler
     if distributed:
-        n = len(dataset)  # type: ignore[arg-type]
+        if sampling != "poisson":
+            raise InvalidParameterError(
+                "sampling",
+                sampling,
+                "'poisson' under torch.distributed: only DistributedPoissonBatchSampler draws "
+                "one global sample and splits it over the ranks (there is no distributed "
+                f"sampler for {sampling!r})",
+            )
         batch_sampler = DistributedPoissonBatchSampler(
             population_size=n,
-            sampling_probability=q,
+            sampling_probability=q,  # type: ignore[arg-type]
             seed=sampling_seed,
             process_group=options.get("process_group"),
         )
-        collate = EmptyBatchCollate(
-            loader_kwargs.pop("collate_fn", None) or torch.utils.data.default_collate,
-            dataset[0],
-        )
-        loader: DataLoader = DataLoader(
-            dataset, batch_sampler=batch_sampler, collate_fn=collate, **loader_kwargs
-        )
     else:
-        loader = poisson_data_loader(
-            dataset, sampling_probability=q, seed=sampling_seed, **loader_kwargs
+        batch_sampler = _build_sampler(
+            sampling,
+            n,
+            q=q,
+            batch_size=b,
+            drop_last=settings.drop_last,
+            max_batch_size=max_batch_size,
+            num_batches=num_batches,
+            seed=sampling_seed,
         )
+    loader = private_data_loader(dataset, sampler=batch_sampler, **loader_kwargs)
     dp_optimizer = DPOptimizer(
         optimizer,
         model=model,
         max_grad_norm=max_grad_norm,
-        noise_multiplier=noise_multiplier,
+        noise_multiplier=noise_multiplier,  # type: ignore[arg-type]
         ledger=ledger,
         sampler=loader,
         loss_reduction=loss_reduction,  # type: ignore[arg-type]
@@ -254,7 +493,7 @@ class _VirtualLoader:
 
     @property
     def batch_sampler(self) -> Any:
-        """The logical loader's Poisson batch sampler."""
+        """The logical loader's batch sampler."""
         return self.loader.batch_sampler
 
     def __iter__(self) -> Any:

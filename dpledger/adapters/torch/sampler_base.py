@@ -1,0 +1,287 @@
+"""What every recorded batch sampler shares: its generator and the bookkeeping of its draws.
+
+A DP step records the sampling event of the draw that produced its records, so every step is
+tied to a draw of the sampler. The sampler keeps the draws (their sizes and events) that no step
+has claimed yet (a data loader may draw a few ahead to prefetch); the optimizer claims the oldest
+at each step (:meth:`RecordedBatchSampler.claim_draw`), which returns the
+:class:`~dpledger.ledger.SamplingEvent` to record, and refuses the step, before anything is
+recorded, when the sampler drew nothing (the training loop iterates another loader, e.g. the
+user's own ``shuffle=True`` DataLoader) or drew a batch of another size. A new pass over the
+sampler forgets the unclaimed draws of an abandoned one (they were prefetched, never trained on).
+
+Epoch-based samplers (balls-in-bins, shuffle: one pass is one epoch, whose allocation or
+permutation is drawn when the pass starts) mark the event of the first step *recorded* in each
+pass with ``epoch_start=True``: when the pass's first batch is skipped or refused, the mark moves
+to the next claimed batch, so the ledger never joins two epochs' steps into one. Their
+:meth:`~RecordedBatchSampler.state_dict` also holds the position in the current epoch, so that a
+run resumed from a checkpoint continues the same epoch with the same permutation.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections import deque
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import torch
+from torch.utils.data import Sampler
+
+from dpledger.errors import InvalidParameterError, SamplerMismatchError
+from dpledger.ledger import SamplingEvent
+from dpledger.validation import check_positive_int
+
+__all__ = ["EpochBatchSampler", "RecordedBatchSampler"]
+
+
+def _check_generator(generator: Any) -> torch.Generator | None:
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise InvalidParameterError("generator", generator, "a torch.Generator or None")
+    if generator is not None and generator.device.type != "cpu":
+        raise InvalidParameterError(
+            "generator", f"<torch.Generator on {generator.device}>", "a CPU torch.Generator"
+        )
+    return generator
+
+
+def _make_generator(generator: Any, seed: Any) -> torch.Generator:
+    generator = _check_generator(generator)
+    if generator is not None and seed is not None:
+        raise InvalidParameterError("seed", seed, "None when a generator is given")
+    if generator is not None:
+        return generator
+    generator = torch.Generator()
+    if seed is None:
+        generator.seed()
+    else:
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise InvalidParameterError("seed", seed, "an integer or None")
+        generator.manual_seed(seed)
+    return generator
+
+
+class _Draw(NamedTuple):
+    num_records: int
+    epoch: int | None  # the pass of an epoch-based sampler; None for per-step draws
+    index: int  # the batch's position in its epoch
+
+
+class RecordedBatchSampler(Sampler[list[int]], abc.ABC):
+    """Base of the batch samplers whose draws DP steps claim and record.
+
+    Subclasses draw index batches from :attr:`generator` and say which sampling event a draw is
+    (:meth:`sampling_event`). The base keeps the unclaimed draws and the generator's state.
+
+    Args:
+        population_size: n, the number of records (``len(dataset)``).
+        generator: the CPU random generator to draw from; iterating again continues its stream.
+        seed: a seed for a new generator when ``generator`` is not given; None seeds it from
+            OS entropy (not reproducible).
+
+    Raises:
+        InvalidParameterError: n < 1, a generator that is not a CPU ``torch.Generator``, or
+            both ``generator`` and ``seed`` given.
+    """
+
+    def __init__(
+        self,
+        *,
+        population_size: int,
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self._n = check_positive_int("population_size", population_size)
+        self._generator = _make_generator(generator, seed)
+        self._unclaimed: deque[_Draw] = deque()
+
+    # ------------------------------------------------------------------ subclass hooks
+    @abc.abstractmethod
+    def sampling_event(self, *, epoch_start: bool = False) -> SamplingEvent:
+        """The sampling event a step on one of this sampler's draws records.
+
+        ``epoch_start`` matters for the epoch-based schemes only (the first recorded step of
+        an epoch); other samplers ignore it.
+        """
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """Batches per iteration over the sampler."""
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def population_size(self) -> int:
+        """n, the number of records each batch is drawn from."""
+        return self._n
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The generator the batches are drawn from."""
+        return self._generator
+
+    @property
+    def denominator(self) -> float:
+        """The fixed denominator of DP-SGD's average for this scheme (the event's
+        ``average_denominator``: q·n for Poisson, b for fixed-size and shuffled batches, n / k
+        for balls-in-bins)."""
+        value = self.sampling_event().average_denominator
+        assert value is not None  # every sampler knows n
+        return value
+
+    # ------------------------------------------------------------------ draws
+    def _note_draw(self, num_records: int, epoch: int | None = None, index: int = 0) -> None:
+        self._unclaimed.append(_Draw(num_records, epoch, index))
+
+    def _consumed(self, draw: _Draw) -> None:
+        """A draw left the queue (claimed, refused or discarded)."""
+
+    def _event_of(self, draw: _Draw) -> SamplingEvent:
+        return self.sampling_event()
+
+    @property
+    def unclaimed_draws(self) -> int:
+        """The number of batches drawn that no step has claimed yet."""
+        return len(self._unclaimed)
+
+    def claim_draw(self, num_records: int) -> SamplingEvent:
+        """Tie a step of ``num_records`` records to the oldest unclaimed draw of this sampler.
+
+        Returns:
+            The sampling event the step must record for that draw.
+
+        Raises:
+            SamplerMismatchError: no draw is waiting (the step's records did not come from this
+                sampler), or the oldest draw has another number of records. The draw is
+                consumed either way.
+        """
+        if not self._unclaimed:
+            raise SamplerMismatchError(
+                f"a step of {num_records} records, but the recorded sampler "
+                f"({type(self).__name__}, {self.sampling_event().describe()}) drew no batch for "
+                "it: the records did not come from the sampler whose sampling event the ledger "
+                "would record. Iterate the loader that make_private returned (or a DataLoader "
+                "with batch_sampler= this sampler), not your own DataLoader; nothing was recorded"
+            )
+        draw = self._unclaimed.popleft()
+        self._consumed(draw)
+        if draw.num_records != num_records:
+            raise SamplerMismatchError(
+                f"a step of {num_records} records, but the recorded sampler drew a batch of "
+                f"{draw.num_records}: the step's records are not the sampler's draw (another "
+                "loader, a batch filtered or cut after sampling, or a skipped virtual chunk), "
+                "and the ledger's sampling event would not describe them; nothing was recorded"
+            )
+        return self._event_of(draw)
+
+    def discard_draw(self) -> None:
+        """Forget the oldest unclaimed draw (its batch was skipped, not trained on)."""
+        if self._unclaimed:
+            self._consumed(self._unclaimed.popleft())
+
+    def _new_pass(self) -> None:
+        self._unclaimed.clear()  # an abandoned pass's prefetched draws were not used
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The generator's state, to resume the same stream of batches."""
+        return {"generator_state": self._generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict`."""
+        self._generator.set_state(state["generator_state"])
+
+    def reseed(self, seed: int) -> None:
+        """Continue from a fresh generator state (a resumed run that must not repeat draws)."""
+        self._generator.manual_seed(seed)
+
+
+class EpochBatchSampler(RecordedBatchSampler):
+    """Base of the epoch-based samplers: one pass over the sampler is one epoch.
+
+    Subclasses implement :meth:`_epoch`, which draws the epoch's batches (all of them, from the
+    generator, when the pass starts). See the module docstring for ``epoch_start`` and for the
+    position in the epoch that :meth:`state_dict` keeps.
+    """
+
+    def __init__(
+        self,
+        *,
+        population_size: int,
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(population_size=population_size, generator=generator, seed=seed)
+        self._pass_id = 0  # the current pass (epoch); 0 before the first
+        self._recorded_pass: int | None = None  # the pass of the last claimed draw
+        self._epoch_state: torch.Tensor | None = None  # generator state before the pass's draw
+        self._done = 0  # batches of the current pass consumed (claimed, refused or discarded)
+        self._resume: tuple[int, bool] | None = None  # (batches done, start recorded)
+
+    @abc.abstractmethod
+    def _epoch(self) -> list[list[int]]:
+        """Draw one epoch's batches from the generator."""
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self._new_pass()
+        self._pass_id += 1
+        start = 0
+        if self._resume is not None:
+            start, recorded = self._resume
+            self._resume = None
+            if recorded:
+                self._recorded_pass = self._pass_id
+        self._epoch_state = self._generator.get_state()
+        self._done = start
+        epoch = self._pass_id
+        batches = self._epoch()
+        for index in range(start, len(batches)):
+            batch = batches[index]
+            self._note_draw(len(batch), epoch, index)
+            yield batch
+
+    def _consumed(self, draw: _Draw) -> None:
+        if draw.epoch == self._pass_id:
+            self._done = draw.index + 1
+
+    def _event_of(self, draw: _Draw) -> SamplingEvent:
+        start = draw.epoch != self._recorded_pass
+        self._recorded_pass = draw.epoch
+        return self.sampling_event(epoch_start=start)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The generator's state and the position in the current epoch.
+
+        ``epoch`` holds the generator's state before the current epoch was drawn, the batches of
+        the epoch already consumed, and whether a step of the epoch was recorded; None before
+        the first epoch. A sampler loaded with it continues that epoch at its next pass.
+        """
+        state = super().state_dict()
+        if self._epoch_state is None:
+            state["epoch"] = None
+        else:
+            state["epoch"] = {
+                "generator_state": self._epoch_state.clone(),
+                "batches_done": self._done,
+                "start_recorded": self._recorded_pass == self._pass_id,
+            }
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict`: the next pass continues its epoch."""
+        epoch = state.get("epoch")
+        if epoch is not None and 0 < epoch["batches_done"] < len(self):
+            self._generator.set_state(epoch["generator_state"])
+            self._resume = (int(epoch["batches_done"]), bool(epoch["start_recorded"]))
+        elif epoch is not None and epoch["batches_done"] == 0:
+            # the epoch was drawn but none of its batches used: draw it again from its state
+            self._generator.set_state(epoch["generator_state"])
+            self._resume = None
+        else:
+            super().load_state_dict(state)
+            self._resume = None
+        self._recorded_pass = None
+
+    def reseed(self, seed: int) -> None:
+        """Continue from a fresh generator state; the next pass is a new epoch."""
+        super().reseed(seed)
+        self._resume = None
+        self._recorded_pass = None
