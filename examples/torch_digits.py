@@ -26,6 +26,7 @@ from torch.utils.data import TensorDataset
 
 from dpledger import DPLedgerError, PrivacyLedger
 from dpledger.accountants import ACCOUNTANT_MODULES, make_accountant
+from dpledger.accountants.base import SCHEME_SPECIFIC_ACCOUNTANTS
 from dpledger.adapters.torch import make_private
 
 DELTA = 1e-5
@@ -150,6 +151,8 @@ def epsilon_table(ledger_path: str | Path, *, delta: float = DELTA) -> list[Epsi
     ledger = PrivacyLedger.load(ledger_path)
     rows = []
     for name in ACCOUNTANT_MODULES:
+        if name in SCHEME_SPECIFIC_ACCOUNTANTS:  # for one sampling scheme, not this Poisson run
+            continue
         try:
             accountant = make_accountant(name)
         except ImportError as err:

@@ -277,9 +277,10 @@ class ShuffleBatchSampler(EpochBatchSampler):
 
     One iteration over the sampler is one epoch, what ``DataLoader(shuffle=True)`` does: the
     batches are consecutive pieces of ``torch.randperm(n)``, ⌈n / b⌉ of them with the last one
-    smaller when b does not divide n, or ⌊n / b⌋ with ``drop_last`` (the remainder is then never
-    used in that epoch; the event still describes ``shuffle(b, n)``, an upper bound on what the
-    epoch reveals). A step records ``SamplingEvent.shuffle(b, n, epoch_start=...)``,
+    smaller when b does not divide n. ``drop_last=True`` is accepted only when b divides n (it
+    then changes nothing): leaving the remainder out of every epoch is not the ``shuffle(b, n)``
+    the ledger records, and Chua et al.'s lower bound, which ``dpledger epsilon`` shows for
+    shuffled runs, does not hold for it. A step records ``SamplingEvent.shuffle(b, n, epoch_start=...)``,
     ``epoch_start=True`` on the first recorded step of each epoch, and averages over b (also for
     the smaller last batch). Shuffling is analysed under replace-one only and without
     amplification (each record is in one batch per epoch): record into a
@@ -288,13 +289,13 @@ class ShuffleBatchSampler(EpochBatchSampler):
     Args:
         population_size: n, the number of records.
         batch_size: b in [1, n].
-        drop_last: leave out the last, smaller batch of each epoch.
+        drop_last: leave out the last, smaller batch of each epoch; only when b divides n.
         generator: the CPU generator to draw from.
         seed: a seed for a new generator when ``generator`` is not given.
 
     Raises:
-        InvalidParameterError: n < 1, b outside [1, n], drop_last not a bool, a bad generator or
-            seed.
+        InvalidParameterError: n < 1, b outside [1, n], drop_last not a bool or True with b not
+            dividing n, a bad generator or seed.
     """
 
     def __init__(
@@ -310,6 +311,14 @@ class ShuffleBatchSampler(EpochBatchSampler):
         self._b = _check_at_most_n("batch_size", batch_size, n)
         if not isinstance(drop_last, bool):
             raise InvalidParameterError("drop_last", drop_last, "True or False")
+        if drop_last and n % self._b:
+            raise InvalidParameterError(
+                "drop_last",
+                drop_last,
+                f"False when batch_size={self._b} does not divide population_size={n}: leaving "
+                f"the last {n % self._b} records of every epoch out is not the shuffle(b, n) "
+                "the ledger records (keep the smaller last batch)",
+            )
         self._drop_last = drop_last
         super().__init__(population_size=n, generator=generator, seed=seed)
         self._events = {

@@ -142,17 +142,11 @@ def test_shuffle_epochs_are_permutations_cut_into_batches_of_b():
         position[flat.index(0)] += 1
     expected = epochs / n
     _two_sided_chi2(((position - expected) ** 2 / expected).sum().item(), n - 1)
-    dropping = ShuffleBatchSampler(population_size=n, batch_size=b, drop_last=True, seed=8)
-    assert len(dropping) == 4
-    left_out = 0
-    for _ in range(epochs):
-        batches = list(dropping)
-        assert [len(x) for x in batches] == [5] * 4
-        flat = [i for x in batches for i in x]
-        assert len(set(flat)) == 20
-        left_out += 0 not in flat
-    p = 3 / n
-    assert abs(left_out / epochs - p) < 4 * math.sqrt(p * (1 - p) / epochs)
+    # leaving the remainder out is not the recorded shuffle(b, n): refused; a no-op otherwise
+    with pytest.raises(InvalidParameterError, match="does not divide"):
+        ShuffleBatchSampler(population_size=n, batch_size=b, drop_last=True, seed=8)
+    exact = ShuffleBatchSampler(population_size=20, batch_size=b, drop_last=True, seed=8)
+    assert [len(x) for x in exact] == [5] * 4
 
 
 # ---------------------------------------------------------------------------- events
@@ -606,15 +600,19 @@ def test_make_private_replaces_a_shuffled_loader_by_poisson_with_q_b_over_n():
 def test_make_private_keeps_shuffled_batches_when_asked_and_records_them_as_shuffle():
     data = _data()
     model, dp, loader = _make_private(
-        DataLoader(data, batch_size=10, shuffle=True, drop_last=True), sampling="shuffle"
+        DataLoader(data, batch_size=10, shuffle=True), sampling="shuffle"
     )
     sampler = loader.batch_sampler
     assert type(sampler) is ShuffleBatchSampler
-    assert (sampler.batch_size, sampler.drop_last, len(loader)) == (10, True, 4)
+    assert (sampler.batch_size, sampler.drop_last, len(loader)) == (10, False, 5)
     assert dp.ledger.neighboring.value == "replace_one" and dp.denominator == 10.0
     _train(model, dp, loader, epochs=2)
     recorded = [s.sampling for s in dp.ledger.steps()]
-    assert recorded == [SamplingEvent.shuffle(10, N, epoch_start=i % 4 == 0) for i in range(8)]
+    assert recorded == [SamplingEvent.shuffle(10, N, epoch_start=i % 5 == 0) for i in range(10)]
+    with pytest.raises(InvalidParameterError, match="does not divide"):
+        _make_private(
+            DataLoader(data, batch_size=10, shuffle=True, drop_last=True), sampling="shuffle"
+        )
     with pytest.raises(InvalidParameterError, match="neighboring='replace_one'"):
         _make_private(data, sampling="shuffle", batch_size=10, ledger=PrivacyLedger())
 
