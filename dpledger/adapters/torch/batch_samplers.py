@@ -282,9 +282,9 @@ class ShuffleBatchSampler(EpochBatchSampler):
     the ledger records, and Chua et al.'s lower bound, which ``dpledger epsilon`` shows for
     shuffled runs, does not hold for it. A step records
     ``SamplingEvent.shuffle(b, n, epoch_start=...)``, ``epoch_start=True`` on the first recorded
-    step of each epoch, and averages over b (also for the smaller last batch). Shuffling is analysed under replace-one only and without
-    amplification (each record is in one batch per epoch): record into a
-    ``PrivacyLedger(..., neighboring="replace_one")``.
+    step of each epoch, and averages over b (also for the smaller last batch). Shuffling is
+    analysed under replace-one only and without amplification (each record is in one batch per
+    epoch): record into a ``PrivacyLedger(..., neighboring="replace_one")``.
 
     Args:
         population_size: n, the number of records.
