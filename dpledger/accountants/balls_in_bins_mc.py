@@ -116,11 +116,15 @@ class BallsInBinsAccountant(Accountant):
                 budget_seconds=self.time_budget_s,
             )
 
-    def _epsilon(self, ledger: CompressedLedger, delta: float) -> Answer:
+    def _estimate(self, ledger: CompressedLedger, quantity: str, target: float) -> Answer:
+        """The Monte-Carlo ε at δ = ``target`` (``quantity="epsilon"``) or δ at ε = ``target``."""
+        from dpledger.accountants.balls_in_bins import balls_in_bins_delta
+
         k, epochs, z = self._parameters(ledger)
         self._check_cost(k, epochs)
-        result = balls_in_bins_epsilon(
-            delta,
+        estimator = balls_in_bins_epsilon if quantity == "epsilon" else balls_in_bins_delta
+        result = estimator(
+            target,
             z,
             k,
             epochs=epochs,
@@ -128,11 +132,11 @@ class BallsInBinsAccountant(Accountant):
             seed=self.seed,
             confidence=self.confidence,
         )
-        warnings = ()
-        if math.isinf(result.upper_confidence):
+        warnings: tuple[str, ...] = ()
+        if quantity == "epsilon" and math.isinf(result.upper_confidence):
             warnings = (
                 f"with {self.samples} samples the upper confidence bound on δ does not come down "
-                f"to {delta!r}: only the estimate is available; use more samples",
+                f"to {target!r}: only the estimate is available; use more samples",
             )
         return Answer(
             result.estimate,
@@ -148,29 +152,8 @@ class BallsInBinsAccountant(Accountant):
             },
         )
 
-    def _delta(self, ledger: CompressedLedger, epsilon: float) -> Answer:
-        from dpledger.accountants.balls_in_bins import balls_in_bins_delta
+    def _epsilon(self, ledger: CompressedLedger, delta: float) -> Answer:
+        return self._estimate(ledger, "epsilon", delta)
 
-        k, epochs, z = self._parameters(ledger)
-        self._check_cost(k, epochs)
-        result = balls_in_bins_delta(
-            epsilon,
-            z,
-            k,
-            epochs=epochs,
-            samples=self.samples,
-            seed=self.seed,
-            confidence=self.confidence,
-        )
-        return Answer(
-            result.estimate,
-            upper=result.upper_confidence,
-            kind=ResultKind.ESTIMATE,
-            details={
-                "method": "Monte Carlo on the balls-and-bins pair of Chua et al. (2025)",
-                "confidence": self.confidence,
-                "standard_error": result.standard_error,
-                "epochs": epochs,
-                "num_batches": k,
-            },
-        )
+    def _delta(self, ledger: CompressedLedger, epsilon: float) -> Answer:
+        return self._estimate(ledger, "delta", epsilon)

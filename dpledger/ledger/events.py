@@ -315,16 +315,7 @@ class SamplingEvent:
         cls, batch_size: int, population_size: int, *, unit: PrivacyUnit | str = PrivacyUnit.RECORD
     ) -> SamplingEvent:
         """``fixed_size_without_replacement(b, n)``: q = b / n."""
-        b = _optional_count("batch_size")(batch_size)
-        n = _population_size(population_size)
-        if b is None or n is None:
-            raise InvalidParameterError(
-                "batch_size" if b is None else "population_size",
-                batch_size if b is None else population_size,
-                "an integer >= 1",
-            )
-        if b > n:
-            raise InvalidParameterError("batch_size", b, f"at most the population size {n}")
+        b, n = _batch_and_population(batch_size, population_size)
         return cls(_ratio(b, n), n, SamplingScheme.FIXED_SIZE, batch_size=b, unit=unit)
 
     @classmethod
@@ -377,16 +368,7 @@ class SamplingEvent:
         unit: PrivacyUnit | str = PrivacyUnit.RECORD,
     ) -> SamplingEvent:
         """``shuffle(b, n)``: q = b / n; ``epoch_start`` on an epoch's first step."""
-        b = _optional_count("batch_size")(batch_size)
-        n = _population_size(population_size)
-        if b is None or n is None:
-            raise InvalidParameterError(
-                "batch_size" if b is None else "population_size",
-                batch_size if b is None else population_size,
-                "an integer >= 1",
-            )
-        if b > n:
-            raise InvalidParameterError("batch_size", b, f"at most the population size {n}")
+        b, n = _batch_and_population(batch_size, population_size)
         return cls(
             _ratio(b, n),
             n,
@@ -457,6 +439,21 @@ class SamplingEvent:
         else:
             text = f"shuffle(b={self.batch_size}, n={n})"
         return text if self.unit is PrivacyUnit.RECORD else f"{text}, unit=user"
+
+
+def _batch_and_population(batch_size: Any, population_size: Any) -> tuple[int, int]:
+    """(b, n) checked for the fixed-size and shuffle builders: integers with 1 ≤ b ≤ n."""
+    b = _optional_count("batch_size")(batch_size)
+    n = _population_size(population_size)
+    if b is None or n is None:
+        raise InvalidParameterError(
+            "batch_size" if b is None else "population_size",
+            batch_size if b is None else population_size,
+            "an integer >= 1",
+        )
+    if b > n:
+        raise InvalidParameterError("batch_size", b, f"at most the population size {n}")
+    return b, n
 
 
 def _ratio(b: int, n: int) -> float:
