@@ -43,11 +43,12 @@ from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, gradi
 from dpledger.adapters.tensorflow.losses import per_example_loss
 from dpledger.adapters.tensorflow.private_gradients import (
     DPStep,
+    StepEvents,
     check_bias_callback,
     check_clip_margin,
     generator_of,
     ledger_of,
-    sampling_of,
+    step_events_of,
 )
 from dpledger.adapters.tensorflow.record_probe import (
     probe_record_independence,
@@ -55,7 +56,7 @@ from dpledger.adapters.tensorflow.record_probe import (
 )
 from dpledger.audit.bias import ClippingBiasCallback
 from dpledger.errors import InvalidParameterError, SamplerMismatchError
-from dpledger.ledger import PrivacyLedger
+from dpledger.ledger import PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, GaussianSumQuery
 
 __all__ = ["DPKerasModel", "make_private"]
@@ -164,7 +165,7 @@ class DPKerasModel(keras.Model):
         if not check_record_independence:
             _log.warning(record_probe_off_warning())
         super().__init__(name=name or f"dp_{model.name}")
-        q, n = sampling_of(sampler, sampling_probability, population_size)
+        events = step_events_of(sampler, sampling_probability, population_size)
         self._dp_sampler = sampler
         _refuse_regularizers(model)
         # Built here so that bad clipping arguments fail now, not at the first fit.
@@ -183,8 +184,10 @@ class DPKerasModel(keras.Model):
         PerExampleGradientEngine(model, lambda y, p: tf.zeros(tf.shape(p)[:1]), method=method)
         self.model = model
         self._dp_groups = groups
-        self._dp_sampling = (q, n)
-        self._dp_ledger = ledger_of(ledger)
+        self._dp_events: StepEvents = events
+        self._dp_ledger = ledger_of(ledger, events)
+        self._dp_iterator: Any = None  # the iterator of the current epoch, and the next
+        self._dp_position = 0  # step's position in it
         self._dp_generator = generator_of(generator, seed)
         self._dp_method = method
         self._dp_margin = check_clip_margin(clip_margin)
@@ -242,31 +245,38 @@ class DPKerasModel(keras.Model):
             raise InvalidParameterError(
                 "batch_size",
                 batch_size,
-                "None: the batches come from the Poisson sampler (sampler.sample((x, y))), "
-                "their size is not fixed",
+                "None: the batches come from the sampler (sampler.sample((x, y)) of a "
+                "PoissonSampler, ShuffleSampler, …), which decides their size",
             )
         if not isinstance(x, (tf.data.Dataset, keras.utils.PyDataset, Iterator)):
             raise InvalidParameterError(
                 "x",
                 f"<{type(x).__name__}>",
-                "a dataset of Poisson-sampled batches (sampler.sample((x, y))), not arrays: "
-                "Keras would shuffle arrays into fixed-size batches, whose sampling is not "
-                "the rate q recorded in the ledger",
+                "a dataset of sampled batches (sampler.sample((x, y))), not arrays: Keras would "
+                "shuffle arrays into fixed-size batches, whose sampling is not the one recorded "
+                "in the ledger (for shuffled batches, ShuffleSampler records them as such)",
             )
         drew = getattr(self._dp_sampler, "drew", None)
         if drew is not None and not drew(x):
             raise SamplerMismatchError(
                 "fit() was given batches that the recorded sampler did not draw: "
-                f"{self._dp_sampler!r} records its q with every step, so the data must be "
+                f"{self._dp_sampler!r} records its sampling event "
+                f"({self._dp_events.event.describe()}) with every step, so the data must be "
                 "sampler.sample((x, y)) itself, optionally followed by .prefetch() or "
                 ".with_options(); a dataset shuffled and batched (or batched, filtered, mapped, "
-                "taken, cached …) after or instead of sampling has other batches. Nothing was "
-                "recorded"
+                "taken, cached …) after or instead of sampling has other batches. For shuffled "
+                "fixed-size batches like dataset.shuffle(n).batch(b), use "
+                "ShuffleSampler(population_size=n, batch_size=b), recorded truthfully as "
+                "shuffle(b, n) (analysed under neighboring='replace_one', without amplification); "
+                "for amplification by sampling, PoissonSampler. Nothing was recorded"
             )
         kwargs.setdefault("shuffle", False)  # the batches are already sampled
         if not self._dp_probed and self._dp_loss is not None:
             self._probe_first_batch(x)
-        return super().fit(x, y, **kwargs)
+        try:
+            return super().fit(x, y, **kwargs)
+        finally:
+            self._dp_iterator = None
 
     def _probe_first_batch(self, x: Any) -> None:
         if isinstance(x, tf.data.Dataset):
@@ -328,14 +338,21 @@ class DPKerasModel(keras.Model):
         return self._dp_queries
 
     @property
+    def sampling_event(self) -> SamplingEvent:
+        """The sampling event recorded with every step (``epoch_start`` aside)."""
+        return self._dp_events.event
+
+    @property
     def sampling_probability(self) -> float:
         """q recorded for every step."""
-        return self._dp_sampling[0]
+        return self._dp_events.event.sampling_probability
 
     @property
     def population_size(self) -> int:
         """n recorded for every step."""
-        return self._dp_sampling[1]
+        n = self._dp_events.event.population_size
+        assert n is not None
+        return n
 
     @property
     def dp_step(self) -> DPStep | None:
@@ -355,12 +372,10 @@ class DPKerasModel(keras.Model):
                 self.model.name,
                 "the same trainable variables as when the DPKerasModel was created",
             )
-        q, n = self._dp_sampling
         return DPStep(
             engine,
             queries=queries,
-            sampling_probability=q,
-            population_size=n,
+            events=self._dp_events,
             ledger=self._dp_ledger,
             generator=self._dp_generator,
             clip_margin=self._dp_margin,
@@ -403,7 +418,7 @@ class DPKerasModel(keras.Model):
             return strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
 
         @tf.autograph.experimental.do_not_convert
-        def one_step(data: Any) -> Any:
+        def one_step(data: Any, position: tf.Tensor) -> Any:
             out, logs = strategy.run(replica, args=(data,))
             sums = [sum_over_replicas(s) for s in out["sums"]]
             count = sum_over_replicas(out["num_records"])
@@ -412,7 +427,7 @@ class DPKerasModel(keras.Model):
                 extras["unclipped"] = [sum_over_replicas(s) for s in out["unclipped"]]
                 extras["norms"] = tf.concat(strategy.experimental_local_results(out["norms"]), 0)
                 extras["num_clipped"] = sum_over_replicas(out["num_clipped"])
-            grads = step.release(sums, count, **extras)
+            grads = step.release(sums, count, position=position, **extras)
             self.optimizer.apply(grads, list(step.variables))
             return tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], logs)
 
@@ -428,13 +443,23 @@ class DPKerasModel(keras.Model):
                         raise StopIteration from None
                     break
                 try:
-                    logs = compiled(data)
+                    logs = compiled(data, self._position_of(iterator))
                 except tf.errors.OpError as exc:
                     step.reraise(exc)
             return logs
 
         self.train_function = train_function
         return train_function
+
+    def _position_of(self, iterator: Any) -> tf.Tensor:
+        """The position of the next step in its epoch: each iteration over a sampler's dataset
+        draws a new epoch, so a new iterator starts at 0 (Keras makes one per epoch, or keeps
+        one across epochs with ``steps_per_epoch``)."""
+        if iterator is not self._dp_iterator:
+            self._dp_iterator, self._dp_position = iterator, 0
+        position = self._dp_position
+        self._dp_position += 1
+        return tf.constant(position, tf.int64)
 
 
 def make_private(model: keras.Model, **privacy: Any) -> DPKerasModel:

@@ -64,7 +64,7 @@ from dpledger.adapters.tensorflow.record_probe import (
 )
 from dpledger.audit.bias import ClippingBiasCallback, clipping_bias_from_sums
 from dpledger.errors import InvalidParameterError
-from dpledger.ledger import PrivacyLedger
+from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, GaussianSumQuery, fixed_denominator_average
 from dpledger.mechanisms.clipping import check_clip_margin as check_margin
 from dpledger.mechanisms.clipping import rounding_clip_margin
@@ -162,8 +162,7 @@ class DPStep:
         engine: PerExampleGradientEngine,
         *,
         queries: GradientQueries,
-        sampling_probability: float,
-        population_size: int,
+        events: StepEvents,
         ledger: PrivacyLedger,
         generator: tf.random.Generator,
         clip_margin: float | None,
@@ -171,9 +170,12 @@ class DPStep:
     ) -> None:
         self.engine = engine
         self.queries = queries
-        self.sampling_probability = sampling_probability
-        self.population_size = population_size
+        self.events = events
+        self.sampling_probability = events.event.sampling_probability
+        self.population_size = events.event.population_size
+        self.denominator = events.denominator
         self.ledger = ledger
+        self._next_position = 0
         self.generator = generator
         self.bias_callback = bias_callback
         self.backend = TensorFlowBackend()
@@ -237,10 +239,17 @@ class DPStep:
             self._fail(exc)
             raise
 
-    def _host_release(self, num_records: np.ndarray, *squared_sum_norms: np.ndarray) -> np.ndarray:
+    def _host_release(
+        self, num_records: np.ndarray, position: np.ndarray, *squared_sum_norms: np.ndarray
+    ) -> np.ndarray:
         try:
             with self._lock:
                 queries = self.queries
+                at = int(position)
+                if at < 0:  # no position given: count the executed steps
+                    at = self._next_position
+                self._next_position = at + 1
+            event = self.events.at(at)
             summaries = []
             for j, sq in enumerate(squared_sum_norms):
                 info = np.finfo(self._dtypes[j].as_numpy_dtype)
@@ -252,12 +261,7 @@ class DPStep:
                         tiny=float(info.tiny),
                     )
                 )
-            step = open_step(
-                self.ledger,
-                sampling_probability=self.sampling_probability,
-                population_size=self.population_size,
-                backend=self._host_backend,
-            )
+            step = open_step(self.ledger, event=event, backend=self._host_backend)
             try:
                 released = step.release(
                     queries.grouped,
@@ -292,7 +296,7 @@ class DPStep:
                     num_examples=count,
                     per_example_norms=np.asarray(norms, np.float64),
                     num_clipped=int(num_clipped),
-                    denominator=self.sampling_probability * self.population_size,
+                    denominator=self.denominator,
                 )
                 self.bias_callback(self.ledger.num_steps - 1, metrics)
             return np.int64(0)
@@ -347,15 +351,21 @@ class DPStep:
         unclipped: Sequence[tf.Tensor] | None = None,
         norms: tf.Tensor | None = None,
         num_clipped: tf.Tensor | None = None,
+        position: Any = None,
     ) -> list[tf.Tensor]:
-        """Stages 4–5 (once per step, in cross-replica context): noise, record, average."""
+        """Stages 4–5 (once per step, in cross-replica context): noise, record, average.
+
+        ``position`` is the step's 0-based position in its epoch (an int64 scalar), which
+        decides its sampling event (:meth:`StepEvents.at`); None counts the executed steps.
+        """
+        where = tf.constant(-1, tf.int64) if position is None else tf.cast(position, tf.int64)
         # The standard normals do not depend on the release, so they are drawn first and can
         # overlap with the host stage; the release's standard deviations scale them after.
         normals = [self.backend.standard_normal(s, generator=self.generator) for s in sums]
         squared = [tf.reduce_sum(tf.square(tf.cast(s, tf.float64))) for s in sums]
         stddevs = tf.numpy_function(
             self._host_release,
-            [tf.cast(num_records, tf.int64), *squared],
+            [tf.cast(num_records, tf.int64), where, *squared],
             tf.float64,
             stateful=True,
             name="dp_release",
@@ -383,15 +393,17 @@ class DPStep:
                 self.backend.add_scaled_noise(s, normals[j], stddev=stddevs[j])
                 for j, s in enumerate(sums)
             ]
-        return fixed_denominator_average(
-            noised,
-            sampling_probability=self.sampling_probability,
-            population_size=self.population_size,
-            backend=self.backend,
-        )
+        if self.events.event.is_classic:
+            return fixed_denominator_average(
+                noised,
+                sampling_probability=self.sampling_probability,
+                population_size=self.population_size,
+                backend=self.backend,
+            )
+        return fixed_denominator_average(noised, denominator=self.denominator, backend=self.backend)
 
     def gradients(
-        self, inputs: Any, targets: Any, sample_weight: Any = None
+        self, inputs: Any, targets: Any, sample_weight: Any = None, position: Any = None
     ) -> tuple[list[tf.Tensor], dict[str, Any]]:
         """Stages 1–5 for one replica (no ``tf.distribute``): the averaged noised gradients."""
         out = self.clip_replica(inputs, targets, sample_weight)
@@ -401,6 +413,7 @@ class DPStep:
             unclipped=out.get("unclipped"),
             norms=out.get("norms"),
             num_clipped=out.get("num_clipped"),
+            position=position,
         )
         return grads, out
 
@@ -413,10 +426,51 @@ class DPStep:
 
 
 # --------------------------------------------------------------------------- configuration
-def sampling_of(
+class StepEvents:
+    """The sampling event of every step of a DP run, from its sampler.
+
+    Not constructed by users: :class:`PrivateGradients` and
+    :class:`~dpledger.adapters.tensorflow.DPKerasModel` build it from their ``sampler`` (or
+    from ``sampling_probability`` and ``population_size``, a Poisson sample).
+
+    Attributes:
+        event: the event of every step, with ``epoch_start=False``.
+        epoch_based: whether the first step of each epoch is recorded with ``epoch_start``.
+        steps_per_epoch: the sampler's batches per epoch (None without a sampler).
+    """
+
+    def __init__(self, event: SamplingEvent, sampler: Any = None) -> None:
+        self.event = event
+        self._sampler = sampler
+        self.epoch_based = bool(getattr(sampler, "epoch_based", False))
+        self.steps_per_epoch: int | None = getattr(sampler, "steps_per_epoch", None)
+
+    @property
+    def denominator(self) -> float:
+        """The fixed denominator of every step's average (the event's; q·n for Poisson)."""
+        value = self.event.average_denominator
+        assert value is not None  # every event here has its n
+        return value
+
+    def at(self, position: int) -> SamplingEvent:
+        """The event of the step at 0-based ``position`` in its epoch (taken modulo the
+        sampler's steps per epoch): the sampler's
+        :meth:`~dpledger.adapters.tensorflow.RecordSampler.event_for_step`."""
+        if not self.epoch_based:
+            return self.event
+        assert self.steps_per_epoch is not None
+        return self._sampler.event_for_step(position % self.steps_per_epoch)
+
+    @property
+    def relations(self) -> tuple[NeighboringRelation, ...]:
+        """The neighbouring relations dpledger can analyse the steps under."""
+        return self.event.relations
+
+
+def step_events_of(
     sampler: Any, sampling_probability: float | None, population_size: int | None
-) -> tuple[float, int]:
-    """(q, n) from a sampler or from explicit values, validated."""
+) -> StepEvents:
+    """The steps' events from a sampler or from an explicit Poisson (q, n), validated."""
     if sampler is not None:
         if sampling_probability is not None or population_size is not None:
             raise InvalidParameterError(
@@ -424,13 +478,28 @@ def sampling_of(
                 sampler,
                 "either a sampler or sampling_probability and population_size, not both",
             )
+        event = getattr(sampler, "sampling_event", None)
+        if isinstance(event, SamplingEvent):
+            if event.epoch_start or event.population_size is None:
+                raise InvalidParameterError(
+                    "sampler", sampler, "a sampler whose sampling_event has n and no epoch_start"
+                )
+            if getattr(sampler, "epoch_based", False) and not callable(
+                getattr(sampler, "event_for_step", None)
+            ):
+                raise InvalidParameterError(
+                    "sampler", sampler, "an epoch-based sampler with event_for_step(step)"
+                )
+            return StepEvents(event, sampler)
         q = getattr(sampler, "sampling_probability", None)
         n = getattr(sampler, "population_size", None)
         if q is None or n is None:
             raise InvalidParameterError(
                 "sampler",
                 sampler,
-                "a PoissonSampler (with sampling_probability and population_size)",
+                "a sampler of dpledger.adapters.tensorflow (PoissonSampler, FixedSizeSampler, "
+                "TruncatedPoissonSampler, BallsInBinsSampler, ShuffleSampler) or one with "
+                "sampling_probability and population_size",
             )
         sampling_probability, population_size = q, n
     if sampling_probability is None or population_size is None:
@@ -446,7 +515,35 @@ def sampling_of(
             "sampling_probability", sampling_probability, "a probability in (0, 1]"
         )
     n = check_positive_int("population_size", population_size)
-    return q, n
+    return StepEvents(SamplingEvent.poisson(q, n))
+
+
+def sampling_of(
+    sampler: Any, sampling_probability: float | None, population_size: int | None
+) -> tuple[float, int]:
+    """(q, n) from a sampler or from explicit values, validated."""
+    event = step_events_of(sampler, sampling_probability, population_size).event
+    assert event.population_size is not None
+    return event.sampling_probability, event.population_size
+
+
+def check_relation(events: StepEvents, ledger: PrivacyLedger) -> None:
+    """Refuse a ledger whose neighbouring relation the steps' scheme has no analysis under.
+
+    Raises:
+        InvalidParameterError: naming the relation(s) to create the ledger with.
+    """
+    relations = events.relations
+    if ledger.neighboring in relations:
+        return
+    wanted = " or ".join(f"neighboring={r.value!r}" for r in relations)
+    raise InvalidParameterError(
+        "ledger",
+        f"a ledger with neighboring={ledger.neighboring.value!r}",
+        f"a ledger created with {wanted} (e.g. PrivacyLedger(path, {wanted.split(' or ')[0]})): "
+        f"steps sampled by {events.event.describe()} are analysed under "
+        f"{' or '.join(r.value for r in relations)} only",
+    )
 
 
 def check_clip_margin(clip_margin: float | None) -> float | None:
@@ -474,12 +571,18 @@ def generator_of(generator: Any, seed: int | None) -> tf.random.Generator:
     return make_generator(seed)
 
 
-def ledger_of(ledger: Any) -> PrivacyLedger:
-    """The ledger given, or a new in-memory one."""
+def ledger_of(ledger: Any, events: StepEvents | None = None) -> PrivacyLedger:
+    """The ledger given, or a new in-memory one (add/remove, or the relation the steps' scheme
+    is analysed under when that is not add/remove); checked against the steps' scheme."""
     if ledger is None:
-        return PrivacyLedger()
+        relation = NeighboringRelation.ADD_REMOVE
+        if events is not None and relation not in events.relations:
+            relation = events.relations[0]
+        return PrivacyLedger(neighboring=relation)
     if not isinstance(ledger, PrivacyLedger):
         raise InvalidParameterError("ledger", ledger, "a dpledger.PrivacyLedger or None")
+    if events is not None:
+        check_relation(events, ledger)
     return ledger
 
 
@@ -560,7 +663,7 @@ class PrivateGradients:
         bias_callback: ClippingBiasCallback | None = None,
         check_record_independence: bool = True,
     ) -> None:
-        q, n = sampling_of(sampler, sampling_probability, population_size)
+        events = step_events_of(sampler, sampling_probability, population_size)
         if not isinstance(check_record_independence, bool):
             raise InvalidParameterError(
                 "check_record_independence", check_record_independence, "True or False"
@@ -583,9 +686,8 @@ class PrivateGradients:
                 scales=scales,
                 queries=queries,
             ),
-            sampling_probability=q,
-            population_size=n,
-            ledger=ledger_of(ledger),
+            events=events,
+            ledger=ledger_of(ledger, events),
             generator=generator_of(generator, seed),
             clip_margin=check_clip_margin(clip_margin),
             bias_callback=check_bias_callback(bias_callback),
@@ -631,12 +733,22 @@ class PrivateGradients:
         self._probed = self._probed or ran
         return ran
 
-    def _raw(self, inputs: Any, targets: Any, sample_weight: Any) -> list[tf.Tensor]:
-        grads, _ = self._step.gradients(inputs, targets, sample_weight)
+    @property
+    def sampling_event(self) -> SamplingEvent:
+        """The sampling event recorded with every step (``epoch_start`` aside)."""
+        return self._step.events.event
+
+    def _raw(self, inputs: Any, targets: Any, sample_weight: Any, position: Any) -> list[tf.Tensor]:
+        grads, _ = self._step.gradients(inputs, targets, sample_weight, position)
         return grads
 
     def __call__(
-        self, inputs: Any, targets: Any = None, *, sample_weight: Any = None
+        self,
+        inputs: Any,
+        targets: Any = None,
+        *,
+        sample_weight: Any = None,
+        step_in_epoch: Any = None,
     ) -> list[tf.Tensor]:
         """One DP step on a batch: the privatised gradient average per trainable variable.
 
@@ -644,7 +756,12 @@ class PrivateGradients:
             inputs: the model's inputs for the batch (B records, B may be 0).
             targets: the loss's ``y_true``.
             sample_weight: optional per-example loss weights (B,).
+            step_in_epoch: for an epoch-based sampler (balls-in-bins, shuffle), the batch's
+                0-based position in its iteration over the sampler's dataset (``enumerate``);
+                position 0 is recorded with ``epoch_start=True``. By default the executed steps
+                are counted, which is right when every epoch's batches are all used, in order.
         """
+        position = tf.constant(-1, tf.int64) if step_in_epoch is None else step_in_epoch
         if tf.inside_function():
             if not self._probed:
                 _log.warning(
@@ -652,13 +769,13 @@ class PrivateGradients:
                     "private.probe(inputs, targets) once eagerly before training"
                 )
                 self._probed = True
-            return self._raw(inputs, targets, sample_weight)
+            return self._raw(inputs, targets, sample_weight, position)
         if not self._probed:
             self.probe(inputs, targets, sample_weight=sample_weight)
         if self._compiled is None:
             self._compiled = tf.function(self._raw, autograph=False, reduce_retracing=True)
         try:
-            return self._compiled(inputs, targets, sample_weight)
+            return self._compiled(inputs, targets, sample_weight, tf.cast(position, tf.int64))
         except tf.errors.OpError as exc:
             self._step.reraise(exc)
             raise  # pragma: no cover - reraise always raises
