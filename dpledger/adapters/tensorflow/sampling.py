@@ -202,6 +202,9 @@ class RecordSampler:
         )
 
     def _made(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        # flat_map hides the number of batches, which Keras needs to know where an epoch ends
+        if int(dataset.cardinality()) != self.steps_per_epoch:
+            dataset = dataset.apply(tf.data.experimental.assert_cardinality(self.steps_per_epoch))
         self._datasets.add(dataset)
         return dataset
 
