@@ -3,11 +3,11 @@
 :class:`DPKerasModel` wraps a built ``keras.Model``; compiled with whatever
 ``keras.optimizers.Optimizer`` the user chooses (SGD, Adam, AdamW, a custom one) and a loss, its
 ``fit`` runs DP steps: each step clips per-example gradients (the fast ghost-norm path or the
-vectorised one), adds Gaussian noise, averages with the fixed denominator q·n and hands the
-privatised gradient to the optimizer, recording one sampling event (q, n) and the step's
-sum-query events in the ledger (see :mod:`~dpledger.adapters.tensorflow.private_gradients` for
-the stages and their precision). The optimizer only post-processes privatised gradients, so its
-choice never changes the accounting.
+vectorised one), adds Gaussian noise, averages with the fixed denominator of the sampling scheme
+(q·n, b or n/k) and hands the privatised gradient to the optimizer, recording the step's sampling
+event and sum-query events in the ledger (see
+:mod:`~dpledger.adapters.tensorflow.private_gradients` for the stages and their precision). The
+optimizer only post-processes privatised gradients, so its choice never changes the accounting.
 
 Why not ``train_step``: Keras runs ``train_step`` inside a ``tf.function`` (and a loop of
 ``steps_per_execution`` steps inside one graph), where Python code runs only while tracing.
@@ -99,12 +99,19 @@ class DPKerasModel(keras.Model):
         model: the built ``keras.Model`` to train (its weights are the ones trained).
         l2_norm_clip: S* > 0, the bound on each example's gradient (split over groups).
         noise_multiplier: z ≥ 0 (the step's z_eff; 0 is recorded and means ε = ∞).
-        sampler: the :class:`~dpledger.adapters.tensorflow.PoissonSampler` that makes the
-            training batches (its q and n are recorded); or give ``sampling_probability`` and
-            ``population_size`` of the pipeline you use.
+        sampler: the sampler that makes the training batches (a
+            :class:`~dpledger.adapters.tensorflow.PoissonSampler`, ``FixedSizeSampler``,
+            ``TruncatedPoissonSampler``, ``BallsInBinsSampler`` or ``ShuffleSampler``); each
+            step records the event of its batch (:meth:`RecordSampler.event_for_step` of the
+            batch's position in its iteration over the sampler's dataset, so ``epoch_start``
+            marks the first batch of each iteration); or give ``sampling_probability`` and
+            ``population_size`` of the Poisson pipeline you use.
         sampling_probability: q in (0, 1].
         population_size: n ≥ 1.
-        ledger: the ledger to record into (default: a new in-memory ledger).
+        ledger: the ledger to record into (default: a new in-memory ledger, add/remove unless
+            the scheme is analysed under replace-one only). Its neighbouring relation must be
+            one the sampler's scheme is analysed under (fixed-size and shuffled batches:
+            ``neighboring="replace_one"``).
         generator: the noise ``tf.random.Generator``; or ``seed``.
         seed: seed of the noise generator (None: OS entropy).
         clipping: ``"flat"``, ``"global"``, ``"automatic"`` or a :class:`ClippingStrategy`.
@@ -124,7 +131,8 @@ class DPKerasModel(keras.Model):
         name: the wrapper's name.
 
     Raises:
-        InvalidParameterError: a bad argument (naming it).
+        InvalidParameterError: a bad argument (naming it), or a ledger whose neighbouring
+            relation the sampler's scheme has no analysis under.
         RecordMixingLayerError: a BatchNormalization layer in training mode.
         UnsupportedLayerError: a layer with a regulariser (use the optimizer's weight decay).
     """
@@ -226,16 +234,18 @@ class DPKerasModel(keras.Model):
     def fit(self, x: Any = None, y: Any = None, batch_size: Any = None, **kwargs: Any) -> Any:
         """``keras.Model.fit`` on batches that the data pipeline has already sampled.
 
-        ``x`` must yield the batches (a ``tf.data.Dataset`` such as
-        :meth:`~dpledger.adapters.tensorflow.PoissonSampler.sample`'s, a ``keras.utils.PyDataset``
+        ``x`` must yield the batches (a ``tf.data.Dataset`` such as a sampler's
+        :meth:`~dpledger.adapters.tensorflow.RecordSampler.sample`, a ``keras.utils.PyDataset``
         or an iterator): given arrays or tensors, Keras would shuffle them and cut fixed-size
-        batches, which are not the Poisson samples of rate q that the ledger records.
+        batches, which are not the samples that the ledger records.
 
         ``shuffle`` defaults to False (Keras cannot shuffle a dataset's batches anyway).
 
         When the model was given its ``sampler``, ``x`` must be that sampler's
-        :meth:`~dpledger.adapters.tensorflow.PoissonSampler.sample` dataset (optionally
-        prefetched): every step is then one of its draws.
+        :meth:`~dpledger.adapters.tensorflow.RecordSampler.sample` dataset (optionally
+        prefetched): every step is then one of its draws. A pipeline such as
+        ``dataset.shuffle(n).batch(b)`` is refused; ``ShuffleSampler(population_size=n,
+        batch_size=b).sample(...)`` draws the same kind of batches and records them as such.
 
         Raises:
             InvalidParameterError: ``x`` is arrays or tensors, or ``batch_size`` is given.

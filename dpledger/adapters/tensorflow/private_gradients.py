@@ -7,14 +7,17 @@ One DP step on a Poisson sample R of the n records (McMahan & Andrew, sections 1
    :class:`~dpledger.mechanisms.GaussianSumQuery` and its clipping strategy (flat, global,
    automatic; joint scaled clipping through :class:`~dpledger.mechanisms.ScaledGaussianSumQuery`);
 3. the clipped sums Σ_i f_{i,g} g_{i,j} (the engine's book-keeping, in the graph);
-4. on the host: the sampling event (q, n) is recorded, then the mechanisms' release runs — the
+4. on the host: the step's sampling event (the sampler's, see :class:`StepEvents`) is recorded,
+   then the mechanisms' release runs — the
    sensitivity check ‖clipped sum‖ ≤ |R|·S_g and one sum-query event (S_g, σ̃_g, label) per
    group — and returns the noise standard deviation of every variable (σ̃_g, or α_j·σ̃_g under
    joint scaling);
 5. in the graph: Gaussian noise of exactly those standard deviations, drawn in float64 on the
    sums' device (the standard normals are drawn before stage 4, overlapping it), is added and
    the result rounded once (:class:`~dpledger.adapters.tensorflow.TensorFlowBackend`), and
-   the fixed-denominator average sum/(q·n) is returned (:func:`fixed_denominator_average`).
+   the fixed-denominator average is returned (:func:`fixed_denominator_average`): sum/(q·n)
+   for Poisson and truncated Poisson, sum/b for fixed-size and shuffled batches, sum/(n/k) for
+   balls-in-bins (the event's ``average_denominator``).
 
 The host stages run in ``tf.numpy_function`` callbacks, so the whole step is one
 ``tf.function`` and the ledger is written when the step *executes* — exactly once per executed
@@ -590,9 +593,9 @@ def ledger_of(ledger: Any, events: StepEvents | None = None) -> PrivacyLedger:
 class PrivateGradients:
     """Privatised gradients of a Keras model for a custom ``tf.GradientTape``-style loop.
 
-    Each call is one DP step on a batch drawn with probability q from n records: it records one
-    sampling event (q, n) and the step's sum-query events in ``ledger`` and returns the noised,
-    clipped gradient average Σ_i clip(g_i) + N(0, σ̃² I), divided by q·n (fixed denominator),
+    Each call is one DP step on a batch drawn by the sampler: it records the batch's sampling
+    event and the step's sum-query events in ``ledger`` and returns the noised, clipped gradient
+    sum Σ_i clip(g_i) + N(0, σ̃² I) divided by the event's fixed denominator (q·n, b or n/k),
     one tensor per trainable variable (see the module docstring for the stages).
 
     Example::
@@ -615,11 +618,17 @@ class PrivateGradients:
             ``reduction="none"``).
         l2_norm_clip: S* > 0 (see :func:`~dpledger.adapters.tensorflow.gradient_queries`).
         noise_multiplier: z ≥ 0.
-        sampler: the :class:`~dpledger.adapters.tensorflow.PoissonSampler` whose batches are
-            passed, for q and n; or give them as ``sampling_probability`` and ``population_size``.
+        sampler: the sampler whose batches are passed (a
+            :class:`~dpledger.adapters.tensorflow.PoissonSampler`, ``FixedSizeSampler``,
+            ``TruncatedPoissonSampler``, ``BallsInBinsSampler`` or ``ShuffleSampler``), for its
+            sampling event; or give a Poisson sample's ``sampling_probability`` and
+            ``population_size``.
         sampling_probability: q in (0, 1].
         population_size: n ≥ 1.
-        ledger: where the events go (default: a new in-memory ledger, see :attr:`ledger`).
+        ledger: where the events go (default: a new in-memory ledger, add/remove unless the
+            scheme is analysed under replace-one only; see :attr:`ledger`). Its neighbouring
+            relation must be one the sampler's scheme is analysed under (fixed-size and shuffled
+            batches: ``neighboring="replace_one"``).
         generator: the noise ``tf.random.Generator``; or ``seed`` (None: OS entropy).
         seed: seed of the noise generator.
         clipping, groups, clip_split, noise_allocation, scales, queries: the queries, as in
@@ -634,7 +643,8 @@ class PrivateGradients:
             :meth:`probe` once eagerly first. False switches it off and logs a warning.
 
     Raises:
-        InvalidParameterError: for a bad argument (naming it).
+        InvalidParameterError: for a bad argument (naming it), or a ledger whose neighbouring
+            relation the sampler's scheme has no analysis under.
         PerExampleLossError: for a loss without per-example values.
         RecordMixingLayerError: for BatchNormalization in training mode.
     """
