@@ -1,5 +1,6 @@
 """TensorFlow / Keras 3 adapter: DP training with ``model.fit``, privatised gradients for custom
-loops, per-example gradients, fast clipping, Poisson sampling and a TensorFlow array backend.
+loops, per-example gradients, fast clipping, ``tf.data`` samplers of every scheme (Poisson, fixed
+size, truncated Poisson, balls-in-bins, shuffle) and a TensorFlow array backend.
 
 Importing this package imports TensorFlow and Keras; ``import dpledger`` and
 ``import dpledger.adapters`` do not.
@@ -35,15 +36,24 @@ from dpledger.adapters.tensorflow.registry import (
     registered_layer_types,
     unregister_layer_rule,
 )
-from dpledger.adapters.tensorflow.sampling import PoissonSampler
+from dpledger.adapters.tensorflow.sampling import (
+    BallsInBinsSampler,
+    FixedSizeSampler,
+    PoissonSampler,
+    RecordSampler,
+    ShuffleSampler,
+    TruncatedPoissonSampler,
+)
 
 __all__ = [
+    "BallsInBinsSampler",
     "ClippedGradients",
     "Conv2DRule",
     "DPKerasModel",
     "DenseRule",
     "EinsumDenseRule",
     "EmbeddingRule",
+    "FixedSizeSampler",
     "GradientQueries",
     "LayerCall",
     "LayerGradientRule",
@@ -55,7 +65,10 @@ __all__ = [
     "PoissonSampler",
     "PrivateGradients",
     "RecordMixingLayerError",
+    "RecordSampler",
+    "ShuffleSampler",
     "TensorFlowBackend",
+    "TruncatedPoissonSampler",
     "UnsupportedLayerError",
     "default_clip_margin",
     "gradient_queries",

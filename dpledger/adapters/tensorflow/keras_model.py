@@ -3,11 +3,11 @@
 :class:`DPKerasModel` wraps a built ``keras.Model``; compiled with whatever
 ``keras.optimizers.Optimizer`` the user chooses (SGD, Adam, AdamW, a custom one) and a loss, its
 ``fit`` runs DP steps: each step clips per-example gradients (the fast ghost-norm path or the
-vectorised one), adds Gaussian noise, averages with the fixed denominator q·n and hands the
-privatised gradient to the optimizer, recording one sampling event (q, n) and the step's
-sum-query events in the ledger (see :mod:`~dpledger.adapters.tensorflow.private_gradients` for
-the stages and their precision). The optimizer only post-processes privatised gradients, so its
-choice never changes the accounting.
+vectorised one), adds Gaussian noise, averages with the fixed denominator of the sampling scheme
+(q·n, b or n/k) and hands the privatised gradient to the optimizer, recording the step's sampling
+event and sum-query events in the ledger (see
+:mod:`~dpledger.adapters.tensorflow.private_gradients` for the stages and their precision). The
+optimizer only post-processes privatised gradients, so its choice never changes the accounting.
 
 Why not ``train_step``: Keras runs ``train_step`` inside a ``tf.function`` (and a loop of
 ``steps_per_execution`` steps inside one graph), where Python code runs only while tracing.
@@ -43,11 +43,12 @@ from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, gradi
 from dpledger.adapters.tensorflow.losses import per_example_loss
 from dpledger.adapters.tensorflow.private_gradients import (
     DPStep,
+    StepEvents,
     check_bias_callback,
     check_clip_margin,
     generator_of,
     ledger_of,
-    sampling_of,
+    step_events_of,
 )
 from dpledger.adapters.tensorflow.record_probe import (
     probe_record_independence,
@@ -55,7 +56,7 @@ from dpledger.adapters.tensorflow.record_probe import (
 )
 from dpledger.audit.bias import ClippingBiasCallback
 from dpledger.errors import InvalidParameterError, SamplerMismatchError
-from dpledger.ledger import PrivacyLedger
+from dpledger.ledger import PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, GaussianSumQuery
 
 __all__ = ["DPKerasModel", "make_private"]
@@ -98,12 +99,19 @@ class DPKerasModel(keras.Model):
         model: the built ``keras.Model`` to train (its weights are the ones trained).
         l2_norm_clip: S* > 0, the bound on each example's gradient (split over groups).
         noise_multiplier: z ≥ 0 (the step's z_eff; 0 is recorded and means ε = ∞).
-        sampler: the :class:`~dpledger.adapters.tensorflow.PoissonSampler` that makes the
-            training batches (its q and n are recorded); or give ``sampling_probability`` and
-            ``population_size`` of the pipeline you use.
+        sampler: the sampler that makes the training batches (a
+            :class:`~dpledger.adapters.tensorflow.PoissonSampler`, ``FixedSizeSampler``,
+            ``TruncatedPoissonSampler``, ``BallsInBinsSampler`` or ``ShuffleSampler``); each
+            step records the event of its batch (:meth:`RecordSampler.event_for_step` of the
+            batch's position in its iteration over the sampler's dataset, so ``epoch_start``
+            marks the first batch of each iteration); or give ``sampling_probability`` and
+            ``population_size`` of the Poisson pipeline you use.
         sampling_probability: q in (0, 1].
         population_size: n ≥ 1.
-        ledger: the ledger to record into (default: a new in-memory ledger).
+        ledger: the ledger to record into (default: a new in-memory ledger, add/remove unless
+            the scheme is analysed under replace-one only). Its neighbouring relation must be
+            one the sampler's scheme is analysed under (fixed-size and shuffled batches:
+            ``neighboring="replace_one"``).
         generator: the noise ``tf.random.Generator``; or ``seed``.
         seed: seed of the noise generator (None: OS entropy).
         clipping: ``"flat"``, ``"global"``, ``"automatic"`` or a :class:`ClippingStrategy`.
@@ -123,7 +131,8 @@ class DPKerasModel(keras.Model):
         name: the wrapper's name.
 
     Raises:
-        InvalidParameterError: a bad argument (naming it).
+        InvalidParameterError: a bad argument (naming it), or a ledger whose neighbouring
+            relation the sampler's scheme has no analysis under.
         RecordMixingLayerError: a BatchNormalization layer in training mode.
         UnsupportedLayerError: a layer with a regulariser (use the optimizer's weight decay).
     """
@@ -164,7 +173,7 @@ class DPKerasModel(keras.Model):
         if not check_record_independence:
             _log.warning(record_probe_off_warning())
         super().__init__(name=name or f"dp_{model.name}")
-        q, n = sampling_of(sampler, sampling_probability, population_size)
+        events = step_events_of(sampler, sampling_probability, population_size)
         self._dp_sampler = sampler
         _refuse_regularizers(model)
         # Built here so that bad clipping arguments fail now, not at the first fit.
@@ -183,8 +192,10 @@ class DPKerasModel(keras.Model):
         PerExampleGradientEngine(model, lambda y, p: tf.zeros(tf.shape(p)[:1]), method=method)
         self.model = model
         self._dp_groups = groups
-        self._dp_sampling = (q, n)
-        self._dp_ledger = ledger_of(ledger)
+        self._dp_events: StepEvents = events
+        self._dp_ledger = ledger_of(ledger, events)
+        self._dp_iterator: Any = None  # the iterator of the current epoch, and the next
+        self._dp_position = 0  # step's position in it
         self._dp_generator = generator_of(generator, seed)
         self._dp_method = method
         self._dp_margin = check_clip_margin(clip_margin)
@@ -223,16 +234,18 @@ class DPKerasModel(keras.Model):
     def fit(self, x: Any = None, y: Any = None, batch_size: Any = None, **kwargs: Any) -> Any:
         """``keras.Model.fit`` on batches that the data pipeline has already sampled.
 
-        ``x`` must yield the batches (a ``tf.data.Dataset`` such as
-        :meth:`~dpledger.adapters.tensorflow.PoissonSampler.sample`'s, a ``keras.utils.PyDataset``
+        ``x`` must yield the batches (a ``tf.data.Dataset`` such as a sampler's
+        :meth:`~dpledger.adapters.tensorflow.RecordSampler.sample`, a ``keras.utils.PyDataset``
         or an iterator): given arrays or tensors, Keras would shuffle them and cut fixed-size
-        batches, which are not the Poisson samples of rate q that the ledger records.
+        batches, which are not the samples that the ledger records.
 
         ``shuffle`` defaults to False (Keras cannot shuffle a dataset's batches anyway).
 
         When the model was given its ``sampler``, ``x`` must be that sampler's
-        :meth:`~dpledger.adapters.tensorflow.PoissonSampler.sample` dataset (optionally
-        prefetched): every step is then one of its draws.
+        :meth:`~dpledger.adapters.tensorflow.RecordSampler.sample` dataset (optionally
+        prefetched): every step is then one of its draws. A pipeline such as
+        ``dataset.shuffle(n).batch(b)`` is refused; ``ShuffleSampler(population_size=n,
+        batch_size=b).sample(...)`` draws the same kind of batches and records them as such.
 
         Raises:
             InvalidParameterError: ``x`` is arrays or tensors, or ``batch_size`` is given.
@@ -242,31 +255,38 @@ class DPKerasModel(keras.Model):
             raise InvalidParameterError(
                 "batch_size",
                 batch_size,
-                "None: the batches come from the Poisson sampler (sampler.sample((x, y))), "
-                "their size is not fixed",
+                "None: the batches come from the sampler (sampler.sample((x, y)) of a "
+                "PoissonSampler, ShuffleSampler, …), which decides their size",
             )
         if not isinstance(x, (tf.data.Dataset, keras.utils.PyDataset, Iterator)):
             raise InvalidParameterError(
                 "x",
                 f"<{type(x).__name__}>",
-                "a dataset of Poisson-sampled batches (sampler.sample((x, y))), not arrays: "
-                "Keras would shuffle arrays into fixed-size batches, whose sampling is not "
-                "the rate q recorded in the ledger",
+                "a dataset of sampled batches (sampler.sample((x, y))), not arrays: Keras would "
+                "shuffle arrays into fixed-size batches, whose sampling is not the one recorded "
+                "in the ledger (for shuffled batches, ShuffleSampler records them as such)",
             )
         drew = getattr(self._dp_sampler, "drew", None)
         if drew is not None and not drew(x):
             raise SamplerMismatchError(
                 "fit() was given batches that the recorded sampler did not draw: "
-                f"{self._dp_sampler!r} records its q with every step, so the data must be "
+                f"{self._dp_sampler!r} records its sampling event "
+                f"({self._dp_events.event.describe()}) with every step, so the data must be "
                 "sampler.sample((x, y)) itself, optionally followed by .prefetch() or "
                 ".with_options(); a dataset shuffled and batched (or batched, filtered, mapped, "
-                "taken, cached …) after or instead of sampling has other batches. Nothing was "
-                "recorded"
+                "taken, cached …) after or instead of sampling has other batches. For shuffled "
+                "fixed-size batches like dataset.shuffle(n).batch(b), use "
+                "ShuffleSampler(population_size=n, batch_size=b), recorded truthfully as "
+                "shuffle(b, n) (analysed under neighboring='replace_one', without amplification); "
+                "for amplification by sampling, PoissonSampler. Nothing was recorded"
             )
         kwargs.setdefault("shuffle", False)  # the batches are already sampled
         if not self._dp_probed and self._dp_loss is not None:
             self._probe_first_batch(x)
-        return super().fit(x, y, **kwargs)
+        try:
+            return super().fit(x, y, **kwargs)
+        finally:
+            self._dp_iterator = None
 
     def _probe_first_batch(self, x: Any) -> None:
         if isinstance(x, tf.data.Dataset):
@@ -328,14 +348,21 @@ class DPKerasModel(keras.Model):
         return self._dp_queries
 
     @property
+    def sampling_event(self) -> SamplingEvent:
+        """The sampling event recorded with every step (``epoch_start`` aside)."""
+        return self._dp_events.event
+
+    @property
     def sampling_probability(self) -> float:
         """q recorded for every step."""
-        return self._dp_sampling[0]
+        return self._dp_events.event.sampling_probability
 
     @property
     def population_size(self) -> int:
         """n recorded for every step."""
-        return self._dp_sampling[1]
+        n = self._dp_events.event.population_size
+        assert n is not None
+        return n
 
     @property
     def dp_step(self) -> DPStep | None:
@@ -355,12 +382,10 @@ class DPKerasModel(keras.Model):
                 self.model.name,
                 "the same trainable variables as when the DPKerasModel was created",
             )
-        q, n = self._dp_sampling
         return DPStep(
             engine,
             queries=queries,
-            sampling_probability=q,
-            population_size=n,
+            events=self._dp_events,
             ledger=self._dp_ledger,
             generator=self._dp_generator,
             clip_margin=self._dp_margin,
@@ -403,7 +428,7 @@ class DPKerasModel(keras.Model):
             return strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
 
         @tf.autograph.experimental.do_not_convert
-        def one_step(data: Any) -> Any:
+        def one_step(data: Any, position: tf.Tensor) -> Any:
             out, logs = strategy.run(replica, args=(data,))
             sums = [sum_over_replicas(s) for s in out["sums"]]
             count = sum_over_replicas(out["num_records"])
@@ -412,7 +437,7 @@ class DPKerasModel(keras.Model):
                 extras["unclipped"] = [sum_over_replicas(s) for s in out["unclipped"]]
                 extras["norms"] = tf.concat(strategy.experimental_local_results(out["norms"]), 0)
                 extras["num_clipped"] = sum_over_replicas(out["num_clipped"])
-            grads = step.release(sums, count, **extras)
+            grads = step.release(sums, count, position=position, **extras)
             self.optimizer.apply(grads, list(step.variables))
             return tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], logs)
 
@@ -428,13 +453,23 @@ class DPKerasModel(keras.Model):
                         raise StopIteration from None
                     break
                 try:
-                    logs = compiled(data)
+                    logs = compiled(data, self._position_of(iterator))
                 except tf.errors.OpError as exc:
                     step.reraise(exc)
             return logs
 
         self.train_function = train_function
         return train_function
+
+    def _position_of(self, iterator: Any) -> tf.Tensor:
+        """The position of the next step in its epoch: each iteration over a sampler's dataset
+        draws a new epoch, so a new iterator starts at 0 (Keras makes one per epoch, or keeps
+        one across epochs with ``steps_per_epoch``)."""
+        if iterator is not self._dp_iterator:
+            self._dp_iterator, self._dp_position = iterator, 0
+        position = self._dp_position
+        self._dp_position += 1
+        return tf.constant(position, tf.int64)
 
 
 def make_private(model: keras.Model, **privacy: Any) -> DPKerasModel:

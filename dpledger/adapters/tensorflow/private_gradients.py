@@ -7,14 +7,17 @@ One DP step on a Poisson sample R of the n records (McMahan & Andrew, sections 1
    :class:`~dpledger.mechanisms.GaussianSumQuery` and its clipping strategy (flat, global,
    automatic; joint scaled clipping through :class:`~dpledger.mechanisms.ScaledGaussianSumQuery`);
 3. the clipped sums Σ_i f_{i,g} g_{i,j} (the engine's book-keeping, in the graph);
-4. on the host: the sampling event (q, n) is recorded, then the mechanisms' release runs — the
+4. on the host: the step's sampling event (the sampler's, see :class:`StepEvents`) is recorded,
+   then the mechanisms' release runs — the
    sensitivity check ‖clipped sum‖ ≤ |R|·S_g and one sum-query event (S_g, σ̃_g, label) per
    group — and returns the noise standard deviation of every variable (σ̃_g, or α_j·σ̃_g under
    joint scaling);
 5. in the graph: Gaussian noise of exactly those standard deviations, drawn in float64 on the
    sums' device (the standard normals are drawn before stage 4, overlapping it), is added and
    the result rounded once (:class:`~dpledger.adapters.tensorflow.TensorFlowBackend`), and
-   the fixed-denominator average sum/(q·n) is returned (:func:`fixed_denominator_average`).
+   the fixed-denominator average is returned (:func:`fixed_denominator_average`): sum/(q·n)
+   for Poisson and truncated Poisson, sum/b for fixed-size and shuffled batches, sum/(n/k) for
+   balls-in-bins (the event's ``average_denominator``).
 
 The host stages run in ``tf.numpy_function`` callbacks, so the whole step is one
 ``tf.function`` and the ledger is written when the step *executes* — exactly once per executed
@@ -64,7 +67,7 @@ from dpledger.adapters.tensorflow.record_probe import (
 )
 from dpledger.audit.bias import ClippingBiasCallback, clipping_bias_from_sums
 from dpledger.errors import InvalidParameterError
-from dpledger.ledger import PrivacyLedger
+from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, GaussianSumQuery, fixed_denominator_average
 from dpledger.mechanisms.clipping import check_clip_margin as check_margin
 from dpledger.mechanisms.clipping import rounding_clip_margin
@@ -162,8 +165,7 @@ class DPStep:
         engine: PerExampleGradientEngine,
         *,
         queries: GradientQueries,
-        sampling_probability: float,
-        population_size: int,
+        events: StepEvents,
         ledger: PrivacyLedger,
         generator: tf.random.Generator,
         clip_margin: float | None,
@@ -171,9 +173,12 @@ class DPStep:
     ) -> None:
         self.engine = engine
         self.queries = queries
-        self.sampling_probability = sampling_probability
-        self.population_size = population_size
+        self.events = events
+        self.sampling_probability = events.event.sampling_probability
+        self.population_size = events.event.population_size
+        self.denominator = events.denominator
         self.ledger = ledger
+        self._next_position = 0
         self.generator = generator
         self.bias_callback = bias_callback
         self.backend = TensorFlowBackend()
@@ -237,10 +242,17 @@ class DPStep:
             self._fail(exc)
             raise
 
-    def _host_release(self, num_records: np.ndarray, *squared_sum_norms: np.ndarray) -> np.ndarray:
+    def _host_release(
+        self, num_records: np.ndarray, position: np.ndarray, *squared_sum_norms: np.ndarray
+    ) -> np.ndarray:
         try:
             with self._lock:
                 queries = self.queries
+                at = int(position)
+                if at < 0:  # no position given: count the executed steps
+                    at = self._next_position
+                self._next_position = at + 1
+            event = self.events.at(at)
             summaries = []
             for j, sq in enumerate(squared_sum_norms):
                 info = np.finfo(self._dtypes[j].as_numpy_dtype)
@@ -252,12 +264,7 @@ class DPStep:
                         tiny=float(info.tiny),
                     )
                 )
-            step = open_step(
-                self.ledger,
-                sampling_probability=self.sampling_probability,
-                population_size=self.population_size,
-                backend=self._host_backend,
-            )
+            step = open_step(self.ledger, event=event, backend=self._host_backend)
             try:
                 released = step.release(
                     queries.grouped,
@@ -292,7 +299,7 @@ class DPStep:
                     num_examples=count,
                     per_example_norms=np.asarray(norms, np.float64),
                     num_clipped=int(num_clipped),
-                    denominator=self.sampling_probability * self.population_size,
+                    denominator=self.denominator,
                 )
                 self.bias_callback(self.ledger.num_steps - 1, metrics)
             return np.int64(0)
@@ -347,15 +354,21 @@ class DPStep:
         unclipped: Sequence[tf.Tensor] | None = None,
         norms: tf.Tensor | None = None,
         num_clipped: tf.Tensor | None = None,
+        position: Any = None,
     ) -> list[tf.Tensor]:
-        """Stages 4–5 (once per step, in cross-replica context): noise, record, average."""
+        """Stages 4–5 (once per step, in cross-replica context): noise, record, average.
+
+        ``position`` is the step's 0-based position in its epoch (an int64 scalar), which
+        decides its sampling event (:meth:`StepEvents.at`); None counts the executed steps.
+        """
+        where = tf.constant(-1, tf.int64) if position is None else tf.cast(position, tf.int64)
         # The standard normals do not depend on the release, so they are drawn first and can
         # overlap with the host stage; the release's standard deviations scale them after.
         normals = [self.backend.standard_normal(s, generator=self.generator) for s in sums]
         squared = [tf.reduce_sum(tf.square(tf.cast(s, tf.float64))) for s in sums]
         stddevs = tf.numpy_function(
             self._host_release,
-            [tf.cast(num_records, tf.int64), *squared],
+            [tf.cast(num_records, tf.int64), where, *squared],
             tf.float64,
             stateful=True,
             name="dp_release",
@@ -383,15 +396,17 @@ class DPStep:
                 self.backend.add_scaled_noise(s, normals[j], stddev=stddevs[j])
                 for j, s in enumerate(sums)
             ]
-        return fixed_denominator_average(
-            noised,
-            sampling_probability=self.sampling_probability,
-            population_size=self.population_size,
-            backend=self.backend,
-        )
+        if self.events.event.is_classic:
+            return fixed_denominator_average(
+                noised,
+                sampling_probability=self.sampling_probability,
+                population_size=self.population_size,
+                backend=self.backend,
+            )
+        return fixed_denominator_average(noised, denominator=self.denominator, backend=self.backend)
 
     def gradients(
-        self, inputs: Any, targets: Any, sample_weight: Any = None
+        self, inputs: Any, targets: Any, sample_weight: Any = None, position: Any = None
     ) -> tuple[list[tf.Tensor], dict[str, Any]]:
         """Stages 1–5 for one replica (no ``tf.distribute``): the averaged noised gradients."""
         out = self.clip_replica(inputs, targets, sample_weight)
@@ -401,6 +416,7 @@ class DPStep:
             unclipped=out.get("unclipped"),
             norms=out.get("norms"),
             num_clipped=out.get("num_clipped"),
+            position=position,
         )
         return grads, out
 
@@ -413,10 +429,51 @@ class DPStep:
 
 
 # --------------------------------------------------------------------------- configuration
-def sampling_of(
+class StepEvents:
+    """The sampling event of every step of a DP run, from its sampler.
+
+    Not constructed by users: :class:`PrivateGradients` and
+    :class:`~dpledger.adapters.tensorflow.DPKerasModel` build it from their ``sampler`` (or
+    from ``sampling_probability`` and ``population_size``, a Poisson sample).
+
+    Attributes:
+        event: the event of every step, with ``epoch_start=False``.
+        epoch_based: whether the first step of each epoch is recorded with ``epoch_start``.
+        steps_per_epoch: the sampler's batches per epoch (None without a sampler).
+    """
+
+    def __init__(self, event: SamplingEvent, sampler: Any = None) -> None:
+        self.event = event
+        self._sampler = sampler
+        self.epoch_based = bool(getattr(sampler, "epoch_based", False))
+        self.steps_per_epoch: int | None = getattr(sampler, "steps_per_epoch", None)
+
+    @property
+    def denominator(self) -> float:
+        """The fixed denominator of every step's average (the event's; q·n for Poisson)."""
+        value = self.event.average_denominator
+        assert value is not None  # every event here has its n
+        return value
+
+    def at(self, position: int) -> SamplingEvent:
+        """The event of the step at 0-based ``position`` in its epoch (taken modulo the
+        sampler's steps per epoch): the sampler's
+        :meth:`~dpledger.adapters.tensorflow.RecordSampler.event_for_step`."""
+        if not self.epoch_based:
+            return self.event
+        assert self.steps_per_epoch is not None
+        return self._sampler.event_for_step(position % self.steps_per_epoch)
+
+    @property
+    def relations(self) -> tuple[NeighboringRelation, ...]:
+        """The neighbouring relations dpledger can analyse the steps under."""
+        return self.event.relations
+
+
+def step_events_of(
     sampler: Any, sampling_probability: float | None, population_size: int | None
-) -> tuple[float, int]:
-    """(q, n) from a sampler or from explicit values, validated."""
+) -> StepEvents:
+    """The steps' events from a sampler or from an explicit Poisson (q, n), validated."""
     if sampler is not None:
         if sampling_probability is not None or population_size is not None:
             raise InvalidParameterError(
@@ -424,13 +481,28 @@ def sampling_of(
                 sampler,
                 "either a sampler or sampling_probability and population_size, not both",
             )
+        event = getattr(sampler, "sampling_event", None)
+        if isinstance(event, SamplingEvent):
+            if event.epoch_start or event.population_size is None:
+                raise InvalidParameterError(
+                    "sampler", sampler, "a sampler whose sampling_event has n and no epoch_start"
+                )
+            if getattr(sampler, "epoch_based", False) and not callable(
+                getattr(sampler, "event_for_step", None)
+            ):
+                raise InvalidParameterError(
+                    "sampler", sampler, "an epoch-based sampler with event_for_step(step)"
+                )
+            return StepEvents(event, sampler)
         q = getattr(sampler, "sampling_probability", None)
         n = getattr(sampler, "population_size", None)
         if q is None or n is None:
             raise InvalidParameterError(
                 "sampler",
                 sampler,
-                "a PoissonSampler (with sampling_probability and population_size)",
+                "a sampler of dpledger.adapters.tensorflow (PoissonSampler, FixedSizeSampler, "
+                "TruncatedPoissonSampler, BallsInBinsSampler, ShuffleSampler) or one with "
+                "sampling_probability and population_size",
             )
         sampling_probability, population_size = q, n
     if sampling_probability is None or population_size is None:
@@ -446,7 +518,35 @@ def sampling_of(
             "sampling_probability", sampling_probability, "a probability in (0, 1]"
         )
     n = check_positive_int("population_size", population_size)
-    return q, n
+    return StepEvents(SamplingEvent.poisson(q, n))
+
+
+def sampling_of(
+    sampler: Any, sampling_probability: float | None, population_size: int | None
+) -> tuple[float, int]:
+    """(q, n) from a sampler or from explicit values, validated."""
+    event = step_events_of(sampler, sampling_probability, population_size).event
+    assert event.population_size is not None
+    return event.sampling_probability, event.population_size
+
+
+def check_relation(events: StepEvents, ledger: PrivacyLedger) -> None:
+    """Refuse a ledger whose neighbouring relation the steps' scheme has no analysis under.
+
+    Raises:
+        InvalidParameterError: naming the relation(s) to create the ledger with.
+    """
+    relations = events.relations
+    if ledger.neighboring in relations:
+        return
+    wanted = " or ".join(f"neighboring={r.value!r}" for r in relations)
+    raise InvalidParameterError(
+        "ledger",
+        f"a ledger with neighboring={ledger.neighboring.value!r}",
+        f"a ledger created with {wanted} (e.g. PrivacyLedger(path, {wanted.split(' or ')[0]})): "
+        f"steps sampled by {events.event.describe()} are analysed under "
+        f"{' or '.join(r.value for r in relations)} only",
+    )
 
 
 def check_clip_margin(clip_margin: float | None) -> float | None:
@@ -474,12 +574,18 @@ def generator_of(generator: Any, seed: int | None) -> tf.random.Generator:
     return make_generator(seed)
 
 
-def ledger_of(ledger: Any) -> PrivacyLedger:
-    """The ledger given, or a new in-memory one."""
+def ledger_of(ledger: Any, events: StepEvents | None = None) -> PrivacyLedger:
+    """The ledger given, or a new in-memory one (add/remove, or the relation the steps' scheme
+    is analysed under when that is not add/remove); checked against the steps' scheme."""
     if ledger is None:
-        return PrivacyLedger()
+        relation = NeighboringRelation.ADD_REMOVE
+        if events is not None and relation not in events.relations:
+            relation = events.relations[0]
+        return PrivacyLedger(neighboring=relation)
     if not isinstance(ledger, PrivacyLedger):
         raise InvalidParameterError("ledger", ledger, "a dpledger.PrivacyLedger or None")
+    if events is not None:
+        check_relation(events, ledger)
     return ledger
 
 
@@ -487,9 +593,9 @@ def ledger_of(ledger: Any) -> PrivacyLedger:
 class PrivateGradients:
     """Privatised gradients of a Keras model for a custom ``tf.GradientTape``-style loop.
 
-    Each call is one DP step on a batch drawn with probability q from n records: it records one
-    sampling event (q, n) and the step's sum-query events in ``ledger`` and returns the noised,
-    clipped gradient average Σ_i clip(g_i) + N(0, σ̃² I), divided by q·n (fixed denominator),
+    Each call is one DP step on a batch drawn by the sampler: it records the batch's sampling
+    event and the step's sum-query events in ``ledger`` and returns the noised, clipped gradient
+    sum Σ_i clip(g_i) + N(0, σ̃² I) divided by the event's fixed denominator (q·n, b or n/k),
     one tensor per trainable variable (see the module docstring for the stages).
 
     Example::
@@ -512,11 +618,17 @@ class PrivateGradients:
             ``reduction="none"``).
         l2_norm_clip: S* > 0 (see :func:`~dpledger.adapters.tensorflow.gradient_queries`).
         noise_multiplier: z ≥ 0.
-        sampler: the :class:`~dpledger.adapters.tensorflow.PoissonSampler` whose batches are
-            passed, for q and n; or give them as ``sampling_probability`` and ``population_size``.
+        sampler: the sampler whose batches are passed (a
+            :class:`~dpledger.adapters.tensorflow.PoissonSampler`, ``FixedSizeSampler``,
+            ``TruncatedPoissonSampler``, ``BallsInBinsSampler`` or ``ShuffleSampler``), for its
+            sampling event; or give a Poisson sample's ``sampling_probability`` and
+            ``population_size``.
         sampling_probability: q in (0, 1].
         population_size: n ≥ 1.
-        ledger: where the events go (default: a new in-memory ledger, see :attr:`ledger`).
+        ledger: where the events go (default: a new in-memory ledger, add/remove unless the
+            scheme is analysed under replace-one only; see :attr:`ledger`). Its neighbouring
+            relation must be one the sampler's scheme is analysed under (fixed-size and shuffled
+            batches: ``neighboring="replace_one"``).
         generator: the noise ``tf.random.Generator``; or ``seed`` (None: OS entropy).
         seed: seed of the noise generator.
         clipping, groups, clip_split, noise_allocation, scales, queries: the queries, as in
@@ -531,7 +643,8 @@ class PrivateGradients:
             :meth:`probe` once eagerly first. False switches it off and logs a warning.
 
     Raises:
-        InvalidParameterError: for a bad argument (naming it).
+        InvalidParameterError: for a bad argument (naming it), or a ledger whose neighbouring
+            relation the sampler's scheme has no analysis under.
         PerExampleLossError: for a loss without per-example values.
         RecordMixingLayerError: for BatchNormalization in training mode.
     """
@@ -560,7 +673,7 @@ class PrivateGradients:
         bias_callback: ClippingBiasCallback | None = None,
         check_record_independence: bool = True,
     ) -> None:
-        q, n = sampling_of(sampler, sampling_probability, population_size)
+        events = step_events_of(sampler, sampling_probability, population_size)
         if not isinstance(check_record_independence, bool):
             raise InvalidParameterError(
                 "check_record_independence", check_record_independence, "True or False"
@@ -583,9 +696,8 @@ class PrivateGradients:
                 scales=scales,
                 queries=queries,
             ),
-            sampling_probability=q,
-            population_size=n,
-            ledger=ledger_of(ledger),
+            events=events,
+            ledger=ledger_of(ledger, events),
             generator=generator_of(generator, seed),
             clip_margin=check_clip_margin(clip_margin),
             bias_callback=check_bias_callback(bias_callback),
@@ -631,12 +743,22 @@ class PrivateGradients:
         self._probed = self._probed or ran
         return ran
 
-    def _raw(self, inputs: Any, targets: Any, sample_weight: Any) -> list[tf.Tensor]:
-        grads, _ = self._step.gradients(inputs, targets, sample_weight)
+    @property
+    def sampling_event(self) -> SamplingEvent:
+        """The sampling event recorded with every step (``epoch_start`` aside)."""
+        return self._step.events.event
+
+    def _raw(self, inputs: Any, targets: Any, sample_weight: Any, position: Any) -> list[tf.Tensor]:
+        grads, _ = self._step.gradients(inputs, targets, sample_weight, position)
         return grads
 
     def __call__(
-        self, inputs: Any, targets: Any = None, *, sample_weight: Any = None
+        self,
+        inputs: Any,
+        targets: Any = None,
+        *,
+        sample_weight: Any = None,
+        step_in_epoch: Any = None,
     ) -> list[tf.Tensor]:
         """One DP step on a batch: the privatised gradient average per trainable variable.
 
@@ -644,7 +766,12 @@ class PrivateGradients:
             inputs: the model's inputs for the batch (B records, B may be 0).
             targets: the loss's ``y_true``.
             sample_weight: optional per-example loss weights (B,).
+            step_in_epoch: for an epoch-based sampler (balls-in-bins, shuffle), the batch's
+                0-based position in its iteration over the sampler's dataset (``enumerate``);
+                position 0 is recorded with ``epoch_start=True``. By default the executed steps
+                are counted, which is right when every epoch's batches are all used, in order.
         """
+        position = tf.constant(-1, tf.int64) if step_in_epoch is None else step_in_epoch
         if tf.inside_function():
             if not self._probed:
                 _log.warning(
@@ -652,13 +779,13 @@ class PrivateGradients:
                     "private.probe(inputs, targets) once eagerly before training"
                 )
                 self._probed = True
-            return self._raw(inputs, targets, sample_weight)
+            return self._raw(inputs, targets, sample_weight, position)
         if not self._probed:
             self.probe(inputs, targets, sample_weight=sample_weight)
         if self._compiled is None:
             self._compiled = tf.function(self._raw, autograph=False, reduce_retracing=True)
         try:
-            return self._compiled(inputs, targets, sample_weight)
+            return self._compiled(inputs, targets, sample_weight, tf.cast(position, tf.int64))
         except tf.errors.OpError as exc:
             self._step.reraise(exc)
             raise  # pragma: no cover - reraise always raises

@@ -1,21 +1,36 @@
-"""Poisson sampling of records for ``tf.data``.
+"""Samplers of records for ``tf.data``: Poisson, fixed-size, truncated Poisson, balls-in-bins
+and shuffled batches.
 
-Each step, each of the n records of the population is included in the batch independently with
-probability q (McMahan & Andrew, Sec. 2: the *sample* of a round). Batch sizes are therefore
-Binomial(n, q) — they vary from step to step and can be 0 — and the privacy amplification by
-sampling that accountants credit for rate q holds. A fixed-size shuffled batch does not give
-that guarantee; q must come from the sampler actually used (DESIGN.md, rule 6).
+Each sampler is a transformation of a population of n records into a dataset of batches
+(:meth:`RecordSampler.sample`), and says which :class:`~dpledger.ledger.SamplingEvent` each of
+those batches is (:meth:`RecordSampler.event_for_step`), so that the training step that consumes
+a batch records exactly the scheme that drew it (DESIGN.md, rule 6). The samplers do not write to
+a ledger themselves.
 
-The sampler does not write to a ledger: the training step that consumes a batch records the
-sampling event with :attr:`PoissonSampler.population_size` and
-:attr:`PoissonSampler.sampling_probability`.
+The schemes (one iteration over a sampler's dataset is one *epoch* of ``steps_per_epoch``
+batches):
 
-Randomness: each step draws n float64 uniforms u_j from a counter-based generator
-(``tf.random.Generator``, Philox) and keeps the records with u_j < q, so
-P(record j in the batch) = q up to 2⁻⁵³. The generator is seeded from ``seed``; every iteration
-over a dataset made by the sampler continues the generator's stream, so epochs differ, and a new
-sampler with the same seed repeats the same sequence of batches. Note that Philox is not a
-cryptographically secure generator; seed from OS entropy (``seed=None``) in deployment.
+* :class:`PoissonSampler`: each step, each record is in the batch independently with
+  probability q (McMahan & Andrew, Sec. 2). Batch sizes are Binomial(n, q), possibly 0.
+* :class:`FixedSizeSampler`: each step, b distinct records drawn uniformly without replacement,
+  independently of the other steps.
+* :class:`TruncatedPoissonSampler`: a Poisson draw of rate q, cut to a uniformly random subset
+  of ``max_batch_size`` records when it is larger.
+* :class:`BallsInBinsSampler`: at the start of each epoch every record is put in one of k
+  batches uniformly at random, independently; the epoch's steps are the k batches in order.
+* :class:`ShuffleSampler`: at the start of each epoch a uniformly random permutation of the n
+  records is cut into consecutive batches of b (the last one smaller unless ``drop_last``).
+
+The events of the epoch-based schemes (balls-in-bins, shuffle) carry ``epoch_start=True`` on the
+first batch of each iteration: that step's draw made the epoch's allocation or permutation.
+
+Randomness: the draws come from a counter-based generator (``tf.random.Generator``, Philox)
+seeded from ``seed``: a Poisson inclusion is u_j < q for a float64 uniform u_j (exact up to
+2⁻⁵³), a uniform subset is the records with the largest float64 keys, a permutation sorts by
+them and a balls-in-bins allocation draws uniform integers. Every iteration over a dataset made by
+a sampler continues the generator's stream, so epochs differ, and a new sampler with the same
+seed repeats the same sequence of batches. Philox is not a cryptographically secure generator;
+seed from OS entropy (``seed=None``) in deployment.
 """
 
 from __future__ import annotations
@@ -27,124 +42,113 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import numpy as np
 import tensorflow as tf
 
 from dpledger.errors import InvalidParameterError
+from dpledger.ledger import SamplingEvent
 from dpledger.validation import check_positive_finite, check_positive_int, check_probability
 
-__all__ = ["PoissonSampler"]
+__all__ = [
+    "BallsInBinsSampler",
+    "FixedSizeSampler",
+    "PoissonSampler",
+    "RecordSampler",
+    "ShuffleSampler",
+    "TruncatedPoissonSampler",
+]
 
 
 # Dataset transformations that pass every element through unchanged.
 _RECORD_PRESERVING = frozenset({"_PrefetchDataset", "PrefetchDataset", "_OptionsDataset"})
 
 
-class PoissonSampler:
-    """Poisson sampling of n records with rate q, ``steps_per_epoch`` batches per iteration.
+def _check_seed(seed: Any) -> int:
+    if seed is None:
+        seed = secrets.randbits(63)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise InvalidParameterError("seed", seed, "a non-negative integer or None")
+    return int(seed)
 
-    Args:
-        population_size: n, the number of records (≥ 1).
-        sampling_probability: q ∈ (0, 1], the probability that a record is in a batch.
-        steps_per_epoch: batches per iteration over a dataset made by :meth:`sample`; by
-            default round(1/q) (halves up), so that an epoch sees each record once on average.
-        seed: seed of the sampler's generator; None draws one from OS entropy (see
-            :attr:`seed`).
 
-    Raises:
-        InvalidParameterError: for n < 1, q outside (0, 1], steps_per_epoch < 1 or a seed that
-            is not a non-negative integer.
+def _check_size(name: str, value: Any, n: int, what: str) -> int:
+    size = check_positive_int(name, value)
+    if size > n:
+        raise InvalidParameterError(name, value, f"{what} in [1, population_size={n}]")
+    return size
 
-    Example:
-        >>> sampler = PoissonSampler(population_size=1797, sampling_probability=256 / 1797,
-        ...                          seed=0)
-        >>> batches = sampler.sample((images, labels))  # doctest: +SKIP
-        >>> model.fit(batches, epochs=10)  # doctest: +SKIP
+
+class RecordSampler:
+    """The base of the samplers: a population of n records, a seeded generator, the datasets
+    made by :meth:`sample` and the sampling event of each of their batches.
+
+    Subclasses define :meth:`index_dataset` (the record indices of each batch of one epoch),
+    :meth:`event_for_step` and :attr:`steps_per_epoch`.
     """
 
-    def __init__(
-        self,
-        *,
-        population_size: int,
-        sampling_probability: float,
-        steps_per_epoch: int | None = None,
-        seed: int | None = None,
-    ) -> None:
+    def __init__(self, *, population_size: int, seed: int | None) -> None:
         self._n = check_positive_int("population_size", population_size)
-        q = check_probability("sampling_probability", sampling_probability)
-        if q == 0.0:
-            raise InvalidParameterError(
-                "sampling_probability", sampling_probability, "a probability in (0, 1]"
-            )
-        self._q = q
-        if steps_per_epoch is None:
-            steps_per_epoch = max(1, math.floor(1.0 / q + 0.5))
-        self._steps = check_positive_int("steps_per_epoch", steps_per_epoch)
-        if seed is None:
-            seed = secrets.randbits(63)
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise InvalidParameterError("seed", seed, "a non-negative integer or None")
-        self._seed = int(seed)
+        self._seed = _check_seed(seed)
         self._generator = tf.random.Generator.from_seed(self._seed)
         self._datasets: weakref.WeakSet[tf.data.Dataset] = weakref.WeakSet()
 
-    @classmethod
-    def from_expected_batch_size(
-        cls,
-        *,
-        population_size: int,
-        expected_batch_size: float,
-        steps_per_epoch: int | None = None,
-        seed: int | None = None,
-    ) -> PoissonSampler:
-        """The sampler with q = expected_batch_size / population_size.
-
-        Raises:
-            InvalidParameterError: when expected_batch_size is not in (0, population_size].
-        """
-        n = check_positive_int("population_size", population_size)
-        size = check_positive_finite("expected_batch_size", expected_batch_size)
-        if size > n:
-            raise InvalidParameterError(
-                "expected_batch_size", expected_batch_size, f"a number in (0, {n}]"
-            )
-        return cls(
-            population_size=n,
-            sampling_probability=size / n,
-            steps_per_epoch=steps_per_epoch,
-            seed=seed,
-        )
-
+    # ------------------------------------------------------------------ description
     @property
     def population_size(self) -> int:
         """n, the number of records sampled from."""
         return self._n
 
     @property
-    def sampling_probability(self) -> float:
-        """q, the probability that a given record is in a given batch."""
-        return self._q
-
-    @property
     def steps_per_epoch(self) -> int:
         """Batches per iteration over a dataset made by :meth:`sample`."""
-        return self._steps
-
-    @property
-    def expected_batch_size(self) -> float:
-        """q·n."""
-        return self._q * self._n
+        raise NotImplementedError
 
     @property
     def seed(self) -> int:
         """The seed of the sampler's generator (drawn from OS entropy when none was given)."""
         return self._seed
 
-    def __repr__(self) -> str:
-        return (
-            f"PoissonSampler(population_size={self._n}, sampling_probability={self._q!r}, "
-            f"steps_per_epoch={self._steps}, seed={self._seed})"
-        )
+    @property
+    def epoch_based(self) -> bool:
+        """True when an epoch's batches are drawn together (balls-in-bins, shuffle)."""
+        return False
+
+    @property
+    def sampling_event(self) -> SamplingEvent:
+        """The sampling event of every batch (``epoch_start=False``; see :meth:`event_for_step`)."""
+        raise NotImplementedError
+
+    @property
+    def sampling_probability(self) -> float:
+        """q recorded with each step: the Poisson rate, or b/n, or 1/k (see
+        :attr:`~dpledger.ledger.SamplingEvent.sampling_probability`)."""
+        return self.sampling_event.sampling_probability
+
+    def event_for_step(self, step: int) -> SamplingEvent:
+        """The sampling event of the batch at position ``step`` (0-based) of an iteration over a
+        dataset made by :meth:`sample`.
+
+        Every iteration draws a new epoch and yields exactly :attr:`steps_per_epoch` batches,
+        so the event follows from the position alone: for the epoch-based schemes, batch 0 of an
+        iteration has ``epoch_start=True`` and the others False; for the other schemes every
+        batch has the same event.
+
+        Raises:
+            InvalidParameterError: ``step`` is not an integer in [0, steps_per_epoch).
+        """
+        if (
+            isinstance(step, bool)
+            or not isinstance(step, (int, np.integer))
+            or not 0 <= step < self.steps_per_epoch
+        ):
+            raise InvalidParameterError(
+                "step", step, f"an integer in [0, steps_per_epoch={self.steps_per_epoch})"
+            )
+        event = self.sampling_event
+        if self.epoch_based and step == 0:
+            return attrs.evolve(event, epoch_start=True)
+        return event
 
     @contextlib.contextmanager
     def preserved_state(self) -> Iterator[None]:
@@ -156,20 +160,17 @@ class PoissonSampler:
         finally:
             self._generator.reset(saved)
 
-    def _indices(self, _step: tf.Tensor) -> tf.Tensor:
-        seed = self._generator.make_seeds(1)[:, 0]
-        u = tf.random.stateless_uniform([self._n], seed=seed, dtype=tf.float64)
-        return tf.where(u < self._q)[:, 0]
-
+    # ------------------------------------------------------------------ batches
     def index_dataset(self) -> tf.data.Dataset:
-        """A dataset of ``steps_per_epoch`` int64 vectors: the record indices of each batch.
+        """A dataset of ``steps_per_epoch`` sorted int64 vectors: the record indices of each
+        batch (possibly empty). Every iteration draws new batches."""
+        raise NotImplementedError
 
-        Each vector is sorted and may be empty. Every iteration draws new batches.
-        """
-        return tf.data.Dataset.range(self._steps).map(self._indices)
+    def _seed_pair(self) -> tf.Tensor:
+        return self._generator.make_seeds(1)[:, 0]
 
     def sample(self, data: Any) -> tf.data.Dataset:
-        """A dataset of ``steps_per_epoch`` Poisson-sampled batches of ``data``.
+        """A dataset of ``steps_per_epoch`` batches of ``data`` drawn by this sampler.
 
         Args:
             data: the population, either a structure (tuple, dict…) of arrays or tensors whose
@@ -201,6 +202,9 @@ class PoissonSampler:
         )
 
     def _made(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        # flat_map hides the number of batches, which Keras needs to know where an epoch ends
+        if int(dataset.cardinality()) != self.steps_per_epoch:
+            dataset = dataset.apply(tf.data.experimental.assert_cardinality(self.steps_per_epoch))
         self._datasets.add(dataset)
         return dataset
 
@@ -245,3 +249,392 @@ class PoissonSampler:
             return kept.batch(n).concatenate(tf.data.Dataset.from_tensors(empty_batch)).take(1)
 
         return self.index_dataset().flat_map(batch_of)
+
+
+class _StepwiseSampler(RecordSampler):
+    """A sampler whose every step is an independent draw (Poisson, fixed size, truncated)."""
+
+    _steps: int
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches per iteration over a dataset made by :meth:`sample`."""
+        return self._steps
+
+    def _indices(self, _step: tf.Tensor) -> tf.Tensor:
+        raise NotImplementedError
+
+    def index_dataset(self) -> tf.data.Dataset:
+        """A dataset of ``steps_per_epoch`` int64 vectors: the record indices of each batch.
+
+        Each vector is sorted and may be empty. Every iteration draws new batches.
+        """
+        return tf.data.Dataset.range(self._steps).map(self._indices)
+
+
+def _default_steps(steps_per_epoch: int | None, batches: float) -> int:
+    if steps_per_epoch is None:
+        steps_per_epoch = max(1, math.floor(batches + 0.5))
+    return check_positive_int("steps_per_epoch", steps_per_epoch)
+
+
+def _check_rate(sampling_probability: Any) -> float:
+    q = check_probability("sampling_probability", sampling_probability)
+    if q == 0.0:
+        raise InvalidParameterError(
+            "sampling_probability", sampling_probability, "a probability in (0, 1]"
+        )
+    return q
+
+
+class PoissonSampler(_StepwiseSampler):
+    """Poisson sampling of n records with rate q, ``steps_per_epoch`` batches per iteration.
+
+    Args:
+        population_size: n, the number of records (≥ 1).
+        sampling_probability: q ∈ (0, 1], the probability that a record is in a batch.
+        steps_per_epoch: batches per iteration over a dataset made by :meth:`sample`; by
+            default round(1/q) (halves up), so that an epoch sees each record once on average.
+        seed: seed of the sampler's generator; None draws one from OS entropy (see
+            :attr:`seed`).
+
+    Raises:
+        InvalidParameterError: for n < 1, q outside (0, 1], steps_per_epoch < 1 or a seed that
+            is not a non-negative integer.
+
+    Example:
+        >>> sampler = PoissonSampler(population_size=1797, sampling_probability=256 / 1797,
+        ...                          seed=0)
+        >>> batches = sampler.sample((images, labels))  # doctest: +SKIP
+        >>> model.fit(batches, epochs=10)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        *,
+        population_size: int,
+        sampling_probability: float,
+        steps_per_epoch: int | None = None,
+        seed: int | None = None,
+    ) -> None:
+        n = check_positive_int("population_size", population_size)
+        self._q = _check_rate(sampling_probability)
+        self._steps = _default_steps(steps_per_epoch, 1.0 / self._q)
+        super().__init__(population_size=n, seed=seed)
+
+    @classmethod
+    def from_expected_batch_size(
+        cls,
+        *,
+        population_size: int,
+        expected_batch_size: float,
+        steps_per_epoch: int | None = None,
+        seed: int | None = None,
+    ) -> PoissonSampler:
+        """The sampler with q = expected_batch_size / population_size.
+
+        Raises:
+            InvalidParameterError: when expected_batch_size is not in (0, population_size].
+        """
+        n = check_positive_int("population_size", population_size)
+        size = check_positive_finite("expected_batch_size", expected_batch_size)
+        if size > n:
+            raise InvalidParameterError(
+                "expected_batch_size", expected_batch_size, f"a number in (0, {n}]"
+            )
+        return cls(
+            population_size=n,
+            sampling_probability=size / n,
+            steps_per_epoch=steps_per_epoch,
+            seed=seed,
+        )
+
+    @property
+    def sampling_probability(self) -> float:
+        """q, the probability that a given record is in a given batch."""
+        return self._q
+
+    @property
+    def expected_batch_size(self) -> float:
+        """q·n."""
+        return self._q * self._n
+
+    @property
+    def sampling_event(self) -> SamplingEvent:
+        """``SamplingEvent.poisson(q, n)`` (a full batch when q = 1)."""
+        return SamplingEvent.poisson(self._q, self._n)
+
+    def __repr__(self) -> str:
+        return (
+            f"PoissonSampler(population_size={self._n}, sampling_probability={self._q!r}, "
+            f"steps_per_epoch={self._steps}, seed={self._seed})"
+        )
+
+    def _indices(self, _step: tf.Tensor) -> tf.Tensor:
+        seed = self._seed_pair()
+        u = tf.random.stateless_uniform([self._n], seed=seed, dtype=tf.float64)
+        return tf.where(u < self._q)[:, 0]
+
+
+def _uniform_subset(indices: tf.Tensor, size: Any, seed: tf.Tensor) -> tf.Tensor:
+    """A uniformly random subset of ``size`` of ``indices`` (the largest of iid uniform keys),
+    sorted."""
+    keys = tf.random.stateless_uniform(tf.shape(indices), seed=seed, dtype=tf.float64)
+    chosen = tf.math.top_k(keys, k=size, sorted=False).indices
+    return tf.sort(tf.gather(indices, chosen))
+
+
+class FixedSizeSampler(_StepwiseSampler):
+    """Each step, b distinct records drawn uniformly without replacement from the n records,
+    independently of the other steps (``SamplingEvent.fixed_size(b, n)``).
+
+    Recorded as fixed-size sampling, which dpledger analyses under replace-one neighbouring
+    only: the ledger must be created with ``neighboring="replace_one"``. Gradients are averaged
+    by b.
+
+    Args:
+        population_size: n ≥ 1.
+        batch_size: b in [1, n].
+        steps_per_epoch: batches per iteration; by default round(n/b) (halves up).
+        seed: seed of the generator (None: OS entropy).
+
+    Raises:
+        InvalidParameterError: for a bad argument (naming it).
+    """
+
+    def __init__(
+        self,
+        *,
+        population_size: int,
+        batch_size: int,
+        steps_per_epoch: int | None = None,
+        seed: int | None = None,
+    ) -> None:
+        n = check_positive_int("population_size", population_size)
+        self._b = _check_size("batch_size", batch_size, n, "a batch size")
+        self._steps = _default_steps(steps_per_epoch, n / self._b)
+        super().__init__(population_size=n, seed=seed)
+
+    @property
+    def batch_size(self) -> int:
+        """b, the number of records in every batch."""
+        return self._b
+
+    @property
+    def sampling_event(self) -> SamplingEvent:
+        """``SamplingEvent.fixed_size(b, n)``."""
+        return SamplingEvent.fixed_size(self._b, self._n)
+
+    def __repr__(self) -> str:
+        return (
+            f"FixedSizeSampler(population_size={self._n}, batch_size={self._b}, "
+            f"steps_per_epoch={self._steps}, seed={self._seed})"
+        )
+
+    def _indices(self, _step: tf.Tensor) -> tf.Tensor:
+        return _uniform_subset(tf.range(self._n, dtype=tf.int64), self._b, self._seed_pair())
+
+
+class TruncatedPoissonSampler(_StepwiseSampler):
+    """Poisson sampling with rate q, each batch cut to ``max_batch_size`` records: when the
+    Poisson draw has more, a uniformly random subset of ``max_batch_size`` of them is kept
+    (``SamplingEvent.truncated_poisson(q, n, max_batch_size)``). Gradients are averaged by q·n.
+
+    Args:
+        population_size: n ≥ 1.
+        sampling_probability: q in (0, 1].
+        max_batch_size: the cap, in [1, n].
+        steps_per_epoch: batches per iteration; by default round(1/q) (halves up).
+        seed: seed of the generator (None: OS entropy).
+
+    Raises:
+        InvalidParameterError: for a bad argument (naming it).
+    """
+
+    def __init__(
+        self,
+        *,
+        population_size: int,
+        sampling_probability: float,
+        max_batch_size: int,
+        steps_per_epoch: int | None = None,
+        seed: int | None = None,
+    ) -> None:
+        n = check_positive_int("population_size", population_size)
+        self._q = _check_rate(sampling_probability)
+        self._m = _check_size("max_batch_size", max_batch_size, n, "a cap")
+        self._steps = _default_steps(steps_per_epoch, 1.0 / self._q)
+        super().__init__(population_size=n, seed=seed)
+
+    @property
+    def max_batch_size(self) -> int:
+        """The cap on a batch's size."""
+        return self._m
+
+    @property
+    def sampling_event(self) -> SamplingEvent:
+        """``SamplingEvent.truncated_poisson(q, n, max_batch_size)``."""
+        return SamplingEvent.truncated_poisson(self._q, self._n, self._m)
+
+    def __repr__(self) -> str:
+        return (
+            f"TruncatedPoissonSampler(population_size={self._n}, "
+            f"sampling_probability={self._q!r}, max_batch_size={self._m}, "
+            f"steps_per_epoch={self._steps}, seed={self._seed})"
+        )
+
+    def _indices(self, _step: tf.Tensor) -> tf.Tensor:
+        seeds = self._generator.make_seeds(2)
+        u = tf.random.stateless_uniform([self._n], seed=seeds[:, 0], dtype=tf.float64)
+        drawn = tf.where(u < self._q)[:, 0]
+        size = tf.minimum(tf.size(drawn), self._m)
+        return _uniform_subset(drawn, size, seeds[:, 1])
+
+
+class _EpochSampler(RecordSampler):
+    """A sampler that draws an epoch's batches together, at the start of each iteration."""
+
+    @property
+    def epoch_based(self) -> bool:
+        """True: the first batch of each iteration is recorded with ``epoch_start=True``."""
+        return True
+
+    def _epoch(self, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """The epoch's records in batch order and the k + 1 batch boundaries."""
+        raise NotImplementedError
+
+    def index_dataset(self) -> tf.data.Dataset:
+        """A dataset of ``steps_per_epoch`` sorted int64 vectors: the record indices of each
+        batch of one epoch, in order. Every iteration draws a new epoch."""
+        steps = self.steps_per_epoch
+
+        def epoch(_: tf.Tensor) -> tf.data.Dataset:
+            order, bounds = self._epoch(self._seed_pair())
+            return tf.data.Dataset.range(steps).map(
+                lambda j: tf.sort(order[bounds[j] : bounds[j + 1]])
+            )
+
+        return tf.data.Dataset.range(1).flat_map(epoch)
+
+
+class BallsInBinsSampler(_EpochSampler):
+    """Balls-in-bins batches: at the start of each epoch every record is put in one of k
+    batches uniformly at random, independently of the others; the epoch's k steps are the
+    batches in order (``SamplingEvent.balls_in_bins(k, n)``, ``epoch_start`` on the first).
+    Batch sizes are Binomial(n, 1/k) and vary; gradients are averaged by n/k.
+
+    Args:
+        population_size: n ≥ 1.
+        num_batches: k in [1, n], the batches (steps) per epoch.
+        seed: seed of the generator (None: OS entropy).
+
+    Raises:
+        InvalidParameterError: for a bad argument (naming it).
+    """
+
+    def __init__(self, *, population_size: int, num_batches: int, seed: int | None = None) -> None:
+        n = check_positive_int("population_size", population_size)
+        self._k = _check_size("num_batches", num_batches, n, "a number of batches")
+        super().__init__(population_size=n, seed=seed)
+
+    @property
+    def num_batches(self) -> int:
+        """k, the batches per epoch."""
+        return self._k
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """k."""
+        return self._k
+
+    @property
+    def sampling_event(self) -> SamplingEvent:
+        """``SamplingEvent.balls_in_bins(k, n)``."""
+        return SamplingEvent.balls_in_bins(self._k, self._n)
+
+    def __repr__(self) -> str:
+        return (
+            f"BallsInBinsSampler(population_size={self._n}, num_batches={self._k}, "
+            f"seed={self._seed})"
+        )
+
+    def _epoch(self, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        bins = tf.random.stateless_uniform(
+            [self._n], seed=seed, minval=0, maxval=self._k, dtype=tf.int64
+        )
+        order = tf.argsort(bins, stable=True)
+        counts = tf.math.bincount(
+            tf.cast(bins, tf.int32), minlength=self._k, maxlength=self._k, dtype=tf.int64
+        )
+        bounds = tf.concat([tf.zeros([1], tf.int64), tf.cumsum(counts)], 0)
+        return tf.cast(order, tf.int64), bounds
+
+
+class ShuffleSampler(_EpochSampler):
+    """Shuffled batches: at the start of each epoch a uniformly random permutation of the n
+    records is cut into consecutive batches of b, the last one smaller when b does not divide n
+    (dropped with ``drop_last``). Recorded as ``SamplingEvent.shuffle(b, n)`` with ``epoch_start``
+    on each epoch's first batch; gradients are averaged by b.
+
+    This is what ``dataset.shuffle(n).batch(b)`` does, made the sampler's own draw so that the
+    ledger records it truthfully. dpledger analyses shuffled batches under replace-one
+    neighbouring only (the ledger must be created with ``neighboring="replace_one"``) and without
+    amplification by sampling.
+
+    Args:
+        population_size: n ≥ 1.
+        batch_size: b in [1, n].
+        drop_last: drop the last, smaller batch of each epoch (when b does not divide n).
+        seed: seed of the generator (None: OS entropy).
+
+    Raises:
+        InvalidParameterError: for a bad argument (naming it).
+    """
+
+    def __init__(
+        self,
+        *,
+        population_size: int,
+        batch_size: int,
+        drop_last: bool = False,
+        seed: int | None = None,
+    ) -> None:
+        n = check_positive_int("population_size", population_size)
+        self._b = _check_size("batch_size", batch_size, n, "a batch size")
+        if not isinstance(drop_last, bool):
+            raise InvalidParameterError("drop_last", drop_last, "True or False")
+        self._drop_last = drop_last
+        super().__init__(population_size=n, seed=seed)
+
+    @property
+    def batch_size(self) -> int:
+        """b, the size of every batch (but a smaller last one without ``drop_last``)."""
+        return self._b
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether the last, smaller batch of each epoch is dropped."""
+        return self._drop_last
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """⌈n/b⌉, or ⌊n/b⌋ with ``drop_last``."""
+        return self._n // self._b if self._drop_last else -(-self._n // self._b)
+
+    @property
+    def sampling_event(self) -> SamplingEvent:
+        """``SamplingEvent.shuffle(b, n)``."""
+        return SamplingEvent.shuffle(self._b, self._n)
+
+    def __repr__(self) -> str:
+        return (
+            f"ShuffleSampler(population_size={self._n}, batch_size={self._b}, "
+            f"drop_last={self._drop_last}, seed={self._seed})"
+        )
+
+    def _epoch(self, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        keys = tf.random.stateless_uniform([self._n], seed=seed, dtype=tf.float64)
+        order = tf.cast(tf.argsort(keys), tf.int64)
+        ends = [min((j + 1) * self._b, self._n) for j in range(self.steps_per_epoch)]
+        bounds = tf.constant([0, *ends], tf.int64)
+        return order, bounds
