@@ -572,9 +572,12 @@ class BallsInBinsSampler(_EpochSampler):
 
 class ShuffleSampler(_EpochSampler):
     """Shuffled batches: at the start of each epoch a uniformly random permutation of the n
-    records is cut into consecutive batches of b, the last one smaller when b does not divide n
-    (dropped with ``drop_last``). Recorded as ``SamplingEvent.shuffle(b, n)`` with ``epoch_start``
-    on each epoch's first batch; gradients are averaged by b.
+    records is cut into consecutive batches of b, the last one smaller when b does not divide n.
+    ``drop_last=True`` is accepted only when b divides n (it then changes nothing): leaving the
+    remainder out of every epoch is not the ``shuffle(b, n)`` the ledger records, and the lower
+    bound ``dpledger epsilon`` shows for shuffled runs does not hold for it. Recorded as
+    ``SamplingEvent.shuffle(b, n)`` with ``epoch_start`` on each epoch's first batch; gradients
+    are averaged by b.
 
     This is what ``dataset.shuffle(n).batch(b)`` does, made the sampler's own draw so that the
     ledger records it truthfully. dpledger analyses shuffled batches under replace-one
@@ -584,7 +587,7 @@ class ShuffleSampler(_EpochSampler):
     Args:
         population_size: n ≥ 1.
         batch_size: b in [1, n].
-        drop_last: drop the last, smaller batch of each epoch (when b does not divide n).
+        drop_last: drop the last, smaller batch of each epoch; only when b divides n.
         seed: seed of the generator (None: OS entropy).
 
     Raises:
@@ -603,6 +606,14 @@ class ShuffleSampler(_EpochSampler):
         self._b = _check_size("batch_size", batch_size, n, "a batch size")
         if not isinstance(drop_last, bool):
             raise InvalidParameterError("drop_last", drop_last, "True or False")
+        if drop_last and n % self._b:
+            raise InvalidParameterError(
+                "drop_last",
+                drop_last,
+                f"False when batch_size={self._b} does not divide population_size={n}: leaving "
+                f"the last {n % self._b} records of every epoch out is not the shuffle(b, n) "
+                "the ledger records (keep the smaller last batch)",
+            )
         self._drop_last = drop_last
         super().__init__(population_size=n, seed=seed)
 

@@ -58,7 +58,7 @@ def _all_samplers(seed: int = 3) -> list[RecordSampler]:
         ),
         BallsInBinsSampler(population_size=12, num_batches=3, seed=seed),
         ShuffleSampler(population_size=12, batch_size=5, seed=seed),
-        ShuffleSampler(population_size=12, batch_size=5, drop_last=True, seed=seed),
+        ShuffleSampler(population_size=12, batch_size=4, drop_last=True, seed=seed),
     ]
 
 
@@ -151,12 +151,19 @@ def test_balls_in_bins_partitions_each_epoch_with_uniform_independent_bins():
 
 
 # ----------------------------------------------------------------------------- shuffle
+def test_shuffle_refuses_drop_last_unless_b_divides_n():
+    """Leaving the remainder out of every epoch is not the recorded shuffle(b, n)."""
+    with pytest.raises(InvalidParameterError, match="does not divide"):
+        ShuffleSampler(population_size=10, batch_size=4, drop_last=True)
+    exact = ShuffleSampler(population_size=12, batch_size=4, drop_last=True)
+    assert exact.steps_per_epoch == 3
+
+
 @pytest.mark.statistical
-@pytest.mark.parametrize("drop_last", [False, True])
-def test_shuffle_cuts_a_fresh_uniform_permutation_into_batches(drop_last):
+def test_shuffle_cuts_a_fresh_uniform_permutation_into_batches():
     n, b, epochs = 10, 4, 400
-    sampler = ShuffleSampler(population_size=n, batch_size=b, drop_last=drop_last, seed=9)
-    shape = [4, 4] if drop_last else [4, 4, 2]
+    sampler = ShuffleSampler(population_size=n, batch_size=b, seed=9)
+    shape = [4, 4, 2]
     assert sampler.steps_per_epoch == len(shape)
     table = np.zeros((n, len(shape)))
     together = 0  # epochs in which records 0 and 1 share a batch
@@ -164,9 +171,7 @@ def test_shuffle_cuts_a_fresh_uniform_permutation_into_batches(drop_last):
     for epoch in _epochs(sampler, epochs):
         assert [len(batch) for batch in epoch] == shape
         flat = [j for batch in epoch for j in batch]
-        assert len(set(flat)) == len(flat)  # no record twice in an epoch
-        if not drop_last:
-            assert sorted(flat) == list(range(n))
+        assert sorted(flat) == list(range(n))  # every record once per epoch
         for c, batch in enumerate(epoch):
             table[batch, c] += 1
             together += {0, 1} <= set(batch)
@@ -179,17 +184,13 @@ def test_shuffle_cuts_a_fresh_uniform_permutation_into_batches(drop_last):
     repeats = epochs * (epochs - 1) / 2 / ways
     assert abs(len(set(epoch_sets)) - distinct) < K * math.sqrt(repeats)
     # Record j is in batch c with probability size_c/n; with the column sums fixed the
-    # statistic of the n × batches table is χ²((n−1)(batches−1)) (and the dropped records
-    # a last column when drop_last).
+    # statistic of the n × batches table is χ²((n−1)(batches−1)).
     sizes = np.array(shape, dtype=np.float64)
-    if drop_last:
-        table = np.column_stack([table, epochs - table.sum(axis=1)])
-        sizes = np.append(sizes, n - sizes.sum())
     expected = epochs * sizes / n
     assert np.all(np.abs(table - expected) < K * np.sqrt(epochs * (sizes / n) * (1 - sizes / n)))
     assert _chi2_ok(np.sum((table - expected) ** 2 / expected), (n - 1) * (len(sizes) - 1))
     # A uniform permutation puts a given pair in the same batch with probability
-    # Σ_c s_c(s_c − 1) / (n(n − 1)) (dropped records are not "together").
+    # Σ_c s_c(s_c − 1) / (n(n − 1)).
     kept = np.array(shape, dtype=np.float64)
     p = float(np.sum(kept * (kept - 1))) / (n * (n - 1))
     assert abs(together / epochs - p) < K * math.sqrt(p * (1 - p) / epochs)
@@ -274,7 +275,7 @@ def test_events_of_every_step_and_their_denominators():
             with pytest.raises(InvalidParameterError, match="step"):
                 sampler.event_for_step(bad)
     assert ShuffleSampler(population_size=n, batch_size=5).steps_per_epoch == 3
-    assert ShuffleSampler(population_size=n, batch_size=5, drop_last=True).steps_per_epoch == 2
+    assert ShuffleSampler(population_size=10, batch_size=5, drop_last=True).steps_per_epoch == 2
     assert FixedSizeSampler(population_size=n, batch_size=5).steps_per_epoch == 2  # round(2.4)
     balls = BallsInBinsSampler(population_size=n, num_batches=3, seed=1)
     assert balls.steps_per_epoch == 3
