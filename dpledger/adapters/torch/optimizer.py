@@ -147,7 +147,7 @@ def _where(ledger: PrivacyLedger) -> str:
 
 _SAMPLERS = (
     "a PoissonBatchSampler, FixedSizeBatchSampler, TruncatedPoissonBatchSampler, "
-    "BallsInBinsBatchSampler or ShuffleBatchSampler"
+    "BallsInBinsBatchSampler, ShuffleBatchSampler or UserPoissonBatchSampler"
 )
 
 
@@ -202,8 +202,9 @@ class DPOptimizer(torch.optim.Optimizer):
             is fine): :class:`~dpledger.adapters.torch.PoissonBatchSampler`,
             :class:`~dpledger.adapters.torch.FixedSizeBatchSampler`,
             :class:`~dpledger.adapters.torch.TruncatedPoissonBatchSampler`,
-            :class:`~dpledger.adapters.torch.BallsInBinsBatchSampler` or
-            :class:`~dpledger.adapters.torch.ShuffleBatchSampler`. Every step records the
+            :class:`~dpledger.adapters.torch.BallsInBinsBatchSampler`,
+            :class:`~dpledger.adapters.torch.ShuffleBatchSampler` or, for user-level DP,
+            :class:`~dpledger.adapters.torch.UserPoissonBatchSampler`. Every step records the
             sampling event of the draw it claims (see
             :meth:`~dpledger.adapters.torch.sampler_base.RecordedBatchSampler.claim_draw`) and
             averages over that event's denominator (:attr:`denominator`). A ledger whose

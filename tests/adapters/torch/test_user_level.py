@@ -22,6 +22,7 @@ from dpledger.adapters.torch import (
     DPOptimizer,
     PoissonBatchSampler,
     UserPoissonBatchSampler,
+    make_private,
     private_data_loader,
     virtual_batches,
 )
@@ -62,8 +63,8 @@ def _optimizer(model, sampler, **kwargs):
     )
 
 
-def _reference_sum(model, x, y, labels, *, groups, bounds, mean=False):
-    """Σ_u f_u G_u: G_u by a backward of user u's summed (or mean) loss, flat factors per group."""
+def _reference_sum(model, x, y, labels, *, groups, bounds, mean=False, rule="flat"):
+    """Σ_u f_u G_u: G_u by a backward of user u's summed (or mean) loss, factors per group."""
     clean = _model()  # a copy without the optimizer's hooks
     clean.load_state_dict(model.state_dict())
     model = clean
@@ -75,7 +76,12 @@ def _reference_sum(model, x, y, labels, *, groups, bounds, mean=False):
         grads = dict(zip(params, torch.autograd.grad(loss, list(params.values())), strict=True))
         for members, bound in zip(groups, bounds, strict=True):
             norm = math.sqrt(sum(grads[n].square().sum().item() for n in members))
-            f = min(1.0, bound / norm) if norm > 0 else 1.0
+            if rule == "flat":
+                f = min(1.0, bound / norm) if norm > 0 else 1.0
+            elif rule == "global":
+                f = 1.0 if norm <= bound else 0.0
+            else:  # automatic, stability 0.01
+                f = bound / (norm + 0.01)
             for n in members:
                 out[n] += f * grads[n]
     return out
@@ -239,6 +245,32 @@ def test_the_functional_path_clips_per_user_too():
             torch.testing.assert_close(p.grad * dp.denominator, want[n], rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("clipping", ["global", "automatic"])
+def test_other_clipping_strategies_apply_to_each_users_vector(clipping):
+    ids = _user_ids()
+    dataset, _, _ = _indexed(ids, scale=3.0)
+    sampler = UserPoissonBatchSampler(ids, 0.6, 5, seed=9, steps=3)
+    loader = private_data_loader(dataset, sampler=sampler)
+    model = _model()
+    C = 5.0  # users' summed gradients have norms from about 2 to 8 here: some above, some below
+    dp = _optimizer(model, loader, clipping=clipping, max_grad_norm=C)
+    bound = C * (1 - dp._clip_margin)
+    names = (tuple(n for n, _ in model.named_parameters()),)
+    kept, dropped = [], []
+    for x, y, idx in loader:
+        labels = [ids[i] for i in idx.tolist()]
+        dp.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        dp.step()
+        want = _reference_sum(model, x, y, labels, groups=names, bounds=[bound], rule=clipping)
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(p.grad * dp.denominator, want[n], rtol=1e-9, atol=1e-12)
+        whole = _reference_sum(model, x, y, labels, groups=names, bounds=[1e9])
+        kept.append(sum(w.norm().item() for w in want.values()))
+        dropped.append(any(not torch.allclose(whole[n], want[n]) for n in want))
+    assert max(kept) > 0 and any(dropped)  # some users' vectors kept, some cut or dropped
+
+
 def _released_sum(ids, x, y, *, max_grad_norm):
     """The pre-noise clipped sum of one full step (q = 1, every user sampled)."""
     dataset = TensorDataset(x, y)
@@ -327,6 +359,14 @@ def test_the_draw_tie_refuses_a_foreign_batch_and_a_cut_batch():
     with pytest.raises(SamplerMismatchError, match="drew no batch"):
         dp.step()
     assert dp.ledger.num_steps == 0
+    with pytest.raises(InvalidParameterError, match="DPOptimizer"):  # would drop user sampling
+        make_private(
+            _model(),
+            torch.optim.SGD(_model().parameters(), lr=0.1),
+            loader,
+            max_grad_norm=1.0,
+            noise_multiplier=1.0,
+        )
     it = iter(loader)
     x, y, _ = next(it)
     F.cross_entropy(model(x[:-1]), y[:-1]).backward()  # a record cut after sampling
@@ -410,3 +450,11 @@ def test_record_level_options_that_have_no_user_level_version_are_refused():
             dp.step()
         break
     assert dp.ledger.num_steps == 0
+    with pytest.raises(InvalidParameterError, match="DPOptimizer"):  # would drop user sampling
+        make_private(
+            _model(),
+            torch.optim.SGD(_model().parameters(), lr=0.1),
+            loader,
+            max_grad_norm=1.0,
+            noise_multiplier=1.0,
+        )
