@@ -14,6 +14,8 @@ Importing this package imports torch; ``import dpledger`` and ``import dpledger.
   :class:`BallsInBinsBatchSampler`, :class:`ShuffleBatchSampler` and
   :func:`private_data_loader`: the other sampling schemes, each recording its own event
   (:class:`RecordedBatchSampler` is their base).
+* :class:`UserPoissonBatchSampler`: user-level DP, a Poisson sample of users with at most k
+  records each; :class:`DPOptimizer` clips each user's summed (or mean) gradient as one.
 * :class:`DPOptimizer`: DP steps with any ``torch.optim.Optimizer`` (clipping strategies, groups,
   noise on the parameters' device, the ledger's events, virtual batches, distributed training,
   checkpoints, BAM, bias metrics); :func:`make_private` builds model, optimizer and loader in one
@@ -76,6 +78,7 @@ from dpledger.adapters.torch.registry import (
     unregister_grad_sampler,
 )
 from dpledger.adapters.torch.sampler_base import EpochBatchSampler, RecordedBatchSampler
+from dpledger.adapters.torch.user_level import UserBatch, UserPoissonBatchSampler
 from dpledger.adapters.torch.virtual_batches import split_batch, virtual_batches
 
 __all__ = [
@@ -102,6 +105,8 @@ __all__ = [
     "TruncatedPoissonBatchSampler",
     "UnsupportedModuleError",
     "UnsupportedParameterUseError",
+    "UserBatch",
+    "UserPoissonBatchSampler",
     "calibrated_noise_multiplier",
     "check_module_configuration",
     "check_no_record_mixing",

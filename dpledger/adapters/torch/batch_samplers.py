@@ -360,7 +360,8 @@ def private_data_loader(
 
     ``sampler`` is any recorded batch sampler (:class:`~dpledger.adapters.torch.
     PoissonBatchSampler`, :class:`FixedSizeBatchSampler`, :class:`TruncatedPoissonBatchSampler`,
-    :class:`BallsInBinsBatchSampler`, :class:`ShuffleBatchSampler`) over n = ``len(dataset)``
+    :class:`BallsInBinsBatchSampler`, :class:`ShuffleBatchSampler`,
+    :class:`~dpledger.adapters.torch.UserPoissonBatchSampler`) over n = ``len(dataset)``
     records; pass the loader (or the sampler) to ``DPOptimizer(sampler=...)``. Empty batches
     come out as empty tensors (see :class:`~dpledger.adapters.torch.EmptyBatchCollate`).
 

@@ -102,6 +102,7 @@ from dpledger.adapters.torch.record_probe import (
     records_in,
 )
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
+from dpledger.adapters.torch.user_level import UserBatch, UserPoissonBatchSampler
 from dpledger.errors import InvalidParameterError, LedgerStateError, SamplerMismatchError
 from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, ScaledGaussianSumQuery, open_step
@@ -146,7 +147,7 @@ def _where(ledger: PrivacyLedger) -> str:
 
 _SAMPLERS = (
     "a PoissonBatchSampler, FixedSizeBatchSampler, TruncatedPoissonBatchSampler, "
-    "BallsInBinsBatchSampler or ShuffleBatchSampler"
+    "BallsInBinsBatchSampler, ShuffleBatchSampler or UserPoissonBatchSampler"
 )
 
 
@@ -167,6 +168,16 @@ def _sampling_source(sampler: Any) -> RecordedBatchSampler:
     if isinstance(sampler, RecordedBatchSampler):
         return sampler
     raise InvalidParameterError("sampler", sampler, f"{_SAMPLERS}, or a DataLoader using one")
+
+
+def _refuse_virtual_batches() -> None:
+    raise InvalidParameterError(
+        "sampler",
+        "UserPoissonBatchSampler",
+        "a record-level sampler for virtual batches: with user-level sampling a user's records "
+        "split over chunks would be clipped chunk by chunk, not as one vector; step on the "
+        "whole batch",
+    )
 
 
 class DPOptimizer(torch.optim.Optimizer):
@@ -191,8 +202,9 @@ class DPOptimizer(torch.optim.Optimizer):
             is fine): :class:`~dpledger.adapters.torch.PoissonBatchSampler`,
             :class:`~dpledger.adapters.torch.FixedSizeBatchSampler`,
             :class:`~dpledger.adapters.torch.TruncatedPoissonBatchSampler`,
-            :class:`~dpledger.adapters.torch.BallsInBinsBatchSampler` or
-            :class:`~dpledger.adapters.torch.ShuffleBatchSampler`. Every step records the
+            :class:`~dpledger.adapters.torch.BallsInBinsBatchSampler`,
+            :class:`~dpledger.adapters.torch.ShuffleBatchSampler` or, for user-level DP,
+            :class:`~dpledger.adapters.torch.UserPoissonBatchSampler`. Every step records the
             sampling event of the draw it claims (see
             :meth:`~dpledger.adapters.torch.sampler_base.RecordedBatchSampler.claim_draw`) and
             averages over that event's denominator (:attr:`denominator`). A ledger whose
@@ -227,6 +239,11 @@ class DPOptimizer(torch.optim.Optimizer):
             cannot push a record's contribution above C. None (default) chooses ρ by dtype
             (:func:`~dpledger.mechanisms.clipping.rounding_clip_margin`: about 9.8e-4 for
             float32, 1.8e-12 for float64).
+        user_gradient: with a
+            :class:`~dpledger.adapters.torch.UserPoissonBatchSampler` (user-level DP), each
+            sampled user's vector is the ``"sum"`` (default) or the ``"mean"`` of the gradients
+            of that user's records in the batch; that vector is clipped to C (per group) as one.
+            Only ``"sum"`` is accepted with a record-level sampler. See "User-level DP" below.
         check_steps: steps on which the engine compares Σ_i g_i with autograd's gradient.
         check_record_independence: run the record-independence probe
             (:mod:`~dpledger.adapters.torch.record_probe`) at the first forward with at least
@@ -239,6 +256,20 @@ class DPOptimizer(torch.optim.Optimizer):
         distributed: use ``torch.distributed`` (None: when a process group with more than one
             rank is initialised).
         process_group: the process group (None: the default group).
+
+    User-level DP: with ``sampler=`` a
+    :class:`~dpledger.adapters.torch.UserPoissonBatchSampler` (or a DataLoader using one) the
+    privacy unit is a user. The step takes the materialised per-example gradients of the batch
+    (``engine.per_example_gradients()``, or the functional path's), adds them up per user (or
+    averages them, ``user_gradient="mean"``), computes each user's group norms and clip factors
+    with the chosen groups and clipping strategy, and releases Σ_users f_u·G_u with the usual
+    noise: one user moves the released sum by at most C, the bound the ledger's sum-query
+    events state, and the step records the sampler's ``poisson(q, num_users, unit="user")``
+    event and averages over q·num_users. The step's records are tied to the sampler's draw at
+    ``step()`` (the draw says which user each record belongs to). Refused with user-level
+    sampling: virtual batches (a user split over chunks would be clipped chunk by chunk),
+    ``bam_radius`` and ``bias_callback`` (both per record); distributed training needs a
+    :class:`~dpledger.adapters.torch.DistributedPoissonBatchSampler` and so is refused too.
 
     Raises:
         InvalidParameterError: a bad argument, named with its value and what to change.
@@ -271,6 +302,7 @@ class DPOptimizer(torch.optim.Optimizer):
         seed: int | None = None,
         bias_callback: BiasCallback | None = None,
         clip_margin: float | None = None,
+        user_gradient: Literal["sum", "mean"] = "sum",
         check_steps: int = 1,
         check_record_independence: bool = True,
         distributed: bool | None = None,
@@ -357,6 +389,37 @@ class DPOptimizer(torch.optim.Optimizer):
             )
         self._q = self._event.sampling_probability
         self._n = self._event.population_size
+        self._user_level = isinstance(self._sampler, UserPoissonBatchSampler)
+        if user_gradient not in ("sum", "mean"):
+            raise InvalidParameterError(
+                "user_gradient",
+                user_gradient,
+                "'sum' or 'mean' (each sampled user's vector: the sum or the mean of the "
+                "gradients of the user's records in the batch)",
+            )
+        if user_gradient != "sum" and not self._user_level:
+            raise InvalidParameterError(
+                "user_gradient",
+                user_gradient,
+                "'sum' unless sampler= is a UserPoissonBatchSampler (record-level steps clip "
+                "each record's own gradient)",
+            )
+        self._user_gradient = user_gradient
+        if self._user_level:
+            if bam_radius is not None:
+                raise InvalidParameterError(
+                    "bam_radius",
+                    bam_radius,
+                    "None with a UserPoissonBatchSampler: BAM's ascent is per record, and "
+                    "dpledger has no user-level version of it",
+                )
+            if bias_callback is not None:
+                raise InvalidParameterError(
+                    "bias_callback",
+                    "<a callable>",
+                    "None with a UserPoissonBatchSampler: the clipping-bias metrics are per "
+                    "record, not per user",
+                )
         denominator = self._event.average_denominator
         assert self._n is not None and denominator is not None
         self._denominator = denominator
@@ -517,6 +580,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self._acc_unclipped: dict[str, torch.Tensor] | None = None
         self._acc_norms: list[np.ndarray] = []
         self._acc_clipped = 0
+        self._claimed_event: SamplingEvent | None = None  # user-level: claimed at step()
         self._final_chunk: bool | None = None
         self._steps_taken = 0
 
@@ -774,8 +838,59 @@ class DPOptimizer(torch.optim.Optimizer):
 
     def _absorb(self) -> None:
         """Clip the pending batch's per-example gradients and add them to the step's sums."""
+        if self._user_level:
+            self._absorb_users()
+            return
         source = self._source()
         batch = source.batch_size
+        self._clip_and_add(source, batch)
+        self._acc_count += batch
+        self._discard_pending()
+
+    def _absorb_users(self) -> None:
+        """User-level: claim the batch's draw, sum (or average) the per-example gradients of
+        each user, clip each user's vector as one and add the clipped sum to the step's sums."""
+        assert isinstance(self._sampler, UserPoissonBatchSampler)
+        if self._final_chunk is not None or self._acc is not None:
+            _refuse_virtual_batches()
+        source = self._source()
+        batch = source.batch_size
+        try:
+            event, users = self._sampler.claim_users(batch)
+        except SamplerMismatchError:
+            self._discard_pending()
+            self._reset()
+            raise
+        per_user = _Materialised(self._user_gradients(source, users), self._names)
+        self._clip_and_add(per_user, users.num_users)
+        self._acc_count = users.num_users  # the sum query's sample: users, not records
+        self._claimed_event = event
+        self._discard_pending()
+
+    def _user_gradients(self, source: Any, users: UserBatch) -> dict[str, torch.Tensor]:
+        """G_u = Σ_{i of u} g_i (or its mean) for each user of the batch, ``{name: (U, ...)}``,
+        from the materialised per-example gradients, in at least float32."""
+        if isinstance(source, _Materialised):
+            grads = source.grads
+        else:
+            grads = source.per_example_gradients()
+        index = users.user_index.to(self._device)
+        counts = None
+        if self._user_gradient == "mean":
+            counts = torch.bincount(index, minlength=users.num_users)
+        out = {}
+        with torch.no_grad():
+            for n in self._names:
+                g = grads[n]
+                g = g.to(torch.promote_types(g.dtype, torch.float32))
+                total = g.new_zeros((users.num_users, *g.shape[1:])).index_add_(0, index, g)
+                if counts is not None:
+                    total /= counts.to(total.dtype).view(-1, *([1] * (total.dim() - 1)))
+                out[n] = total
+        return out
+
+    def _clip_and_add(self, source: Any, batch: int) -> None:
+        """Clip the ``batch`` vectors of ``source`` per group and add their sum to the step's."""
         squared = source.squared_norms()
         queries = self._queries
         reduce, slices = self._layout(queries)
@@ -800,8 +915,6 @@ class DPOptimizer(torch.optim.Optimizer):
             if self._bias_callback is not None:
                 total = stacked.sum(0).cpu().numpy()
                 self._absorb_metrics(source, total, factors, group_norms, batch)
-        self._acc_count += batch
-        self._discard_pending()
 
     def _layout(self, queries: GradientQueries) -> tuple[torch.Tensor, list[slice]]:
         """A 0/1 matrix summing the per-parameter squared norms of each separately clipped
@@ -854,6 +967,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self._acc_unclipped = None
         self._acc_norms = []
         self._acc_clipped = 0
+        self._claimed_event = None
 
     # ------------------------------------------------------------------ steps
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -874,6 +988,8 @@ class DPOptimizer(torch.optim.Optimizer):
 
     def virtual_step(self) -> None:
         """Accumulate this chunk's clipped sum into the open logical step (no release)."""
+        if self._user_level:
+            _refuse_virtual_batches()
         self._check_foreign_gradients()
         if not self._pending():
             raise EngineStateError(
@@ -960,6 +1076,8 @@ class DPOptimizer(torch.optim.Optimizer):
         """
         if self._sampler is None:
             return None, self._event
+        if self._claimed_event is not None:
+            return None, self._claimed_event
         try:
             event = self._sampler.claim_draw(self._acc_count)
         except SamplerMismatchError as exc:

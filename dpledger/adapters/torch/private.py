@@ -46,6 +46,7 @@ from dpledger.adapters.torch.distributed import DistributedPoissonBatchSampler, 
 from dpledger.adapters.torch.optimizer import DPOptimizer
 from dpledger.adapters.torch.poisson import EmptyBatchCollate, PoissonBatchSampler, _check_q
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
+from dpledger.adapters.torch.user_level import UserPoissonBatchSampler
 from dpledger.adapters.torch.virtual_batches import virtual_batches
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
@@ -216,6 +217,14 @@ def _loader_settings(data: Any) -> _LoaderSettings:
     inner = data.batch_sampler
     batch_size: int | None = None
     drop_last = False
+    if isinstance(inner, UserPoissonBatchSampler):
+        raise InvalidParameterError(
+            "data",
+            "<DataLoader with batch_sampler UserPoissonBatchSampler>",
+            "a record-level loader: make_private builds a record-level sampler and would drop "
+            "the user-level sampling; for user-level DP give the loader to "
+            "DPOptimizer(sampler=...) directly",
+        )
     if isinstance(inner, RecordedBatchSampler):
         batch_size = getattr(inner, "batch_size", None)
         drop_last = bool(getattr(inner, "drop_last", False))
