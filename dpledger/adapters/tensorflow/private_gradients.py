@@ -766,11 +766,24 @@ class PrivateGradients:
             inputs: the model's inputs for the batch (B records, B may be 0).
             targets: the loss's ``y_true``.
             sample_weight: optional per-example loss weights (B,).
-            step_in_epoch: for an epoch-based sampler (balls-in-bins, shuffle), the batch's
-                0-based position in its iteration over the sampler's dataset (``enumerate``);
-                position 0 is recorded with ``epoch_start=True``. By default the executed steps
-                are counted, which is right when every epoch's batches are all used, in order.
+            step_in_epoch: for an epoch-based sampler (balls-in-bins, shuffle), required: the
+                batch's 0-based position in its iteration over the sampler's dataset
+                (``enumerate``); position 0 is recorded with ``epoch_start=True``. Counting the
+                executed steps instead would merge an epoch the loop left unfinished with the
+                next one and understate ε, so it is not done.
+
+        Raises:
+            InvalidParameterError: ``step_in_epoch`` missing with an epoch-based sampler.
         """
+        if step_in_epoch is None and self._step.events.epoch_based:
+            raise InvalidParameterError(
+                "step_in_epoch",
+                None,
+                "the batch's 0-based position in its epoch (for i, (x, y) in "
+                "enumerate(sampler.sample(data)): private(x, y, step_in_epoch=i)) with an "
+                "epoch-based sampler: counting steps would merge an unfinished epoch with the "
+                "next and understate ε",
+            )
         position = tf.constant(-1, tf.int64) if step_in_epoch is None else step_in_epoch
         if tf.inside_function():
             if not self._probed:

@@ -235,11 +235,15 @@ def test_private_gradients_with_an_epoch_based_sampler():
         seed=0,
     )
     data = sampler.sample((x, y))
-    for _ in range(2):  # whole epochs, counted
-        for bx, by in data:
-            private(bx, by)
-    for i, (bx, by) in enumerate(data):  # positions given
-        private(bx, by, step_in_epoch=i)
+    bx, by = next(iter(data))
+    with pytest.raises(InvalidParameterError, match="step_in_epoch"):
+        private(bx, by)  # counting steps could merge an unfinished epoch with the next
+    assert private.ledger.num_steps == 0
+    for _ in range(2):
+        for i, (bx, by) in enumerate(data):
+            if i == 2 and _ == 0:
+                break  # an epoch left unfinished: the next one still starts an epoch
+            private(bx, by, step_in_epoch=i)
     starts = [s.sampling.epoch_start for s in private.ledger.steps()]
-    assert starts == [True, False, False] * 3
+    assert starts == [True, False, True, False, False]
     assert private.sampling_event == sampler.sampling_event
