@@ -159,5 +159,8 @@ def worker(rank: int, world: int, directory: str) -> None:
         if tie_ledger is not None:
             refusals.append(f"steps:{tie_ledger.num_steps}")
         torch.save(refusals, path / f"refusals{rank}.pt")
+        # both ranks past every collective before either tears gloo down: a rank that destroys
+        # its process group while the other still talks to it aborts under load
+        dist.barrier()
     finally:
         dist.destroy_process_group()
