@@ -703,6 +703,7 @@ class PrivateGradients:
             bias_callback=check_bias_callback(bias_callback),
         )
         self._compiled: Callable[..., Any] | None = None
+        self._last_position: int | None = None  # the last eager step_in_epoch that stepped
 
     @property
     def variables(self) -> tuple[Any, ...]:
@@ -773,7 +774,10 @@ class PrivateGradients:
                 next one and understate ε, so it is not done.
 
         Raises:
-            InvalidParameterError: ``step_in_epoch`` missing with an epoch-based sampler.
+            InvalidParameterError: ``step_in_epoch`` missing with an epoch-based sampler, or
+                (in eager calls) outside [0, steps per epoch), or a non-zero position not
+                after the previous step's: a new epoch must start at 0, or two epochs would be
+                recorded as one.
         """
         if step_in_epoch is None and self._step.events.epoch_based:
             raise InvalidParameterError(
@@ -785,6 +789,7 @@ class PrivateGradients:
                 "next and understate ε",
             )
         position = tf.constant(-1, tf.int64) if step_in_epoch is None else step_in_epoch
+        given = self._checked_position(step_in_epoch)
         if tf.inside_function():
             if not self._probed:
                 _log.warning(
@@ -798,7 +803,37 @@ class PrivateGradients:
         if self._compiled is None:
             self._compiled = tf.function(self._raw, autograph=False, reduce_retracing=True)
         try:
-            return self._compiled(inputs, targets, sample_weight, tf.cast(position, tf.int64))
+            out = self._compiled(inputs, targets, sample_weight, tf.cast(position, tf.int64))
         except tf.errors.OpError as exc:
             self._step.reraise(exc)
             raise  # pragma: no cover - reraise always raises
+        if given is not None:
+            self._last_position = given
+        return out
+
+    def _checked_position(self, step_in_epoch: Any) -> int | None:
+        """An eager ``step_in_epoch`` of an epoch-based sampler, checked (None otherwise: no
+        position, or a symbolic one inside the caller's tf.function)."""
+        events = self._step.events
+        if step_in_epoch is None or not events.epoch_based:
+            return None
+        if tf.is_tensor(step_in_epoch):
+            if not tf.executing_eagerly() or tf.inside_function():
+                return None
+            step_in_epoch = step_in_epoch.numpy()
+        per_epoch = events.steps_per_epoch
+        assert per_epoch is not None
+        try:
+            at = int(step_in_epoch)
+        except (TypeError, ValueError):
+            at = -1
+        last = self._last_position
+        if not 0 <= at < per_epoch or (at != 0 and last is not None and at <= last):
+            raise InvalidParameterError(
+                "step_in_epoch",
+                step_in_epoch,
+                f"the batch's position in its epoch, in [0, {per_epoch}), increasing within an "
+                "epoch and 0 on the first batch of a new one (a position that goes back without "
+                "0 would record two epochs as one)",
+            )
+        return at

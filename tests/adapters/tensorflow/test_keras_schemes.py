@@ -238,4 +238,14 @@ def test_private_gradients_with_an_epoch_based_sampler():
             private(bx, by, step_in_epoch=i)
     starts = [s.sampling.epoch_start for s in private.ledger.steps()]
     assert starts == [True, False, True, False, False]
+    # positions that would merge epochs are refused before anything is recorded
+    for bad in (3, 1, -1):  # out of range; back to 1 without 0 (after position 2)
+        with pytest.raises(InvalidParameterError, match="step_in_epoch"):
+            private(bx, by, step_in_epoch=bad)
+    assert private.ledger.num_steps == 5
+    private(bx, by, step_in_epoch=0)  # a new epoch
+    assert (
+        private.ledger.num_steps == 6
+        and next(reversed(list(private.ledger.steps()))).sampling.epoch_start
+    )
     assert private.sampling_event == sampler.sampling_event
