@@ -77,7 +77,11 @@ from dpledger.adapters.torch.registry import (
     registered_module_types,
     unregister_grad_sampler,
 )
-from dpledger.adapters.torch.sampler_base import EpochBatchSampler, RecordedBatchSampler
+from dpledger.adapters.torch.sampler_base import (
+    EpochBatchSampler,
+    RecordedBatchSampler,
+    StepwiseBatchSampler,
+)
 from dpledger.adapters.torch.user_level import UserBatch, UserPoissonBatchSampler
 from dpledger.adapters.torch.virtual_batches import split_batch, virtual_batches
 
@@ -100,6 +104,7 @@ __all__ = [
     "RecordMixingModuleError",
     "RecordedBatchSampler",
     "ShuffleBatchSampler",
+    "StepwiseBatchSampler",
     "Strategy",
     "TorchBackend",
     "TruncatedPoissonBatchSampler",

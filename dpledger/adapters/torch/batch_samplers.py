@@ -29,7 +29,7 @@ sample over the ranks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,7 +37,11 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
 from dpledger.adapters.torch.poisson import EmptyBatchCollate, _check_q
-from dpledger.adapters.torch.sampler_base import EpochBatchSampler, RecordedBatchSampler
+from dpledger.adapters.torch.sampler_base import (
+    EpochBatchSampler,
+    RecordedBatchSampler,
+    StepwiseBatchSampler,
+)
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import SamplingEvent
 from dpledger.validation import check_positive_int
@@ -66,7 +70,7 @@ def _sorted_list(indices: torch.Tensor) -> list[int]:
     return indices.sort().values.tolist()
 
 
-class FixedSizeBatchSampler(RecordedBatchSampler):
+class FixedSizeBatchSampler(StepwiseBatchSampler):
     """Each step, a uniformly random subset of exactly b of the n records (without replacement).
 
     Batches are drawn independently per step (``torch.randperm(n)[:b]``), as lists of indices in
@@ -107,18 +111,6 @@ class FixedSizeBatchSampler(RecordedBatchSampler):
         """b, the size of every batch."""
         return self._b
 
-    @property
-    def steps(self) -> int:
-        """Batches per iteration over the sampler."""
-        return self._steps
-
-    def sampling_event(self, *, epoch_start: bool = False) -> SamplingEvent:
-        """``SamplingEvent.fixed_size(b, n)``."""
-        return self._event
-
-    def __len__(self) -> int:
-        return self._steps
-
     def sample(self) -> list[int]:
         """Draw one batch of b distinct indices; kept until a step claims it."""
         if self._b == self._n:
@@ -128,13 +120,8 @@ class FixedSizeBatchSampler(RecordedBatchSampler):
         self._note_draw(len(batch))
         return batch
 
-    def __iter__(self) -> Iterator[list[int]]:
-        self._new_pass()
-        for _ in range(self._steps):
-            yield self.sample()
 
-
-class TruncatedPoissonBatchSampler(RecordedBatchSampler):
+class TruncatedPoissonBatchSampler(StepwiseBatchSampler):
     """A Poisson sample with rate q, cut to a uniformly random ``max_batch_size`` records.
 
     Each step includes each record independently with probability q; when more than m =
@@ -185,18 +172,6 @@ class TruncatedPoissonBatchSampler(RecordedBatchSampler):
         """m, the largest batch."""
         return self._m
 
-    @property
-    def steps(self) -> int:
-        """Batches per iteration over the sampler."""
-        return self._steps
-
-    def sampling_event(self, *, epoch_start: bool = False) -> SamplingEvent:
-        """``SamplingEvent.truncated_poisson(q, n, max_batch_size)``."""
-        return self._event
-
-    def __len__(self) -> int:
-        return self._steps
-
     def sample(self) -> list[int]:
         """Draw one capped Poisson batch; kept until a step claims it."""
         if self._q == 1.0:
@@ -209,11 +184,6 @@ class TruncatedPoissonBatchSampler(RecordedBatchSampler):
         batch = drawn.tolist()
         self._note_draw(len(batch))
         return batch
-
-    def __iter__(self) -> Iterator[list[int]]:
-        self._new_pass()
-        for _ in range(self._steps):
-            yield self.sample()
 
 
 class BallsInBinsBatchSampler(EpochBatchSampler):

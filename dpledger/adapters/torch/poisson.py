@@ -20,7 +20,7 @@ in :mod:`~dpledger.adapters.torch.batch_samplers`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
-from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
+from dpledger.adapters.torch.sampler_base import StepwiseBatchSampler
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import SamplingEvent
 from dpledger.validation import check_positive_int, check_probability
@@ -45,7 +45,7 @@ def _check_q(value: Any) -> float:
     return q
 
 
-class PoissonBatchSampler(RecordedBatchSampler):
+class PoissonBatchSampler(StepwiseBatchSampler):
     """Yields, for each step, the indices of the records drawn by Poisson sampling.
 
     Each of ``population_size`` records is included independently with probability
@@ -91,21 +91,9 @@ class PoissonBatchSampler(RecordedBatchSampler):
         return self._q
 
     @property
-    def steps(self) -> int:
-        """Batches per iteration over the sampler."""
-        return self._steps
-
-    @property
     def expected_batch_size(self) -> float:
         """q·n, the mean batch size (the fixed denominator of DP-SGD's average)."""
         return self._q * self._n
-
-    def sampling_event(self, *, epoch_start: bool = False) -> SamplingEvent:
-        """``SamplingEvent.poisson(q, n)``, what a step on a draw records."""
-        return self._event
-
-    def __len__(self) -> int:
-        return self._steps
 
     def sample(self) -> list[int]:
         """Draw one batch: the indices i with U_i < q for fresh uniforms U_1..U_n.
@@ -125,11 +113,6 @@ class PoissonBatchSampler(RecordedBatchSampler):
     def _select(self, indices: list[int]) -> list[int]:
         """The part of a drawn sample that this process trains on (all of it here)."""
         return indices
-
-    def __iter__(self) -> Iterator[list[int]]:
-        self._new_pass()
-        for _ in range(self._steps):
-            yield self.sample()
 
 
 class EmptyBatchCollate:

@@ -194,6 +194,40 @@ class RecordedBatchSampler(Sampler[list[int]], abc.ABC):
         self._generator.manual_seed(seed)
 
 
+class StepwiseBatchSampler(RecordedBatchSampler):
+    """Base of the samplers that draw every batch afresh (Poisson, fixed size, truncated
+    Poisson, users): one pass over the sampler is ``steps`` independent draws, and every step
+    records the same event.
+
+    Subclasses set ``self._steps`` and ``self._event`` in their constructor and implement
+    :meth:`sample`, which draws one batch and notes it (``_note_draw``).
+    """
+
+    _steps: int
+    _event: SamplingEvent
+
+    @abc.abstractmethod
+    def sample(self) -> list[int]:
+        """Draw one batch; kept until a step claims it."""
+
+    @property
+    def steps(self) -> int:
+        """Batches per iteration over the sampler."""
+        return self._steps
+
+    def sampling_event(self, *, epoch_start: bool = False) -> SamplingEvent:
+        """The event of every step (``epoch_start`` does not apply)."""
+        return self._event
+
+    def __len__(self) -> int:
+        return self._steps
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self._new_pass()
+        for _ in range(self._steps):
+            yield self.sample()
+
+
 class EpochBatchSampler(RecordedBatchSampler):
     """Base of the epoch-based samplers: one pass over the sampler is one epoch.
 

@@ -17,13 +17,13 @@ gradient bounds a user's contribution whatever the number of their records.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any, NamedTuple
 
 import torch
 
 from dpledger.adapters.torch.poisson import _check_q
-from dpledger.adapters.torch.sampler_base import RecordedBatchSampler, _Draw
+from dpledger.adapters.torch.sampler_base import StepwiseBatchSampler, _Draw
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyUnit, SamplingEvent
 from dpledger.validation import check_positive_int
@@ -67,7 +67,7 @@ def _labels(user_ids: Any) -> list[Hashable]:
     return labels
 
 
-class UserPoissonBatchSampler(RecordedBatchSampler):
+class UserPoissonBatchSampler(StepwiseBatchSampler):
     """Each step, a Poisson sample of users with rate q, at most k records of each.
 
     Every distinct label of ``user_ids`` is a user. Each step includes every user independently
@@ -157,21 +157,9 @@ class UserPoissonBatchSampler(RecordedBatchSampler):
         return self._counts.clone()
 
     @property
-    def steps(self) -> int:
-        """Batches per iteration over the sampler."""
-        return self._steps
-
-    @property
     def expected_num_users(self) -> float:
         """q·num_users, the mean number of users per batch (the average's denominator)."""
         return self._q * len(self._users)
-
-    def sampling_event(self, *, epoch_start: bool = False) -> SamplingEvent:
-        """``SamplingEvent.poisson(q, num_users, unit="user")``."""
-        return self._event
-
-    def __len__(self) -> int:
-        return self._steps
 
     # ------------------------------------------------------------------ draws
     def sample(self) -> list[int]:
@@ -195,11 +183,6 @@ class UserPoissonBatchSampler(RecordedBatchSampler):
         self._note_draw(len(batch))
         self._groups.append(self._slot_sorted[positions])
         return batch
-
-    def __iter__(self) -> Iterator[list[int]]:
-        self._new_pass()
-        for _ in range(self._steps):
-            yield self.sample()
 
     def _new_pass(self) -> None:
         super()._new_pass()
