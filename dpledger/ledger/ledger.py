@@ -224,6 +224,7 @@ class PrivacyLedger:
         # Encoded event bodies by value: steps repeat, formatting floats is not free.
         self._sample_bodies: dict[tuple[float, int | None, str], str] = {}
         self._query_bodies: dict[tuple[float, float, int], str] = {}
+        self._event_bodies: dict[SamplingEvent, str] = {}  # extended sampling events
 
     def _label_id(self, label: str | None) -> int:
         if label is None:
@@ -661,7 +662,10 @@ class PrivacyLedger:
             self._new_population(n)
         self._append_extended(event)
         if self._fd is not None:
-            self._write_event(ff.sampling_event_body(event))
+            body = self._event_bodies.get(event)
+            if body is None:
+                body = _remember(self._event_bodies, event, ff.sampling_event_body(event))
+            self._write_event(body)
 
     def _write_event(self, body: str) -> None:
         self._seq += 1
@@ -732,14 +736,7 @@ class PrivacyLedger:
             if body is None:
                 label_json = "null" if lid < 0 else self._label_json[lid]
                 body = _remember(self._query_bodies, key, ff.sum_query_body(s, sigma, label_json))
-            self._seq += 1
-            line, self._head = ff.encode_event(self._seq, self._head, body)
-            self._buffer.append(line)
-            if (
-                len(self._buffer) >= self._buffer_size
-                or time.monotonic() - self._last_flush >= self._flush_interval
-            ):
-                self.flush()
+            self._write_event(body)
 
     def _append_marker(self, kind: str, fields: dict[str, Any]) -> None:
         self._seq += 1
