@@ -25,7 +25,8 @@ from typing import Any
 
 from dpledger import PrivacyLedger, SamplingEvent
 from dpledger.accountants import make_accountant
-from dpledger.accountants.sampling_report import floor_digits, shuffle_gap
+from dpledger.accountants.display import format_rounded
+from dpledger.accountants.sampling_report import shuffle_gap
 from dpledger.errors import UnsupportedLedgerError
 
 N, B, Z, EPOCHS, DELTA = 60_000, 256, 1.1, 15, 1e-5
@@ -156,9 +157,10 @@ def main() -> None:
             )
         if name.startswith("shuffle"):
             gap, seconds = timed(lambda comp=comp: shuffle_gap(comp, delta=DELTA), repeats)
+            shown = format_rounded(gap.lower_bound, "down", digits=4)
             print(
                 f"| {name} | {relation} | {comp.num_steps} | Chua et al. lower bound | "
-                f"≥ {floor_digits(gap.lower_bound)} | lower_bound | {seconds:.3f} |"
+                f"≥ {shown} | lower_bound | {seconds:.3f} |"
             )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import decimal
 import json
 import math
 import os
@@ -17,6 +16,7 @@ from dpledger.accountants.base import (
     make_accountant,
 )
 from dpledger.accountants.bucketing import check_bucketing
+from dpledger.accountants.display import format_rounded
 from dpledger.errors import DPLedgerError, InvalidParameterError, UnsupportedLedgerError
 from dpledger.ledger.commands import add_ledger_checks, load_for_command, print_warnings
 from dpledger.validation import (
@@ -123,19 +123,7 @@ def _curve_steps(total: int, points: int) -> list[int]:
     return sorted({max(1, round(total * (i + 1) / points)) for i in range(points)})
 
 
-def _fmt(x: float | None, rounding: str | None = None) -> str:
-    """x to 6 significant digits; ``rounding="up"`` never shows less than x (an upper bound
-    stays one when printed), ``"down"`` never more (a lower bound); None rounds to nearest."""
-    if x is None:
-        return "-"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf"
-    text = f"{x:.6g}"
-    if rounding is None or (float(text) >= x if rounding == "up" else float(text) <= x):
-        return text
-    with decimal.localcontext() as context:
-        context.rounding = decimal.ROUND_CEILING if rounding == "up" else decimal.ROUND_FLOOR
-        return format(decimal.Decimal(repr(float(x))), ".6g")
+_fmt = format_rounded  # six significant digits, rounded toward the safe side when asked
 
 
 def _bound_rounding(kind: str) -> str | None:

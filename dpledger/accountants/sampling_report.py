@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import attrs
 
+from dpledger.accountants.display import format_rounded
 from dpledger.accountants.shuffle_bound import shuffle_epsilon_lower_bound
 from dpledger.ledger.events import SamplingScheme
 from dpledger.ledger.steps import CompressedLedger, EpochSegment, StepRun
 
-__all__ = ["ShuffleGap", "floor_digits", "shuffle_gap"]
+__all__ = ["ShuffleGap", "shuffle_gap"]
 
 
 @attrs.frozen
@@ -63,20 +64,11 @@ class ShuffleGap:
             if self.lower_bound > self.poisson_epsilon
             else "which does not rule out the Poisson ε"
         )
+        shown = format_rounded(self.lower_bound, "down", digits=4)
         return (
-            f"{text}; this run's ε is at least {floor_digits(self.lower_bound)} (Chua et al. lower "
-            "bound, "
+            f"{text}; this run's ε is at least {shown} (Chua et al. lower bound, "
             f"{relation}), {verdict}."
         )
-
-
-def floor_digits(x: float) -> str:
-    """``x`` to 4 significant digits, rounded down (a lower bound must not grow when printed)."""
-    import decimal
-
-    with decimal.localcontext() as context:
-        context.rounding = decimal.ROUND_FLOOR
-        return format(decimal.Decimal(repr(float(x))), ".4g")
 
 
 def shuffle_gap(ledger: CompressedLedger, *, delta: float) -> ShuffleGap | None:
