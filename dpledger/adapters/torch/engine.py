@@ -65,7 +65,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 from dpledger.adapters.torch import samplers as _builtin_samplers  # noqa: F401  (registers)
 from dpledger.adapters.torch.errors import (
@@ -100,12 +100,15 @@ _STRATEGIES = ("auto", "ghost", "per_example", "generic")
 class _Capture:
     """One observed forward call of a unit and the gradients with respect to its outputs."""
 
-    __slots__ = ("args", "edges", "grads", "kwargs", "out_indices")
+    __slots__ = ("args", "edges", "grads", "kwargs", "out_indices", "rng_state")
 
-    def __init__(self, args: tuple, kwargs: dict, out_indices: list[int]) -> None:
+    def __init__(
+        self, args: tuple, kwargs: dict, out_indices: list[int], rng_state: Any = None
+    ) -> None:
         self.args = args
         self.kwargs = kwargs
         self.out_indices = out_indices
+        self.rng_state = rng_state
         self.edges: list[Any] = []
         self.grads: list[torch.Tensor | None] = [None] * len(out_indices)
 
@@ -128,6 +131,7 @@ class _Capture:
         """
         self.args = ()
         self.kwargs = {}
+        self.rng_state = None
         self.edges = []
         self.grads = [None] * len(self.out_indices)
 
@@ -142,6 +146,12 @@ class _Unit:
     sampler: GradSampler | None
     local_to_global: dict[str, str]
     captures: list[_Capture] = field(default_factory=list)
+    # A generic unit's subtree's trainable parameters (local name -> global name), and the
+    # nearest generic unit above this one, which differentiates this unit's parameters in a
+    # step in which this unit was not called (its parent used them directly).
+    subtree: dict[str, str] = field(default_factory=dict)
+    adopter: _Unit | None = None
+    rng_state: Any = None  # the random-number state at the start of its last forward call
 
     @property
     def label(self) -> str:
@@ -225,7 +235,7 @@ class PerExampleGradientEngine:
         self._name_of: dict[int, str] = {id(p): n for n, p in self._params.items()}
         self._device_types = sorted({p.device.type for p in self._params.values()} | {"cpu"})
         self._units: list[_Unit] = []
-        self._discover(model, "", set())
+        self._discover(model, "", set(), None)
         self._owners: dict[str, int] = dict.fromkeys(self._params, 0)
         for unit in self._units:
             for g in unit.local_to_global.values():
@@ -240,8 +250,19 @@ class PerExampleGradientEngine:
         self._grad_seen: set[str] = set()
         self._autograd_grads: dict[str, torch.Tensor] = {}
         self._handles: list[Any] = []
-        self._handles.append(model.register_forward_pre_hook(self._on_model_forward))
+        self._handles.append(
+            model.register_forward_pre_hook(self._on_model_forward, with_kwargs=True)
+        )
+        self._cuda_devices = sorted(
+            {p.device.index or 0 for p in self._params.values() if p.device.type == "cuda"}
+        )
         for unit in self._units:
+            if unit.sampler is None:
+                self._handles.append(
+                    unit.module.register_forward_pre_hook(
+                        functools.partial(self._on_generic_call, unit)
+                    )
+                )
             self._handles.append(
                 unit.module.register_forward_hook(
                     functools.partial(self._on_unit_forward, unit), with_kwargs=True
@@ -266,22 +287,38 @@ class PerExampleGradientEngine:
 
     # ------------------------------------------------------------------ structure
 
-    def _discover(self, module: nn.Module, prefix: str, seen: set[int]) -> None:
+    def _discover(
+        self, module: nn.Module, prefix: str, seen: set[int], adopter: _Unit | None
+    ) -> None:
         if id(module) in seen:
             return
         seen.add(id(module))
         if not any(p.requires_grad for p in module.parameters()):
             return
         sampler = None if self._strategy == "generic" else get_grad_sampler(type(module))
-        direct = any(p.requires_grad for p in module.parameters(recurse=False))
-        if sampler is not None or direct:
-            local_to_global = {
-                n: self._name_of[id(p)] for n, p in module.named_parameters() if p.requires_grad
-            }
-            self._units.append(_Unit(prefix.rstrip("."), module, sampler, local_to_global))
+        trainable = {
+            n: self._name_of[id(p)] for n, p in module.named_parameters() if p.requires_grad
+        }
+        direct = {
+            n: trainable[n]
+            for n, p in module.named_parameters(recurse=False)
+            if p.requires_grad and n in trainable
+        }
+        name = prefix.rstrip(".")
+        if sampler is not None or (direct and self._strategy == "generic"):
+            self._units.append(
+                _Unit(name, module, sampler, trainable, subtree=trainable, adopter=adopter)
+            )
             return
-        for name, child in module.named_children():
-            self._discover(child, f"{prefix}{name}.", seen)
+        if direct:
+            # A generic unit for this module's own parameters only: its children keep their
+            # own (registered, fast) units. A child that this module does not call but whose
+            # parameters it uses directly (nn.MultiheadAttention's out_proj) is differentiated
+            # with this module instead, in every step in which the child is not called.
+            adopter = _Unit(name, module, None, direct, subtree=trainable, adopter=adopter)
+            self._units.append(adopter)
+        for child_name, child in module.named_children():
+            self._discover(child, f"{prefix}{child_name}.", seen, adopter)
 
     @property
     def model(self) -> nn.Module:
@@ -349,26 +386,71 @@ class PerExampleGradientEngine:
 
     # ------------------------------------------------------------------ hooks
 
-    def _on_model_forward(self, module: nn.Module, args: tuple) -> None:
+    def _on_model_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self._recomputing or not torch.is_grad_enabled():
             return
         self.clear()
-        leaves, _ = tree_flatten(args)
+        leaves, _ = tree_flatten((args, kwargs))
         self._input_records = {
             t.shape[0] for t in leaves if isinstance(t, torch.Tensor) and t.dim() > 0
         }
 
-    def _on_unit_forward(
-        self, unit: _Unit, module: nn.Module, args: tuple, kwargs: dict, output: Any
-    ) -> None:
+    def _on_generic_call(self, unit: _Unit, module: nn.Module, args: tuple) -> None:
         if self._recomputing or not torch.is_grad_enabled():
             return
-        leaves, _ = tree_flatten(output)
+        unit.rng_state = (
+            torch.get_rng_state(),
+            {d: torch.cuda.get_rng_state(d) for d in self._cuda_devices},
+        )
+
+    def _broadcast_batch(self, inputs: Any, outputs: list, indices: list[int]) -> int | None:
+        """B when a unit's output is one row that the model broadcasts over its B records.
+
+        That is: the model's inputs have B > 1 records (and maybe also inputs of one row, such
+        as position ids of shape (1, T)), none of the unit's inputs has B rows, and every
+        output that needs a gradient has one row (HF's position embeddings of shape (1, T, d)).
+        """
+        batch = self._input_records - {1}
+        if len(batch) != 1:
+            return None
+        (b,) = batch
+        if any(outputs[i].dim() == 0 or outputs[i].shape[0] != 1 for i in indices):
+            return None
+        leaves, _ = tree_flatten(inputs)
+        if any(isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] != 1 for t in leaves):
+            return None
+        return b
+
+    def _on_unit_forward(
+        self, unit: _Unit, module: nn.Module, args: tuple, kwargs: dict, output: Any
+    ) -> Any:
+        if self._recomputing or not torch.is_grad_enabled():
+            return None
+        leaves, spec = tree_flatten(output)
         indices = [
             i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.requires_grad
         ]
         if not indices:
-            return
+            return None
+        replaced = None
+        broadcast = self._broadcast_batch((args, kwargs), leaves, indices)
+        if broadcast is not None:
+            # The output is shared by every record through broadcasting, and record i's
+            # gradient of this unit is the gradient with respect to its own copy: hand the
+            # model a view expanded to the B records (the same values wherever it broadcasts)
+            # so that the gradient arrives per record; the inputs of one row are expanded
+            # alike for the unit's grad sampler.
+            leaves = list(leaves)
+            for i in indices:
+                leaves[i] = leaves[i].expand(broadcast, *leaves[i].shape[1:])
+            replaced = tree_unflatten(leaves, spec)
+            output = replaced
+            if unit.sampler is not None:
+                args, kwargs = tree_map_only(
+                    torch.Tensor,
+                    lambda t: t.expand(broadcast, *t.shape[1:]) if t.dim() > 0 else t,
+                    (args, kwargs),
+                )
         if unit.sampler is not None:
             if not isinstance(output, torch.Tensor):
                 raise UnsupportedModuleError(
@@ -379,7 +461,8 @@ class PerExampleGradientEngine:
             if kwargs:
                 bound = inspect.signature(module.forward).bind(*args, **kwargs)
                 args, kwargs = tuple(bound.arguments.values()), {}
-        capture = _Capture(args, kwargs, indices)
+        capture = _Capture(args, kwargs, indices, unit.rng_state)
+        unit.rng_state = None
         for k, i in enumerate(indices):
             t = leaves[i]
             if t.grad_fn is None:  # the output is a leaf tensor (e.g. a parameter returned)
@@ -391,6 +474,7 @@ class PerExampleGradientEngine:
             capture.edges.append(get_gradient_edge(t))
         unit.captures.append(capture)
         self._mark_changed()
+        return replaced
 
     def _mark_changed(self) -> None:
         if self._state is not None:
@@ -491,7 +575,35 @@ class PerExampleGradientEngine:
             )
         return batch
 
-    def _unit_per_example(self, unit: _Unit, capture: _Capture) -> dict[str, torch.Tensor]:
+    def _adoptions(self) -> dict[int, dict[str, str]]:
+        """The parameters each generic unit differentiates for units not called in this step.
+
+        A unit that was not called in the step but lies inside a generic unit that was has its
+        parameters used (if at all) directly by an enclosing module: the nearest enclosing
+        generic unit that was called differentiates them with its own. Returns, per adopting
+        unit (by id), its local names of those parameters mapped to their global names.
+        """
+        called = {id(u) for u in self._units if any(c.has_grad for c in u.captures)}
+        out: dict[int, dict[str, str]] = {}
+        for unit in self._units:
+            if id(unit) in called:
+                continue
+            adopter = unit.adopter
+            while adopter is not None and id(adopter) not in called:
+                adopter = adopter.adopter
+            if adopter is None:
+                continue
+            local_of = {g: n for n, g in adopter.subtree.items()}
+            out.setdefault(id(adopter), {}).update(
+                {local_of[g]: g for g in unit.local_to_global.values()}
+            )
+        return out
+
+    def _unit_per_example(
+        self, unit: _Unit, capture: _Capture, names: Mapping[str, str] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Per-example gradients of ``names`` (local -> global; default the unit's own)."""
+        names = unit.local_to_global if names is None else names
         sampler = unit.sampler
         if (
             sampler is not None
@@ -510,6 +622,8 @@ class PerExampleGradientEngine:
                     capture.output_grads(),
                     batch_size=self._state_batch,
                     chunk_size=self._generic_chunk_size,
+                    names=tuple(names),
+                    rng_state=capture.rng_state,
                 )
             except DPLedgerError:
                 raise
@@ -525,15 +639,22 @@ class PerExampleGradientEngine:
                 ) from exc
             finally:
                 self._recomputing = False
-        return self._checked(unit, out, "per-example gradient")
+        return self._checked(unit, out, "per-example gradient", names)
 
-    def _checked(self, unit: _Unit, out: Mapping[str, torch.Tensor], what: str) -> dict:
-        missing = [n for n in unit.local_to_global if n not in out]
+    def _checked(
+        self,
+        unit: _Unit,
+        out: Mapping[str, torch.Tensor],
+        what: str,
+        names: Mapping[str, str] | None = None,
+    ) -> dict:
+        names = unit.local_to_global if names is None else names
+        missing = [n for n in names if n not in out]
         if missing:
             raise UnsupportedModuleError(
                 f"the grad sampler of {unit.label} returned no {what} for {missing}"
             )
-        return {n: out[n] for n in unit.local_to_global}
+        return {n: out[n] for n in names}
 
     def _use_fast_path(self, unit: _Unit, capture: _Capture) -> bool:
         sampler = unit.sampler
@@ -587,12 +708,14 @@ class PerExampleGradientEngine:
         ghost: list[tuple[_Unit, _Capture]] = []
         per_example: dict[str, torch.Tensor] = {}
 
+        adopted = self._adoptions()
         used: set[str] = set()
         for unit in self._units:
             captures = [c for c in unit.captures if c.has_grad]
             if not captures:
                 continue
-            used.update(unit.local_to_global.values())
+            names = {**unit.local_to_global, **adopted.get(id(unit), {})}
+            used.update(names.values())
             shared = any(self._owners[g] > 1 for g in unit.local_to_global.values())
             if len(captures) == 1 and not shared and self._use_fast_path(unit, captures[0]):
                 c = captures[0]
@@ -603,8 +726,8 @@ class PerExampleGradientEngine:
                 ghost.append((unit, c))
                 continue
             for c in captures:
-                for n, g in self._unit_per_example(unit, c).items():
-                    key = unit.local_to_global[n]
+                for n, g in self._unit_per_example(unit, c, names).items():
+                    key = names[n]
                     per_example[key] = g if key not in per_example else per_example[key] + g
             for c in captures:  # the materialised gradients replace the stored tensors
                 c.release()

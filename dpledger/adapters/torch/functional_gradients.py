@@ -19,6 +19,7 @@ Given per-example gradients, :func:`squared_norms_of` returns ‖g_i‖² per pa
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -27,7 +28,7 @@ from torch import nn
 from torch.func import functional_call, grad, vjp, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dpledger.adapters.torch.errors import EngineStateError, UnsupportedModuleError
+from dpledger.adapters.torch.errors import EngineStateError
 from dpledger.adapters.torch.factors import expand_factors
 from dpledger.adapters.torch.module_checks import check_module_configuration
 from dpledger.errors import InvalidParameterError
@@ -51,15 +52,6 @@ def _check_chunk_size(chunk_size: Any) -> int | None:
 
 def _trainable(module: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach() for n, p in module.named_parameters() if p.requires_grad}
-
-
-def _randomness_error(where: str, err: RuntimeError) -> UnsupportedModuleError:
-    return UnsupportedModuleError(
-        f"{where} draws random numbers in its forward (e.g. dropout) and its per-example "
-        "gradients have to be recomputed example by example, which cannot reproduce the "
-        "batch's random draws. Move the randomness out of this module, disable it "
-        f"(dropout=0 or .eval() on it), or register a grad sampler for the module. ({err})"
-    )
 
 
 def per_example_gradients(
@@ -122,6 +114,8 @@ def module_per_example_gradients(
     *,
     batch_size: int,
     chunk_size: int | None = None,
+    names: Sequence[str] | None = None,
+    rng_state: Any = None,
 ) -> dict[str, torch.Tensor]:
     """Per-example gradients of ``module``'s trainable parameters from one stored forward call.
 
@@ -129,6 +123,17 @@ def module_per_example_gradients(
     g_i = J_θ(module(x_i))ᵀ b_i, computed by ``vmap`` over the batch of ``torch.func.vjp`` of the
     module's forward on example i alone. Tensor arguments whose first dimension equals
     ``batch_size`` are split by example; every other argument is shared.
+
+    The forward is re-run in at least float32 and in the parameters' precision (inputs and
+    output gradients stored in 16 bits under autocast are promoted), outside autocast.
+
+    Random operations (dropout) draw independently per example (``vmap``'s
+    ``randomness="different"``), so each example's gradient depends on that example and on
+    draws of its own only, which keeps its sensitivity. Given ``rng_state`` (the generators'
+    states when the call began, as the engine captures them), the re-run starts from it, which
+    reproduces the call's own draws where the random operations draw one tensor over the
+    batch in the same order (dropout on the CPU; not with ``chunk_size``); the generators are
+    left as they were.
 
     Args:
         module: the module that was called.
@@ -138,23 +143,34 @@ def module_per_example_gradients(
             (``torch.utils._pytree.tree_flatten``) and the gradient of that output tensor.
         batch_size: B, the number of records.
         chunk_size: examples per ``vmap`` chunk; None for all at once.
+        names: the local names of the trainable parameters to differentiate (default: every
+            trainable parameter of the module's subtree); the others are constants.
+        rng_state: ``(cpu_state, {cuda_index: state})`` at the start of the call, or None.
 
     Returns:
         ``{local parameter name: tensor of shape (B, *param.shape)}``.
-
-    Raises:
-        UnsupportedModuleError: the module's forward draws random numbers.
     """
     params = _trainable(module)
+    if names is not None:
+        params = {n: params[n] for n in names}
     if batch_size == 0 or not output_grads:
         return {n: p.new_zeros((batch_size, *p.shape)) for n, p in params.items()}
+    dtype = functools.reduce(torch.promote_types, (p.dtype for p in params.values()), torch.float32)
+
+    def promote(t: Any) -> Any:
+        if isinstance(t, torch.Tensor):
+            t = t.detach()
+            if t.is_floating_point() and t.dtype != dtype and _is_narrower(t.dtype, dtype):
+                t = t.to(dtype)
+        return t
+
     leaves, spec = tree_flatten((tuple(args), dict(kwargs)))
     batched = [
         i
         for i, leaf in enumerate(leaves)
         if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] == batch_size
     ]
-    leaves = [leaf.detach() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+    leaves = [promote(leaf) for leaf in leaves]
     indices = [i for i, _ in output_grads]
 
     def example_grads(p, example_leaves, example_out_grads):
@@ -168,16 +184,24 @@ def module_per_example_gradients(
             return tuple(outs[i] for i in indices)
 
         _, pullback = vjp(forward, p)
-        return pullback(tuple(g.unsqueeze(0) for g in example_out_grads))[0]
+        return pullback(tuple(g.unsqueeze(0).to(dtype) for g in example_out_grads))[0]
 
-    try:
-        return vmap(example_grads, in_dims=(None, 0, 0), randomness="error", chunk_size=chunk_size)(
-            params, [leaves[i] for i in batched], [g for _, g in output_grads]
-        )
-    except RuntimeError as err:
-        if "randomness" in str(err):
-            raise _randomness_error(f"{type(module).__name__}", err) from err
-        raise
+    run = vmap(example_grads, in_dims=(None, 0, 0), randomness="different", chunk_size=chunk_size)
+    inputs = (params, [leaves[i] for i in batched], [g for _, g in output_grads])
+    if rng_state is None:
+        return run(*inputs)
+    cpu_state, cuda_states = rng_state
+    with torch.random.fork_rng(devices=list(cuda_states), device_type="cuda"):
+        torch.set_rng_state(cpu_state)
+        for device, state in cuda_states.items():
+            torch.cuda.set_rng_state(state, device)
+        return run(*inputs)
+
+
+def _is_narrower(a: torch.dtype, b: torch.dtype) -> bool:
+    return torch.finfo(a).bits < torch.finfo(b).bits or (
+        torch.finfo(a).bits == torch.finfo(b).bits and a != b
+    )
 
 
 def squared_norms_of(per_example: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

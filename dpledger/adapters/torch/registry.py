@@ -44,6 +44,7 @@ __all__ = [
     "PreferPerExampleFn",
     "get_grad_sampler",
     "register_grad_sampler",
+    "register_sampler_resolver",
     "registered_module_types",
     "unregister_grad_sampler",
 ]
@@ -157,9 +158,37 @@ def unregister_grad_sampler(module_type: type[nn.Module]) -> GradSampler | None:
         return _REGISTRY.pop(module_type, None)
 
 
+_RESOLVERS: list[Callable[[type[nn.Module]], GradSampler | None]] = []
+_RESOLVED: dict[type[nn.Module], GradSampler | None] = {}  # the resolvers' answers, kept
+
+
+def register_sampler_resolver(resolver: Callable[[type[nn.Module]], GradSampler | None]) -> None:
+    """Add a function that supplies a sampler for a type registered nowhere else, or None.
+
+    Resolvers let dpledger support module types of optional libraries (Hugging Face
+    ``transformers``) without importing them: they are asked, in order, on the first lookup of
+    an unregistered type, and their answer is registered for that type.
+    """
+    if not callable(resolver):
+        raise InvalidParameterError("resolver", resolver, "a callable (module type) -> sampler")
+    with _LOCK:
+        _RESOLVERS.append(resolver)
+        _RESOLVED.clear()
+
+
 def get_grad_sampler(module_type: type[nn.Module]) -> GradSampler | None:
-    """The sampler registered for exactly ``module_type``, or None."""
-    return _REGISTRY.get(module_type)
+    """The sampler registered for exactly ``module_type`` (or a resolver's), or None."""
+    sampler = _REGISTRY.get(module_type)
+    if sampler is not None:
+        return sampler
+    if module_type in _RESOLVED:
+        return _RESOLVED[module_type]
+    for resolver in tuple(_RESOLVERS):
+        sampler = resolver(module_type)
+        if sampler is not None:
+            break
+    with _LOCK:
+        return _RESOLVED.setdefault(module_type, sampler)
 
 
 def registered_module_types() -> tuple[type[nn.Module], ...]:

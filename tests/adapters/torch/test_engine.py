@@ -296,23 +296,65 @@ def test_scale_grad_by_freq_is_refused():
         PerExampleGradientEngine(model, loss_reduction="mean")
 
 
-def test_dropout_inside_a_generic_unit_is_refused():
-    class Noisy(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = nn.Parameter(torch.ones(3))
+class _Noisy(nn.Module):
+    """A module with its own parameter and dropout in its forward: a generic unit."""
 
-        def forward(self, x):
-            return F.dropout(x * self.w, 0.5, self.training)
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, 3, dtype=torch.float64))
 
-    model = nn.Sequential(Noisy(), nn.Linear(3, 2))
+    def forward(self, x):
+        return F.dropout(x * self.w, 0.5, self.training)
+
+
+def _batch_masked_reference(model, x, y, seed):
+    """Per-example gradients with the batch's own dropout masks: one forward, B backwards."""
+    torch.manual_seed(seed)
+    losses = F.cross_entropy(model(x), y, reduction="none")
+    names = [n for n, _ in model.named_parameters()]
+    rows = [
+        torch.autograd.grad(losses[i], list(model.parameters()), retain_graph=True)
+        for i in range(x.shape[0])
+    ]
+    return {n: torch.stack([r[k] for r in rows]) for k, n in enumerate(names)}
+
+
+def test_dropout_inside_a_generic_unit_replays_the_batch_masks():
+    # The generic path re-runs the unit from the random state its call started with, so the
+    # per-example gradients are those of the masks the batch actually used.
+    torch.manual_seed(0)
+    model = nn.Sequential(_Noisy(), nn.Linear(3, 2).double())
+    x = torch.randn(8, 3, dtype=torch.float64)
+    y = torch.randint(0, 2, (8,))
+    want = _batch_masked_reference(model, x, y, seed=11)
     engine = PerExampleGradientEngine(model, loss_reduction="mean")
-    model(torch.randn(4, 3)).sum().backward()
-    with pytest.raises(UnsupportedModuleError, match="random"):
-        engine.squared_norms()
-    model.eval()  # no randomness in evaluation mode: fine
-    model(torch.randn(4, 3)).sum().backward()
-    assert engine.squared_norms()["0.w"].shape == (4,)
+    assert engine.generic_modules == ("0",)
+    torch.manual_seed(11)
+    _step(engine, model, (x,), y)
+    after = torch.get_rng_state()
+    got = engine.per_example_gradients()
+    assert_close_dicts(got, want)
+    assert (got["0.w"] == 0).any() and (got["0.w"] != 0).any()  # masks really dropped entries
+    assert torch.equal(torch.get_rng_state(), after)  # the replay leaves the generator alone
+    model.eval()  # no randomness in evaluation mode
+    model(x).sum().backward()
+    assert engine.squared_norms()["0.w"].shape == (8,)
+
+
+def test_dropout_in_a_chunked_generic_unit_draws_per_example_masks():
+    # Chunks cannot replay one batch-wide draw: each example then gets its own independent
+    # mask, so its gradient still depends on that example alone (its sensitivity is kept).
+    torch.manual_seed(0)
+    model = nn.Sequential(_Noisy())
+    engine = PerExampleGradientEngine(
+        model, loss_reduction="sum", generic_chunk_size=2, check_steps=0
+    )
+    x = torch.ones(6, 3, dtype=torch.float64)
+    model(x).sum().backward()
+    g = engine.per_example_gradients()["0.w"]
+    # Every entry of g_i is x * mask / (1 - p) = 0 or 2; masks differ between examples.
+    assert set(g.unique().tolist()) <= {0.0, 2.0}
+    assert len({tuple(row.tolist()) for row in g}) > 1
 
 
 # ---------------------------------------------------------------- tied and reused weights

@@ -35,6 +35,10 @@ def _frozen_bn(bn: nn.Module) -> nn.Module:
 CASES = {
     "linear": (lambda: nn.Linear(4, 3), lambda: torch.randn(B, 4)),
     "linear-seq": (lambda: nn.Linear(4, 3), lambda: torch.randn(B, 5, 4)),
+    "linear-non-dynamically-quantizable": (
+        lambda: nn.modules.linear.NonDynamicallyQuantizableLinear(4, 3),
+        lambda: torch.randn(B, 5, 4),
+    ),
     "linear-seq2-nobias": (lambda: nn.Linear(4, 3, bias=False), lambda: torch.randn(B, 2, 3, 4)),
     "conv1d-groups-stride": (
         lambda: nn.Conv1d(4, 6, 3, stride=2, padding=1, groups=2),

@@ -161,10 +161,14 @@ def linear_per_example(
     return out
 
 
-register_grad_sampler(
-    nn.Linear,
-    norm_fn=linear_norms,
-    clipped_sum_fn=linear_clipped_sum,
-    per_example_fn=linear_per_example,
-    prefer_per_example=linear_prefers_per_example,
-)
+# NonDynamicallyQuantizableLinear (nn.MultiheadAttention's out_proj) is nn.Linear with another
+# name; the attention uses its weight directly, so the engine differentiates it with the
+# attention's generic unit whenever the layer is not called itself.
+for _linear_type in (nn.Linear, nn.modules.linear.NonDynamicallyQuantizableLinear):
+    register_grad_sampler(
+        _linear_type,
+        norm_fn=linear_norms,
+        clipped_sum_fn=linear_clipped_sum,
+        per_example_fn=linear_per_example,
+        prefer_per_example=linear_prefers_per_example,
+    )
