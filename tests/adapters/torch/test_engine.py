@@ -357,6 +357,34 @@ def test_dropout_in_a_chunked_generic_unit_draws_per_example_masks():
     assert len({tuple(row.tolist()) for row in g}) > 1
 
 
+def test_a_top_level_parameter_sends_only_itself_to_the_generic_path():
+    # A learned position tensor owned by the model itself (Opacus's IMDB transformer): the
+    # model's own parameter is differentiated generically, its layers keep their fast path.
+    class WithPositions(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pos = nn.Parameter(torch.randn(1, 5, 4, dtype=torch.float64))
+            self.inner = nn.Linear(4, 4).double()
+            self.head = nn.Linear(4, 2).double()
+
+        def forward(self, x):
+            return self.head(torch.tanh(self.inner(x + self.pos)).mean(1))
+
+    torch.manual_seed(0)
+    model = WithPositions()
+    x = torch.randn(6, 5, 4, dtype=torch.float64)
+    y = torch.randint(0, 2, (6,))
+    want = loop_per_example_grads(model, F.cross_entropy, (x,), y)
+    engine = PerExampleGradientEngine(model, loss_reduction="mean", strategy="ghost")
+    assert engine.generic_modules == ("",)
+    _step(engine, model, (x,), y)
+    assert_close_dicts(engine.squared_norms(), squared_norms(want))
+    assert_close_dicts(engine.per_example_gradients(), want)
+    # Both layers took the ghost-norm path; the model's unit materialised its own tensor only.
+    assert [u.name for u, _ in engine._state.ghost] == ["inner", "head"]
+    assert list(engine._state.per_example) == ["pos"]
+
+
 # ---------------------------------------------------------------- tied and reused weights
 
 
