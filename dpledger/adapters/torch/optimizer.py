@@ -996,7 +996,29 @@ class DPOptimizer(torch.optim.Optimizer):
                 "virtual_step() without a backward since the last step: run the chunk's "
                 "forward and loss.backward() first"
             )
-        self._absorb()
+        self._absorb_or_drop()
+
+    def _absorb_or_drop(self) -> None:
+        """:meth:`_absorb`; on any error (out of memory, a module's own error) drop the step.
+
+        Nothing has been released or recorded at this point, so dropping is free of privacy
+        cost: the batch's stored activations, per-example results and the chunks of an open
+        virtual step are let go (the memory a retry at a smaller batch needs), the batch's draw
+        is discarded as by ``zero_grad()``, and the error is raised with a note saying so.
+        """
+        try:
+            self._absorb()
+        except BaseException as exc:
+            self._discard_pending()
+            self._reset()
+            if self._sampler is not None and not self._user_level:
+                self._sampler.discard_draw()
+            exc.add_note(
+                "dpledger: this step was dropped before anything was released or recorded; "
+                "its stored activations and per-example gradients were freed, and the next "
+                "batch can be stepped (a retry at a smaller batch size works in this process)"
+            )
+            raise
 
     def empty_step(self) -> None:
         """The step of an empty sample: record the sample and release pure noise.
@@ -1040,7 +1062,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self._check_ledger_open()
         self._check_foreign_gradients()
         if self._pending():
-            self._absorb()
+            self._absorb_or_drop()
         elif self._acc is None:
             raise EngineStateError(
                 "optimizer.step() without a backward since the last step: run the forward and "

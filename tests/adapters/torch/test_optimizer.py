@@ -252,6 +252,40 @@ def test_step_semantics_are_airtight(caplog):
     assert ledger.num_steps == 2 and ledger.num_events == 4
 
 
+def test_an_error_inside_the_step_drops_it_frees_its_memory_and_training_goes_on(monkeypatch):
+    # An out-of-memory error while clipping (simulated): nothing is released or recorded, the
+    # stored activations are freed, and the same process steps again at a smaller batch
+    # without zero_grad() in between (the retry a user makes).
+    x, y = batch(6)
+    model = small_cnn()
+    ledger = PrivacyLedger()
+    dp = wrap(model, ledger=ledger, noise_multiplier=1.0, seed=0)
+    stored = []
+    hook = model.fc2.register_forward_hook(lambda m, args, out: stored.append(weakref.ref(args[0])))
+    engine_type = type(dp.engine)
+    real = engine_type.clipped_sum
+
+    def out_of_memory(self, factors):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(engine_type, "clipped_sum", out_of_memory)
+    F.cross_entropy(model(x), y).backward()
+    with pytest.raises(RuntimeError, match="out of memory") as raised:
+        dp.step()
+    assert any("dropped before anything was released" in n for n in raised.value.__notes__)
+    del raised
+    gc.collect()
+    assert stored and all(ref() is None for ref in stored)  # the activations were let go
+    assert ledger.num_events == 0
+    monkeypatch.setattr(engine_type, "clipped_sum", real)
+    hook.remove()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    F.cross_entropy(model(x[:3]), y[:3]).backward()  # no zero_grad(): the retry just works
+    dp.step()
+    assert ledger.num_steps == 1
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
 def test_an_empty_batch_is_a_step_that_releases_pure_noise():
     model = small_cnn()
     ledger = PrivacyLedger()
