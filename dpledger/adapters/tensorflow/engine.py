@@ -58,6 +58,7 @@ import tensorflow as tf
 from dpledger.adapters.tensorflow import layer_rules as _layer_rules  # noqa: F401 (registers)
 from dpledger.adapters.tensorflow.errors import RecordMixingLayerError, UnsupportedLayerError
 from dpledger.adapters.tensorflow.losses import PerExampleLoss, per_example_loss
+from dpledger.adapters.tensorflow.recurrent_rules import refuse_unsupported_recurrent
 from dpledger.adapters.tensorflow.registry import LayerCall, LayerGradientRule, layer_rule
 from dpledger.adapters.tensorflow.vectorized import per_example_map
 from dpledger.errors import InvalidParameterError
@@ -425,6 +426,7 @@ class PerExampleGradientEngine:
 
     def _refuse_record_mixing(self) -> None:
         for layer in _all_layers(self._model):
+            refuse_unsupported_recurrent(layer)
             if isinstance(layer, keras.layers.LayerNormalization):
                 self._refuse_batch_axis_normalization(layer)
             if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable:
