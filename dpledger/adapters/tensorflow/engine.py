@@ -809,7 +809,15 @@ class PerExampleGradientEngine:
             dense = tuple(tf.convert_to_tensor(g) for g in grads)  # IndexedSlices → dense
             return dense, tf.reshape(loss, []), squeezed
 
-        (grads, losses, predictions), loops = per_example_map(one, elems)
+        recurrent = [
+            layer.name for layer in _all_layers(self._model) if isinstance(layer, keras.layers.RNN)
+        ]
+        in_loop = (
+            f"tf.vectorized_map cannot vectorise the recurrent layer(s) {', '.join(recurrent)}"
+            if recurrent
+            else None
+        )
+        (grads, losses, predictions), loops = per_example_map(one, elems, in_loop=in_loop)
         if loops and not self._while_loops_logged:
             self._while_loops_logged = True
             _log.warning(
