@@ -20,14 +20,15 @@ Two paths compute (a) and (c):
 * **fast** — per-example norms without materialising per-example gradients where that is cheaper
   (ghost norm, Li et al. 2022), from the activations and output gradients of the layers that have
   a rule in :mod:`~dpledger.adapters.tensorflow.registry` (Dense, EinsumDense, Conv2D, Embedding,
-  LayerNormalization built in). One forward pass and one backward pass that stops at the layer
-  outputs (no weight gradients), then the clipped sums by book-keeping: per layer, one weight
-  gradient of the rescaled output gradients (Bu et al. 2023). Book-keeping rather than a second
-  backward pass on Σ_i f_i ℓ_i — the usual TensorFlow Privacy approach, correct because the f_i
-  are constants — because (1) it allows a different factor per variable or group, which a
-  reweighted loss cannot express, (2) the factors may be computed outside the traced step, and
-  (3) it was faster on every benchmark model (the second backward repeats the input-gradient
-  chain through every layer; see benchmarks/RESULTS.md).
+  LayerNormalization, and SimpleRNN, LSTM, GRU — also inside ``Bidirectional`` — built in; see
+  :mod:`~dpledger.adapters.tensorflow.recurrent_rules`). One forward pass and one backward pass
+  that stops at the layer outputs (no weight gradients), then the clipped sums by book-keeping:
+  per layer, one weight gradient of the rescaled output gradients (Bu et al. 2023). Book-keeping
+  rather than a second backward pass on Σ_i f_i ℓ_i — the usual TensorFlow Privacy approach,
+  correct because the f_i are constants — because (1) it allows a different factor per variable or
+  group, which a reweighted loss cannot express, (2) the factors may be computed outside the
+  traced step, and (3) it was faster on every benchmark model (the second backward repeats the
+  input-gradient chain through every layer; see benchmarks/RESULTS.md).
 * **vectorized** — ``tf.vectorized_map`` of a per-example forward and backward pass
   (:mod:`~dpledger.adapters.tensorflow.vectorized`); works for any differentiable model and
   materialises the B per-example gradients.
@@ -38,7 +39,9 @@ axis 0; otherwise it falls back to the vectorised path and logs why, once per en
 
 Models whose layers mix the records of a batch are refused with
 :class:`~dpledger.adapters.tensorflow.errors.RecordMixingLayerError` (BatchNormalization in
-training mode): per-example gradients are not defined for them.
+training mode, stateful RNNs): per-example gradients are not defined for them. Recurrent
+layers with ``recurrent_dropout`` are refused with
+:class:`~dpledger.adapters.tensorflow.errors.UnsupportedLayerError`.
 
 Regularisation losses in ``model.losses`` are not per-example terms and are not included here.
 """
