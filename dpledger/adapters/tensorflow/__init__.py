@@ -1,6 +1,7 @@
 """TensorFlow / Keras 3 adapter: DP training with ``model.fit``, privatised gradients for custom
-loops, per-example gradients, fast clipping, ``tf.data`` samplers of every scheme (Poisson, fixed
-size, truncated Poisson, balls-in-bins, shuffle) and a TensorFlow array backend.
+loops, per-example gradients, fast clipping (recurrent layers included), ``tf.data`` samplers of
+every scheme (Poisson, fixed size, truncated Poisson, balls-in-bins, shuffle) and a TensorFlow
+array backend.
 
 Importing this package imports TensorFlow and Keras; ``import dpledger`` and
 ``import dpledger.adapters`` do not.
@@ -28,6 +29,7 @@ from dpledger.adapters.tensorflow.layer_rules import (
 )
 from dpledger.adapters.tensorflow.losses import PerExampleLoss, per_example_loss
 from dpledger.adapters.tensorflow.private_gradients import PrivateGradients, default_clip_margin
+from dpledger.adapters.tensorflow.recurrent_rules import GRURule, LSTMRule, SimpleRNNRule
 from dpledger.adapters.tensorflow.registry import (
     LayerCall,
     LayerGradientRule,
@@ -54,7 +56,9 @@ __all__ = [
     "EinsumDenseRule",
     "EmbeddingRule",
     "FixedSizeSampler",
+    "GRURule",
     "GradientQueries",
+    "LSTMRule",
     "LayerCall",
     "LayerGradientRule",
     "LayerNormalizationRule",
@@ -67,6 +71,7 @@ __all__ = [
     "RecordMixingLayerError",
     "RecordSampler",
     "ShuffleSampler",
+    "SimpleRNNRule",
     "TensorFlowBackend",
     "TruncatedPoissonSampler",
     "UnsupportedLayerError",

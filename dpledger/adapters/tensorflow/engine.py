@@ -20,14 +20,15 @@ Two paths compute (a) and (c):
 * **fast** — per-example norms without materialising per-example gradients where that is cheaper
   (ghost norm, Li et al. 2022), from the activations and output gradients of the layers that have
   a rule in :mod:`~dpledger.adapters.tensorflow.registry` (Dense, EinsumDense, Conv2D, Embedding,
-  LayerNormalization built in). One forward pass and one backward pass that stops at the layer
-  outputs (no weight gradients), then the clipped sums by book-keeping: per layer, one weight
-  gradient of the rescaled output gradients (Bu et al. 2023). Book-keeping rather than a second
-  backward pass on Σ_i f_i ℓ_i — the usual TensorFlow Privacy approach, correct because the f_i
-  are constants — because (1) it allows a different factor per variable or group, which a
-  reweighted loss cannot express, (2) the factors may be computed outside the traced step, and
-  (3) it was faster on every benchmark model (the second backward repeats the input-gradient
-  chain through every layer; see benchmarks/RESULTS.md).
+  LayerNormalization, and SimpleRNN, LSTM, GRU — also inside ``Bidirectional`` — built in; see
+  :mod:`~dpledger.adapters.tensorflow.recurrent_rules`). One forward pass and one backward pass
+  that stops at the layer outputs (no weight gradients), then the clipped sums by book-keeping:
+  per layer, one weight gradient of the rescaled output gradients (Bu et al. 2023). Book-keeping
+  rather than a second backward pass on Σ_i f_i ℓ_i — the usual TensorFlow Privacy approach,
+  correct because the f_i are constants — because (1) it allows a different factor per variable or
+  group, which a reweighted loss cannot express, (2) the factors may be computed outside the
+  traced step, and (3) it was faster on every benchmark model (the second backward repeats the
+  input-gradient chain through every layer; see benchmarks/RESULTS.md).
 * **vectorized** — ``tf.vectorized_map`` of a per-example forward and backward pass
   (:mod:`~dpledger.adapters.tensorflow.vectorized`); works for any differentiable model and
   materialises the B per-example gradients.
@@ -38,7 +39,9 @@ axis 0; otherwise it falls back to the vectorised path and logs why, once per en
 
 Models whose layers mix the records of a batch are refused with
 :class:`~dpledger.adapters.tensorflow.errors.RecordMixingLayerError` (BatchNormalization in
-training mode): per-example gradients are not defined for them.
+training mode, stateful RNNs): per-example gradients are not defined for them. Recurrent
+layers with ``recurrent_dropout`` are refused with
+:class:`~dpledger.adapters.tensorflow.errors.UnsupportedLayerError`.
 
 Regularisation losses in ``model.losses`` are not per-example terms and are not included here.
 """
@@ -58,6 +61,7 @@ import tensorflow as tf
 from dpledger.adapters.tensorflow import layer_rules as _layer_rules  # noqa: F401 (registers)
 from dpledger.adapters.tensorflow.errors import RecordMixingLayerError, UnsupportedLayerError
 from dpledger.adapters.tensorflow.losses import PerExampleLoss, per_example_loss
+from dpledger.adapters.tensorflow.recurrent_rules import refuse_unsupported_recurrent
 from dpledger.adapters.tensorflow.registry import LayerCall, LayerGradientRule, layer_rule
 from dpledger.adapters.tensorflow.vectorized import per_example_map
 from dpledger.errors import InvalidParameterError
@@ -425,6 +429,7 @@ class PerExampleGradientEngine:
 
     def _refuse_record_mixing(self) -> None:
         for layer in _all_layers(self._model):
+            refuse_unsupported_recurrent(layer)
             if isinstance(layer, keras.layers.LayerNormalization):
                 self._refuse_batch_axis_normalization(layer)
             if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable:
@@ -807,7 +812,15 @@ class PerExampleGradientEngine:
             dense = tuple(tf.convert_to_tensor(g) for g in grads)  # IndexedSlices → dense
             return dense, tf.reshape(loss, []), squeezed
 
-        (grads, losses, predictions), loops = per_example_map(one, elems)
+        recurrent = [
+            layer.name for layer in _all_layers(self._model) if isinstance(layer, keras.layers.RNN)
+        ]
+        in_loop = (
+            f"tf.vectorized_map cannot vectorise the recurrent layer(s) {', '.join(recurrent)}"
+            if recurrent
+            else None
+        )
+        (grads, losses, predictions), loops = per_example_map(one, elems, in_loop=in_loop)
         if loops and not self._while_loops_logged:
             self._while_loops_logged = True
             _log.warning(

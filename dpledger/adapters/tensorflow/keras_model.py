@@ -133,8 +133,9 @@ class DPKerasModel(keras.Model):
     Raises:
         InvalidParameterError: a bad argument (naming it), or a ledger whose neighbouring
             relation the sampler's scheme has no analysis under.
-        RecordMixingLayerError: a BatchNormalization layer in training mode.
-        UnsupportedLayerError: a layer with a regulariser (use the optimizer's weight decay).
+        RecordMixingLayerError: a BatchNormalization layer in training mode, or a stateful RNN.
+        UnsupportedLayerError: a layer with a regulariser (use the optimizer's weight decay), or
+            a recurrent layer with ``recurrent_dropout`` (use ``dropout=``).
     """
 
     def __init__(

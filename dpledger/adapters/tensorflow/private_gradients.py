@@ -41,6 +41,15 @@ Algorithms*, §3–4), and in practice far larger d, since TensorFlow reduces in
 (error growing like log d). A ghost norm computed from Gram matrices (long sequences, large
 convolutions) can lose more to cancellation; train in float64 where a proof is needed.
 
+**Mixed precision.** Under Keras's ``mixed_float16`` / ``mixed_bfloat16`` policies the forward
+and backward passes run in the compute dtype, but the variables are float32, and everything from
+the output gradients on is computed in the variables' dtype: per-example norms (float32
+reductions of the float16 output gradients cast to float32), factors (float64 on the host, with
+float32's margin ρ), the clipped sums, and the noise (float64, rounded once to float32). The
+norm and the clipped contribution come from the same output gradients, so ‖f_i g_i‖ ≤ S_g
+holds as for float32 models. Without loss scaling, float16 output gradients can underflow to 0;
+that loses utility, never privacy.
+
 **Bias metrics** (``bias_callback``): the clipping bias of Knolle et al. (Σ g_i and Σ clip(g_i)
 before noise, the per-example norms) via
 :func:`dpledger.audit.bias.clipping_bias_from_sums`. They are **not private**: for debugging on
@@ -646,7 +655,8 @@ class PrivateGradients:
         InvalidParameterError: for a bad argument (naming it), or a ledger whose neighbouring
             relation the sampler's scheme has no analysis under.
         PerExampleLossError: for a loss without per-example values.
-        RecordMixingLayerError: for BatchNormalization in training mode.
+        RecordMixingLayerError: for BatchNormalization in training mode, or a stateful RNN.
+        UnsupportedLayerError: for a recurrent layer with ``recurrent_dropout``.
     """
 
     def __init__(

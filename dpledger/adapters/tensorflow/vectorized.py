@@ -25,6 +25,11 @@ Pitfalls, and what this module does about them:
   their variant-typed intermediates). The map then runs every record in a ``tf.map_fn`` loop —
   correct, slow, and reported like the while loops above.
 * ``pfor`` vectorises one graph: eager callers get a ``tf.function`` traced for them.
+* ``pfor`` converts the ``tf.while_loop`` of a Keras recurrent layer (``keras.layers.RNN`` and
+  its subclasses) into a graph that fails when it runs (``TensorListPushBack``: "incompatible
+  shape"), too late for the fallback above. The engine asks for the loop directly
+  (``in_loop=True``) when the model has a recurrent layer; LSTM, GRU and SimpleRNN normally
+  take the fast path instead (:mod:`~dpledger.adapters.tensorflow.recurrent_rules`).
 * Random ops (``Dropout``) inside the loop body draw the same mask for every record (the seed is
   loop invariant). That is still independent of the data, so privacy is unaffected.
 """
@@ -209,7 +214,11 @@ class _WhileLoopMessages(logging.Handler):
 
 
 def per_example_map(
-    fn: Callable[[Any], Any], elems: Any, *, fallback_to_while_loop: bool = True
+    fn: Callable[[Any], Any],
+    elems: Any,
+    *,
+    fallback_to_while_loop: bool = True,
+    in_loop: str | None = None,
 ) -> tuple[Any, list[str]]:
     """``tf.vectorized_map(fn, elems)`` with vectorised conv kernel gradients, in a graph.
 
@@ -218,6 +227,8 @@ def per_example_map(
         elems: a nested structure of tensors whose leading axis is the records.
         fallback_to_while_loop: passed to ``tf.vectorized_map``; with False an op without a
             converter raises instead of running in a loop.
+        in_loop: a reason to skip ``tf.vectorized_map`` and run every record in a
+            ``tf.map_fn`` loop (reported like a fallback), or None.
 
     Returns:
         ``(outputs, while_loops)``: the stacked outputs, and a description of every
@@ -230,12 +241,16 @@ def per_example_map(
 
         @tf.autograph.experimental.do_not_convert
         def traced(e: Any) -> Any:
-            out, loops = per_example_map(fn, e, fallback_to_while_loop=fallback_to_while_loop)
+            out, loops = per_example_map(
+                fn, e, fallback_to_while_loop=fallback_to_while_loop, in_loop=in_loop
+            )
             found.extend(loops)
             return out
 
         outputs = tf.function(traced)(elems)
         return outputs, found
+    if in_loop is not None:
+        return _map_in_loop(fn, elems), [f"every record runs in a tf.map_fn loop: {in_loop}"]
     graph = tf.compat.v1.get_default_graph()
     before = len(graph.get_operations())
     handler = _WhileLoopMessages()
