@@ -16,14 +16,17 @@ takes one DP-SGD step per ``step()`` (Abadi et al. 2016; McMahan & Andrew 2018, 
 2. per group of parameters g (one group, per layer, per parameter or custom; see
    :mod:`~dpledger.adapters.torch.gradient_queries`) clip factors f_ig from the group norms with
    the chosen strategy (flat, global, automatic; joint scaled clipping with scales α_j), on the
-   host in float64, and the clipped sums Σ_i f_ig g_ig formed on the device without
-   materialising g_i where possible (book-keeping);
+   parameters' device in float64 (never copied to the host), and the clipped sums Σ_i f_ig g_ig
+   formed on the device without materialising g_i where possible (book-keeping);
 3. one sampling event — the event of the sampler's draw the batch is (Poisson (q, n) by
    default; fixed-size, truncated Poisson, balls-in-bins or shuffle with the samplers of
    :mod:`~dpledger.adapters.torch.batch_samplers`) — and, per group,
    Gaussian noise N(0, σ̃_g² I) drawn in float64 on the parameters' device from a seedable
    ``torch.Generator`` with one sum-query event (S_g, σ̃_g, label) each, in the ledger, through
-   :class:`~dpledger.mechanisms.GroupedSumQuery` (with its sensitivity check);
+   :class:`~dpledger.mechanisms.GroupedSumQuery` (with its sensitivity check, which reads the
+   norms of all groups' sums back to the host in one copy — the step's only host
+   synchronisation — before the sampling event is recorded; the noise of all groups is one
+   float64 draw over their concatenation);
 4. the fixed-denominator average (noisy sum)/(q·n) (the event's denominator: b for fixed-size and
    shuffled batches, n / k for balls-in-bins), written to ``p.grad``, and the wrapped
    optimizer's own ``step()``.
