@@ -33,13 +33,13 @@ Python or from autograd, i.e. not nested inside another aten operator — each o
 kernel launch on an accelerator), the host synchronisations per step (CUDA:
 ``cudaStreamSynchronize``/``cudaDeviceSynchronize``/``cudaEventSynchronize`` and blocking
 ``cudaMemcpy`` calls; CPU: reads of tensor data into Python (``.item()``, ``float()``,
-``bool()``, ``int()``, ``.tolist()``, ``.numpy()``, ``.cpu()``; not ``.to(device)``, which
-cannot tell a copy to the host from one between devices when every tensor is on the CPU) and
-the operators whose output size depends on the data (``unique``, ``nonzero``,
-``masked_select``), each of which
-waits for the device on an accelerator), and on CUDA the largest batch that fits (doubling from
-the row's batch until out of memory, then bisection; ``--no-max-batch`` skips it). Ratios are to
-the non-private step and to the faster of Opacus's modes.
+``bool()``, ``int()``, ``.tolist()``, ``.cpu()``, which ``.numpy()`` of a device tensor needs;
+not ``.to(device)``, which cannot tell a copy to the host from one between devices when every
+tensor is on the CPU) and the operators whose output size depends on the data (``unique``,
+``nonzero``, ``masked_select``), each of which waits for the device on an accelerator), and
+on CUDA the largest batch that fits (doubling from the row's batch until out of memory, then
+bisection; ``--no-max-batch`` skips it). Ratios are to the non-private step and to the faster of
+Opacus's modes.
 
 Run: ``PYTHONPATH=. python benchmarks/gpu_bench.py`` (``--help`` for options).
 """
@@ -74,7 +74,7 @@ POPULATION = 1_000_000
 # --------------------------------------------------------------------------- counting
 
 
-_READS = {"__float__", "__bool__", "__int__", "__index__", "item", "tolist", "numpy", "cpu"}
+_READS = {"__float__", "__bool__", "__int__", "__index__", "item", "tolist", "cpu"}
 _DATA_DEPENDENT = ("aten::unique", "aten::_unique", "aten::nonzero", "aten::masked_select")
 _CUDA_SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 
