@@ -15,7 +15,7 @@ Models (random data, CPU by default, device-agnostic):
 Rows "DPOptimizer" are the full wrapper around the user's ``torch.optim.SGD``: ``zero_grad``,
 forward, ``optimizer.backward(loss)`` (only the gradients with respect to layer outputs) or the
 user's own ``loss.backward()``, and ``optimizer.step()``, which computes the per-example norms,
-the flat clip factors on the host, the clipped sum, the sensitivity check, float64 Gaussian noise
+the flat clip factors on the device, the clipped sum, the sensitivity check, float64 Gaussian noise
 from a seeded generator, the ledger's sampling and sum-query events (an in-memory ledger), the
 fixed-denominator average sum/(q·n) and SGD's own step. "bias metrics on" adds the per-step
 clipping-bias callback (one more book-keeping pass and a copy to the host); "strategy=generic"

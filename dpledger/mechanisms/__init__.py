@@ -46,7 +46,7 @@ from dpledger.mechanisms.clipping import (
     clip_records,
     rounding_clip_margin,
 )
-from dpledger.mechanisms.grouped import GroupedSumQuery
+from dpledger.mechanisms.grouped import GroupedSumQuery, PreparedRelease
 from dpledger.mechanisms.sampling import PoissonSampler
 from dpledger.mechanisms.step import SampledStep, open_step, sampled_step
 from dpledger.mechanisms.sum_query import (
@@ -68,6 +68,7 @@ __all__ = [
     "NoiseAllocation",
     "NumpyBackend",
     "PoissonSampler",
+    "PreparedRelease",
     "SampledStep",
     "ScaledGaussianSumQuery",
     "SensitivityCheckError",

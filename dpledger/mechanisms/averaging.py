@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Sequence
 
 from dpledger.errors import InvalidParameterError
-from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
+from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend, scale_all
 from dpledger.mechanisms.sum_query import as_members
 from dpledger.validation import check_positive_finite, check_positive_int, check_probability
 
@@ -76,7 +76,7 @@ def fixed_denominator_average(
             )
         n = check_positive_int("population_size", population_size)
         factor = 1.0 / (q * n)
-    return [be.scale(s, factor) for s in as_members(noised_sums, parameter="noised_sums")]
+    return scale_all(be, as_members(noised_sums, parameter="noised_sums"), factor)
 
 
 def realised_batch_average(

@@ -28,6 +28,17 @@ Precision contract (what an implementation must do):
   released value, which is post-processing. The cost is one float64 temporary the size of the
   sum, once per query per step.
 
+Batched operations (optional). A backend may also implement ``norms(xs)`` (the float64 norms of
+several arrays as one float64 NumPy vector, read back from the device at once),
+``add_gaussian_noise_many(xs, *, stddevs, generator)`` (noise for several arrays, drawn in one
+call over their concatenation) and ``scale_many(xs, factor)``, with the same precision contract
+as their single-array versions. The mechanisms call them through :func:`array_norms`,
+:func:`add_noise_to_all` and :func:`scale_all`, which fall back to one call per array for a
+backend without them. On an accelerator this makes a release of several arrays one host
+synchronisation and one random draw instead of one per array. The noise of a batched draw is
+N(0, σ̃_j² I) on every array j all the same; only which standard normal lands on which
+coordinate differs from drawing array by array.
+
 Randomness: ``generator`` is the backend's own generator type (``numpy.random.Generator`` here).
 Note that general-purpose PRNGs are not cryptographically secure; seed from OS entropy in
 deployment, and use a fixed seed only for tests and reproducible experiments.
@@ -42,7 +53,15 @@ import numpy as np
 
 from dpledger.errors import InvalidParameterError
 
-__all__ = ["Array", "ArrayBackend", "NumpyBackend", "resolve_backend"]
+__all__ = [
+    "Array",
+    "ArrayBackend",
+    "NumpyBackend",
+    "add_noise_to_all",
+    "array_norms",
+    "resolve_backend",
+    "scale_all",
+]
 
 Array = Any
 """A backend's array type (``numpy.ndarray``, ``torch.Tensor``, ``tf.Tensor``, …)."""
@@ -250,3 +269,34 @@ def resolve_backend(backend: ArrayBackend | None) -> ArrayBackend:
 # Classes whose instances passed the protocol check. A class's methods are fixed for its
 # instances in practice; an instance that deletes or replaces a method is not supported.
 _CHECKED_BACKEND_TYPES: set[type] = set()
+
+
+def array_norms(backend: ArrayBackend, xs: list[Array]) -> np.ndarray:
+    """The float64 L2 norms of ``xs`` as a NumPy vector (the backend's batched ``norms`` if it
+    has one: on a device, one read-back for all of them)."""
+    batched = getattr(backend, "norms", None)
+    if batched is not None:
+        return np.asarray(batched(xs), dtype=np.float64)
+    return np.array([backend.norm(x) for x in xs], dtype=np.float64)
+
+
+def add_noise_to_all(
+    backend: ArrayBackend, xs: list[Array], *, stddevs: list[float], generator: Any
+) -> list[Array]:
+    """x_j + N(0, σ_j² I) for every array, as :meth:`ArrayBackend.add_gaussian_noise` (the
+    backend's batched ``add_gaussian_noise_many`` if it has one: one draw for all arrays)."""
+    batched = getattr(backend, "add_gaussian_noise_many", None)
+    if batched is not None:
+        return list(batched(xs, stddevs=stddevs, generator=generator))
+    return [
+        backend.add_gaussian_noise(x, stddev=sd, generator=generator)
+        for x, sd in zip(xs, stddevs, strict=True)
+    ]
+
+
+def scale_all(backend: ArrayBackend, xs: list[Array], factor: float) -> list[Array]:
+    """c·x for every array (the backend's batched ``scale_many`` if it has one)."""
+    batched = getattr(backend, "scale_many", None)
+    if batched is not None:
+        return list(batched(xs, factor))
+    return [backend.scale(x, factor) for x in xs]

@@ -6,7 +6,12 @@ the same sample and records one sum-query event per group, so the ledger's step 
 tuples and accountants see the step as one Gaussian query with z_eff of paper Eq. 1.
 
 A grouped call is all or nothing: every group's inputs are validated and sensitivity-checked
-before any noise is drawn or any event recorded.
+before any noise is drawn or any event recorded. The two stages are also available separately:
+:meth:`GroupedSumQuery.prepare` validates and checks (nothing is drawn or recorded, so a caller
+can run it before recording the step's sampling event), and :meth:`PreparedRelease.commit` (or
+:meth:`~dpledger.mechanisms.SampledStep.commit`) draws the noise and records the events. The norms
+of every group's sums are computed in one backend call and the noise of every array in one draw
+(see the batched operations of :mod:`~dpledger.mechanisms.backend`).
 """
 
 from __future__ import annotations
@@ -14,13 +19,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms.allocation import effective_noise_multiplier
-from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
-from dpledger.mechanisms.sum_query import GaussianSumQuery, _draw, _record, check_ledger
+from dpledger.mechanisms.backend import (
+    Array,
+    ArrayBackend,
+    add_noise_to_all,
+    array_norms,
+    resolve_backend,
+)
+from dpledger.mechanisms.sum_query import GaussianSumQuery, _record, as_members, check_ledger
 
-__all__ = ["GroupedSumQuery"]
+__all__ = ["GroupedSumQuery", "PreparedRelease"]
 
 
 class GroupedSumQuery:
@@ -131,19 +142,85 @@ class GroupedSumQuery:
         backend: ArrayBackend | None = None,
     ) -> list[list[Array]]:
         """Stage (c) for every group: noise the clipped sums and record one event per group."""
+        prepared = self.prepare(clipped_sums, num_records=num_records, backend=backend)
+        return prepared.commit(ledger=ledger, generator=generator)
+
+    def prepare(
+        self,
+        clipped_sums: Sequence[Array | Sequence[Array]],
+        *,
+        num_records: int,
+        backend: ArrayBackend | None = None,
+    ) -> PreparedRelease:
+        """Validate every group's clipped sums and run the sensitivity checks; nothing is drawn
+        or recorded (see :meth:`PreparedRelease.commit`).
+
+        The norms of all groups' sums are computed in one backend call (one read-back from a
+        device). The arrays must not be modified before the release is committed.
+
+        Raises:
+            SensitivityCheckError: a group's clipped sum is longer than |R|·S_g allows.
+            InvalidParameterError: bad arguments, or a clipped sum that is not finite.
+        """
         be = resolve_backend(backend)
-        per_group = self._check_count("clipped_sums", clipped_sums)
-        prepared = [
-            q._prepare(s, num_records, be) for q, s in zip(self._queries, per_group, strict=True)
+        per_group = [
+            as_members(s, parameter=f"clipped_sums[{g}]")
+            for g, s in enumerate(self._check_count("clipped_sums", clipped_sums))
         ]
-        return self._commit(prepared, ledger, generator)
+        norms = array_norms(be, [a for group in per_group for a in group])
+        prepared = []
+        start = 0
+        for q, sums in zip(self._queries, per_group, strict=True):
+            stop = start + len(sums)
+            prepared.append(q._prepare(sums, num_records, be, norms[start:stop]))
+            start = stop
+        return PreparedRelease(prepared)
 
     def _commit(self, prepared: list[Any], ledger: PrivacyLedger, generator: Any) -> list:
-        check_ledger(ledger)
-        noised = [_draw(p, generator) for p in prepared]
-        for p in prepared:
-            _record(p, ledger)
-        return noised
+        return PreparedRelease(prepared).commit(ledger=ledger, generator=generator)
 
     def __repr__(self) -> str:
         return f"GroupedSumQuery({list(self._queries)!r})"
+
+
+class PreparedRelease:
+    """The validated, sensitivity-checked release of a :class:`GroupedSumQuery`, waiting for
+    its noise and its events (from :meth:`GroupedSumQuery.prepare`). Committed at most once."""
+
+    def __init__(self, prepared: list[Any]) -> None:
+        self._prepared = prepared
+        self._committed = False
+
+    @property
+    def num_records(self) -> int:
+        """|R|, the sample size the sums were checked against."""
+        return self._prepared[0].num_records
+
+    def commit(self, *, ledger: PrivacyLedger, generator: Any) -> list[list[Array]]:
+        """Draw the noise of every group (one draw for all arrays where the backend batches),
+        append one sum-query event per group to ``ledger`` and return the noised sums, per
+        group.
+
+        Raises:
+            LedgerStateError: no step is open in the ledger, or the release was committed.
+        """
+        if self._committed:
+            raise LedgerStateError(
+                "this release was committed already: a second commit would draw new noise for "
+                "sums that were released"
+            )
+        check_ledger(ledger)
+        prepared = self._prepared
+        be = prepared[0].backend
+        arrays = [a for p in prepared for a in p.sums]
+        stddevs = [sd for p in prepared for sd in p.stddevs]
+        flat = add_noise_to_all(be, arrays, stddevs=stddevs, generator=generator)
+        self._committed = True
+        for p in prepared:
+            _record(p, ledger)
+        out = []
+        start = 0
+        for p in prepared:
+            out.append(flat[start : start + len(p.sums)])
+            start += len(p.sums)
+        return out

@@ -25,7 +25,7 @@ from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.ledger import PrivacyLedger, SamplingEvent, SamplingScheme
 from dpledger.mechanisms.averaging import fixed_denominator_average, realised_batch_average
 from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
-from dpledger.mechanisms.grouped import GroupedSumQuery
+from dpledger.mechanisms.grouped import GroupedSumQuery, PreparedRelease
 from dpledger.mechanisms.sum_query import GaussianSumQuery
 
 if TYPE_CHECKING:
@@ -177,6 +177,21 @@ class SampledStep:
             generator=self._generator(generator),
             backend=self.backend,
         )
+
+    def commit(self, prepared: PreparedRelease, *, generator: Any = None) -> list[list[Array]]:
+        """Stage (c) of a grouped release prepared (validated and sensitivity-checked) before
+        the step was opened: draw its noise and record its events in this step.
+
+        Args:
+            prepared: from :meth:`GroupedSumQuery.prepare`.
+            generator: overrides the step's generator for this call.
+        """
+        self._check_open()
+        if not isinstance(prepared, PreparedRelease):
+            raise InvalidParameterError(
+                "prepared", prepared, "a PreparedRelease from GroupedSumQuery.prepare"
+            )
+        return prepared.commit(ledger=self.ledger, generator=self._generator(generator))
 
     def average(
         self, noised_sums: Array | Sequence[Array], *, realised_batch_size: int | None = None

@@ -49,7 +49,13 @@ import numpy as np
 
 from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.ledger import PrivacyLedger
-from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
+from dpledger.mechanisms.backend import (
+    Array,
+    ArrayBackend,
+    add_noise_to_all,
+    array_norms,
+    resolve_backend,
+)
 from dpledger.mechanisms.clipping import ClippingStrategy, check_clip_margin, check_record_norms
 from dpledger.validation import check_non_negative_finite, check_positive_finite
 
@@ -395,17 +401,23 @@ class GaussianSumQuery:
 
     # ------------------------------------------------------------------ stage (c): release
     def _prepare(
-        self, clipped_sums: Any, num_records: Any, backend: ArrayBackend | None
+        self,
+        clipped_sums: Any,
+        num_records: Any,
+        backend: ArrayBackend | None,
+        norms: np.ndarray | None = None,
     ) -> _Prepared:
+        """Validate and sensitivity-check a release; ``norms`` are the sums' norms when the
+        caller (a grouped release) computed them with the backend for several queries at once."""
         be = resolve_backend(backend)
         sums = as_members(clipped_sums, parameter="clipped_sums")
         count = _num_records(num_records)
         scales = self._scale_vector(len(sums), "clipped_sums")
-        norms = np.empty(len(sums))
+        if norms is None:
+            norms = array_norms(be, sums)
         eps = 0.0
         size = 0
         for j, s in enumerate(sums):
-            norms[j] = be.norm(s)
             if not math.isfinite(norms[j]):
                 raise InvalidParameterError(
                     f"clipped_sums[{j}]", f"an array of norm {norms[j]!r}", "a finite clipped sum"
@@ -499,11 +511,9 @@ class GaussianSumQuery:
 
 
 def _draw(prepared: _Prepared, generator: Any) -> list[Array]:
-    be = prepared.backend
-    return [
-        be.add_gaussian_noise(s, stddev=sd, generator=generator)
-        for s, sd in zip(prepared.sums, prepared.stddevs, strict=True)
-    ]
+    return add_noise_to_all(
+        prepared.backend, prepared.sums, stddevs=prepared.stddevs, generator=generator
+    )
 
 
 def _record(prepared: _Prepared, ledger: PrivacyLedger) -> None:

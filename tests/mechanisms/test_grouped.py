@@ -183,3 +183,36 @@ def test_group_accessors() -> None:
         ).effective_noise_multiplier,
         1.5,
     )
+
+
+def test_prepare_checks_before_anything_is_recorded_and_commits_once() -> None:
+    group = GroupedSumQuery(
+        [
+            GaussianSumQuery(l2_norm_bound=1.0, noise_stddev=1.0, label="a"),
+            GaussianSumQuery(l2_norm_bound=2.0, noise_stddev=0.5, label="b"),
+        ]
+    )
+    ledger = PrivacyLedger()
+    with pytest.raises(SensitivityCheckError):  # no step is needed to refuse a release
+        group.prepare([[np.full(4, 1.0)], [np.zeros(2)]], num_records=1)
+    assert ledger.num_events == 0
+    sums = [[np.full(4, 0.25)], [np.zeros(2), np.ones(1)]]
+    prepared = group.prepare(sums, num_records=3)
+    assert prepared.num_records == 3
+    with sampled_step(ledger, sampling_probability=0.5, generator=np.random.default_rng(4)) as step:
+        out = step.commit(prepared)
+        with pytest.raises(LedgerStateError, match="committed"):
+            step.commit(prepared)
+    assert ledger.labels == ("a", "b") and ledger.num_steps == 1
+    # the same values as a release in one call with the same generator
+    again = PrivacyLedger()
+    again.record_sample(sampling_probability=0.5)
+    want = group.release(sums, num_records=3, ledger=again, generator=np.random.default_rng(4))
+    for got_group, want_group in zip(out, want, strict=True):
+        for got, expected in zip(got_group, want_group, strict=True):
+            np.testing.assert_array_equal(got, expected)
+    with (
+        sampled_step(ledger, sampling_probability=0.5) as step,
+        pytest.raises(InvalidParameterError, match="prepared"),
+    ):
+        step.commit(sums)  # type: ignore[arg-type]

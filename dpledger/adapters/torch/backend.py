@@ -16,6 +16,13 @@ Precision, as the protocol requires (:mod:`dpledger.mechanisms.backend`):
   value of the sum, and the result is rounded once to the tensor's dtype. A standard deviation of
   exactly 0 draws nothing (the generator's state is left as it was).
 
+Batched operations (:mod:`dpledger.mechanisms.backend`): :meth:`TorchBackend.norms` computes the
+float64 norms of several tensors on their device and reads them back in one copy (one host
+synchronisation for a whole release); :meth:`TorchBackend.add_gaussian_noise_many` draws the
+standard normals of every tensor in one call over a flat float64 buffer on the device, scales and
+adds them with fused multi-tensor operations and rounds once to the tensors' dtype;
+:meth:`TorchBackend.scale_many` scales several tensors in one fused operation.
+
 Randomness: ``torch.Generator`` is not a cryptographically secure generator; seed it from OS
 entropy (``generator.seed()``) in deployment and with a fixed seed only for tests and
 reproducible experiments.
@@ -61,6 +68,12 @@ def check_generator_device(generator: Any, device: torch.device, *, parameter: s
             f"a torch.Generator on {generator.device}",
             f"a generator on the tensors' device {device} (torch.Generator(device='{device}'))",
         )
+
+
+def _overrides(backend: Any, name: str) -> bool:
+    """Whether a subclass replaced the one-array operation ``name``: its batched version then
+    calls it array by array, so that the subclass's behaviour is kept."""
+    return getattr(type(backend), name) is not getattr(TorchBackend, name)
 
 
 class TorchBackend:
@@ -163,6 +176,68 @@ class TorchBackend:
         noise = torch.randn(t.shape, generator=generator, dtype=torch.float64, device=t.device)
         noise.mul_(float(stddev)).add_(t)
         return noise if t.dtype == torch.float64 else noise.to(t.dtype)
+
+    def norms(self, xs: list[Array]) -> np.ndarray:
+        """The float64 norms of ``xs`` (as :meth:`norm`), read back to the host in one copy."""
+        ts = [self._tensor(x).detach() for x in xs]
+        if not ts:
+            return np.zeros(0, dtype=np.float64)
+        if len({t.device for t in ts}) != 1 or _overrides(self, "norm"):
+            return np.array([self.norm(t) for t in ts], dtype=np.float64)
+        stacked = torch.stack([torch.linalg.vector_norm(t, dtype=torch.float64) for t in ts])
+        out = stacked.cpu().numpy().copy()
+        for j in np.flatnonzero(~np.isfinite(out)):  # overflow-safe again (or NaN, inf)
+            out[j] = self.norm(ts[j])
+        return out
+
+    def add_gaussian_noise_many(
+        self, xs: list[Array], *, stddevs: list[float], generator: Any
+    ) -> list[Array]:
+        """x_j + N(0, stddevs[j]² I) for every tensor, as :meth:`add_gaussian_noise`, with the
+        standard normals of all tensors of positive standard deviation drawn in one call over
+        their concatenation (in the order given)."""
+        ts = [self._tensor(x).detach() for x in xs]
+        if len(ts) != len(stddevs):
+            raise InvalidParameterError(
+                "stddevs", f"{len(stddevs)} values", f"one per tensor ({len(ts)})"
+            )
+        noisy = [j for j, sd in enumerate(stddevs) if float(sd) != 0.0]
+        devices = {ts[j].device for j in noisy}
+        if len(devices) > 1 or _overrides(self, "add_gaussian_noise"):
+            return [
+                self.add_gaussian_noise(t, stddev=sd, generator=generator)
+                for t, sd in zip(ts, stddevs, strict=True)
+            ]
+        for t in ts:
+            check_generator_device(generator, t.device, parameter="generator")
+        out: list[torch.Tensor | None] = [None] * len(ts)
+        for j, t in enumerate(ts):
+            if float(stddevs[j]) == 0.0:
+                out[j] = t.clone()
+        if noisy:
+            chosen = [ts[j] for j in noisy]
+            sizes = [t.numel() for t in chosen]
+            flat = torch.randn(
+                sum(sizes), generator=generator, dtype=torch.float64, device=chosen[0].device
+            )
+            pieces = list(flat.split(sizes))
+            torch._foreach_mul_(pieces, [float(stddevs[j]) for j in noisy])
+            torch._foreach_add_(pieces, [t.reshape(-1) for t in chosen])  # float64 addition
+            dtypes = {t.dtype for t in chosen}
+            if len(dtypes) == 1 and torch.float64 not in dtypes:
+                pieces = list(flat.to(chosen[0].dtype).split(sizes))  # one rounding for all
+            for j, t, piece in zip(noisy, chosen, pieces, strict=True):
+                out[j] = piece.view(t.shape).to(t.dtype)
+        return [t for t in out if t is not None]
+
+    def scale_many(self, xs: list[Array], factor: float) -> list[Array]:
+        """c·x for every tensor (one fused operation where the tensors allow)."""
+        ts = [self._tensor(x).detach() for x in xs]
+        if _overrides(self, "scale"):
+            return [self.scale(t, factor) for t in ts]
+        if not ts:
+            return []
+        return list(torch._foreach_mul(ts, float(factor)))
 
     def to_host(self, x: Array) -> np.ndarray:
         """See :meth:`~dpledger.mechanisms.ArrayBackend.to_host`."""

@@ -15,8 +15,14 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from dpledger.errors import InvalidParameterError
+from dpledger.mechanisms.clipping import (
+    AutomaticClipping,
+    ClippingStrategy,
+    FlatClipping,
+    GlobalClipping,
+)
 
-__all__ = ["expand_factors"]
+__all__ = ["expand_factors", "strategy_factors"]
 
 
 def _check_vector(name: str, value: object, batch_size: int) -> torch.Tensor:
@@ -77,3 +83,23 @@ def expand_factors(
             "factors", f"<mapping without {missing}>", "a factor tensor for every parameter"
         )
     return {n: out[n] for n in names}
+
+
+def strategy_factors(
+    strategy: ClippingStrategy, norms: torch.Tensor, *, bounds: torch.Tensor
+) -> torch.Tensor | None:
+    """The built-in clipping strategies' factors on the device, in the norms' dtype (float64).
+
+    The same formulas as :meth:`~dpledger.mechanisms.ClippingStrategy.factors` on the host, for
+    norms (G, B) and bounds (G, 1): flat min(1, S/‖v_i‖) (S/‖v_i‖ where ‖v_i‖ > S, else 1),
+    global 1{‖v_i‖ ≤ S}, automatic S/(‖v_i‖ + γ). None for any other strategy (its factors are
+    computed on the host). The norms must be validated by the caller (finite, ≥ 0).
+    """
+    kind = type(strategy)
+    if kind is FlatClipping:
+        return torch.where(norms > bounds, bounds / norms, torch.ones_like(norms))
+    if kind is GlobalClipping:
+        return (norms <= bounds).to(norms.dtype)
+    if kind is AutomaticClipping:
+        return bounds / (norms + strategy.stability)
+    return None

@@ -16,14 +16,17 @@ takes one DP-SGD step per ``step()`` (Abadi et al. 2016; McMahan & Andrew 2018, 
 2. per group of parameters g (one group, per layer, per parameter or custom; see
    :mod:`~dpledger.adapters.torch.gradient_queries`) clip factors f_ig from the group norms with
    the chosen strategy (flat, global, automatic; joint scaled clipping with scales α_j), on the
-   host in float64, and the clipped sums Σ_i f_ig g_ig formed on the device without
-   materialising g_i where possible (book-keeping);
+   parameters' device in float64 (never copied to the host), and the clipped sums Σ_i f_ig g_ig
+   formed on the device without materialising g_i where possible (book-keeping);
 3. one sampling event — the event of the sampler's draw the batch is (Poisson (q, n) by
    default; fixed-size, truncated Poisson, balls-in-bins or shuffle with the samplers of
    :mod:`~dpledger.adapters.torch.batch_samplers`) — and, per group,
    Gaussian noise N(0, σ̃_g² I) drawn in float64 on the parameters' device from a seedable
    ``torch.Generator`` with one sum-query event (S_g, σ̃_g, label) each, in the ledger, through
-   :class:`~dpledger.mechanisms.GroupedSumQuery` (with its sensitivity check);
+   :class:`~dpledger.mechanisms.GroupedSumQuery` (with its sensitivity check, which reads the
+   norms of all groups' sums back to the host in one copy — the step's only host
+   synchronisation — before the sampling event is recorded; the noise of all groups is one
+   float64 draw over their concatenation);
 4. the fixed-denominator average (noisy sum)/(q·n) (the event's denominator: b for fixed-size and
    shuffled batches, n / k for balls-in-bins), written to ``p.grad``, and the wrapped
    optimizer's own ``step()``.
@@ -91,7 +94,7 @@ from dpledger.adapters.torch.distributed import (
 )
 from dpledger.adapters.torch.engine import LossReduction, PerExampleGradientEngine, Strategy
 from dpledger.adapters.torch.errors import EngineStateError
-from dpledger.adapters.torch.factors import expand_factors
+from dpledger.adapters.torch.factors import expand_factors, strategy_factors
 from dpledger.adapters.torch.functional_gradients import clipped_sum_of, squared_norms_of
 from dpledger.adapters.torch.gradient_queries import GradientQueries, Grouping
 from dpledger.adapters.torch.module_checks import check_module_configuration
@@ -527,7 +530,7 @@ class DPOptimizer(torch.optim.Optimizer):
         }
         self._names = tuple(self._params)
         self._index_of = {n: i for i, n in enumerate(self._names)}
-        self._layouts: dict[int, tuple[GradientQueries, torch.Tensor, list[slice]]] = {}
+        self._layouts: dict[int, tuple[GradientQueries, torch.Tensor, torch.Tensor, bool]] = {}
 
         # ---- the noise generator, on the parameters' device
         if generator is not None:
@@ -580,6 +583,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self._acc_unclipped: dict[str, torch.Tensor] | None = None
         self._acc_norms: list[np.ndarray] = []
         self._acc_clipped = 0
+        self._acc_bad: torch.Tensor | None = None  # records with a non-finite norm (device)
         self._claimed_event: SamplingEvent | None = None  # user-level: claimed at step()
         self._final_chunk: bool | None = None
         self._steps_taken = 0
@@ -890,55 +894,74 @@ class DPOptimizer(torch.optim.Optimizer):
         return out
 
     def _clip_and_add(self, source: Any, batch: int) -> None:
-        """Clip the ``batch`` vectors of ``source`` per group and add their sum to the step's."""
+        """Clip the ``batch`` vectors of ``source`` per group and add their sum to the step's.
+
+        The group norms and clip factors stay on the parameters' device, in float64: no copy to
+        the host and no synchronisation. A record whose group norm is not finite (or whose
+        squared norm is negative) is counted on the device; :meth:`_release_and_update` refuses
+        a step with such a record before anything is recorded.
+        """
         squared = source.squared_norms()
         queries = self._queries
-        reduce, slices = self._layout(queries)
-        stacked = torch.stack([squared[n].to(torch.float64) for n in self._names])
-        host = (reduce @ stacked).cpu().numpy()  # one row per group (per member if scaled)
-        factors = np.empty((len(queries.members), batch))
-        group_norms = []
-        for g, query in enumerate(queries.queries):
-            norms = query.group_norms(squared_norms=list(host[slices[g]]))
-            factors[g] = query.clip_factors(norms, margin=self._clip_margin)
-            group_norms.append(norms)
-        factors[factors < self._tiny] = 0.0  # subnormal factors cannot scale accurately
-        on_device = torch.from_numpy(factors).to(self._device)
-        mapping = {members: on_device[g] for g, members in enumerate(queries.members)}
+        reduce, bounds, host_rows = self._layout(queries)
+        stacked = torch.stack([squared[n] for n in self._names]).to(torch.float64)
+        norms = (reduce @ stacked).sqrt_()  # (G, B): each group's (scaled) record norms
+        bad = (~torch.isfinite(norms)).sum() + (stacked < 0).sum()
+        self._acc_bad = bad if self._acc_bad is None else self._acc_bad + bad
+        factors = strategy_factors(queries.queries[0].clipping, norms, bounds=bounds)
+        if factors is None or host_rows:  # a strategy without a device formula: on the host
+            factors = self._host_factors(queries, norms, bad)
+        factors = torch.where(factors < self._tiny, torch.zeros_like(factors), factors)
+        mapping = {members: factors[g] for g, members in enumerate(queries.members)}
         with torch.no_grad():
             sums = source.clipped_sum(mapping)
             if self._acc is None:
                 self._acc = {n: sums[n] for n in self._names}
             else:
-                for n in self._names:
-                    self._acc[n].add_(sums[n])
-            if self._bias_callback is not None:
+                torch._foreach_add_(
+                    [self._acc[n] for n in self._names], [sums[n] for n in self._names]
+                )
+            if self._bias_callback is not None:  # not private; host copies are fine here
                 total = stacked.sum(0).cpu().numpy()
-                self._absorb_metrics(source, total, factors, group_norms, batch)
+                host_norms = norms.cpu().numpy()
+                self._absorb_metrics(source, total, factors.cpu().numpy(), list(host_norms), batch)
 
-    def _layout(self, queries: GradientQueries) -> tuple[torch.Tensor, list[slice]]:
-        """A 0/1 matrix summing the per-parameter squared norms of each separately clipped
-        group into one row (one row per parameter for joint scaled groups), and each group's
-        rows. Cached per set of queries."""
+    def _host_factors(
+        self, queries: GradientQueries, norms: torch.Tensor, bad: torch.Tensor
+    ) -> torch.Tensor:
+        """Factors of strategies with no device formula, by the queries on the host."""
+        host = norms.cpu().numpy()
+        if int(bad) > 0:
+            host = np.where(np.isfinite(host), host, 0.0)  # the step is refused at release
+        factors = np.stack(
+            [
+                query.clip_factors(host[g], margin=self._clip_margin)
+                for g, query in enumerate(queries.queries)
+            ]
+        )
+        return torch.from_numpy(factors).to(self._device)
+
+    def _layout(self, queries: GradientQueries) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """A weight matrix summing the per-parameter squared norms of each group into one row
+        (with weights 1/α_j² for joint scaled groups), the groups' clip bounds S_g·(1 − ρ) as a
+        column, and whether the groups' strategies differ (then factors come from the host).
+        Cached per set of queries."""
         cached = self._layouts.get(id(queries))
         if cached is not None and cached[0] is queries:
-            return cached[1], cached[2]
-        rows: list[list[str]] = []
-        slices = []
-        for query, members in zip(queries.queries, queries.members, strict=True):
-            start = len(rows)
-            if isinstance(query, ScaledGaussianSumQuery):
-                rows.extend([n] for n in members)
-            else:
-                rows.append(list(members))
-            slices.append(slice(start, len(rows)))
-        reduce = torch.zeros(len(rows), len(self._names), dtype=torch.float64)
-        for r, names in enumerate(rows):
-            for n in names:
-                reduce[r, self._index_of[n]] = 1.0
-        reduce = reduce.to(self._device)
-        self._layouts = {id(queries): (queries, reduce, slices)}
-        return reduce, slices
+            return cached[1], cached[2], cached[3]
+        reduce = torch.zeros(len(queries.queries), len(self._names), dtype=torch.float64)
+        for g, (query, members) in enumerate(zip(queries.queries, queries.members, strict=True)):
+            scales = query.scales if isinstance(query, ScaledGaussianSumQuery) else None
+            for j, n in enumerate(members):
+                reduce[g, self._index_of[n]] = 1.0 if scales is None else 1.0 / scales[j] ** 2
+        rho = self._clip_margin or 0.0
+        bounds = torch.tensor(
+            [[q.l2_norm_bound * (1.0 - rho)] for q in queries.queries], dtype=torch.float64
+        )
+        mixed = len({q.clipping for q in queries.queries}) > 1
+        reduce, bounds = reduce.to(self._device), bounds.to(self._device)
+        self._layouts = {id(queries): (queries, reduce, bounds, mixed)}
+        return reduce, bounds, mixed
 
     def _absorb_metrics(
         self,
@@ -967,6 +990,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self._acc_unclipped = None
         self._acc_norms = []
         self._acc_clipped = 0
+        self._acc_bad = None
         self._claimed_event = None
 
     # ------------------------------------------------------------------ steps
@@ -1119,6 +1143,14 @@ class DPOptimizer(torch.optim.Optimizer):
         if self._acc_unclipped is not None:
             unclipped = [self._acc_unclipped[n] for n in names]
         clipped = self._acc_clipped
+        if self._acc_bad is not None:
+            # A record whose norm is not finite makes the clipped sum NaN (on the device, no
+            # synchronisation), which the sensitivity check below refuses before anything is
+            # recorded; adding 0 leaves every other sum as it is.
+            first = next((s for s in sums if s.numel() > 0), None)
+            if first is not None:
+                poison = torch.where(self._acc_bad > 0, math.nan, 0.0)
+                first.view(-1)[:1].add_(poison.to(first.dtype))
         if self._distributed:
             # counts first, on every rank: a rank whose records were not its sampler's draw
             # stops every rank before the gradients are reduced or anything is recorded
@@ -1143,6 +1175,25 @@ class DPOptimizer(torch.optim.Optimizer):
             assert self._ledger is not None
             queries = self._queries
             by_name = dict(zip(names, sums, strict=True))
+            # A group under separate clipping is one concatenated vector (McMahan & Andrew,
+            # section 2): its members' sums are released as one flat array — the same norm, the
+            # same i.i.d. noise per coordinate — in a few large operations instead of several
+            # small ones per parameter. Joint scaled groups keep one array per scale.
+            grouped_sums = []
+            for query, members in zip(queries.queries, queries.members, strict=True):
+                parts = [by_name[n] for n in members]
+                if len(parts) > 1 and not isinstance(query, ScaledGaussianSumQuery):
+                    parts = [torch.cat([t.reshape(-1) for t in parts])]
+                grouped_sums.append(parts)
+            # Validation and the sensitivity check of every group (one read-back of the sums'
+            # norms) come before the sampling event: a refused step records nothing.
+            try:
+                prepared = queries.grouped.prepare(
+                    grouped_sums, num_records=count, backend=self._backend
+                )
+            except InvalidParameterError:
+                self._refuse_non_finite_records()
+                raise
             if event.is_classic:  # Poisson or full batch: the ledger's fast path
                 step = open_step(
                     self._ledger,
@@ -1155,18 +1206,8 @@ class DPOptimizer(torch.optim.Optimizer):
                 step = open_step(
                     self._ledger, event=event, generator=self._generator, backend=self._backend
                 )
-            # A group under separate clipping is one concatenated vector (McMahan & Andrew,
-            # section 2): its members' sums are released as one flat array — the same norm, the
-            # same i.i.d. noise per coordinate — in a few large operations instead of several
-            # small ones per parameter. Joint scaled groups keep one array per scale.
-            grouped_sums = []
-            for query, members in zip(queries.queries, queries.members, strict=True):
-                parts = [by_name[n] for n in members]
-                if len(parts) > 1 and not isinstance(query, ScaledGaussianSumQuery):
-                    parts = [torch.cat([t.reshape(-1) for t in parts])]
-                grouped_sums.append(parts)
             try:
-                noised = step.release(queries.grouped, grouped_sums, num_records=count)
+                noised = step.commit(prepared)
                 averaged_groups = step.average([t for group in noised for t in group])
             finally:
                 step.end()
@@ -1194,6 +1235,19 @@ class DPOptimizer(torch.optim.Optimizer):
             self._report_bias(sums, unclipped, count, clipped)
         self._reset()
         self._steps_taken += 1
+
+    def _refuse_non_finite_records(self) -> None:
+        """After a refused release: name records whose norm was not finite, if there were any
+        (the cause of a NaN sum); the step is dropped."""
+        bad = 0 if self._acc_bad is None else int(self._acc_bad)
+        if bad > 0:
+            self._reset()
+            raise InvalidParameterError(
+                "per-example gradients",
+                f"{bad} record(s) with a NaN, infinite or negative squared norm",
+                "finite per-example gradients (a record with a NaN or infinite norm is never "
+                "clipped or summed): nothing was released or recorded for this step",
+            )
 
     def _report_bias(
         self,

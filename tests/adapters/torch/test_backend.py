@@ -116,3 +116,37 @@ def test_a_sum_query_runs_on_tensors_as_on_arrays():
         for a, b in zip(got, want, strict=True):
             np.testing.assert_allclose(a.numpy(), b, rtol=1e-12, atol=1e-14)
         assert list(ledger_t.events()) == list(ledger_n.events())
+
+
+def test_batched_noise_is_one_float64_draw_over_the_concatenation():
+    backend = TorchBackend()
+    xs = [torch.ones(3, 2), torch.zeros(5), torch.full((4,), 2.0)]
+    out = backend.add_gaussian_noise_many(
+        xs, stddevs=[0.5, 0.0, 3.0], generator=torch.Generator().manual_seed(3)
+    )
+    z = torch.randn(10, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    assert [t.dtype for t in out] == [torch.float32] * 3
+    assert torch.equal(out[0], (1.0 + 0.5 * z[:6]).to(torch.float32).view(3, 2))
+    assert torch.equal(out[1], xs[1])  # σ = 0 draws nothing
+    assert torch.equal(out[2], (2.0 + 3.0 * z[6:]).to(torch.float32))
+    norms = backend.norms(
+        [torch.full((4,), 3.0), torch.zeros(0), torch.tensor([1e200, 1e200], dtype=torch.float64)]
+    )
+    assert norms.dtype == np.float64 and list(norms[:2]) == [6.0, 0.0]
+    assert norms[2] == pytest.approx(math.sqrt(2) * 1e200, rel=1e-15)  # overflow-safe
+    scaled = backend.scale_many(xs, 0.5)
+    assert all(torch.equal(s, x * 0.5) for s, x in zip(scaled, xs, strict=True))
+
+
+def test_a_subclass_that_changes_the_one_array_noise_keeps_it_when_batched():
+    class Halved(TorchBackend):
+        def add_gaussian_noise(self, x, *, stddev, generator):
+            return super().add_gaussian_noise(x, stddev=stddev / 2, generator=generator)
+
+    xs = [torch.zeros(20, dtype=torch.float64), torch.zeros(30, dtype=torch.float64)]
+    got = Halved().add_gaussian_noise_many(
+        xs, stddevs=[2.0, 2.0], generator=torch.Generator().manual_seed(0)
+    )
+    gen = torch.Generator().manual_seed(0)
+    want = [TorchBackend().add_gaussian_noise(x, stddev=1.0, generator=gen) for x in xs]
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))

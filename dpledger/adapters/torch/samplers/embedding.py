@@ -50,11 +50,21 @@ def embedding_norms(
     batch = idx.shape[0]
     rows = torch.arange(batch, device=idx.device).unsqueeze(1)
     keys = (rows * module.num_embeddings + idx).reshape(-1)
-    unique, inverse = torch.unique(keys, return_inverse=True)
-    sums = b.new_zeros(unique.shape[0], module.embedding_dim)
+    # Group equal (example, index) keys without torch.unique, whose output size depends on the
+    # data (a host synchronisation on an accelerator): sort, number the runs of equal keys, and
+    # sum into a buffer with one row per position (rows of unused group numbers stay zero).
+    ordered, order = torch.sort(keys)
+    starts = torch.ones_like(ordered, dtype=torch.bool)
+    starts[1:] = ordered[1:] != ordered[:-1]
+    group_of_sorted = torch.cumsum(starts, 0) - 1
+    inverse = torch.empty_like(group_of_sorted).scatter_(0, order, group_of_sorted)
+    sums = b.new_zeros(keys.shape[0], module.embedding_dim)
     sums.index_add_(0, inverse, b.reshape(-1, module.embedding_dim))
+    example = torch.zeros_like(group_of_sorted).scatter_(
+        0, group_of_sorted, ordered // module.num_embeddings
+    )
     norms = b.new_zeros(batch)
-    norms.index_add_(0, unique // module.num_embeddings, sums.square().sum(1))
+    norms.index_add_(0, example, sums.square().sum(1))
     return {"weight": norms}
 
 
