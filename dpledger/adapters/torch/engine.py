@@ -193,7 +193,10 @@ class PerExampleGradientEngine:
 
     Raises:
         RecordMixingModuleError: BatchNorm that uses batch statistics.
-        UnsupportedModuleError: a module option that mixes records (``scale_grad_by_freq``).
+        UnsupportedModuleError: a module option that mixes records (``scale_grad_by_freq``), or
+            a configuration a grad sampler refuses (its ``check_fn``: e.g. an LSTM with
+            ``proj_size``); a sampler's refusal of a forward's inputs (a ``PackedSequence``) is
+            raised by that forward, before anything is recorded.
         InvalidParameterError: a bad argument.
     """
 

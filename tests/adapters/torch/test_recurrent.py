@@ -184,6 +184,40 @@ def test_a_layer_called_twice_and_partly_frozen():
     assert_close_dicts(engine.per_example_gradients(), want)
 
 
+class Seq2Seq(nn.Module):
+    """An encoder GRU whose h_n is the decoder LSTM's initial state (gradient flows into it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.GRU(IN, H, num_layers=2, bidirectional=True)
+        self.bridge = nn.Linear(H, H)
+        self.decoder = nn.LSTM(IN, H, num_layers=2, batch_first=True)
+        self.head = nn.Linear(H, 2)
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        _, h = self.encoder(src.transpose(0, 1))  # time-major inside the model
+        h = h.view(2, 2, *h.shape[1:]).sum(1).transpose(0, 1)  # (B, layers, H)
+        h0 = torch.tanh(self.bridge(h)).transpose(0, 1).contiguous()
+        out, _ = self.decoder(tgt, (h0, torch.zeros_like(h0)))
+        return self.head(out)
+
+
+def test_an_initial_state_computed_by_other_layers():
+    torch.manual_seed(0)
+    model = Seq2Seq().double()
+    g = torch.Generator().manual_seed(1)
+    src = torch.randn(B, T + 1, IN, generator=g, dtype=torch.float64)
+    tgt = torch.randn(B, T, IN, generator=g, dtype=torch.float64)
+    target = torch.randn(B, T, 2, generator=g, dtype=torch.float64)
+    want = loop_per_example_grads(model, _mean_loss, (src, tgt), target)
+    f = torch.rand(B, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    engine = PerExampleGradientEngine(model, loss_reduction="mean")
+    _mean_loss(model(src, tgt), target).backward()
+    assert engine.generic_modules == ()
+    assert_close_dicts(engine.squared_norms(), squared_norms(want))
+    assert_close_dicts(engine.clipped_sum(f), weighted_sum(want, f))
+
+
 def test_empty_batch_gives_zeros():
     model, inputs, target = _setup("lstm", "2-bi-bf-bias-hx", batch=0)
     engine = PerExampleGradientEngine(model, loss_reduction="sum")

@@ -20,18 +20,26 @@ so the ghost norms, book-keeping clipped sums and per-example gradients of
 :mod:`~dpledger.adapters.torch.samplers.linear` apply unchanged.
 
 The fused kernels do not expose the pre-activations, so the sampler recomputes the module's
-forward on the whole batch from its stored inputs with plain torch operations, adding a zero
-tensor z to every pre-activation, and differentiates the recomputed (output, h_n[, c_n]) against
-the output gradients the engine captured: ∂L/∂z are the pre-activation gradients. Examples do not
+forward on the whole batch from its stored inputs, layer by layer and direction by direction: it
+computes gi = x W_ihᵀ + b_ih + z for all steps at once (z a zero tensor) and runs torch's own
+kernel for the layer on the input gi with W_ih = I and b_ih = 0, whose gate pre-activations are
+then exactly gi_t + gh_t. Differentiating the recomputed (output, h_n[, c_n]) against the output
+gradients the engine captured gives ∂L/∂z = ∂gi; the hidden states h_{t-1} are the layer's
+outputs. For ``RNN`` and ``LSTM`` the gates see gi_t + gh_t, so ∂gh_t = ∂gi_t; for ``GRU`` the r and
+z parts are equal and ∂gh_n = r ⊙ ∂gi_n, with r recomputed from gi and h_{t-1}. Examples do not
 interact in a recurrent layer, so row i of each is example i's. This costs about one more forward
-and backward of the layer (in float32 at least, whatever the autocast precision of the step); the
-result is cached for the step, so norms and clipped sum share one recomputation. The recomputation
-reads the module's current parameters: the engine must be queried before the optimizer changes
-them (the usual order: backward, norms and clipped sum, optimizer step).
+and backward of the layer (the input projection becomes a (G·H)×(G·H) product), in float32 at
+least whatever the autocast precision of the step, with the step's own matmul precision settings
+(cuDNN's TF32 on recent GPUs); the result is cached for the step, so norms and clipped sum share
+one recomputation. The recomputation reads the module's current parameters: the engine must be
+queried before the optimizer changes them (the usual order: backward, norms and clipped sum,
+optimizer step).
 
 Supported: every mode (tanh and relu ``RNN``, ``GRU``, ``LSTM``), one or several layers, one or two
 directions, ``batch_first`` either way, with or without biases, with or without an initial state,
-any subset of the parameters trainable. Refused with
+any subset of the parameters trainable, an initial state computed by other layers (an encoder's
+h_n). The model's own inputs keep their records along dimension 0 (a time-major layer inside a
+model that transposes is fine). Refused with
 :class:`~dpledger.adapters.torch.errors.UnsupportedModuleError`:
 
 * ``PackedSequence`` inputs (pad the batch instead, and mask the loss);
@@ -44,6 +52,7 @@ any subset of the parameters trainable. Refused with
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -132,21 +141,39 @@ def recurrent_output_record_dims(module: nn.RNNBase, activations: tuple) -> tupl
     return (out, 1, 1) if module.mode == "LSTM" else (out, 1)
 
 
-def _cell(mode: str, gi: torch.Tensor, gh: torch.Tensor, h: torch.Tensor, c: torch.Tensor | None):
-    if mode == "RNN_TANH":
-        return torch.tanh(gi + gh), None
-    if mode == "RNN_RELU":
-        return torch.relu(gi + gh), None
-    if mode == "LSTM":
-        i, f, g, o = (gi + gh).chunk(4, 1)
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        return torch.sigmoid(o) * torch.tanh(c), c
-    ir, iz, in_ = gi.chunk(3, 1)
-    hr, hz, hn = gh.chunk(3, 1)
-    r = torch.sigmoid(ir + hr)
-    z = torch.sigmoid(iz + hz)
-    n = torch.tanh(in_ + r * hn)
-    return (1 - z) * n + z * h, None
+_KERNELS = {"RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu", "GRU": "gru", "LSTM": "lstm"}
+
+
+def _run_layer(
+    mode: str,
+    gi: torch.Tensor,
+    w_hh: torch.Tensor,
+    b_hh: torch.Tensor | None,
+    h0: torch.Tensor,
+    c0: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One direction of one layer, given its input pre-activations gi of shape (B, T, G·H).
+
+    torch's own (fused) kernel runs the layer with the input x' = gi, W_ih = I and b_ih = 0, so
+    its gate pre-activations are exactly gi + W_hh h_{t-1} + b_hh, and the gradient it returns
+    for its input is ∂L/∂gi. Returns the outputs (B, T, H), h_T (B, H) and c_T (LSTM).
+    """
+    width = gi.shape[2]
+    eye = torch.eye(width, dtype=gi.dtype, device=gi.device)
+    weights = [eye, w_hh] if b_hh is None else [eye, w_hh, torch.zeros_like(b_hh), b_hh]
+    kernel = getattr(torch._VF, _KERNELS[mode])
+    hx = h0.unsqueeze(0)
+    with warnings.catch_warnings():
+        # cuDNN asks for the weights in one contiguous buffer; these are small and fresh
+        warnings.filterwarnings("ignore", message="RNN module weights are not part")
+        if mode == "LSTM":
+            assert c0 is not None
+            out, h_n, c_n = kernel(
+                gi, (hx, c0.unsqueeze(0)), weights, b_hh is not None, 1, 0.0, True, False, True
+            )
+            return out, h_n[0], c_n[0]
+        out, h_n = kernel(gi, hx, weights, b_hh is not None, 1, 0.0, True, False, True)
+    return out, h_n[0], None
 
 
 def _terms(module: nn.RNNBase, activations: tuple, backprops: tuple) -> list[_Affine]:
@@ -176,7 +203,9 @@ def _terms(module: nn.RNNBase, activations: tuple, backprops: tuple) -> list[_Af
         p = getattr(module, name, None)
         return None if p is None else p.detach().to(dtype)
 
-    records: list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    # per layer and direction: suffix, layer input, W_hh and b_hh, the probe z, the run's outputs
+    # and initial state (time in processing order: reversed for the reverse direction)
+    records: list[tuple] = []
     finals_h: list[torch.Tensor] = []
     finals_c: list[torch.Tensor] = []
     with torch.enable_grad():
@@ -185,38 +214,45 @@ def _terms(module: nn.RNNBase, activations: tuple, backprops: tuple) -> list[_Af
             outs = []
             for d in range(directions):
                 sfx = f"_l{layer}" + ("_reverse" if d else "")
-                w_ih, w_hh = param(f"weight_ih{sfx}"), param(f"weight_hh{sfx}")
-                b_ih, b_hh = param(f"bias_ih{sfx}"), param(f"bias_hh{sfx}")
-                zi = x.new_zeros(batch, steps, width, requires_grad=True)
-                zh = x.new_zeros(batch, steps, width, requires_grad=True)
-                gi = F.linear(layer_in, w_ih, b_ih) + zi
-                h = initial(h0, layer * directions + d)
-                c = initial(c0, layer * directions + d) if mode == "LSTM" else None
-                hs: list[torch.Tensor] = [h] * steps
-                prev: list[torch.Tensor] = [h] * steps
-                for t in range(steps) if d == 0 else reversed(range(steps)):
-                    prev[t] = h
-                    h, c = _cell(mode, gi[:, t], F.linear(h, w_hh, b_hh) + zh[:, t], h, c)
-                    hs[t] = h
-                outs.append(torch.stack(hs, 1))
-                finals_h.append(h)
-                if c is not None:
-                    finals_c.append(c)
-                records.append((sfx, layer_in.detach(), torch.stack(prev, 1).detach(), zi, zh))
+                w_hh, b_hh = param(f"weight_hh{sfx}"), param(f"bias_hh{sfx}")
+                z = x.new_zeros(batch, steps, width, requires_grad=True)
+                gi = F.linear(layer_in, param(f"weight_ih{sfx}"), param(f"bias_ih{sfx}")) + z
+                k = layer * directions + d
+                h_start = initial(h0, k)
+                c_start = initial(c0, k) if mode == "LSTM" else None
+                run, h_end, c_end = _run_layer(
+                    mode, gi.flip(1) if d else gi, w_hh, b_hh, h_start, c_start
+                )
+                outs.append(run.flip(1) if d else run)
+                finals_h.append(h_end)
+                if c_end is not None:
+                    finals_c.append(c_end)
+                gi_run = (gi.flip(1) if d else gi).detach() if mode == "GRU" else None
+                records.append(
+                    (sfx, layer_in.detach(), w_hh, b_hh, z, run.detach(), h_start, gi_run)
+                )
             layer_in = torch.cat(outs, 2) if directions == 2 else outs[0]
         results = [layer_in, torch.stack(finals_h, 1)]
         if mode == "LSTM":
             results.append(torch.stack(finals_c, 1))
         pairs = [(r, g.to(dtype)) for r, g in zip(results, backprops, strict=True) if g is not None]
-        probes = [z for *_, zi, zh in records for z in (zi, zh)]
         grads = torch.autograd.grad(
-            [r for r, _ in pairs], probes, [g for _, g in pairs], allow_unused=True
+            [r for r, _ in pairs],
+            [rec[4] for rec in records],
+            [g for _, g in pairs],
+            allow_unused=True,
         )
     out = []
-    for k, (sfx, inputs, prev, zi, zh) in enumerate(records):
-        gi_grad, gh_grad = grads[2 * k], grads[2 * k + 1]
-        gi_grad = torch.zeros_like(zi) if gi_grad is None else gi_grad
-        gh_grad = torch.zeros_like(zh) if gh_grad is None else gh_grad
+    for (sfx, inputs, w_hh, b_hh, z, run, h_start, gi_run), gi_grad in zip(
+        records, grads, strict=True
+    ):
+        gi_grad = torch.zeros_like(z) if gi_grad is None else gi_grad
+        # W_hh's inputs h_{t-1} and gradients, both in processing order
+        prev = torch.cat([h_start.unsqueeze(1), run[:, :-1]], 1)
+        gh_grad = gi_grad.flip(1) if sfx.endswith("_reverse") else gi_grad
+        if gi_run is not None:  # GRU: n = tanh(gi_n + r ⊙ gh_n), so ∂gh_n = r ⊙ ∂gi_n
+            r = torch.sigmoid(gi_run[..., :hidden] + F.linear(prev, w_hh, b_hh)[..., :hidden])
+            gh_grad = torch.cat([gh_grad[..., : 2 * hidden], r * gh_grad[..., 2 * hidden :]], 2)
         bias = module.bias
         out.append(_Affine(f"weight_ih{sfx}", f"bias_ih{sfx}" if bias else None, inputs, gi_grad))
         out.append(_Affine(f"weight_hh{sfx}", f"bias_hh{sfx}" if bias else None, prev, gh_grad))
