@@ -399,3 +399,31 @@ def test_packed_and_unbatched_inputs_are_refused_before_anything_is_recorded():
         model(x, lengths, how="packed")
     model(x).sum().backward()  # a valid call still works
     assert engine.squared_norms()["rnn.weight_ih_l0"].shape == (B,)
+
+
+class Keywords(nn.Module):
+    """The initial state passed by keyword (the engine binds it to the positional arguments)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(IN, H, batch_first=True)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        hx = (h.transpose(0, 1).contiguous(), c.transpose(0, 1).contiguous())
+        return self.rnn(input=x, hx=hx)[0]
+
+
+def test_arguments_passed_by_keyword():
+    torch.manual_seed(0)
+    model = Keywords().double()
+    g = torch.Generator().manual_seed(1)
+    inputs = (
+        torch.randn(B, T, IN, generator=g, dtype=torch.float64),
+        torch.randn(B, 1, H, generator=g, dtype=torch.float64),
+        torch.randn(B, 1, H, generator=g, dtype=torch.float64),
+    )
+    target = torch.randn(B, T, H, generator=g, dtype=torch.float64)
+    want = loop_per_example_grads(model, _mean_loss, inputs, target)
+    engine = PerExampleGradientEngine(model, loss_reduction="mean")
+    _mean_loss(model(*inputs), target).backward()
+    assert_close_dicts(engine.per_example_gradients(), want)
