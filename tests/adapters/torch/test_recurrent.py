@@ -338,18 +338,20 @@ def test_make_private_trains_an_lstm_classifier_with_a_ledger():
 
 
 def test_projections_are_refused_at_construction():
+    torch.manual_seed(0)
     model = Probe(nn.LSTM(IN, H, proj_size=2, batch_first=True))
     with pytest.raises(UnsupportedModuleError, match="proj_size"):
         PerExampleGradientEngine(model, loss_reduction="mean")
 
 
 def test_inter_layer_dropout_in_training_is_refused():
+    torch.manual_seed(0)
     rnn = nn.GRU(IN, H, num_layers=2, dropout=0.3, batch_first=True)
     with pytest.raises(UnsupportedModuleError, match=r"nn\.Dropout between them"):
         PerExampleGradientEngine(Probe(rnn), loss_reduction="mean")
     model = Probe(rnn).eval()  # evaluation mode: no dropout, accepted
     engine = PerExampleGradientEngine(model, loss_reduction="mean")
-    x = torch.randn(B, T, IN)
+    x = torch.randn(B, T, IN, generator=torch.Generator().manual_seed(1))
     model(x).sum().backward()
     assert engine.squared_norms()["rnn.weight_ih_l0"].shape == (B,)
     model.train()  # switched to training after construction: refused at the forward
@@ -362,10 +364,11 @@ def test_inter_layer_dropout_in_training_is_refused():
 
 def test_single_layer_dropout_is_accepted():
     with pytest.warns(UserWarning, match="dropout"):
+        torch.manual_seed(0)
         rnn = nn.RNN(IN, H, num_layers=1, dropout=0.5, batch_first=True)
     model = Probe(rnn)  # torch applies no dropout after the last layer
     engine = PerExampleGradientEngine(model, loss_reduction="sum")
-    model(torch.randn(B, T, IN)).sum().backward()
+    model(torch.randn(B, T, IN, generator=torch.Generator().manual_seed(1))).sum().backward()
     assert engine.squared_norms()["rnn.weight_hh_l0"].shape == (B,)
 
 
@@ -386,9 +389,11 @@ class Inputs(nn.Module):
 
 
 def test_packed_and_unbatched_inputs_are_refused_before_anything_is_recorded():
+    torch.manual_seed(0)
     model = Inputs()
     engine = PerExampleGradientEngine(model, loss_reduction="sum")
-    x, lengths = torch.randn(B, T, IN), torch.tensor([4, 2, 3, 1, 4])
+    x = torch.randn(B, T, IN, generator=torch.Generator().manual_seed(1))
+    lengths = torch.tensor([4, 2, 3, 1, 4])
     with pytest.raises(UnsupportedModuleError, match="PackedSequence"):
         model(x, lengths, how="packed")
     assert not engine.has_gradients
