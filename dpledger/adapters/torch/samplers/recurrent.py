@@ -197,14 +197,15 @@ def _terms(module: nn.RNNBase, activations: tuple, backprops: tuple) -> list[_Af
     def initial(state: torch.Tensor | None, k: int) -> torch.Tensor:
         if state is None:
             return x.new_zeros(batch, hidden)
-        return state[k].detach().to(dtype)
+        return state[k].detach().to(dtype).contiguous()
 
     def param(name: str) -> torch.Tensor | None:
         p = getattr(module, name, None)
         return None if p is None else p.detach().to(dtype)
 
-    # per layer and direction: suffix, layer input, W_hh and b_hh, the probe z, the run's outputs
-    # and initial state (time in processing order: reversed for the reverse direction)
+    # per layer and direction: suffix, layer input, W_hh and b_hh, the probe z, the run's outputs,
+    # its initial state and (GRU) its gi (time in processing order: reversed for the reverse
+    # direction, in the run's outputs and gi)
     records: list[tuple] = []
     finals_h: list[torch.Tensor] = []
     finals_c: list[torch.Tensor] = []
@@ -251,7 +252,8 @@ def _terms(module: nn.RNNBase, activations: tuple, backprops: tuple) -> list[_Af
         prev = torch.cat([h_start.unsqueeze(1), run[:, :-1]], 1)
         gh_grad = gi_grad.flip(1) if sfx.endswith("_reverse") else gi_grad
         if gi_run is not None:  # GRU: n = tanh(gi_n + r ⊙ gh_n), so ∂gh_n = r ⊙ ∂gi_n
-            r = torch.sigmoid(gi_run[..., :hidden] + F.linear(prev, w_hh, b_hh)[..., :hidden])
+            gh_r = F.linear(prev, w_hh[:hidden], None if b_hh is None else b_hh[:hidden])
+            r = torch.sigmoid(gi_run[..., :hidden] + gh_r)
             gh_grad = torch.cat([gh_grad[..., : 2 * hidden], r * gh_grad[..., 2 * hidden :]], 2)
         bias = module.bias
         out.append(_Affine(f"weight_ih{sfx}", f"bias_ih{sfx}" if bias else None, inputs, gi_grad))
