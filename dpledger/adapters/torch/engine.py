@@ -49,7 +49,10 @@ mode, running statistics) is a per-example affine map and is supported, trainabl
 A *step* is one forward of the model with gradients enabled and the backward after it: each such
 forward of the model (the module the engine was attached to) drops what was stored for the
 previous step. Forwards under ``torch.no_grad()`` store nothing and keep the step. Records are
-along dimension 0 of every unit's inputs and outputs.
+along dimension 0 of the model's inputs and of every unit's inputs and outputs, except where a
+unit's grad sampler declares the record dimension of each output (``output_record_dims``, e.g.
+recurrent layers with ``batch_first=False``): the engine then stores those output gradients with
+their records moved to dimension 0, and the sampler reads its inputs in their own layout.
 """
 
 from __future__ import annotations
@@ -100,14 +103,22 @@ _STRATEGIES = ("auto", "ghost", "per_example", "generic")
 class _Capture:
     """One observed forward call of a unit and the gradients with respect to its outputs."""
 
-    __slots__ = ("args", "edges", "grads", "kwargs", "out_indices", "rng_state")
+    __slots__ = ("args", "edges", "grads", "kwargs", "out_indices", "record_dims", "rng_state")
 
     def __init__(
-        self, args: tuple, kwargs: dict, out_indices: list[int], rng_state: Any = None
+        self,
+        args: tuple,
+        kwargs: dict,
+        out_indices: list[int],
+        record_dims: list[int] | None = None,
+        rng_state: Any = None,
     ) -> None:
         self.args = args
         self.kwargs = kwargs
         self.out_indices = out_indices
+        # None: one output tensor, records along dim 0. Otherwise the record dimension of each
+        # hooked output; its gradient is stored with the records moved to dimension 0.
+        self.record_dims = record_dims
         self.rng_state = rng_state
         self.edges: list[Any] = []
         self.grads: list[torch.Tensor | None] = [None] * len(out_indices)
@@ -119,6 +130,8 @@ class _Capture:
     def store(self, k: int, grad: torch.Tensor | None) -> None:
         if grad is None:
             return
+        if self.record_dims is not None and self.record_dims[k] != 0:
+            grad = grad.movedim(self.record_dims[k], 0)
         self.grads[k] = grad if self.grads[k] is None else self.grads[k] + grad
 
     def release(self) -> None:
@@ -189,7 +202,10 @@ class PerExampleGradientEngine:
 
     Raises:
         RecordMixingModuleError: BatchNorm that uses batch statistics.
-        UnsupportedModuleError: a module option that mixes records (``scale_grad_by_freq``).
+        UnsupportedModuleError: a module option that mixes records (``scale_grad_by_freq``), or
+            a configuration a grad sampler refuses (its ``check_fn``: e.g. an LSTM with
+            ``proj_size``); a sampler's refusal of a forward's inputs (a ``PackedSequence``) is
+            raised by that forward, before anything is recorded.
         InvalidParameterError: a bad argument.
     """
 
@@ -236,6 +252,8 @@ class PerExampleGradientEngine:
         self._device_types = sorted({p.device.type for p in self._params.values()} | {"cpu"})
         self._units: list[_Unit] = []
         self._discover(model, "", set(), None)
+        for unit in self._units:
+            _check_unit(unit, None)
         self._owners: dict[str, int] = dict.fromkeys(self._params, 0)
         for unit in self._units:
             for g in unit.local_to_global.values():
@@ -268,6 +286,13 @@ class PerExampleGradientEngine:
                     functools.partial(self._on_unit_forward, unit), with_kwargs=True
                 )
             )
+        for unit in self._units:
+            if unit.sampler is not None and unit.sampler.check_fn is not None:
+                self._handles.append(
+                    unit.module.register_forward_pre_hook(
+                        functools.partial(self._on_unit_pre_forward, unit), with_kwargs=True
+                    )
+                )
         for name, module in model.named_modules():
             if isinstance(module, nn.modules.batchnorm._BatchNorm):
                 self._handles.append(
@@ -395,6 +420,15 @@ class PerExampleGradientEngine:
             t.shape[0] for t in leaves if isinstance(t, torch.Tensor) and t.dim() > 0
         }
 
+    def _on_unit_pre_forward(
+        self, unit: _Unit, module: nn.Module, args: tuple, kwargs: dict
+    ) -> None:
+        if self._recomputing or not torch.is_grad_enabled():
+            return
+        if kwargs:
+            args = tuple(inspect.signature(module.forward).bind(*args, **kwargs).arguments.values())
+        _check_unit(unit, args)
+
     def _on_generic_call(self, unit: _Unit, module: nn.Module, args: tuple) -> None:
         if self._recomputing or not torch.is_grad_enabled():
             return
@@ -432,6 +466,7 @@ class PerExampleGradientEngine:
         ]
         if not indices:
             return None
+        record_dims = None
         replaced = None
         broadcast = self._broadcast_batch((args, kwargs), leaves, indices)
         if broadcast is not None:
@@ -452,16 +487,19 @@ class PerExampleGradientEngine:
                     (args, kwargs),
                 )
         if unit.sampler is not None:
-            if not isinstance(output, torch.Tensor):
+            if unit.sampler.output_record_dims is not None:
+                dims = unit.sampler.output_record_dims(module, args)
+                record_dims = [dims[i] for i in indices]
+            elif not isinstance(output, torch.Tensor):
                 raise UnsupportedModuleError(
                     f"the grad sampler of {unit.label} needs a single tensor output, got "
-                    f"{type(output).__name__}; register the type with a per_example_fn only "
-                    "or unregister it to use the generic path"
+                    f"{type(output).__name__}; register the type with output_record_dims, or "
+                    "unregister it to use the generic path"
                 )
             if kwargs:
                 bound = inspect.signature(module.forward).bind(*args, **kwargs)
                 args, kwargs = tuple(bound.arguments.values()), {}
-        capture = _Capture(args, kwargs, indices, unit.rng_state)
+        capture = _Capture(args, kwargs, indices, record_dims, unit.rng_state)
         unit.rng_state = None
         for k, i in enumerate(indices):
             t = leaves[i]
@@ -605,12 +643,7 @@ class PerExampleGradientEngine:
         """Per-example gradients of ``names`` (local -> global; default the unit's own)."""
         names = unit.local_to_global if names is None else names
         sampler = unit.sampler
-        if (
-            sampler is not None
-            and sampler.per_example_fn is not None
-            and len(capture.grads) == 1
-            and capture.grads[0] is not None
-        ):
+        if sampler is not None and sampler.per_example_fn is not None and _takes(sampler, capture):
             out = sampler.per_example_fn(unit.module, *_aligned(capture))
         else:
             self._recomputing = True
@@ -658,9 +691,7 @@ class PerExampleGradientEngine:
 
     def _use_fast_path(self, unit: _Unit, capture: _Capture) -> bool:
         sampler = unit.sampler
-        if sampler is None or not sampler.has_fast_path:
-            return False
-        if len(capture.grads) != 1 or capture.grads[0] is None:
+        if sampler is None or not sampler.has_fast_path or not _takes(sampler, capture):
             return False
         if self._strategy == "per_example" and sampler.per_example_fn is not None:
             return False
@@ -836,9 +867,10 @@ class PerExampleGradientEngine:
         out: dict[str, torch.Tensor] = {}
         for unit, c in state.ghost:
             args, g = _aligned(c)
+            ref = g if isinstance(g, torch.Tensor) else next(t for t in g if t is not None)
             assert unit.sampler is not None and unit.sampler.clipped_sum_fn is not None
             local = {
-                n: factors[gname].to(device=g.device, dtype=g.dtype) * state.scale
+                n: factors[gname].to(device=ref.device, dtype=ref.dtype) * state.scale
                 for n, gname in unit.local_to_global.items()
             }
             res = self._checked(
@@ -896,23 +928,47 @@ class PerExampleGradientEngine:
         return result
 
 
-def _aligned(capture: _Capture) -> tuple[tuple, torch.Tensor]:
+def _takes(sampler: GradSampler, capture: _Capture) -> bool:
+    """Whether the sampler can take the capture's output gradients (else: generic path)."""
+    if capture.record_dims is not None:
+        return capture.has_grad
+    return len(capture.grads) == 1 and capture.grads[0] is not None
+
+
+def _check_unit(unit: _Unit, args: tuple | None) -> None:
+    """Run the sampler's check_fn (configuration, or the inputs of a forward); name the unit."""
+    if unit.sampler is None or unit.sampler.check_fn is None:
+        return
+    try:
+        unit.sampler.check_fn(unit.module, args)
+    except UnsupportedModuleError as exc:
+        raise UnsupportedModuleError(f"module {unit.label}: {exc}") from exc
+
+
+def _aligned(capture: _Capture) -> tuple[tuple, Any]:
     """A registered unit's activations and output gradient in one floating dtype, ≥ float32.
 
     Under autocast a layer's input and its output gradient can differ in precision (float32 in,
     bfloat16 out), and sums of many squares lose most of their digits in 16-bit arithmetic, so
     both are promoted to the wider of their types and float32 for the per-example computations.
+    For a sampler with ``output_record_dims`` the gradient is a tuple, one entry per output
+    (None where it received none), all in the widest of their types.
     """
-    g = capture.grads[0]
-    assert g is not None
+    several = capture.record_dims is not None
+    grads = capture.grads if several else capture.grads[:1]
+    assert any(g is not None for g in grads)
     args = capture.args
     x = args[0] if args else None
-    dtype = torch.promote_types(g.dtype, torch.float32)
+    dtype = torch.float32
+    for g in grads:
+        if g is not None:
+            dtype = torch.promote_types(dtype, g.dtype)
     if isinstance(x, torch.Tensor) and x.is_floating_point():
         dtype = torch.promote_types(dtype, x.dtype)
         if x.dtype != dtype:
             args = (x.to(dtype), *args[1:])
-    return args, g.to(dtype)
+    out = tuple(None if g is None else g.to(dtype) for g in grads)
+    return args, (out if several else out[0])
 
 
 def _refuse_batch_stats(name: str, module: nn.Module, args: tuple) -> None:

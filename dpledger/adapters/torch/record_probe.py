@@ -54,6 +54,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dpledger.adapters.torch.errors import RecordDependenceError, UnsupportedModuleError
+from dpledger.adapters.torch.registry import get_grad_sampler
 from dpledger.errors import DPLedgerError, InvalidParameterError
 
 __all__ = ["PROBE_RECORDS", "model_fingerprint", "probe_record_independence", "records_in"]
@@ -173,6 +174,23 @@ def _any_moved(xs: list[torch.Tensor], ys: list[torch.Tensor]) -> bool | None:
     return any(verdicts)
 
 
+def _records_first(module: nn.Module, args: tuple, out: Any) -> Any:
+    """The module's output leaves with their records along dim 0, as its grad sampler declares.
+
+    A recurrent layer's h_n (and its output when ``batch_first=False``) holds the records along
+    dimension 1; compared along dimension 0, a change of record 0 would look like mixing.
+    """
+    sampler = get_grad_sampler(type(module))
+    if sampler is None or sampler.output_record_dims is None:
+        return out
+    leaves, _ = tree_flatten(out)
+    dims = sampler.output_record_dims(module, args)
+    return [
+        t.movedim(d, 0) if isinstance(t, torch.Tensor) and 0 < d < t.dim() else t
+        for t, d in zip(leaves, dims, strict=False)
+    ]
+
+
 class _Recorder:
     """Forward hooks on every module: inputs and outputs (record rows) of each call, in order."""
 
@@ -202,7 +220,9 @@ class _Recorder:
     ) -> None:
         stack = self._open.get(id(module))
         inputs = stack.pop() if stack else []
-        self.calls.append((name, module, inputs, _record_rows(out, self.m)))
+        self.calls.append(
+            (name, module, inputs, _record_rows(_records_first(module, args, out), self.m))
+        )
 
     def remove(self) -> None:
         for h in self._handles:

@@ -19,6 +19,22 @@ than once in a step. ``prefer_per_example(module, activations, backprops) -> boo
 sampler choose between the two by cost for the shapes at hand. A sampler must provide either
 both fast-path functions or ``per_example_fn`` (or all three).
 
+Two optional functions extend this protocol:
+
+* ``output_record_dims(module, activations) -> tuple[int, ...]``, one entry per leaf of the
+  module's flattened output (``torch.utils._pytree.tree_flatten``), saying along which dimension
+  that output holds the records. With it the module may return several tensors (a recurrent
+  layer returns ``(output, h_n)``, whose h_n has its records along dimension 1), and the engine
+  passes ``backprops`` as a *tuple* with one entry per output leaf: the gradient with respect to
+  that output with its records moved to dimension 0, or None where the output received no
+  gradient. The activations are passed as the module received them (the sampler knows their
+  layout). Such a sampler must provide ``per_example_fn``.
+* ``check_fn(module, activations)`` raises
+  :class:`~dpledger.adapters.torch.errors.UnsupportedModuleError` for a configuration or an input
+  the sampler cannot handle. The engine calls it with ``activations=None`` when it is created
+  (the module's configuration alone) and with the positional forward arguments before every
+  forward it records, so that nothing is recorded for a refused call.
+
 Lookups use the exact type: a subclass of ``nn.Linear`` with its own ``forward`` is not a
 ``nn.Linear`` for the engine until it is registered. Unregistered modules that own trainable
 parameters are handled by the generic path (``torch.func``), so registering is an optimisation,
@@ -37,9 +53,11 @@ from torch import nn
 from dpledger.errors import InvalidParameterError
 
 __all__ = [
+    "CheckFn",
     "ClippedSumFn",
     "GradSampler",
     "NormFn",
+    "OutputRecordDimsFn",
     "PerExampleFn",
     "PreferPerExampleFn",
     "get_grad_sampler",
@@ -55,6 +73,8 @@ ClippedSumFn = Callable[
 ]
 PerExampleFn = Callable[[nn.Module, tuple, torch.Tensor], dict[str, torch.Tensor]]
 PreferPerExampleFn = Callable[[nn.Module, tuple, torch.Tensor], bool]
+OutputRecordDimsFn = Callable[[nn.Module, tuple], tuple[int, ...]]
+CheckFn = Callable[[nn.Module, tuple | None], None]
 
 
 @dataclass(frozen=True)
@@ -67,12 +87,17 @@ class GradSampler:
         per_example_fn: the per-example gradients g_i themselves, or None.
         prefer_per_example: chooses materialising over the fast path for given shapes, or None
             (then the fast path is used whenever it exists).
+        output_record_dims: the record dimension of each output leaf, or None for a module that
+            returns one tensor with its records along dimension 0.
+        check_fn: refuses configurations or inputs the sampler cannot handle, or None.
     """
 
     norm_fn: NormFn | None = None
     clipped_sum_fn: ClippedSumFn | None = None
     per_example_fn: PerExampleFn | None = None
     prefer_per_example: PreferPerExampleFn | None = None
+    output_record_dims: OutputRecordDimsFn | None = None
+    check_fn: CheckFn | None = None
 
     @property
     def has_fast_path(self) -> bool:
@@ -96,6 +121,8 @@ def register_grad_sampler(
     clipped_sum_fn: ClippedSumFn | None = None,
     per_example_fn: PerExampleFn | None = None,
     prefer_per_example: PreferPerExampleFn | None = None,
+    output_record_dims: OutputRecordDimsFn | None = None,
+    check_fn: CheckFn | None = None,
     replace: bool = False,
 ) -> GradSampler:
     """Register how the engine computes per-example quantities for ``module_type``.
@@ -106,6 +133,11 @@ def register_grad_sampler(
         clipped_sum_fn: ``(module, activations, backprops, factors) -> {name: Σ_i f_i g_i}``.
         per_example_fn: ``(module, activations, backprops) -> {name: (B, *shape) tensor}``.
         prefer_per_example: ``(module, activations, backprops) -> bool``, True to materialise.
+        output_record_dims: ``(module, activations) -> tuple[int, ...]``, the record dimension
+            of each output leaf; given, ``backprops`` is a tuple (see the module docstring).
+        check_fn: ``(module, activations or None) -> None``, raising
+            :class:`~dpledger.adapters.torch.errors.UnsupportedModuleError` for what the sampler
+            does not support.
         replace: allow replacing an existing registration (the built-in ones included).
 
     Returns:
@@ -113,8 +145,9 @@ def register_grad_sampler(
 
     Raises:
         InvalidParameterError: ``module_type`` is not an ``nn.Module`` subclass, a function is
-            not callable, neither the fast-path pair nor ``per_example_fn`` is given, or the
-            type is already registered and ``replace`` is False.
+            not callable, neither the fast-path pair nor ``per_example_fn`` is given,
+            ``output_record_dims`` is given without ``per_example_fn``, or the type is already
+            registered and ``replace`` is False.
     """
     if not (isinstance(module_type, type) and issubclass(module_type, nn.Module)):
         raise InvalidParameterError("module_type", module_type, "a subclass of torch.nn.Module")
@@ -123,6 +156,8 @@ def register_grad_sampler(
         ("clipped_sum_fn", clipped_sum_fn),
         ("per_example_fn", per_example_fn),
         ("prefer_per_example", prefer_per_example),
+        ("output_record_dims", output_record_dims),
+        ("check_fn", check_fn),
     ):
         _check_callable(name, fn)
     if (norm_fn is None) != (clipped_sum_fn is None):
@@ -135,11 +170,20 @@ def register_grad_sampler(
         raise InvalidParameterError(
             "per_example_fn", None, "a callable when norm_fn and clipped_sum_fn are not given"
         )
+    if output_record_dims is not None and per_example_fn is None:
+        raise InvalidParameterError(
+            "per_example_fn",
+            None,
+            "a callable when output_record_dims is given (several outputs are never passed to "
+            "the generic path)",
+        )
     sampler = GradSampler(
         norm_fn=norm_fn,
         clipped_sum_fn=clipped_sum_fn,
         per_example_fn=per_example_fn,
         prefer_per_example=prefer_per_example,
+        output_record_dims=output_record_dims,
+        check_fn=check_fn,
     )
     with _LOCK:
         if module_type in _REGISTRY and not replace:

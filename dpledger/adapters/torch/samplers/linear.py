@@ -34,6 +34,13 @@ from dpledger.adapters.torch.registry import register_grad_sampler
 from dpledger.errors import InvalidParameterError
 
 __all__ = [
+    "affine_bias_clipped_sum",
+    "affine_bias_norms",
+    "affine_weight_clipped_sum",
+    "affine_weight_norms",
+    "affine_weight_per_example",
+    "ghost_norm_is_cheaper",
+    "keeping_per_example_is_cheaper",
     "linear_clipped_sum",
     "linear_norms",
     "linear_per_example",
@@ -60,10 +67,15 @@ def _sizes(module: nn.Linear, activations: tuple) -> tuple[int, int, int]:
     return math.prod(a.shape[1:-1]), module.in_features, module.out_features
 
 
-def _ghost_is_cheaper(module: nn.Linear, activations: tuple) -> bool:
+def ghost_norm_is_cheaper(positions: int, d_in: int, d_out: int) -> bool:
     """For the norms alone: T²(d_in + d_out) ≤ T·d_in·d_out (Gram matrices vs materialising)."""
-    t, d_in, d_out = _sizes(module, activations)
-    return t * (d_in + d_out) <= d_in * d_out
+    return positions * (d_in + d_out) <= d_in * d_out
+
+
+def keeping_per_example_is_cheaper(positions: int, d_in: int, d_out: int) -> bool:
+    """Whether keeping G_i beats the fast path for T positions (see linear_prefers_per_example)."""
+    t = positions
+    return t * t * (d_in + d_out) > d_in * d_out and d_in * d_out <= t * (d_in + d_out)
 
 
 def linear_prefers_per_example(
@@ -77,13 +89,70 @@ def linear_prefers_per_example(
     mixed ghost clipping, Bu et al. 2023) and one G_i is no larger than the example's stored input
     and output gradient, d_in·d_out ≤ T·(d_in + d_out), so that memory does not grow.
     """
-    t, d_in, d_out = _sizes(module, activations)
-    return t * t * (d_in + d_out) > d_in * d_out and d_in * d_out <= t * (d_in + d_out)
+    return keeping_per_example_is_cheaper(*_sizes(module, activations))
 
 
 def _chunks(batch: int, per_example: int) -> list[tuple[int, int]]:
     step = max(1, _MAX_CHUNK_ELEMENTS // max(per_example, 1))
     return [(i, min(i + step, batch)) for i in range(0, batch, step)] or [(0, 0)]
+
+
+def _check_method(method: str) -> None:
+    if method not in ("auto", "ghost", "per_example"):
+        raise InvalidParameterError("method", method, "'auto', 'ghost' or 'per_example'")
+
+
+def affine_weight_norms(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    method: Literal["auto", "ghost", "per_example"] = "auto",
+) -> torch.Tensor:
+    """‖G_i‖²_F of G_i = Σ_t b_it a_itᵀ, for a of shape (B, T, d_in) and b of shape (B, T, d_out).
+
+    The shared maths of every layer that is a linear map applied at T positions (``nn.Linear``,
+    the input and hidden projections of recurrent layers). ``method``: "ghost" (Gram matrices),
+    "per_example" (G_i materialised chunk by chunk and discarded) or "auto" (the cheaper).
+    """
+    _check_method(method)
+    batch, t, d_in = a.shape
+    d_out = b.shape[2]
+    if t == 1 and method != "per_example":
+        return a.squeeze(1).square().sum(1) * b.squeeze(1).square().sum(1)
+    ghost = method == "ghost" or (method == "auto" and ghost_norm_is_cheaper(t, d_in, d_out))
+    per_example = t * t if ghost else d_in * d_out
+    parts = []
+    for lo, hi in _chunks(batch, per_example):
+        ac, bc = a[lo:hi], b[lo:hi]
+        if ghost:
+            gram_a = torch.bmm(ac, ac.transpose(1, 2))
+            gram_b = torch.bmm(bc, bc.transpose(1, 2))
+            parts.append((gram_a * gram_b).sum((1, 2)))
+        else:
+            g = torch.bmm(bc.transpose(1, 2), ac)
+            parts.append(torch.linalg.vector_norm(g.flatten(1), dim=1).square())
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def affine_bias_norms(b: torch.Tensor) -> torch.Tensor:
+    """‖β_i‖² of β_i = Σ_t b_it, for b of shape (B, T, d_out)."""
+    return b.sum(1).square().sum(1)
+
+
+def affine_weight_clipped_sum(a: torch.Tensor, b: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """Σ_i f_i G_i = (f ⊙ B)ᵀ A over all (i, t), shape (d_out, d_in)."""
+    fb = b * f.view(-1, 1, 1)
+    return fb.reshape(-1, b.shape[2]).t().mm(a.reshape(-1, a.shape[2]))
+
+
+def affine_bias_clipped_sum(b: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """Σ_i f_i β_i, shape (d_out,)."""
+    return f.view(1, -1).mm(b.sum(1)).view(-1)
+
+
+def affine_weight_per_example(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """G_i = Σ_t b_it a_itᵀ of shape (B, d_out, d_in)."""
+    return torch.bmm(b.transpose(1, 2), a)
 
 
 def linear_norms(
@@ -102,30 +171,13 @@ def linear_norms(
         method: "ghost" (Gram matrices), "per_example" (G_i materialised chunk by chunk and
             discarded) or "auto" (the cheaper for these shapes).
     """
-    if method not in ("auto", "ghost", "per_example"):
-        raise InvalidParameterError("method", method, "'auto', 'ghost' or 'per_example'")
+    _check_method(method)
     a, b = _flatten(module, activations, backprops)
-    batch, t = a.shape[0], a.shape[1]
     out: dict[str, torch.Tensor] = {}
     if module.weight.requires_grad:
-        ghost = method == "ghost" or (method == "auto" and _ghost_is_cheaper(module, activations))
-        if t == 1 and method != "per_example":
-            out["weight"] = a.squeeze(1).square().sum(1) * b.squeeze(1).square().sum(1)
-        else:
-            per_example = t * t if ghost else module.in_features * module.out_features
-            parts = []
-            for lo, hi in _chunks(batch, per_example):
-                ac, bc = a[lo:hi], b[lo:hi]
-                if ghost:
-                    gram_a = torch.bmm(ac, ac.transpose(1, 2))
-                    gram_b = torch.bmm(bc, bc.transpose(1, 2))
-                    parts.append((gram_a * gram_b).sum((1, 2)))
-                else:
-                    g = torch.bmm(bc.transpose(1, 2), ac)
-                    parts.append(torch.linalg.vector_norm(g.flatten(1), dim=1).square())
-            out["weight"] = torch.cat(parts) if len(parts) > 1 else parts[0]
+        out["weight"] = affine_weight_norms(a, b, method=method)
     if module.bias is not None and module.bias.requires_grad:
-        out["bias"] = b.sum(1).square().sum(1)
+        out["bias"] = affine_bias_norms(b)
     return out
 
 
@@ -139,12 +191,9 @@ def linear_clipped_sum(
     a, b = _flatten(module, activations, backprops)
     out: dict[str, torch.Tensor] = {}
     if "weight" in factors:
-        fb = b * factors["weight"].view(-1, 1, 1)
-        out["weight"] = (
-            fb.reshape(-1, module.out_features).t().mm(a.reshape(-1, module.in_features))
-        )
+        out["weight"] = affine_weight_clipped_sum(a, b, factors["weight"])
     if "bias" in factors:
-        out["bias"] = factors["bias"].view(1, -1).mm(b.sum(1)).view(-1)
+        out["bias"] = affine_bias_clipped_sum(b, factors["bias"])
     return out
 
 
@@ -155,7 +204,7 @@ def linear_per_example(
     a, b = _flatten(module, activations, backprops)
     out: dict[str, torch.Tensor] = {}
     if module.weight.requires_grad:
-        out["weight"] = torch.bmm(b.transpose(1, 2), a)
+        out["weight"] = affine_weight_per_example(a, b)
     if module.bias is not None and module.bias.requires_grad:
         out["bias"] = b.sum(1)
     return out
