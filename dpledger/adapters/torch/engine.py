@@ -84,12 +84,13 @@ from dpledger.adapters.torch.functional_gradients import (
     squared_norms_of,
 )
 from dpledger.adapters.torch.module_checks import check_module_configuration
-from dpledger.adapters.torch.registry import GradSampler, get_grad_sampler
+from dpledger.adapters.torch.registry import GradSampler, get_cross_term, get_grad_sampler
 from dpledger.adapters.torch.samplers.normalization import (
     batch_norm_refusal_message,
     uses_batch_statistics,
 )
 from dpledger.errors import DPLedgerError, InvalidParameterError
+from dpledger.mechanisms.clipping import rounding_clip_margin
 
 __all__ = ["LossReduction", "PerExampleGradientEngine", "Strategy"]
 
@@ -637,6 +638,67 @@ class PerExampleGradientEngine:
             )
         return out
 
+    def _tied_pairs(self) -> list[tuple[_Unit, _Unit, list[tuple[str, str, str]]]]:
+        """Pairs of units sharing parameters that keep the fast path through a cross term.
+
+        Both units were called once in this step with a fast path, every parameter either
+        shares it shares with the other one only, and a cross term is registered for their
+        types (:func:`~dpledger.adapters.torch.registry.register_cross_term`). Returns each pair
+        with its shared parameters as (local name in the first, in the second, global name).
+        """
+        if self._strategy in ("per_example", "generic"):
+            return []
+        owners: dict[str, list[_Unit]] = {}
+        for unit in self._units:
+            for g in unit.local_to_global.values():
+                if self._owners[g] > 1:
+                    owners.setdefault(g, []).append(unit)
+        pairs: dict[tuple[int, int], tuple[_Unit, _Unit, list[tuple[str, str, str]]]] = {}
+        refused: set[tuple[int, int]] = set()
+        for g, units in owners.items():
+            if len(units) != 2:
+                for u in units:
+                    refused.update((id(u), id(v)) for v in units)
+                continue
+            a, b = units
+            key = (id(a), id(b))
+            local_a = {v: n for n, v in a.local_to_global.items()}[g]
+            local_b = {v: n for n, v in b.local_to_global.items()}[g]
+            pairs.setdefault(key, (a, b, []))[2].append((local_a, local_b, g))
+        out = []
+        partner: dict[int, int] = {}
+        for key, (a, b, shared) in pairs.items():
+            if key in refused or id(a) in partner or id(b) in partner:
+                continue
+            if not all(self._can_tie(u) for u in (a, b)):
+                continue
+            if get_cross_term(type(a.module), type(b.module)) is None:
+                continue
+            partner[id(a)], partner[id(b)] = id(b), id(a)
+            out.append((a, b, shared))
+        # A unit sharing parameters with a third unit as well is not tied at all.
+        return [
+            (a, b, shared)
+            for a, b, shared in out
+            if all(
+                {id(o) for o in owners[g]} <= {id(a), id(b)}
+                for u in (a, b)
+                for g in u.local_to_global.values()
+                if g in owners
+            )
+        ]
+
+    def _can_tie(self, unit: _Unit) -> bool:
+        captures = [c for c in unit.captures if c.has_grad]
+        sampler = unit.sampler
+        return (
+            len(captures) == 1
+            and sampler is not None
+            and sampler.has_fast_path
+            and _takes(sampler, captures[0])
+            and captures[0].record_dims is None
+        )
+
     def _unit_per_example(
         self, unit: _Unit, capture: _Capture, names: Mapping[str, str] | None = None
     ) -> dict[str, torch.Tensor]:
@@ -740,6 +802,9 @@ class PerExampleGradientEngine:
         per_example: dict[str, torch.Tensor] = {}
 
         adopted = self._adoptions()
+        tied = self._tied_pairs()
+        tied_units = {id(u) for pair in tied for u in pair[:2]}
+        tied_parts: dict[str, list[torch.Tensor]] = {}
         used: set[str] = set()
         for unit in self._units:
             captures = [c for c in unit.captures if c.has_grad]
@@ -748,12 +813,18 @@ class PerExampleGradientEngine:
             names = {**unit.local_to_global, **adopted.get(id(unit), {})}
             used.update(names.values())
             shared = any(self._owners[g] > 1 for g in unit.local_to_global.values())
-            if len(captures) == 1 and not shared and self._use_fast_path(unit, captures[0]):
+            if id(unit) in tied_units or (
+                len(captures) == 1 and not shared and self._use_fast_path(unit, captures[0])
+            ):
                 c = captures[0]
                 assert unit.sampler is not None and unit.sampler.norm_fn is not None
                 local = self._checked(unit, unit.sampler.norm_fn(unit.module, *_aligned(c)), "norm")
                 for n, v in local.items():
-                    norms[unit.local_to_global[n]] = v
+                    g = unit.local_to_global[n]
+                    if self._owners[g] > 1:
+                        tied_parts.setdefault(g, []).append(v)
+                    else:
+                        norms[g] = v
                 ghost.append((unit, c))
                 continue
             for c in captures:
@@ -774,6 +845,21 @@ class PerExampleGradientEngine:
                 "was attached to). Use the parameter only through its module's forward, or "
                 "register a grad sampler for the parent module type."
             )
+        for a, b, shared_names in tied:
+            ca, cb = a.captures[0], b.captures[0]
+            cross_term = get_cross_term(type(a.module), type(b.module))
+            assert cross_term is not None
+            for local_a, local_b, g in shared_names:
+                cross = cross_term(
+                    a.module, *_aligned(ca), local_a, b.module, *_aligned(cb), local_b
+                )
+                parts = [v.to(torch.float64) for v in tied_parts.pop(g)]
+                own = parts[0] + parts[1]
+                # ‖g_a + g_b‖² = ‖g_a‖² + ‖g_b‖² + 2⟨g_a, g_b⟩. Rounding in the two norms is
+                # relative to them, not to the (possibly much smaller) total: add the margin
+                # of their dtype, relative to them, so that the total is never understated.
+                margin = rounding_clip_margin(torch.finfo(_tied_dtype(ca, cb)).eps)
+                norms[g] = (own + 2.0 * cross.to(own.device) + margin * own).clamp_min(0.0)
         norms.update(squared_norms_of(per_example))
         for n, p in self._params.items():
             if n not in norms:
@@ -877,7 +963,8 @@ class PerExampleGradientEngine:
                 unit, unit.sampler.clipped_sum_fn(unit.module, args, g, local), "clipped sum"
             )
             for n, v in res.items():
-                out[unit.local_to_global[n]] = v
+                g = unit.local_to_global[n]
+                out[g] = out[g] + v if g in out else v  # tied: the sum over both layers
         if state.per_example:
             scaled = {
                 n: factors[n].to(device=g.device, dtype=g.dtype) * state.scale
@@ -917,7 +1004,8 @@ class PerExampleGradientEngine:
         with self._exact():
             for unit, c in state.ghost:
                 for n, g in self._unit_per_example(unit, c).items():
-                    out[unit.local_to_global[n]] = g
+                    key = unit.local_to_global[n]
+                    out[key] = out[key] + g if key in out else g  # tied: both layers' sum
         out.update(state.per_example)
         result = {}
         for n, p in self._params.items():
@@ -926,6 +1014,16 @@ class PerExampleGradientEngine:
                 g = p.new_zeros((state.batch_size, *p.shape))
             result[n] = g * state.scale if state.scale != 1.0 else g
         return result
+
+
+def _tied_dtype(*captures: _Capture) -> torch.dtype:
+    """The computation dtype of the per-example norms of these captures (at least float32)."""
+    dtype = torch.float32
+    for c in captures:
+        for g in c.grads:
+            if g is not None and g.is_floating_point():
+                dtype = torch.promote_types(dtype, g.dtype)
+    return dtype
 
 
 def _takes(sampler: GradSampler, capture: _Capture) -> bool:

@@ -55,12 +55,15 @@ from dpledger.errors import InvalidParameterError
 __all__ = [
     "CheckFn",
     "ClippedSumFn",
+    "CrossTermFn",
     "GradSampler",
     "NormFn",
     "OutputRecordDimsFn",
     "PerExampleFn",
     "PreferPerExampleFn",
+    "get_cross_term",
     "get_grad_sampler",
+    "register_cross_term",
     "register_grad_sampler",
     "register_sampler_resolver",
     "registered_module_types",
@@ -200,6 +203,43 @@ def unregister_grad_sampler(module_type: type[nn.Module]) -> GradSampler | None:
     """Remove the registration of ``module_type``; return it (None if there was none)."""
     with _LOCK:
         return _REGISTRY.pop(module_type, None)
+
+
+CrossTermFn = Callable[
+    [nn.Module, tuple, torch.Tensor, str, nn.Module, tuple, torch.Tensor, str], torch.Tensor
+]
+_CROSS_TERMS: dict[tuple[type[nn.Module], type[nn.Module]], CrossTermFn] = {}
+
+
+def register_cross_term(first: type[nn.Module], second: type[nn.Module], fn: CrossTermFn) -> None:
+    """Register ⟨g_i^first, g_i^second⟩ for one tensor shared by a ``first`` and a ``second`` layer.
+
+    A parameter used by two layers (a language model's output layer tied to its token
+    embedding) has the per-example gradient g_i = g_i^a + g_i^b, and
+    ‖g_i‖² = ‖g_i^a‖² + ‖g_i^b‖² + 2⟨g_i^a, g_i^b⟩: with the cross term, both layers keep their
+    ghost norms and book-keeping sums instead of materialising (B, *shape) gradients.
+
+    ``fn(module_a, activations_a, backprops_a, name_a, module_b, activations_b, backprops_b,
+    name_b)`` returns the (B,) inner products for the parameter called ``name_a`` in
+    ``module_a`` and ``name_b`` in ``module_b``; it is registered for both orders.
+    """
+    for t in (first, second):
+        if not (isinstance(t, type) and issubclass(t, nn.Module)):
+            raise InvalidParameterError("module_type", t, "a subclass of torch.nn.Module")
+    _check_callable("fn", fn)
+
+    def swapped(ma, aa, ba, na, mb, ab, bb, nb):
+        return fn(mb, ab, bb, nb, ma, aa, ba, na)
+
+    with _LOCK:
+        _CROSS_TERMS[(first, second)] = fn
+        if first is not second:
+            _CROSS_TERMS[(second, first)] = swapped
+
+
+def get_cross_term(first: type[nn.Module], second: type[nn.Module]) -> CrossTermFn | None:
+    """The cross term registered for a tensor shared by these two exact types, or None."""
+    return _CROSS_TERMS.get((first, second))
 
 
 _RESOLVERS: list[Callable[[type[nn.Module]], GradSampler | None]] = []

@@ -168,6 +168,32 @@ def test_gpt2_registers_conv1d_and_ties_lm_head_to_the_token_embedding():
     engine = PerExampleGradientEngine(model, loss_reduction="mean")
     assert "transformer.wte.weight" in engine.parameter_names
     assert "lm_head.weight" not in engine.parameter_names  # one tensor, one name
+    x, y = {"input_ids": _ids(7)}, _ids(7)
+    _lm(model, x, y).backward()
+    got = engine.squared_norms()["transformer.wte.weight"]
+    # The tied weight keeps both layers' ghost norms (plus their cross term): no (B, V, d)
+    # per-example gradient is materialised for it.
+    assert "transformer.wte.weight" not in engine._state.per_example
+    assert {u.name for u, _ in engine._state.ghost} >= {"transformer.wte", "lm_head"}
+    engine.remove()
+    want = _loop(model, _lm, x, y)["transformer.wte.weight"]
+    torch.testing.assert_close(got, want.flatten(1).square().sum(1))
+
+
+def test_a_tied_weight_norm_in_float32_is_never_understated():
+    # ‖E_i + L_i‖² from ‖E_i‖² + ‖L_i‖² + 2⟨E_i, L_i⟩: the two norms' rounding is relative to
+    # them, not to the total, so the engine adds their margin; checked against float64.
+    torch.manual_seed(3)
+    model = _gpt2()
+    reference = _gpt2().double()
+    reference.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    x, y = {"input_ids": _ids(8)}, _ids(8)
+    engine = PerExampleGradientEngine(model, loss_reduction="mean")
+    _lm(model, x, y).backward()
+    got = engine.squared_norms()["transformer.wte.weight"]
+    want = _loop(reference, _lm, x, y)["transformer.wte.weight"].flatten(1).square().sum(1)
+    assert (got >= want).all()
+    torch.testing.assert_close(got, want, rtol=2e-3, atol=0.0)
 
 
 def test_llama_style_rms_norms_are_recognised_by_their_forward():

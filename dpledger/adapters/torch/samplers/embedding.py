@@ -10,6 +10,16 @@ computed by grouping the (example, index) pairs, summing the b_it within each gr
 O(B·T·d) time and memory, never the dense (B, V, d) per-example gradient. The clipped sum adds
 f_i·b_it into row x_it, as the ordinary embedding backward does with f_i = 1.
 
+A token embedding tied to a linear output layer (GPT-2's ``lm_head``) shares one weight W (V×d)
+between the two; the per-example gradient is the sum of both layers' and its squared norm needs
+the cross term ⟨E_i, L_i⟩ with E_i = Σ_t e_{x_it} b_itᵀ and L_i = Σ_s c_is a_isᵀ (c_is ∈ R^V the
+output layer's output gradient, a_is ∈ R^d its input):
+
+    ⟨E_i, L_i⟩ = Σ_{t,s} c_is[x_it] · (b_it·a_is),
+
+a gather of the output gradients at the looked-up indices and one (T_s × T_t) matrix product per
+example (:func:`embedding_linear_cross_term`), in float64.
+
 ``scale_grad_by_freq=True`` divides each row's gradient by how often the index occurs in the
 *whole batch*, which makes one example's gradient depend on the others; such a layer is refused
 by the engine.
@@ -23,9 +33,15 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from dpledger.adapters.torch.registry import register_grad_sampler
+from dpledger.adapters.torch.registry import register_cross_term, register_grad_sampler
+from dpledger.adapters.torch.samplers.linear import _MAX_CHUNK_ELEMENTS
 
-__all__ = ["embedding_clipped_sum", "embedding_norms", "embedding_per_example"]
+__all__ = [
+    "embedding_clipped_sum",
+    "embedding_linear_cross_term",
+    "embedding_norms",
+    "embedding_per_example",
+]
 
 
 def _flatten(module: nn.Embedding, activations: tuple, backprops: torch.Tensor):
@@ -104,3 +120,40 @@ register_grad_sampler(
     clipped_sum_fn=embedding_clipped_sum,
     per_example_fn=embedding_per_example,
 )
+
+
+def embedding_linear_cross_term(
+    embedding: nn.Embedding,
+    embedding_activations: tuple,
+    embedding_backprops: torch.Tensor,
+    embedding_name: str,
+    linear: nn.Linear,
+    linear_activations: tuple,
+    linear_backprops: torch.Tensor,
+    linear_name: str,
+) -> torch.Tensor:
+    """⟨E_i, L_i⟩ of an embedding's weight tied to a linear layer's weight (module docstring).
+
+    Computed in float64 (chunks of examples), so that the only rounding left in
+    ‖E_i‖² + ‖L_i‖² + 2⟨E_i, L_i⟩ is that of the two layers' own norms.
+    """
+    if embedding_name != "weight" or linear_name != "weight":
+        raise ValueError(f"no cross term for {embedding_name!r} and {linear_name!r}")
+    idx, b = _flatten(embedding, embedding_activations, embedding_backprops)
+    a = linear_activations[0]
+    batch = a.shape[0]
+    a = a.reshape(batch, -1, linear.in_features)
+    c = linear_backprops.reshape(batch, -1, linear.out_features)
+    t_emb, t_lin = idx.shape[1], a.shape[1]
+    step = max(1, _MAX_CHUNK_ELEMENTS // max(t_emb * t_lin, 1))
+    out = torch.empty(batch, dtype=torch.float64, device=a.device)
+    for lo in range(0, batch, step):
+        hi = min(lo + step, batch)
+        at = idx[lo:hi].unsqueeze(1).expand(hi - lo, t_lin, t_emb)
+        picked = torch.gather(c[lo:hi], 2, at).to(torch.float64)  # c_is[x_it], (b, T_s, T_t)
+        dots = torch.bmm(a[lo:hi].to(torch.float64), b[lo:hi].to(torch.float64).transpose(1, 2))
+        out[lo:hi] = (picked * dots).sum((1, 2))
+    return out
+
+
+register_cross_term(nn.Embedding, nn.Linear, embedding_linear_cross_term)
