@@ -322,6 +322,8 @@ class PerExampleGradientEngine:
         if not any(p.requires_grad for p in module.parameters()):
             return
         sampler = None if self._strategy == "generic" else get_grad_sampler(type(module))
+        if sampler is not None and sampler.applies_fn is not None:
+            sampler = sampler if sampler.applies_fn(module) else None
         trainable = {
             n: self._name_of[id(p)] for n, p in module.named_parameters() if p.requires_grad
         }
@@ -427,7 +429,7 @@ class PerExampleGradientEngine:
         if self._recomputing or not torch.is_grad_enabled():
             return
         if kwargs:
-            args = tuple(inspect.signature(module.forward).bind(*args, **kwargs).arguments.values())
+            args = _bound_arguments(module, args, kwargs)
         _check_unit(unit, args)
 
     def _on_generic_call(self, unit: _Unit, module: nn.Module, args: tuple) -> None:
@@ -498,8 +500,7 @@ class PerExampleGradientEngine:
                     "unregister it to use the generic path"
                 )
             if kwargs:
-                bound = inspect.signature(module.forward).bind(*args, **kwargs)
-                args, kwargs = tuple(bound.arguments.values()), {}
+                args, kwargs = _bound_arguments(module, args, kwargs), {}
         capture = _Capture(args, kwargs, indices, record_dims, unit.rng_state)
         unit.rng_state = None
         for k, i in enumerate(indices):
@@ -1031,6 +1032,19 @@ def _takes(sampler: GradSampler, capture: _Capture) -> bool:
     if capture.record_dims is not None:
         return capture.has_grad
     return len(capture.grads) == 1 and capture.grads[0] is not None
+
+
+def _bound_arguments(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
+    """A call's arguments as one positional tuple in ``forward``'s order, defaults filled in.
+
+    Keyword arguments are placed where their parameter stands and every parameter not given
+    takes its default, so that a grad sampler reads an argument at the same position whichever
+    way the model passed it (``mha(x, x, x, attn_mask=m)`` would otherwise put the mask where
+    ``key_padding_mask`` stands).
+    """
+    bound = inspect.signature(module.forward).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return tuple(bound.arguments.values())
 
 
 def _check_unit(unit: _Unit, args: tuple | None) -> None:

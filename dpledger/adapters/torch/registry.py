@@ -53,6 +53,7 @@ from torch import nn
 from dpledger.errors import InvalidParameterError
 
 __all__ = [
+    "AppliesFn",
     "CheckFn",
     "ClippedSumFn",
     "CrossTermFn",
@@ -78,6 +79,7 @@ PerExampleFn = Callable[[nn.Module, tuple, torch.Tensor], dict[str, torch.Tensor
 PreferPerExampleFn = Callable[[nn.Module, tuple, torch.Tensor], bool]
 OutputRecordDimsFn = Callable[[nn.Module, tuple], tuple[int, ...]]
 CheckFn = Callable[[nn.Module, tuple | None], None]
+AppliesFn = Callable[[nn.Module], bool]
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ class GradSampler:
         output_record_dims: the record dimension of each output leaf, or None for a module that
             returns one tensor with its records along dimension 0.
         check_fn: refuses configurations or inputs the sampler cannot handle, or None.
+        applies_fn: False for a module of the type that the sampler does not reproduce exactly
+            (its configuration), which then takes the generic path; None: every module.
     """
 
     norm_fn: NormFn | None = None
@@ -101,6 +105,7 @@ class GradSampler:
     prefer_per_example: PreferPerExampleFn | None = None
     output_record_dims: OutputRecordDimsFn | None = None
     check_fn: CheckFn | None = None
+    applies_fn: AppliesFn | None = None
 
     @property
     def has_fast_path(self) -> bool:
@@ -126,6 +131,7 @@ def register_grad_sampler(
     prefer_per_example: PreferPerExampleFn | None = None,
     output_record_dims: OutputRecordDimsFn | None = None,
     check_fn: CheckFn | None = None,
+    applies_fn: AppliesFn | None = None,
     replace: bool = False,
 ) -> GradSampler:
     """Register how the engine computes per-example quantities for ``module_type``.
@@ -141,6 +147,9 @@ def register_grad_sampler(
         check_fn: ``(module, activations or None) -> None``, raising
             :class:`~dpledger.adapters.torch.errors.UnsupportedModuleError` for what the sampler
             does not support.
+        applies_fn: ``(module) -> bool``, False for a module whose configuration the sampler
+            does not reproduce exactly; the engine then gives that module the generic path
+            (unlike ``check_fn``, which refuses).
         replace: allow replacing an existing registration (the built-in ones included).
 
     Returns:
@@ -161,6 +170,7 @@ def register_grad_sampler(
         ("prefer_per_example", prefer_per_example),
         ("output_record_dims", output_record_dims),
         ("check_fn", check_fn),
+        ("applies_fn", applies_fn),
     ):
         _check_callable(name, fn)
     if (norm_fn is None) != (clipped_sum_fn is None):
@@ -187,6 +197,7 @@ def register_grad_sampler(
         prefer_per_example=prefer_per_example,
         output_record_dims=output_record_dims,
         check_fn=check_fn,
+        applies_fn=applies_fn,
     )
     with _LOCK:
         if module_type in _REGISTRY and not replace:

@@ -246,6 +246,26 @@ def test_registry_rejects_bad_registrations():
         register_grad_sampler(Scale, per_example_fn="nope")
     with pytest.raises(InvalidParameterError, match="replace=True"):
         register_grad_sampler(nn.Linear, per_example_fn=lambda *a: {})
+    with pytest.raises(InvalidParameterError, match="applies_fn"):
+        register_grad_sampler(Scale, per_example_fn=lambda *a: {}, applies_fn=True)
+
+
+def test_a_sampler_that_does_not_apply_leaves_the_module_to_the_generic_path():
+    def per_example_fn(module, activations, backprops):
+        raise AssertionError("not called for a module the sampler does not apply to")
+
+    register_grad_sampler(
+        Scale, per_example_fn=per_example_fn, applies_fn=lambda m: bool(m.w.numel() > 100)
+    )
+    try:
+        model, inputs, y = mixed_model()
+        want = loop_per_example_grads(model, F.cross_entropy, inputs, y)
+        engine = PerExampleGradientEngine(model, loss_reduction="mean")
+        assert engine.generic_modules == ("scale",)
+        _step(engine, model, inputs, y)
+        assert_close_dicts(engine.per_example_gradients(), want)
+    finally:
+        unregister_grad_sampler(Scale)
 
 
 # ---------------------------------------------------------------- BatchNorm refusal
@@ -529,12 +549,14 @@ def test_frozen_parameters_are_left_out():
 
 @pytest.mark.filterwarnings("ignore:There is a performance drop")
 def test_multihead_attention_through_the_generic_path():
+    """A configuration the attention sampler leaves alone (add_zero_attn): the layer's own
+    parameters take the generic path, and out_proj (used directly, never called) goes with it."""
     torch.manual_seed(0)
 
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
-            self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+            self.attn = nn.MultiheadAttention(8, 2, batch_first=True, add_zero_attn=True)
             self.head = nn.Linear(8, 3)
 
         def forward(self, x):
