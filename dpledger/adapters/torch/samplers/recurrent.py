@@ -53,7 +53,6 @@ model that transposes is fine). Refused with
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -72,6 +71,7 @@ from dpledger.adapters.torch.samplers.linear import (
     affine_weight_per_example,
     keeping_per_example_is_cheaper,
 )
+from dpledger.adapters.torch.samplers.step_cache import cached_per_step
 
 __all__ = [
     "recurrent_check",
@@ -261,30 +261,12 @@ def _terms(module: nn.RNNBase, activations: tuple, backprops: tuple) -> list[_Af
     return out
 
 
-# The recomputation of the current step, keyed by the id of its first output gradient (held
-# weakly: the entry goes when the engine drops the step's gradients).
-_CACHE: dict[int, tuple[weakref.ref, tuple, list[_Affine]]] = {}
-
-
 def _cached_terms(module: nn.RNNBase, activations: tuple, backprops: tuple) -> list[_Affine]:
-    key = next(g for g in backprops if g is not None)
     leaves = [activations[0]]
     if len(activations) > 1 and activations[1] is not None:
         hx = activations[1]
         leaves.extend(hx if isinstance(hx, tuple) else (hx,))
-    stamp = (
-        id(module),
-        tuple(id(t) for t in leaves),
-        tuple(id(g) for g in backprops),
-        tuple(p._version for p in module.parameters()),
-    )
-    hit = _CACHE.get(id(key))
-    if hit is not None and hit[0]() is key and hit[1] == stamp:
-        return hit[2]
-    terms = _terms(module, activations, backprops)
-    ident = id(key)
-    _CACHE[ident] = (weakref.ref(key, lambda _: _CACHE.pop(ident, None)), stamp, terms)
-    return terms
+    return cached_per_step(module, leaves, backprops, _terms, activations)
 
 
 def _trainable(module: nn.Module, name: str | None) -> bool:
