@@ -174,11 +174,14 @@ def _any_moved(xs: list[torch.Tensor], ys: list[torch.Tensor]) -> bool | None:
     return any(verdicts)
 
 
-def _records_first(module: nn.Module, args: tuple, out: Any) -> Any:
+def _records_first(module: nn.Module, args: tuple, out: Any, m: int) -> Any:
     """The module's output leaves with their records along dim 0, as its grad sampler declares.
 
     A recurrent layer's h_n (and its output when ``batch_first=False``) holds the records along
-    dimension 1; compared along dimension 0, a change of record 0 would look like mixing.
+    dimension 1; compared along dimension 0, a change of record 0 would look like mixing. A
+    declared dimension that does not hold the probe's m records (a time-major layer fed
+    batch-first data, which then mixes the records) is not moved, so the output is compared
+    along the model's own record dimension and the layer is named.
     """
     sampler = get_grad_sampler(type(module))
     if sampler is None or sampler.output_record_dims is None:
@@ -186,7 +189,9 @@ def _records_first(module: nn.Module, args: tuple, out: Any) -> Any:
     leaves, _ = tree_flatten(out)
     dims = sampler.output_record_dims(module, args)
     return [
-        t.movedim(d, 0) if isinstance(t, torch.Tensor) and 0 < d < t.dim() else t
+        t.movedim(d, 0)
+        if isinstance(t, torch.Tensor) and 0 < d < t.dim() and t.shape[d] == m
+        else t
         for t, d in zip(leaves, dims, strict=False)
     ]
 
@@ -221,7 +226,7 @@ class _Recorder:
         stack = self._open.get(id(module))
         inputs = stack.pop() if stack else []
         self.calls.append(
-            (name, module, inputs, _record_rows(_records_first(module, args, out), self.m))
+            (name, module, inputs, _record_rows(_records_first(module, args, out, self.m), self.m))
         )
 
     def remove(self) -> None:
