@@ -102,9 +102,10 @@ def _mean_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def test_every_registered_type_has_a_case():
-    from tests.adapters.torch.test_recurrent import RECURRENT_TYPES  # tuple outputs: own file
+    # tuple outputs: own files
+    from tests.adapters.torch.test_recurrent import RECURRENT_TYPES
 
-    covered = {type(CASES[n][0]()) for n in CASES} | RECURRENT_TYPES
+    covered = {type(CASES[n][0]()) for n in CASES} | RECURRENT_TYPES | {nn.MultiheadAttention}
     assert set(registered_module_types()) <= covered
 
 

@@ -4,12 +4,14 @@ nn.Linear, nn.Conv1d, nn.Conv2d and nn.Embedding have the fast path (ghost norms
 book-keeping clipped sums) and can also materialise per-example gradients; the normalisation
 layers (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, and nn.BatchNorm1d/2d/3d frozen in evaluation
 mode) materialise their small per-example affine gradients; nn.RNN, nn.GRU and nn.LSTM recompute
-their forward to get the gradients of their gate pre-activations and then use the linear maths.
+their forward to get the gradients of their gate pre-activations and then use the linear maths;
+nn.MultiheadAttention recomputes its projections and attention core alike (:mod:`.attention`).
 Hugging Face's GPT-2 ``Conv1D`` and Llama-style RMSNorm layers are recognised by name
 (:mod:`.hugging_face`).
 """
 
 from dpledger.adapters.torch.samplers import (
+    attention,
     conv,
     embedding,
     hugging_face,
@@ -18,4 +20,4 @@ from dpledger.adapters.torch.samplers import (
     recurrent,
 )
 
-__all__ = ["conv", "embedding", "hugging_face", "linear", "normalization", "recurrent"]
+__all__ = ["attention", "conv", "embedding", "hugging_face", "linear", "normalization", "recurrent"]
