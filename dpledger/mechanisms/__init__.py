@@ -43,7 +43,6 @@ from dpledger.mechanisms.clipping import (
     GlobalClipping,
     check_clip_margin,
     check_record_norms,
-    clip_records,
     rounding_clip_margin,
 )
 from dpledger.mechanisms.grouped import GroupedSumQuery, PreparedRelease
@@ -53,6 +52,7 @@ from dpledger.mechanisms.sum_query import (
     GaussianSumQuery,
     ScaledGaussianSumQuery,
     SensitivityCheckError,
+    clip_records,
 )
 
 __all__ = [

@@ -78,8 +78,7 @@ from dpledger.audit.bias import ClippingBiasCallback, clipping_bias_from_sums
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, GaussianSumQuery, fixed_denominator_average
-from dpledger.mechanisms.clipping import check_clip_margin as check_margin
-from dpledger.mechanisms.clipping import rounding_clip_margin
+from dpledger.mechanisms.clipping import check_clip_margin, rounding_clip_margin
 from dpledger.mechanisms.step import open_step
 from dpledger.validation import check_positive_int, check_probability
 
@@ -558,11 +557,6 @@ def check_relation(events: StepEvents, ledger: PrivacyLedger) -> None:
     )
 
 
-def check_clip_margin(clip_margin: float | None) -> float | None:
-    """None, or a margin ρ in [0, 0.5)."""
-    return check_margin("clip_margin", clip_margin)
-
-
 def check_bias_callback(callback: Any) -> ClippingBiasCallback | None:
     """None or a callable ``callback(step, metrics)``."""
     if callback is not None and not callable(callback):
@@ -709,7 +703,7 @@ class PrivateGradients:
             events=events,
             ledger=ledger_of(ledger, events),
             generator=generator_of(generator, seed),
-            clip_margin=check_clip_margin(clip_margin),
+            clip_margin=check_clip_margin("clip_margin", clip_margin),
             bias_callback=check_bias_callback(bias_callback),
         )
         self._compiled: Callable[..., Any] | None = None
