@@ -12,13 +12,13 @@ from dpledger.errors import InvalidParameterError
 from dpledger.mechanisms import (
     GaussianSumQuery,
     GroupedSumQuery,
-    PoissonSampler,
     UnaccountedReleaseWarning,
     fixed_denominator_average,
     open_step,
     realised_batch_average,
     sampled_step,
 )
+from dpledger.sampling import PoissonSampler
 
 QUERY = GaussianSumQuery(l2_norm_bound=1.0, noise_stddev=1.0, label="q")
 
