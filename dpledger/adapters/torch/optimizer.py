@@ -98,7 +98,6 @@ from dpledger.adapters.torch.factors import expand_factors, strategy_factors
 from dpledger.adapters.torch.functional_gradients import clipped_sum_of, squared_norms_of
 from dpledger.adapters.torch.gradient_queries import GradientQueries, Grouping
 from dpledger.adapters.torch.module_checks import check_module_configuration
-from dpledger.adapters.torch.poisson import _check_q
 from dpledger.adapters.torch.record_probe import (
     model_fingerprint,
     probe_record_independence,
@@ -110,6 +109,7 @@ from dpledger.errors import InvalidParameterError, LedgerStateError, SamplerMism
 from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, ScaledGaussianSumQuery, open_step
 from dpledger.mechanisms.clipping import check_clip_margin, rounding_clip_margin
+from dpledger.sampling.validation import check_sampling_probability
 from dpledger.validation import (
     check_non_negative_finite,
     check_positive_finite,
@@ -387,7 +387,7 @@ class DPOptimizer(torch.optim.Optimizer):
                     "population_size= of the Poisson sampler you use",
                 )
             self._event = SamplingEvent.poisson(
-                _check_q(sampling_probability),
+                check_sampling_probability(sampling_probability),
                 check_positive_int("population_size", population_size),
             )
         self._q = self._event.sampling_probability

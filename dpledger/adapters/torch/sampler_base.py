@@ -29,7 +29,8 @@ from torch.utils.data import Sampler
 
 from dpledger.errors import InvalidParameterError, SamplerMismatchError
 from dpledger.ledger import SamplingEvent
-from dpledger.validation import check_positive_int
+from dpledger.sampling import BatchScheme
+from dpledger.sampling.validation import check_population_size
 
 __all__ = ["EpochBatchSampler", "RecordedBatchSampler"]
 
@@ -90,7 +91,7 @@ class RecordedBatchSampler(Sampler[list[int]], abc.ABC):
         generator: torch.Generator | None = None,
         seed: int | None = None,
     ) -> None:
-        self._n = check_positive_int("population_size", population_size)
+        self._n = check_population_size(population_size)
         self._generator = _make_generator(generator, seed)
         self._unclaimed: deque[_Draw] = deque()
 
@@ -108,6 +109,14 @@ class RecordedBatchSampler(Sampler[list[int]], abc.ABC):
         """Batches per iteration over the sampler."""
 
     # ------------------------------------------------------------------ properties
+    _scheme: BatchScheme | None = None
+
+    @property
+    def scheme(self) -> BatchScheme | None:
+        """The framework-neutral description of the sampler's scheme (parameters, q, denominator,
+        epoch layout, events; :mod:`dpledger.sampling`); None for a sampler that has none."""
+        return self._scheme
+
     @property
     def population_size(self) -> int:
         """n, the number of records each batch is drawn from."""
@@ -199,12 +208,19 @@ class StepwiseBatchSampler(RecordedBatchSampler):
     Poisson, users): one pass over the sampler is ``steps`` independent draws, and every step
     records the same event.
 
-    Subclasses set ``self._steps`` and ``self._event`` in their constructor and implement
-    :meth:`sample`, which draws one batch and notes it (``_note_draw``).
+    Subclasses call :meth:`_use_scheme` (or set ``self._steps`` and ``self._event``) in their
+    constructor and implement :meth:`sample`, which draws one batch and notes it
+    (``_note_draw``).
     """
 
     _steps: int
     _event: SamplingEvent
+
+    def _use_scheme(self, scheme: BatchScheme) -> None:
+        """Take the steps of a pass and the event of every step from ``scheme``."""
+        self._scheme = scheme
+        self._steps = scheme.steps_per_epoch
+        self._event = scheme.event()
 
     @abc.abstractmethod
     def sample(self) -> list[int]:
