@@ -80,7 +80,7 @@ from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, GaussianSumQuery, fixed_denominator_average
 from dpledger.mechanisms.clipping import check_clip_margin, rounding_clip_margin
 from dpledger.mechanisms.step import open_step
-from dpledger.validation import check_positive_int, check_probability
+from dpledger.sampling.validation import check_population_size, check_sampling_probability
 
 __all__ = ["PrivateGradients", "default_clip_margin"]
 
@@ -520,12 +520,8 @@ def step_events_of(
             "the sampler's q in (0, 1] and population_size n (or sampler=PoissonSampler(...)); "
             "q must be the probability with which the data pipeline includes each record",
         )
-    q = check_probability("sampling_probability", sampling_probability)
-    if q == 0.0:
-        raise InvalidParameterError(
-            "sampling_probability", sampling_probability, "a probability in (0, 1]"
-        )
-    n = check_positive_int("population_size", population_size)
+    q = check_sampling_probability(sampling_probability)
+    n = check_population_size(population_size)
     return StepEvents(SamplingEvent.poisson(q, n))
 
 
