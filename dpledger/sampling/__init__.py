@@ -9,6 +9,9 @@ sampler of a scheme shares, whatever the framework:
   (:class:`PoissonScheme`, :class:`FixedSizeScheme`, :class:`TruncatedPoissonScheme`,
   :class:`BallsInBinsScheme`, :class:`ShuffleScheme`, :class:`UserPoissonScheme`).
 * :mod:`~dpledger.sampling.validation`: the one copy of the sampling parameters' checks.
+* :mod:`~dpledger.sampling.draws`: the bookkeeping that ties each step to a draw of the sampler
+  whose event it records, and refuses a step whose records the sampler did not draw
+  (:class:`PendingDraws`).
 * :class:`PoissonSampler`: Poisson samples of record indices with NumPy, for the framework-free
   mechanisms (:func:`dpledger.mechanisms.sampled_step`).
 
@@ -27,6 +30,7 @@ Example:
     (True, False)
 """
 
+from dpledger.sampling.draws import Draw, PendingDraws
 from dpledger.sampling.poisson import PoissonSampler
 from dpledger.sampling.schemes import (
     BallsInBinsScheme,
@@ -43,7 +47,9 @@ __all__ = [
     "MAX_POPULATION",
     "BallsInBinsScheme",
     "BatchScheme",
+    "Draw",
     "FixedSizeScheme",
+    "PendingDraws",
     "PoissonSampler",
     "PoissonScheme",
     "ShuffleScheme",

@@ -20,16 +20,16 @@ run resumed from a checkpoint continues the same epoch with the same permutation
 from __future__ import annotations
 
 import abc
-from collections import deque
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch.utils.data import Sampler
 
-from dpledger.errors import InvalidParameterError, SamplerMismatchError
+from dpledger.errors import InvalidParameterError
 from dpledger.ledger import SamplingEvent
 from dpledger.sampling import BatchScheme
+from dpledger.sampling.draws import Draw, PendingDraws
 from dpledger.sampling.validation import check_population_size
 
 __all__ = ["EpochBatchSampler", "RecordedBatchSampler"]
@@ -61,12 +61,6 @@ def _make_generator(generator: Any, seed: Any) -> torch.Generator:
     return generator
 
 
-class _Draw(NamedTuple):
-    num_records: int
-    epoch: int | None  # the pass of an epoch-based sampler; None for per-step draws
-    index: int  # the batch's position in its epoch
-
-
 class RecordedBatchSampler(Sampler[list[int]], abc.ABC):
     """Base of the batch samplers whose draws DP steps claim and record.
 
@@ -93,7 +87,7 @@ class RecordedBatchSampler(Sampler[list[int]], abc.ABC):
     ) -> None:
         self._n = check_population_size(population_size)
         self._generator = _make_generator(generator, seed)
-        self._unclaimed: deque[_Draw] = deque()
+        self._draws = PendingDraws()
 
     # ------------------------------------------------------------------ subclass hooks
     @abc.abstractmethod
@@ -138,18 +132,18 @@ class RecordedBatchSampler(Sampler[list[int]], abc.ABC):
 
     # ------------------------------------------------------------------ draws
     def _note_draw(self, num_records: int, epoch: int | None = None, index: int = 0) -> None:
-        self._unclaimed.append(_Draw(num_records, epoch, index))
+        self._draws.note(num_records, epoch, index)
 
-    def _consumed(self, draw: _Draw) -> None:
+    def _consumed(self, draw: Draw) -> None:
         """A draw left the queue (claimed, refused or discarded)."""
 
-    def _event_of(self, draw: _Draw) -> SamplingEvent:
+    def _event_of(self, draw: Draw) -> SamplingEvent:
         return self.sampling_event()
 
     @property
     def unclaimed_draws(self) -> int:
         """The number of batches drawn that no step has claimed yet."""
-        return len(self._unclaimed)
+        return len(self._draws)
 
     def claim_draw(self, num_records: int) -> SamplingEvent:
         """Tie a step of ``num_records`` records to the oldest unclaimed draw of this sampler.
@@ -162,32 +156,22 @@ class RecordedBatchSampler(Sampler[list[int]], abc.ABC):
                 sampler), or the oldest draw has another number of records. The draw is
                 consumed either way.
         """
-        if not self._unclaimed:
-            raise SamplerMismatchError(
-                f"a step of {num_records} records, but the recorded sampler "
-                f"({type(self).__name__}, {self.sampling_event().describe()}) drew no batch for "
-                "it: the records did not come from the sampler whose sampling event the ledger "
-                "would record. Iterate the loader that make_private returned (or a DataLoader "
-                "with batch_sampler= this sampler), not your own DataLoader; nothing was recorded"
-            )
-        draw = self._unclaimed.popleft()
+        draw = self._draws.claim(num_records, describe_sampler=self._describe)
         self._consumed(draw)
-        if draw.num_records != num_records:
-            raise SamplerMismatchError(
-                f"a step of {num_records} records, but the recorded sampler drew a batch of "
-                f"{draw.num_records}: the step's records are not the sampler's draw (another "
-                "loader, a batch filtered or cut after sampling, or a skipped virtual chunk), "
-                "and the ledger's sampling event would not describe them; nothing was recorded"
-            )
+        PendingDraws.check_size(draw, num_records)
         return self._event_of(draw)
+
+    def _describe(self) -> str:
+        return f"{type(self).__name__}, {self.sampling_event().describe()}"
 
     def discard_draw(self) -> None:
         """Forget the oldest unclaimed draw (its batch was skipped, not trained on)."""
-        if self._unclaimed:
-            self._consumed(self._unclaimed.popleft())
+        draw = self._draws.pop_oldest()
+        if draw is not None:
+            self._consumed(draw)
 
     def _new_pass(self) -> None:
-        self._unclaimed.clear()  # an abandoned pass's prefetched draws were not used
+        self._draws.clear()  # an abandoned pass's prefetched draws were not used
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -261,7 +245,6 @@ class EpochBatchSampler(RecordedBatchSampler):
     ) -> None:
         super().__init__(population_size=population_size, generator=generator, seed=seed)
         self._pass_id = 0  # the current pass (epoch); 0 before the first
-        self._recorded_pass: int | None = None  # the pass of the last claimed draw
         self._epoch_state: torch.Tensor | None = None  # generator state before the pass's draw
         self._done = 0  # batches of the current pass consumed (claimed, refused or discarded)
         self._resume: tuple[int, bool] | None = None  # (batches done, start recorded)
@@ -278,7 +261,7 @@ class EpochBatchSampler(RecordedBatchSampler):
             start, recorded = self._resume
             self._resume = None
             if recorded:
-                self._recorded_pass = self._pass_id
+                self._draws.set_recorded_epoch(self._pass_id)
         self._epoch_state = self._generator.get_state()
         self._done = start
         epoch = self._pass_id
@@ -288,14 +271,12 @@ class EpochBatchSampler(RecordedBatchSampler):
             self._note_draw(len(batch), epoch, index)
             yield batch
 
-    def _consumed(self, draw: _Draw) -> None:
+    def _consumed(self, draw: Draw) -> None:
         if draw.epoch == self._pass_id:
             self._done = draw.index + 1
 
-    def _event_of(self, draw: _Draw) -> SamplingEvent:
-        start = draw.epoch != self._recorded_pass
-        self._recorded_pass = draw.epoch
-        return self.sampling_event(epoch_start=start)
+    def _event_of(self, draw: Draw) -> SamplingEvent:
+        return self.sampling_event(epoch_start=self._draws.starts_epoch(draw))
 
     def state_dict(self) -> dict[str, Any]:
         """The generator's state and the position in the current epoch.
@@ -311,7 +292,7 @@ class EpochBatchSampler(RecordedBatchSampler):
             state["epoch"] = {
                 "generator_state": self._epoch_state.clone(),
                 "batches_done": self._done,
-                "start_recorded": self._recorded_pass == self._pass_id,
+                "start_recorded": self._draws.epoch_recorded(self._pass_id),
             }
         return state
 
@@ -328,10 +309,10 @@ class EpochBatchSampler(RecordedBatchSampler):
         else:
             super().load_state_dict(state)
             self._resume = None
-        self._recorded_pass = None
+        self._draws.set_recorded_epoch(None)
 
     def reseed(self, seed: int) -> None:
         """Continue from a fresh generator state; the next pass is a new epoch."""
         super().reseed(seed)
         self._resume = None
-        self._recorded_pass = None
+        self._draws.set_recorded_epoch(None)

@@ -22,10 +22,11 @@ from typing import Any, NamedTuple
 
 import torch
 
-from dpledger.adapters.torch.sampler_base import StepwiseBatchSampler, _Draw
+from dpledger.adapters.torch.sampler_base import StepwiseBatchSampler
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import SamplingEvent
 from dpledger.sampling import UserPoissonScheme
+from dpledger.sampling.draws import Draw
 
 __all__ = ["UserBatch", "UserPoissonBatchSampler"]
 
@@ -190,7 +191,7 @@ class UserPoissonBatchSampler(StepwiseBatchSampler):
         super()._new_pass()
         self._groups.clear()
 
-    def _consumed(self, draw: _Draw) -> None:
+    def _consumed(self, draw: Draw) -> None:
         self._claimed = self._groups.popleft() if self._groups else None
 
     def claim_users(self, num_records: int) -> tuple[SamplingEvent, UserBatch]:
