@@ -29,12 +29,12 @@ class Draw(NamedTuple):
     Attributes:
         num_records: the batch's size.
         epoch: the pass of an epoch-based sampler; None for per-step draws.
-        index: the batch's position in its epoch.
+        position: the batch's position in its epoch.
     """
 
     num_records: int
     epoch: int | None
-    index: int
+    position: int
 
 
 class PendingDraws:
@@ -49,9 +49,9 @@ class PendingDraws:
     def __len__(self) -> int:
         return len(self._queue)
 
-    def note(self, num_records: int, epoch: int | None = None, index: int = 0) -> None:
+    def note(self, num_records: int, epoch: int | None = None, position: int = 0) -> None:
         """Keep a fresh draw until a step claims it."""
-        self._queue.append(Draw(num_records, epoch, index))
+        self._queue.append(Draw(num_records, epoch, position))
 
     def clear(self) -> None:
         """Forget every unclaimed draw (a new pass: the old one's prefetched draws were unused)."""

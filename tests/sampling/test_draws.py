@@ -58,8 +58,8 @@ def test_a_new_pass_forgets_prefetched_draws() -> None:
 def test_the_epoch_start_moves_to_the_first_recorded_step() -> None:
     draws = PendingDraws()
     for index in range(3):
-        draws.note(2, epoch=1, index=index)
-    draws.note(2, epoch=2, index=0)
+        draws.note(2, epoch=1, position=index)
+    draws.note(2, epoch=2, position=0)
     draws.pop_oldest()  # the epoch's first batch was skipped
     marks = [draws.starts_epoch(draws.claim(2, describe_sampler=str)) for _ in range(3)]
     assert marks == [True, False, True]

@@ -273,7 +273,7 @@ class EpochBatchSampler(RecordedBatchSampler):
 
     def _consumed(self, draw: Draw) -> None:
         if draw.epoch == self._pass_id:
-            self._done = draw.index + 1
+            self._done = draw.position + 1
 
     def _event_of(self, draw: Draw) -> SamplingEvent:
         return self.sampling_event(epoch_start=self._draws.starts_epoch(draw))
