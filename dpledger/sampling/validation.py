@@ -14,11 +14,12 @@ from typing import Any
 import numpy as np
 
 from dpledger.errors import InvalidParameterError
-from dpledger.validation import check_positive_int, check_probability
+from dpledger.validation import check_positive_finite, check_positive_int, check_probability
 
 __all__ = [
     "MAX_POPULATION",
     "check_drop_last",
+    "check_expected_batch_size",
     "check_population_size",
     "check_sampling_probability",
     "check_size_within_population",
@@ -83,6 +84,20 @@ def check_size_within_population(
     if size > population_size:
         raise InvalidParameterError(
             name, value, f"{what} in [1, population_size={population_size}]"
+        )
+    return size
+
+
+def check_expected_batch_size(value: Any, *, population_size: int) -> float:
+    """q·n, the mean size of a Poisson batch: a number in (0, n] (q = value / n).
+
+    Raises:
+        InvalidParameterError: naming ``expected_batch_size``.
+    """
+    size = check_positive_finite("expected_batch_size", value)
+    if size > population_size:
+        raise InvalidParameterError(
+            "expected_batch_size", value, f"a number in (0, {population_size}]"
         )
     return size
 

@@ -9,6 +9,7 @@ from dpledger.errors import InvalidParameterError
 from dpledger.sampling.validation import (
     MAX_POPULATION,
     check_drop_last,
+    check_expected_batch_size,
     check_population_size,
     check_sampling_probability,
     check_size_within_population,
@@ -92,3 +93,11 @@ def test_step_position_within_the_pass(step: object) -> None:
     error = _refused(lambda: check_step_position(step, steps_per_epoch=3), "step", step)
     assert "steps_per_epoch=3" in str(error)
     assert check_step_position(np.int32(2), steps_per_epoch=3) == 2
+
+
+@pytest.mark.parametrize("size", [0, -1, 11, float("nan"), "5", True])
+def test_expected_batch_size_lies_in_the_population(size: object) -> None:
+    _refused(
+        lambda: check_expected_batch_size(size, population_size=10), "expected_batch_size", size
+    )
+    assert check_expected_batch_size(10, population_size=10) == 10.0

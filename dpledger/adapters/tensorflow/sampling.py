@@ -57,8 +57,11 @@ from dpledger.sampling import (
     ShuffleScheme,
     TruncatedPoissonScheme,
 )
-from dpledger.sampling.validation import check_population_size, check_step_position
-from dpledger.validation import check_positive_finite
+from dpledger.sampling.validation import (
+    check_expected_batch_size,
+    check_population_size,
+    check_step_position,
+)
 
 __all__ = [
     "BallsInBinsSampler",
@@ -337,11 +340,7 @@ class PoissonSampler(_StepwiseSampler):
             InvalidParameterError: when expected_batch_size is not in (0, population_size].
         """
         n = check_population_size(population_size)
-        size = check_positive_finite("expected_batch_size", expected_batch_size)
-        if size > n:
-            raise InvalidParameterError(
-                "expected_batch_size", expected_batch_size, f"a number in (0, {n}]"
-            )
+        size = check_expected_batch_size(expected_batch_size, population_size=n)
         return cls(
             population_size=n,
             sampling_probability=size / n,
