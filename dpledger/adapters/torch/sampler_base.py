@@ -15,6 +15,11 @@ pass with ``epoch_start=True``: when the pass's first batch is skipped or refuse
 to the next claimed batch, so the ledger never joins two epochs' steps into one. Their
 :meth:`~RecordedBatchSampler.state_dict` also holds the position in the current epoch, so that a
 run resumed from a checkpoint continues the same epoch with the same permutation.
+
+What does not need torch lives in :mod:`dpledger.sampling`: each sampler holds its scheme
+(:attr:`RecordedBatchSampler.scheme`: checked parameters, q, denominator, epoch layout, events)
+and keeps its draws in a :class:`~dpledger.sampling.PendingDraws`; the classes here draw the
+index batches from a ``torch.Generator`` and keep its state.
 """
 
 from __future__ import annotations
