@@ -9,6 +9,7 @@ sampler of a scheme shares, whatever the framework:
   (:class:`PoissonScheme`, :class:`FixedSizeScheme`, :class:`TruncatedPoissonScheme`,
   :class:`BallsInBinsScheme`, :class:`ShuffleScheme`, :class:`UserPoissonScheme`).
 * :mod:`~dpledger.sampling.validation`: the one copy of the sampling parameters' checks.
+* :mod:`~dpledger.sampling.relations`: which neighbouring relation a ledger needs for a scheme.
 * :mod:`~dpledger.sampling.draws`: the bookkeeping that ties each step to a draw of the sampler
   whose event it records, and refuses a step whose records the sampler did not draw
   (:class:`PendingDraws`).
