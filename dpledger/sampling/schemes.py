@@ -207,7 +207,7 @@ class FixedSizeScheme(BatchScheme):
     ) -> None:
         self._n = check_population_size(population_size)
         self._b = check_size_within_population(
-            "batch_size", batch_size, self._n, what="a batch size"
+            "batch_size", batch_size, population_size=self._n, what="a batch size"
         )
         self._steps = _stepwise_steps(
             steps, self._n / self._b, steps_parameter=steps_parameter, round_half_up=round_half_up
@@ -255,7 +255,7 @@ class TruncatedPoissonScheme(BatchScheme):
         self._q = check_sampling_probability(sampling_probability)
         if cap_within_population:
             self._m = check_size_within_population(
-                "max_batch_size", max_batch_size, self._n, what="a cap"
+                "max_batch_size", max_batch_size, population_size=self._n, what="a cap"
             )
         else:
             self._m = check_positive_int("max_batch_size", max_batch_size)
@@ -290,7 +290,7 @@ class BallsInBinsScheme(BatchScheme):
     def __init__(self, *, population_size: int, num_batches: int) -> None:
         self._n = check_population_size(population_size)
         self._k = check_size_within_population(
-            "num_batches", num_batches, self._n, what="a number of batches"
+            "num_batches", num_batches, population_size=self._n, what="a number of batches"
         )
         self._steps = self._k
         self._events = {
@@ -325,7 +325,7 @@ class ShuffleScheme(BatchScheme):
     def __init__(self, *, population_size: int, batch_size: int, drop_last: bool = False) -> None:
         self._n = check_population_size(population_size)
         self._b = check_size_within_population(
-            "batch_size", batch_size, self._n, what="a batch size"
+            "batch_size", batch_size, population_size=self._n, what="a batch size"
         )
         self._drop_last = check_drop_last(drop_last, batch_size=self._b, population_size=self._n)
         full, rest = divmod(self._n, self._b)

@@ -67,7 +67,7 @@ def check_sampling_probability(
 
 
 def check_size_within_population(
-    name: str, value: Any, population_size: int, *, what: str = "an integer"
+    name: str, value: Any, *, population_size: int, what: str = "an integer"
 ) -> int:
     """A batch size, a cap or a number of batches: an integer in [1, n].
 

@@ -62,10 +62,12 @@ def test_population_size_cap_names_the_maximum() -> None:
 @pytest.mark.parametrize("name", ["batch_size", "max_batch_size", "num_batches"])
 @pytest.mark.parametrize("value", [0, 11, 2.5, True])
 def test_sizes_must_lie_within_the_population(name: str, value: object) -> None:
-    error = _refused(lambda: check_size_within_population(name, value, 10), name, value)
+    error = _refused(
+        lambda: check_size_within_population(name, value, population_size=10), name, value
+    )
     if value == 11:
         assert "population_size=10" in str(error)
-    assert check_size_within_population(name, 10, 10) == 10
+    assert check_size_within_population(name, 10, population_size=10) == 10
 
 
 def test_steps_default_and_rounding() -> None:
