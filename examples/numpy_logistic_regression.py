@@ -19,10 +19,10 @@ from sklearn.datasets import load_breast_cancer
 from dpledger import PrivacyLedger
 from dpledger.mechanisms import (
     GroupedSumQuery,
-    PoissonSampler,
     dimension_adjusted_noise,
     split_clip_by_dimension,
 )
+from dpledger.sampling import PoissonSampler
 
 SEED = 0
 STEPS = 60

@@ -37,12 +37,14 @@ __all__ = [
     "LedgerStep",
     "RunCompressor",
     "StepRun",
-    "effective_noise_multiplier",
+    "noise_multiplier_from_inverse_square_sum",
     "step_noise_multiplier",
 ]
 
 
-def effective_noise_multiplier(inverse_square_sum: float, num_queries: int = 2) -> float:
+def noise_multiplier_from_inverse_square_sum(
+    inverse_square_sum: float, num_queries: int = 2
+) -> float:
     """z_eff from Σ_g (S_g/σ̃_g)² (paper Eq. 1): ∞ for no query, 0 for an infinite sum.
 
     Args:
@@ -76,7 +78,7 @@ def step_noise_multiplier(queries: Iterable[SumQueryEvent | tuple[float, float]]
         count += 1
     if count == 1:
         return single
-    return effective_noise_multiplier(total, count)
+    return noise_multiplier_from_inverse_square_sum(total, count)
 
 
 @attrs.frozen(slots=True)
@@ -506,11 +508,11 @@ class RunCompressor:
         nq = self._nq
         if nq == 1:
             return self._single
-        return effective_noise_multiplier(self._sum, nq)
+        return noise_multiplier_from_inverse_square_sum(self._sum, nq)
 
     def _fold(self) -> None:
         nq = self._nq
-        z = self._single if nq == 1 else effective_noise_multiplier(self._sum, nq)
+        z = self._single if nq == 1 else noise_multiplier_from_inverse_square_sum(self._sum, nq)
         rc = self._rc
         spec = self._spec
         last = len(rc) - 1

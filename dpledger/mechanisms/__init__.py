@@ -1,5 +1,7 @@
 """Framework-neutral mechanisms: clipping, Gaussian sum queries, noise allocation, averaging.
 
+Samplers and sampling schemes are in :mod:`dpledger.sampling`.
+
 McMahan & Andrew, sections 1–4. A step draws a sample (a sampling event in the ledger) and runs
 one or more Gaussian sum queries on it; every query call appends one sum-query event
 (S_g, σ̃_g, label) with the bound it clipped to and the noise it drew. Arrays are handled through
@@ -43,16 +45,15 @@ from dpledger.mechanisms.clipping import (
     GlobalClipping,
     check_clip_margin,
     check_record_norms,
-    clip_records,
     rounding_clip_margin,
 )
 from dpledger.mechanisms.grouped import GroupedSumQuery, PreparedRelease
-from dpledger.mechanisms.sampling import PoissonSampler
 from dpledger.mechanisms.step import SampledStep, open_step, sampled_step
 from dpledger.mechanisms.sum_query import (
     GaussianSumQuery,
     ScaledGaussianSumQuery,
     SensitivityCheckError,
+    clip_records,
 )
 
 __all__ = [
@@ -67,7 +68,6 @@ __all__ = [
     "GroupedSumQuery",
     "NoiseAllocation",
     "NumpyBackend",
-    "PoissonSampler",
     "PreparedRelease",
     "SampledStep",
     "ScaledGaussianSumQuery",
@@ -90,3 +90,20 @@ __all__ = [
     "split_clip_by_dimension",
     "split_clip_equally",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``PoissonSampler``: moved to :class:`dpledger.sampling.PoissonSampler`; importing it from
+    here works for one release, with a warning."""
+    if name == "PoissonSampler":
+        import warnings
+
+        from dpledger.sampling import PoissonSampler
+
+        warnings.warn(
+            "dpledger.mechanisms.PoissonSampler moved to dpledger.sampling.PoissonSampler",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return PoissonSampler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -28,7 +28,7 @@ from typing import Any
 import attrs
 
 from dpledger.errors import InvalidParameterError
-from dpledger.ledger import effective_noise_multiplier as _z_from_sum
+from dpledger.ledger import noise_multiplier_from_inverse_square_sum as _z_from_sum
 from dpledger.ledger.events import inverse_square_term
 from dpledger.mechanisms.clipping import ClippingStrategy
 from dpledger.mechanisms.sum_query import GaussianSumQuery

@@ -23,14 +23,12 @@ of coordinates), which is immaterial for privacy accounting.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import attrs
 import numpy as np
 
 from dpledger.errors import InvalidParameterError
-from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
 from dpledger.validation import check_positive_finite
 
 __all__ = [
@@ -40,7 +38,6 @@ __all__ = [
     "GlobalClipping",
     "check_clip_margin",
     "check_record_norms",
-    "clip_records",
     "rounding_clip_margin",
 ]
 
@@ -192,39 +189,3 @@ _BY_NAME: dict[str, type[ClippingStrategy]] = {
     "global": GlobalClipping,
     "automatic": AutomaticClipping,
 }
-
-
-def clip_records(
-    records: Array | Sequence[Array],
-    *,
-    l2_norm_bound: float,
-    clipping: ClippingStrategy | str = "flat",
-    backend: ArrayBackend | None = None,
-) -> list[Array]:
-    """Clip each record of a group of arrays (one concatenated vector per record) to L2 norm S.
-
-    The norm of record i is the norm of the concatenation of its slices of every array,
-    ‖v_i‖ = (Σ_j ‖v_ij‖²)^(1/2); each array's slice is multiplied by the same factor f_i.
-
-    Args:
-        records: one records array, or a sequence of records arrays with the same leading
-            dimension B.
-        l2_norm_bound: S > 0.
-        clipping: the strategy (an instance or its name).
-        backend: the array backend (default NumPy).
-
-    Returns:
-        The clipped records arrays, in the order given.
-    """
-    from dpledger.mechanisms.sum_query import GaussianSumQuery
-
-    members = _as_members(records)
-    # Only the query's clipping stages are used; nothing is released, so the noise is moot.
-    query = GaussianSumQuery(l2_norm_bound=l2_norm_bound, noise_stddev=1.0, clipping=clipping)
-    return query.clip(members, backend=resolve_backend(backend))
-
-
-def _as_members(records: Array | Sequence[Array]) -> list[Array]:
-    if isinstance(records, (list, tuple)):
-        return list(records)
-    return [records]

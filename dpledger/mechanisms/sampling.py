@@ -1,119 +1,17 @@
-"""Poisson sampling of records, recorded with the exact probability used.
+"""Deprecated: the NumPy Poisson sampler is :class:`dpledger.sampling.PoissonSampler`.
 
-McMahan & Andrew, section 1, step 1: each of the n records is in the sample independently with
-probability q, so the sample size is Binomial(n, q) and may be 0. The sampling event recorded in
-the ledger carries this q — the sampler's own — rather than a batch-size ratio.
+This module is its former home, kept for one release; importing it warns.
 """
 
-from __future__ import annotations
+import warnings
 
-import contextlib
-from collections.abc import Iterator
-from typing import Any
-
-import numpy as np
-
-from dpledger.errors import InvalidParameterError
-from dpledger.ledger import PrivacyLedger
-from dpledger.mechanisms.backend import ArrayBackend
-from dpledger.mechanisms.step import SampledStep, open_step
-from dpledger.validation import check_positive_int, check_probability
+from dpledger.sampling.poisson import MAX_POPULATION, PoissonSampler
 
 __all__ = ["MAX_POPULATION", "PoissonSampler"]
 
-MAX_POPULATION = 1 << 33
-"""The largest population a :class:`PoissonSampler` draws from (one uniform draw per record)."""
-_CHUNK = 1 << 22  # uniform draws per chunk when sampling a large population
-
-
-class PoissonSampler:
-    """Draws Poisson samples of record indices from a population of n records.
-
-    Example::
-
-        sampler = PoissonSampler(population_size=len(data), sampling_probability=0.01,
-                                 generator=np.random.default_rng())
-        with sampler.step(ledger) as step:          # records (q, n) and yields the step
-            batch = data[step.indices]
-            noised = step.run(query, per_example_gradients(batch))
-
-    Args:
-        population_size: n ≥ 1.
-        sampling_probability: q in [0, 1].
-        generator: the ``numpy.random.Generator`` that decides membership.
-    """
-
-    def __init__(
-        self, *, population_size: int, sampling_probability: float, generator: np.random.Generator
-    ) -> None:
-        self.population_size = check_positive_int("population_size", population_size)
-        if self.population_size > MAX_POPULATION:
-            raise InvalidParameterError(
-                "population_size",
-                population_size,
-                f"an integer in [1, 2**33 = {MAX_POPULATION}]: drawing one uniform number per "
-                "record takes about a minute beyond that",
-            )
-        self.sampling_probability = check_probability("sampling_probability", sampling_probability)
-        if not isinstance(generator, np.random.Generator):
-            raise InvalidParameterError(
-                "generator", generator, "a numpy.random.Generator (e.g. numpy.random.default_rng())"
-            )
-        self.generator = generator
-
-    @property
-    def expected_batch_size(self) -> float:
-        """q·n."""
-        return self.sampling_probability * self.population_size
-
-    def sample(self) -> np.ndarray:
-        """Sorted indices of the records in a fresh sample (each included with probability q)."""
-        if self.sampling_probability == 1.0:
-            return np.arange(self.population_size)
-        n = self.population_size
-        if n <= _CHUNK:
-            keep = self.generator.random(n) < self.sampling_probability
-            return np.flatnonzero(keep)
-        # the same draws as one call of random(n), in chunks: memory ∝ chunk + sample
-        parts = []
-        for start in range(0, n, _CHUNK):
-            keep = self.generator.random(min(_CHUNK, n - start)) < self.sampling_probability
-            parts.append(np.flatnonzero(keep) + start)
-        return np.concatenate(parts)
-
-    @contextlib.contextmanager
-    def step(
-        self,
-        ledger: PrivacyLedger,
-        *,
-        generator: Any = None,
-        backend: ArrayBackend | None = None,
-    ) -> Iterator[SampledStep]:
-        """Draw a sample, record its sampling event (q, n) and yield the step.
-
-        The yielded :class:`SampledStep` has the sample's record indices in ``indices``.
-
-        Args:
-            ledger: the ledger to record into.
-            generator: the generator for the step's noise (default: the sampler's generator).
-            backend: the array backend for the step's queries (default NumPy).
-        """
-        indices = self.sample()
-        opened = open_step(
-            ledger,
-            sampling_probability=self.sampling_probability,
-            population_size=self.population_size,
-            generator=self.generator if generator is None else generator,
-            backend=backend,
-            indices=indices,
-        )
-        try:
-            yield opened
-        finally:
-            opened.end()
-
-    def __repr__(self) -> str:
-        return (
-            f"PoissonSampler(population_size={self.population_size!r}, "
-            f"sampling_probability={self.sampling_probability!r})"
-        )
+warnings.warn(
+    "dpledger.mechanisms.sampling moved to dpledger.sampling "
+    "(from dpledger.sampling import PoissonSampler)",
+    DeprecationWarning,
+    stacklevel=2,
+)

@@ -37,7 +37,8 @@ __all__ = ["SampledStep", "sampled_step"]
 class SampledStep:
     """A step whose sampling event is recorded; queries run through it on that sample.
 
-    Created by :func:`sampled_step` (or :meth:`PoissonSampler.step`); not constructed directly.
+    Created by :func:`sampled_step` (or :meth:`dpledger.sampling.PoissonSampler.step`); not
+    constructed directly.
 
     Attributes:
         ledger: the ledger the step's events go to.
@@ -47,7 +48,7 @@ class SampledStep:
         generator: the random generator used for noise (may be None if only given per call).
         backend: the array backend.
         indices: the sampled record indices, when the sample was drawn by a
-            :class:`PoissonSampler` (else None).
+            :class:`~dpledger.sampling.PoissonSampler` (else None).
         event: the recorded sampling event (its scheme decides the average's denominator).
     """
 

@@ -34,7 +34,6 @@ from dpledger.mechanisms import (
     AdaptiveClipping,
     GaussianSumQuery,
     GroupedSumQuery,
-    PoissonSampler,
     ScaledGaussianSumQuery,
     adaptive_noise_multiplier,
     allocate,
@@ -45,6 +44,7 @@ from dpledger.mechanisms import (
     split_clip_by_dimension,
     split_clip_equally,
 )
+from dpledger.sampling import PoissonSampler
 
 HUGE = 10**5000  # more digits than Python's int-to-string limit (4300)
 

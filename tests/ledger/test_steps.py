@@ -16,7 +16,7 @@ from dpledger import (
     PrivacyLedger,
     StepRun,
 )
-from dpledger.ledger import effective_noise_multiplier
+from dpledger.ledger import noise_multiplier_from_inverse_square_sum
 from dpledger.ledger.steps import step_noise_multiplier
 
 
@@ -44,9 +44,9 @@ def test_single_query_is_exactly_sigma_over_s() -> None:
     assert step_noise_multiplier([(3.0, 0.3)]) == 0.3 / 3.0  # not 1/sqrt((3/0.3)**2)
     assert step_noise_multiplier([]) == math.inf
     assert step_noise_multiplier([(1.0, 1.0), (1.0, 0.0)]) == 0.0
-    assert effective_noise_multiplier(0.0, 0) == math.inf
-    assert effective_noise_multiplier(math.inf, 3) == 0.0
-    assert effective_noise_multiplier(4.0, 2) == 0.5
+    assert noise_multiplier_from_inverse_square_sum(0.0, 0) == math.inf
+    assert noise_multiplier_from_inverse_square_sum(math.inf, 3) == 0.0
+    assert noise_multiplier_from_inverse_square_sum(4.0, 2) == 0.5
 
 
 def test_compressed_view_with_different_q_and_special_steps() -> None:
@@ -195,3 +195,11 @@ def test_runs_equal_a_recomputation_from_steps(steps) -> None:
             assert step.noise_multiplier == hand
         else:
             assert step.noise_multiplier == pytest.approx(hand, rel=1e-14)
+
+
+def test_former_name_of_the_inverse_square_sum_function_warns() -> None:
+    import dpledger.ledger
+
+    with pytest.warns(DeprecationWarning, match="noise_multiplier_from_inverse_square_sum"):
+        former = dpledger.ledger.effective_noise_multiplier
+    assert former is noise_multiplier_from_inverse_square_sum

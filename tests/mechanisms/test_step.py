@@ -12,13 +12,13 @@ from dpledger.errors import InvalidParameterError
 from dpledger.mechanisms import (
     GaussianSumQuery,
     GroupedSumQuery,
-    PoissonSampler,
     UnaccountedReleaseWarning,
     fixed_denominator_average,
     open_step,
     realised_batch_average,
     sampled_step,
 )
+from dpledger.sampling import PoissonSampler
 
 QUERY = GaussianSumQuery(l2_norm_bound=1.0, noise_stddev=1.0, label="q")
 
@@ -158,51 +158,3 @@ def test_fixed_denominator_average_is_unbiased_under_poisson_sampling() -> None:
     )
     se = estimates.std(ddof=1) / math.sqrt(trials)
     assert abs(estimates.mean() - data.mean()) <= 5 * se
-
-
-@pytest.mark.statistical
-def test_poisson_sampler_includes_each_record_with_probability_q() -> None:
-    n, q = 20_000, 0.03
-    sampler = PoissonSampler(
-        population_size=n, sampling_probability=q, generator=np.random.default_rng(4)
-    )
-    sizes = np.array([sampler.sample().size for _ in range(200)])
-    # Binomial(n, q): mean n·q, standard error of the mean √(n q (1-q) / 200)
-    assert abs(sizes.mean() - n * q) <= 5 * math.sqrt(n * q * (1 - q) / 200)
-    idx = sampler.sample()
-    assert (np.diff(idx) > 0).all() and idx.min() >= 0 and idx.max() < n
-
-
-def test_poisson_sampler_step_records_its_own_q_and_n() -> None:
-    ledger = PrivacyLedger()
-    sampler = PoissonSampler(
-        population_size=1000, sampling_probability=0.05, generator=np.random.default_rng(5)
-    )
-    assert sampler.expected_batch_size == 50.0
-    with sampler.step(ledger) as step:
-        assert step.indices is not None and step.generator is sampler.generator
-        step.run(QUERY, np.ones((step.indices.size, 2)))
-    first = next(iter(ledger.steps()))
-    assert first.sampling == SamplingEvent(0.05, 1000)
-    full = PoissonSampler(
-        population_size=3, sampling_probability=1.0, generator=np.random.default_rng()
-    )
-    with full.step(ledger) as step:
-        assert step.indices.tolist() == [0, 1, 2]
-    assert list(ledger.steps())[1].sampling.scheme.value == "full"
-    assert "PoissonSampler" in repr(full)
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "parameter"),
-    [
-        ({"population_size": 0, "sampling_probability": 0.1}, "population_size"),
-        ({"population_size": 10, "sampling_probability": -0.1}, "sampling_probability"),
-        ({"population_size": 10, "sampling_probability": 0.1, "generator": 3}, "generator"),
-    ],
-)
-def test_bad_sampler_arguments(kwargs: dict, parameter: str) -> None:
-    kwargs.setdefault("generator", np.random.default_rng())
-    with pytest.raises(InvalidParameterError) as err:
-        PoissonSampler(**kwargs)
-    assert err.value.parameter == parameter

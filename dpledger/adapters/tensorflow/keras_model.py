@@ -45,7 +45,6 @@ from dpledger.adapters.tensorflow.private_gradients import (
     DPStep,
     StepEvents,
     check_bias_callback,
-    check_clip_margin,
     generator_of,
     ledger_of,
     step_events_of,
@@ -58,6 +57,7 @@ from dpledger.audit.bias import ClippingBiasCallback
 from dpledger.errors import InvalidParameterError, SamplerMismatchError
 from dpledger.ledger import PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, GaussianSumQuery
+from dpledger.mechanisms.clipping import check_clip_margin
 
 __all__ = ["DPKerasModel", "make_private"]
 
@@ -199,7 +199,7 @@ class DPKerasModel(keras.Model):
         self._dp_position = 0  # step's position in it
         self._dp_generator = generator_of(generator, seed)
         self._dp_method = method
-        self._dp_margin = check_clip_margin(clip_margin)
+        self._dp_margin = check_clip_margin("clip_margin", clip_margin)
         self._dp_bias_callback = check_bias_callback(bias_callback)
         self._dp_loss: Any = None
         self._dp_step: DPStep | None = None

@@ -78,10 +78,10 @@ from dpledger.audit.bias import ClippingBiasCallback, clipping_bias_from_sums
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, GaussianSumQuery, fixed_denominator_average
-from dpledger.mechanisms.clipping import check_clip_margin as check_margin
-from dpledger.mechanisms.clipping import rounding_clip_margin
+from dpledger.mechanisms.clipping import check_clip_margin, rounding_clip_margin
 from dpledger.mechanisms.step import open_step
-from dpledger.validation import check_positive_int, check_probability
+from dpledger.sampling.relations import check_ledger_relation, default_relation
+from dpledger.sampling.validation import check_population_size, check_sampling_probability
 
 __all__ = ["PrivateGradients", "default_clip_margin"]
 
@@ -521,12 +521,8 @@ def step_events_of(
             "the sampler's q in (0, 1] and population_size n (or sampler=PoissonSampler(...)); "
             "q must be the probability with which the data pipeline includes each record",
         )
-    q = check_probability("sampling_probability", sampling_probability)
-    if q == 0.0:
-        raise InvalidParameterError(
-            "sampling_probability", sampling_probability, "a probability in (0, 1]"
-        )
-    n = check_positive_int("population_size", population_size)
+    q = check_sampling_probability(sampling_probability)
+    n = check_population_size(population_size)
     return StepEvents(SamplingEvent.poisson(q, n))
 
 
@@ -545,22 +541,7 @@ def check_relation(events: StepEvents, ledger: PrivacyLedger) -> None:
     Raises:
         InvalidParameterError: naming the relation(s) to create the ledger with.
     """
-    relations = events.relations
-    if ledger.neighboring in relations:
-        return
-    wanted = " or ".join(f"neighboring={r.value!r}" for r in relations)
-    raise InvalidParameterError(
-        "ledger",
-        f"a ledger with neighboring={ledger.neighboring.value!r}",
-        f"a ledger created with {wanted} (e.g. PrivacyLedger(path, {wanted.split(' or ')[0]})): "
-        f"steps sampled by {events.event.describe()} are analysed under "
-        f"{' or '.join(r.value for r in relations)} only",
-    )
-
-
-def check_clip_margin(clip_margin: float | None) -> float | None:
-    """None, or a margin ρ in [0, 0.5)."""
-    return check_margin("clip_margin", clip_margin)
+    check_ledger_relation(events.event, ledger.neighboring)
 
 
 def check_bias_callback(callback: Any) -> ClippingBiasCallback | None:
@@ -587,10 +568,9 @@ def ledger_of(ledger: Any, events: StepEvents | None = None) -> PrivacyLedger:
     """The ledger given, or a new in-memory one (add/remove, or the relation the steps' scheme
     is analysed under when that is not add/remove); checked against the steps' scheme."""
     if ledger is None:
-        relation = NeighboringRelation.ADD_REMOVE
-        if events is not None and relation not in events.relations:
-            relation = events.relations[0]
-        return PrivacyLedger(neighboring=relation)
+        if events is None:
+            return PrivacyLedger(neighboring=NeighboringRelation.ADD_REMOVE)
+        return PrivacyLedger(neighboring=default_relation(events.event))
     if not isinstance(ledger, PrivacyLedger):
         raise InvalidParameterError("ledger", ledger, "a dpledger.PrivacyLedger or None")
     if events is not None:
@@ -709,7 +689,7 @@ class PrivateGradients:
             events=events,
             ledger=ledger_of(ledger, events),
             generator=generator_of(generator, seed),
-            clip_margin=check_clip_margin(clip_margin),
+            clip_margin=check_clip_margin("clip_margin", clip_margin),
             bias_callback=check_bias_callback(bias_callback),
         )
         self._compiled: Callable[..., Any] | None = None

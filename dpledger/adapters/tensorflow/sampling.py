@@ -5,7 +5,9 @@ Each sampler is a transformation of a population of n records into a dataset of 
 (:meth:`RecordSampler.sample`), and says which :class:`~dpledger.ledger.SamplingEvent` each of
 those batches is (:meth:`RecordSampler.event_for_step`), so that the training step that consumes
 a batch records exactly the scheme that drew it (DESIGN.md, rule 6). The samplers do not write to
-a ledger themselves.
+a ledger themselves. What a scheme is (its checked parameters, q, denominator, epoch layout and
+events) is described without TensorFlow by the sampler's :attr:`RecordSampler.scheme`
+(:mod:`dpledger.sampling`); the samplers here only draw the index batches.
 
 The schemes (one iteration over a sampler's dataset is one *epoch* of ``steps_per_epoch``
 batches):
@@ -36,7 +38,6 @@ seed from OS entropy (``seed=None``) in deployment.
 from __future__ import annotations
 
 import contextlib
-import math
 import secrets
 import weakref
 from collections.abc import Iterator
@@ -48,7 +49,19 @@ import tensorflow as tf
 
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import SamplingEvent
-from dpledger.validation import check_positive_finite, check_positive_int, check_probability
+from dpledger.sampling import (
+    BallsInBinsScheme,
+    BatchScheme,
+    FixedSizeScheme,
+    PoissonScheme,
+    ShuffleScheme,
+    TruncatedPoissonScheme,
+)
+from dpledger.sampling.validation import (
+    check_expected_batch_size,
+    check_population_size,
+    check_step_position,
+)
 
 __all__ = [
     "BallsInBinsSampler",
@@ -72,28 +85,31 @@ def _check_seed(seed: Any) -> int:
     return int(seed)
 
 
-def _check_size(name: str, value: Any, n: int, what: str) -> int:
-    size = check_positive_int(name, value)
-    if size > n:
-        raise InvalidParameterError(name, value, f"{what} in [1, population_size={n}]")
-    return size
-
-
 class RecordSampler:
     """The base of the samplers: a population of n records, a seeded generator, the datasets
     made by :meth:`sample` and the sampling event of each of their batches.
 
-    Subclasses define :meth:`index_dataset` (the record indices of each batch of one epoch),
-    :meth:`event_for_step` and :attr:`steps_per_epoch`.
+    Subclasses set ``self._scheme`` (a :class:`~dpledger.sampling.BatchScheme`, from which the
+    description of the scheme and its events follow) and define :meth:`index_dataset` (the
+    record indices of each batch of one epoch); a subclass without a scheme also defines
+    :attr:`sampling_event` and :attr:`steps_per_epoch`.
     """
 
+    _scheme: BatchScheme | None = None
+
     def __init__(self, *, population_size: int, seed: int | None) -> None:
-        self._n = check_positive_int("population_size", population_size)
+        self._n = check_population_size(population_size)
         self._seed = _check_seed(seed)
         self._generator = tf.random.Generator.from_seed(self._seed)
         self._datasets: weakref.WeakSet[tf.data.Dataset] = weakref.WeakSet()
 
     # ------------------------------------------------------------------ description
+    @property
+    def scheme(self) -> BatchScheme | None:
+        """The framework-neutral description of the sampler's scheme (parameters, q,
+        denominator, epoch layout, events; :mod:`dpledger.sampling`)."""
+        return self._scheme
+
     @property
     def population_size(self) -> int:
         """n, the number of records sampled from."""
@@ -102,7 +118,9 @@ class RecordSampler:
     @property
     def steps_per_epoch(self) -> int:
         """Batches per iteration over a dataset made by :meth:`sample`."""
-        raise NotImplementedError
+        if self._scheme is None:
+            raise NotImplementedError
+        return self._scheme.steps_per_epoch
 
     @property
     def seed(self) -> int:
@@ -112,12 +130,14 @@ class RecordSampler:
     @property
     def epoch_based(self) -> bool:
         """True when an epoch's batches are drawn together (balls-in-bins, shuffle)."""
-        return False
+        return self._scheme is not None and self._scheme.epoch_based
 
     @property
     def sampling_event(self) -> SamplingEvent:
         """The sampling event of every batch (``epoch_start=False``; see :meth:`event_for_step`)."""
-        raise NotImplementedError
+        if self._scheme is None:
+            raise NotImplementedError
+        return self._scheme.event()
 
     @property
     def sampling_probability(self) -> float:
@@ -137,14 +157,7 @@ class RecordSampler:
         Raises:
             InvalidParameterError: ``step`` is not an integer in [0, steps_per_epoch).
         """
-        if (
-            isinstance(step, bool)
-            or not isinstance(step, (int, np.integer))
-            or not 0 <= step < self.steps_per_epoch
-        ):
-            raise InvalidParameterError(
-                "step", step, f"an integer in [0, steps_per_epoch={self.steps_per_epoch})"
-            )
+        check_step_position(step, steps_per_epoch=self.steps_per_epoch)
         event = self.sampling_event
         if self.epoch_based and step == 0:
             return attrs.evolve(event, epoch_start=True)
@@ -256,10 +269,9 @@ class _StepwiseSampler(RecordSampler):
 
     _steps: int
 
-    @property
-    def steps_per_epoch(self) -> int:
-        """Batches per iteration over a dataset made by :meth:`sample`."""
-        return self._steps
+    def _use_scheme(self, scheme: BatchScheme) -> None:
+        self._scheme = scheme
+        self._steps = scheme.steps_per_epoch
 
     def _indices(self, _step: tf.Tensor) -> tf.Tensor:
         raise NotImplementedError
@@ -270,21 +282,6 @@ class _StepwiseSampler(RecordSampler):
         Each vector is sorted and may be empty. Every iteration draws new batches.
         """
         return tf.data.Dataset.range(self._steps).map(self._indices)
-
-
-def _default_steps(steps_per_epoch: int | None, batches: float) -> int:
-    if steps_per_epoch is None:
-        steps_per_epoch = max(1, math.floor(batches + 0.5))
-    return check_positive_int("steps_per_epoch", steps_per_epoch)
-
-
-def _check_rate(sampling_probability: Any) -> float:
-    q = check_probability("sampling_probability", sampling_probability)
-    if q == 0.0:
-        raise InvalidParameterError(
-            "sampling_probability", sampling_probability, "a probability in (0, 1]"
-        )
-    return q
 
 
 class PoissonSampler(_StepwiseSampler):
@@ -317,10 +314,16 @@ class PoissonSampler(_StepwiseSampler):
         steps_per_epoch: int | None = None,
         seed: int | None = None,
     ) -> None:
-        n = check_positive_int("population_size", population_size)
-        self._q = _check_rate(sampling_probability)
-        self._steps = _default_steps(steps_per_epoch, 1.0 / self._q)
-        super().__init__(population_size=n, seed=seed)
+        scheme = PoissonScheme(
+            population_size=population_size,
+            sampling_probability=sampling_probability,
+            steps=steps_per_epoch,
+            steps_parameter="steps_per_epoch",
+            round_half_up=True,
+        )
+        super().__init__(population_size=scheme.population_size, seed=seed)
+        self._use_scheme(scheme)
+        self._q = scheme.sampling_probability
 
     @classmethod
     def from_expected_batch_size(
@@ -336,12 +339,8 @@ class PoissonSampler(_StepwiseSampler):
         Raises:
             InvalidParameterError: when expected_batch_size is not in (0, population_size].
         """
-        n = check_positive_int("population_size", population_size)
-        size = check_positive_finite("expected_batch_size", expected_batch_size)
-        if size > n:
-            raise InvalidParameterError(
-                "expected_batch_size", expected_batch_size, f"a number in (0, {n}]"
-            )
+        n = check_population_size(population_size)
+        size = check_expected_batch_size(expected_batch_size, population_size=n)
         return cls(
             population_size=n,
             sampling_probability=size / n,
@@ -358,11 +357,6 @@ class PoissonSampler(_StepwiseSampler):
     def expected_batch_size(self) -> float:
         """q·n."""
         return self._q * self._n
-
-    @property
-    def sampling_event(self) -> SamplingEvent:
-        """``SamplingEvent.poisson(q, n)`` (a full batch when q = 1)."""
-        return SamplingEvent.poisson(self._q, self._n)
 
     def __repr__(self) -> str:
         return (
@@ -410,20 +404,21 @@ class FixedSizeSampler(_StepwiseSampler):
         steps_per_epoch: int | None = None,
         seed: int | None = None,
     ) -> None:
-        n = check_positive_int("population_size", population_size)
-        self._b = _check_size("batch_size", batch_size, n, "a batch size")
-        self._steps = _default_steps(steps_per_epoch, n / self._b)
-        super().__init__(population_size=n, seed=seed)
+        scheme = FixedSizeScheme(
+            population_size=population_size,
+            batch_size=batch_size,
+            steps=steps_per_epoch,
+            steps_parameter="steps_per_epoch",
+            round_half_up=True,
+        )
+        super().__init__(population_size=scheme.population_size, seed=seed)
+        self._use_scheme(scheme)
+        self._b = scheme.batch_size
 
     @property
     def batch_size(self) -> int:
         """b, the number of records in every batch."""
         return self._b
-
-    @property
-    def sampling_event(self) -> SamplingEvent:
-        """``SamplingEvent.fixed_size(b, n)``."""
-        return SamplingEvent.fixed_size(self._b, self._n)
 
     def __repr__(self) -> str:
         return (
@@ -460,21 +455,24 @@ class TruncatedPoissonSampler(_StepwiseSampler):
         steps_per_epoch: int | None = None,
         seed: int | None = None,
     ) -> None:
-        n = check_positive_int("population_size", population_size)
-        self._q = _check_rate(sampling_probability)
-        self._m = _check_size("max_batch_size", max_batch_size, n, "a cap")
-        self._steps = _default_steps(steps_per_epoch, 1.0 / self._q)
-        super().__init__(population_size=n, seed=seed)
+        scheme = TruncatedPoissonScheme(
+            population_size=population_size,
+            sampling_probability=sampling_probability,
+            max_batch_size=max_batch_size,
+            steps=steps_per_epoch,
+            steps_parameter="steps_per_epoch",
+            round_half_up=True,
+            cap_within_population=True,
+        )
+        super().__init__(population_size=scheme.population_size, seed=seed)
+        self._use_scheme(scheme)
+        self._q = scheme.sampling_probability
+        self._m = scheme.max_batch_size
 
     @property
     def max_batch_size(self) -> int:
         """The cap on a batch's size."""
         return self._m
-
-    @property
-    def sampling_event(self) -> SamplingEvent:
-        """``SamplingEvent.truncated_poisson(q, n, max_batch_size)``."""
-        return SamplingEvent.truncated_poisson(self._q, self._n, self._m)
 
     def __repr__(self) -> str:
         return (
@@ -533,24 +531,15 @@ class BallsInBinsSampler(_EpochSampler):
     """
 
     def __init__(self, *, population_size: int, num_batches: int, seed: int | None = None) -> None:
-        n = check_positive_int("population_size", population_size)
-        self._k = _check_size("num_batches", num_batches, n, "a number of batches")
-        super().__init__(population_size=n, seed=seed)
+        scheme = BallsInBinsScheme(population_size=population_size, num_batches=num_batches)
+        super().__init__(population_size=scheme.population_size, seed=seed)
+        self._scheme = scheme
+        self._k = scheme.num_batches
 
     @property
     def num_batches(self) -> int:
         """k, the batches per epoch."""
         return self._k
-
-    @property
-    def steps_per_epoch(self) -> int:
-        """k."""
-        return self._k
-
-    @property
-    def sampling_event(self) -> SamplingEvent:
-        """``SamplingEvent.balls_in_bins(k, n)``."""
-        return SamplingEvent.balls_in_bins(self._k, self._n)
 
     def __repr__(self) -> str:
         return (
@@ -602,20 +591,13 @@ class ShuffleSampler(_EpochSampler):
         drop_last: bool = False,
         seed: int | None = None,
     ) -> None:
-        n = check_positive_int("population_size", population_size)
-        self._b = _check_size("batch_size", batch_size, n, "a batch size")
-        if not isinstance(drop_last, bool):
-            raise InvalidParameterError("drop_last", drop_last, "True or False")
-        if drop_last and n % self._b:
-            raise InvalidParameterError(
-                "drop_last",
-                drop_last,
-                f"False when batch_size={self._b} does not divide population_size={n}: leaving "
-                f"the last {n % self._b} records of every epoch out is not the shuffle(b, n) "
-                "the ledger records (keep the smaller last batch)",
-            )
-        self._drop_last = drop_last
-        super().__init__(population_size=n, seed=seed)
+        scheme = ShuffleScheme(
+            population_size=population_size, batch_size=batch_size, drop_last=drop_last
+        )
+        super().__init__(population_size=scheme.population_size, seed=seed)
+        self._scheme = scheme
+        self._b = scheme.batch_size
+        self._drop_last = scheme.drop_last
 
     @property
     def batch_size(self) -> int:
@@ -626,16 +608,6 @@ class ShuffleSampler(_EpochSampler):
     def drop_last(self) -> bool:
         """Whether the last, smaller batch of each epoch is dropped."""
         return self._drop_last
-
-    @property
-    def steps_per_epoch(self) -> int:
-        """⌈n/b⌉, or ⌊n/b⌋ with ``drop_last``."""
-        return self._n // self._b if self._drop_last else -(-self._n // self._b)
-
-    @property
-    def sampling_event(self) -> SamplingEvent:
-        """``SamplingEvent.shuffle(b, n)``."""
-        return SamplingEvent.shuffle(self._b, self._n)
 
     def __repr__(self) -> str:
         return (

@@ -8,7 +8,8 @@ Importing this package imports torch; ``import dpledger`` and ``import dpledger.
   ``torch.func`` elsewhere.
 * :func:`per_example_gradients` and :class:`FunctionalPerExampleEngine`: the generic path for any
   differentiable model, from a per-example loss function.
-* :func:`register_grad_sampler`: teach the engine a new layer type.
+* :func:`register_grad_sampler`: teach the engine a new layer type; the built-in per-layer
+  rules are in :mod:`~dpledger.adapters.torch.layer_rules`.
 * :class:`PoissonBatchSampler` and :func:`poisson_data_loader`: Poisson sampling with rate q;
   :class:`FixedSizeBatchSampler`, :class:`TruncatedPoissonBatchSampler`,
   :class:`BallsInBinsBatchSampler`, :class:`ShuffleBatchSampler` and
@@ -25,7 +26,7 @@ Importing this package imports torch; ``import dpledger`` and ``import dpledger.
 * :class:`TorchBackend`: the mechanisms' array backend on tensors.
 """
 
-from dpledger.adapters.torch import samplers
+from dpledger.adapters.torch import layer_rules
 from dpledger.adapters.torch.backend import TorchBackend
 from dpledger.adapters.torch.bam import per_example_gradients_and_losses
 from dpledger.adapters.torch.batch_samplers import (
@@ -118,6 +119,7 @@ __all__ = [
     "clipped_sum_of",
     "expand_factors",
     "get_grad_sampler",
+    "layer_rules",
     "make_private",
     "module_per_example_gradients",
     "per_example_gradients",
@@ -127,10 +129,19 @@ __all__ = [
     "probe_record_independence",
     "register_grad_sampler",
     "registered_module_types",
-    "samplers",
     "split_batch",
     "squared_norms_of",
     "steps_per_epoch",
     "unregister_grad_sampler",
     "virtual_batches",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``samplers``: the former name of :mod:`~dpledger.adapters.torch.layer_rules` (per-layer
+    gradient rules, not batch samplers), kept for one release with a warning."""
+    if name == "samplers":
+        import importlib
+
+        return importlib.import_module("dpledger.adapters.torch.samplers")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -36,7 +36,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
-from dpledger.adapters.torch.poisson import EmptyBatchCollate, _check_q
+from dpledger.adapters.torch.poisson import EmptyBatchCollate
 from dpledger.adapters.torch.sampler_base import (
     EpochBatchSampler,
     RecordedBatchSampler,
@@ -44,7 +44,12 @@ from dpledger.adapters.torch.sampler_base import (
 )
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import SamplingEvent
-from dpledger.validation import check_positive_int
+from dpledger.sampling import (
+    BallsInBinsScheme,
+    FixedSizeScheme,
+    ShuffleScheme,
+    TruncatedPoissonScheme,
+)
 
 __all__ = [
     "BallsInBinsBatchSampler",
@@ -53,17 +58,6 @@ __all__ = [
     "TruncatedPoissonBatchSampler",
     "private_data_loader",
 ]
-
-
-def _check_at_most_n(name: str, value: Any, n: int) -> int:
-    v = check_positive_int(name, value)
-    if v > n:
-        raise InvalidParameterError(name, value, f"an integer in [1, {n}] (population_size)")
-    return v
-
-
-def _check_steps(steps: Any, default: int) -> int:
-    return default if steps is None else check_positive_int("steps", steps)
 
 
 def _sorted_list(indices: torch.Tensor) -> list[int]:
@@ -100,11 +94,12 @@ class FixedSizeBatchSampler(StepwiseBatchSampler):
         generator: torch.Generator | None = None,
         seed: int | None = None,
     ) -> None:
-        n = check_positive_int("population_size", population_size)
-        self._b = _check_at_most_n("batch_size", batch_size, n)
-        self._steps = _check_steps(steps, max(1, round(n / self._b)))
-        super().__init__(population_size=n, generator=generator, seed=seed)
-        self._event = SamplingEvent.fixed_size(self._b, n)
+        scheme = FixedSizeScheme(
+            population_size=population_size, batch_size=batch_size, steps=steps
+        )
+        super().__init__(population_size=scheme.population_size, generator=generator, seed=seed)
+        self._use_scheme(scheme)
+        self._b = scheme.batch_size
 
     @property
     def batch_size(self) -> int:
@@ -155,12 +150,16 @@ class TruncatedPoissonBatchSampler(StepwiseBatchSampler):
         generator: torch.Generator | None = None,
         seed: int | None = None,
     ) -> None:
-        n = check_positive_int("population_size", population_size)
-        self._q = _check_q(sampling_probability)
-        self._m = check_positive_int("max_batch_size", max_batch_size)
-        self._steps = _check_steps(steps, max(1, round(1.0 / self._q)))
-        super().__init__(population_size=n, generator=generator, seed=seed)
-        self._event = SamplingEvent.truncated_poisson(self._q, n, self._m)
+        scheme = TruncatedPoissonScheme(
+            population_size=population_size,
+            sampling_probability=sampling_probability,
+            max_batch_size=max_batch_size,
+            steps=steps,
+        )
+        super().__init__(population_size=scheme.population_size, generator=generator, seed=seed)
+        self._use_scheme(scheme)
+        self._q = scheme.sampling_probability
+        self._m = scheme.max_batch_size
 
     @property
     def sampling_probability(self) -> float:
@@ -207,6 +206,8 @@ class BallsInBinsBatchSampler(EpochBatchSampler):
         InvalidParameterError: n < 1, k outside [1, n], a bad generator or seed.
     """
 
+    _scheme: BallsInBinsScheme
+
     def __init__(
         self,
         *,
@@ -215,13 +216,10 @@ class BallsInBinsBatchSampler(EpochBatchSampler):
         generator: torch.Generator | None = None,
         seed: int | None = None,
     ) -> None:
-        n = check_positive_int("population_size", population_size)
-        self._k = _check_at_most_n("num_batches", num_batches, n)
-        super().__init__(population_size=n, generator=generator, seed=seed)
-        self._events = {
-            flag: SamplingEvent.balls_in_bins(self._k, n, epoch_start=flag)
-            for flag in (False, True)
-        }
+        scheme = BallsInBinsScheme(population_size=population_size, num_batches=num_batches)
+        super().__init__(population_size=scheme.population_size, generator=generator, seed=seed)
+        self._scheme = scheme
+        self._k = scheme.num_batches
 
     @property
     def num_batches(self) -> int:
@@ -230,7 +228,7 @@ class BallsInBinsBatchSampler(EpochBatchSampler):
 
     def sampling_event(self, *, epoch_start: bool = False) -> SamplingEvent:
         """``SamplingEvent.balls_in_bins(k, n, epoch_start=epoch_start)``."""
-        return self._events[bool(epoch_start)]
+        return self._scheme.event(epoch_start=epoch_start)
 
     def __len__(self) -> int:
         return self._k
@@ -268,6 +266,8 @@ class ShuffleBatchSampler(EpochBatchSampler):
             dividing n, a bad generator or seed.
     """
 
+    _scheme: ShuffleScheme
+
     def __init__(
         self,
         *,
@@ -277,23 +277,14 @@ class ShuffleBatchSampler(EpochBatchSampler):
         generator: torch.Generator | None = None,
         seed: int | None = None,
     ) -> None:
-        n = check_positive_int("population_size", population_size)
-        self._b = _check_at_most_n("batch_size", batch_size, n)
-        if not isinstance(drop_last, bool):
-            raise InvalidParameterError("drop_last", drop_last, "True or False")
-        if drop_last and n % self._b:
-            raise InvalidParameterError(
-                "drop_last",
-                drop_last,
-                f"False when batch_size={self._b} does not divide population_size={n}: leaving "
-                f"the last {n % self._b} records of every epoch out is not the shuffle(b, n) "
-                "the ledger records (keep the smaller last batch)",
-            )
-        self._drop_last = drop_last
-        super().__init__(population_size=n, generator=generator, seed=seed)
-        self._events = {
-            flag: SamplingEvent.shuffle(self._b, n, epoch_start=flag) for flag in (False, True)
-        }
+        scheme = ShuffleScheme(
+            population_size=population_size, batch_size=batch_size, drop_last=drop_last
+        )
+        super().__init__(population_size=scheme.population_size, generator=generator, seed=seed)
+        self._scheme = scheme
+        self._b = scheme.batch_size
+        self._drop_last = scheme.drop_last
+        self._steps = scheme.steps_per_epoch
 
     @property
     def batch_size(self) -> int:
@@ -307,11 +298,10 @@ class ShuffleBatchSampler(EpochBatchSampler):
 
     def sampling_event(self, *, epoch_start: bool = False) -> SamplingEvent:
         """``SamplingEvent.shuffle(b, n, epoch_start=epoch_start)``."""
-        return self._events[bool(epoch_start)]
+        return self._scheme.event(epoch_start=epoch_start)
 
     def __len__(self) -> int:
-        full, rest = divmod(self._n, self._b)
-        return full + (1 if rest and not self._drop_last else 0)
+        return self._steps
 
     def _epoch(self) -> list[list[int]]:
         perm = torch.randperm(self._n, generator=self._generator)

@@ -70,7 +70,7 @@ from torch import nn
 from torch.autograd.graph import get_gradient_edge
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
-from dpledger.adapters.torch import samplers as _builtin_samplers  # noqa: F401  (registers)
+from dpledger.adapters.torch import layer_rules as _builtin_layer_rules  # noqa: F401  (registers)
 from dpledger.adapters.torch.errors import (
     EngineStateError,
     RecordMixingModuleError,
@@ -83,12 +83,12 @@ from dpledger.adapters.torch.functional_gradients import (
     module_per_example_gradients,
     squared_norms_of,
 )
-from dpledger.adapters.torch.module_checks import check_module_configuration
-from dpledger.adapters.torch.registry import GradSampler, get_cross_term, get_grad_sampler
-from dpledger.adapters.torch.samplers.normalization import (
+from dpledger.adapters.torch.layer_rules.normalization import (
     batch_norm_refusal_message,
     uses_batch_statistics,
 )
+from dpledger.adapters.torch.module_checks import check_module_configuration
+from dpledger.adapters.torch.registry import GradSampler, get_cross_term, get_grad_sampler
 from dpledger.errors import DPLedgerError, InvalidParameterError
 from dpledger.mechanisms.clipping import rounding_clip_margin
 

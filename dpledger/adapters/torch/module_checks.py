@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import nn
 
 from dpledger.adapters.torch.errors import RecordMixingModuleError, UnsupportedModuleError
-from dpledger.adapters.torch.samplers.normalization import (
+from dpledger.adapters.torch.layer_rules.normalization import (
     batch_norm_refusal_message,
     uses_batch_statistics,
 )

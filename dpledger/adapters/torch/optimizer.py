@@ -98,7 +98,6 @@ from dpledger.adapters.torch.factors import expand_factors, strategy_factors
 from dpledger.adapters.torch.functional_gradients import clipped_sum_of, squared_norms_of
 from dpledger.adapters.torch.gradient_queries import GradientQueries, Grouping
 from dpledger.adapters.torch.module_checks import check_module_configuration
-from dpledger.adapters.torch.poisson import _check_q
 from dpledger.adapters.torch.record_probe import (
     model_fingerprint,
     probe_record_independence,
@@ -107,9 +106,11 @@ from dpledger.adapters.torch.record_probe import (
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.adapters.torch.user_level import UserBatch, UserPoissonBatchSampler
 from dpledger.errors import InvalidParameterError, LedgerStateError, SamplerMismatchError
-from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingEvent
+from dpledger.ledger import PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, ScaledGaussianSumQuery, open_step
 from dpledger.mechanisms.clipping import check_clip_margin, rounding_clip_margin
+from dpledger.sampling.relations import check_ledger_relation, default_relation
+from dpledger.sampling.validation import check_sampling_probability
 from dpledger.validation import (
     check_non_negative_finite,
     check_positive_finite,
@@ -387,7 +388,7 @@ class DPOptimizer(torch.optim.Optimizer):
                     "population_size= of the Poisson sampler you use",
                 )
             self._event = SamplingEvent.poisson(
-                _check_q(sampling_probability),
+                check_sampling_probability(sampling_probability),
                 check_positive_int("population_size", population_size),
             )
         self._q = self._event.sampling_probability
@@ -438,12 +439,7 @@ class DPOptimizer(torch.optim.Optimizer):
                     f"None on rank {self._rank}: only rank 0 draws the noise and records events",
                 )
         elif ledger is None:
-            relations = self._event.relations
-            relation = (
-                NeighboringRelation.ADD_REMOVE
-                if NeighboringRelation.ADD_REMOVE in relations
-                else relations[0]
-            )
+            relation = default_relation(self._event)
             ledger = PrivacyLedger(neighboring=relation)
             logger.info(
                 "no ledger given: recording to an in-memory %s ledger (optimizer.ledger)",
@@ -453,16 +449,8 @@ class DPOptimizer(torch.optim.Optimizer):
             raise LedgerStateError(
                 f"the ledger {_where(ledger)} is closed; open a new one or resume its file"
             )
-        if ledger is not None and ledger.neighboring not in self._event.relations:
-            relations = " or ".join(f"neighboring={r.value!r}" for r in self._event.relations)
-            raise InvalidParameterError(
-                "ledger",
-                f"<PrivacyLedger with neighboring={ledger.neighboring.value!r}>",
-                f"a ledger created with {relations}: steps sampled by "
-                f"{self._event.describe()} are analysed under that relation only, so no "
-                "accountant could certify this run (e.g. PrivacyLedger(path, "
-                f"neighboring={self._event.relations[0].value!r}))",
-            )
+        if ledger is not None:
+            check_ledger_relation(self._event, ledger.neighboring)
         self._ledger = ledger
 
         # ---- model and optimizer must agree on the parameters

@@ -30,19 +30,9 @@ from torch.utils.data._utils.collate import default_collate
 
 from dpledger.adapters.torch.sampler_base import StepwiseBatchSampler
 from dpledger.errors import InvalidParameterError
-from dpledger.ledger import SamplingEvent
-from dpledger.validation import check_positive_int, check_probability
+from dpledger.sampling import PoissonScheme
 
 __all__ = ["EmptyBatchCollate", "PoissonBatchSampler", "poisson_data_loader"]
-
-
-def _check_q(value: Any) -> float:
-    q = check_probability("sampling_probability", value)
-    if q == 0.0:
-        raise InvalidParameterError(
-            "sampling_probability", value, "a probability in (0, 1] (q = 0 never samples)"
-        )
-    return q
 
 
 class PoissonBatchSampler(StepwiseBatchSampler):
@@ -77,13 +67,12 @@ class PoissonBatchSampler(StepwiseBatchSampler):
         generator: torch.Generator | None = None,
         seed: int | None = None,
     ) -> None:
-        n = check_positive_int("population_size", population_size)
-        self._q = _check_q(sampling_probability)
-        self._steps = (
-            max(1, round(1.0 / self._q)) if steps is None else check_positive_int("steps", steps)
+        scheme = PoissonScheme(
+            population_size=population_size, sampling_probability=sampling_probability, steps=steps
         )
-        super().__init__(population_size=n, generator=generator, seed=seed)
-        self._event = SamplingEvent.poisson(self._q, self._n)
+        super().__init__(population_size=scheme.population_size, generator=generator, seed=seed)
+        self._use_scheme(scheme)
+        self._q = scheme.sampling_probability
 
     @property
     def sampling_probability(self) -> float:

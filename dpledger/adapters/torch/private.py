@@ -44,12 +44,13 @@ from dpledger.adapters.torch.batch_samplers import (
 )
 from dpledger.adapters.torch.distributed import DistributedPoissonBatchSampler, distributed_world
 from dpledger.adapters.torch.optimizer import DPOptimizer
-from dpledger.adapters.torch.poisson import EmptyBatchCollate, PoissonBatchSampler, _check_q
+from dpledger.adapters.torch.poisson import EmptyBatchCollate, PoissonBatchSampler
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.adapters.torch.user_level import UserPoissonBatchSampler
 from dpledger.adapters.torch.virtual_batches import virtual_batches
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
+from dpledger.sampling.validation import check_sampling_probability, default_steps
 from dpledger.validation import check_delta, check_positive_finite, check_positive_int
 
 __all__ = [
@@ -63,7 +64,7 @@ __all__ = [
 
 def steps_per_epoch(sampling_probability: float) -> int:
     """round(1/q) (at least 1): the steps in which Poisson sampling sees n records on average."""
-    return max(1, round(1.0 / _check_q(sampling_probability)))
+    return default_steps(1.0 / check_sampling_probability(sampling_probability))
 
 
 def _planned_steps(sampling_probability: float, steps: int | None, epochs: float | None) -> int:
@@ -99,7 +100,7 @@ def calibrated_noise_multiplier(
     Raises:
         InvalidParameterError: bad arguments, or a target no z ≤ 10⁴ reaches.
     """
-    q = _check_q(sampling_probability)
+    q = check_sampling_probability(sampling_probability)
     t = _planned_steps(q, steps, epochs)
     return float(
         calibrate_noise_multiplier(
@@ -397,7 +398,7 @@ def make_private(
                 sampling_probability,
                 f"None for sampling={sampling!r} (its rate follows from its batch size)",
             )
-        _check_q(sampling_probability)
+        check_sampling_probability(sampling_probability)
     if max_physical_batch_size is not None:
         check_positive_int("max_physical_batch_size", max_physical_batch_size)
     if (noise_multiplier is None) == (target_epsilon is None):
@@ -421,7 +422,7 @@ def make_private(
                 None,
                 f"q in (0, 1] for sampling={sampling!r} (or batch_size=, for q = batch_size / n)",
             )
-        q = _check_q(check_positive_int("batch_size", b) / n)
+        q = check_sampling_probability(check_positive_int("batch_size", b) / n)
     if target_epsilon is not None:
         if sampling != "poisson":
             raise InvalidParameterError(

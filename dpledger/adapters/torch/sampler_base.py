@@ -15,21 +15,27 @@ pass with ``epoch_start=True``: when the pass's first batch is skipped or refuse
 to the next claimed batch, so the ledger never joins two epochs' steps into one. Their
 :meth:`~RecordedBatchSampler.state_dict` also holds the position in the current epoch, so that a
 run resumed from a checkpoint continues the same epoch with the same permutation.
+
+What does not need torch lives in :mod:`dpledger.sampling`: each sampler holds its scheme
+(:attr:`RecordedBatchSampler.scheme`: checked parameters, q, denominator, epoch layout, events)
+and keeps its draws in a :class:`~dpledger.sampling.PendingDraws`; the classes here draw the
+index batches from a ``torch.Generator`` and keep its state.
 """
 
 from __future__ import annotations
 
 import abc
-from collections import deque
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch.utils.data import Sampler
 
-from dpledger.errors import InvalidParameterError, SamplerMismatchError
+from dpledger.errors import InvalidParameterError
 from dpledger.ledger import SamplingEvent
-from dpledger.validation import check_positive_int
+from dpledger.sampling import BatchScheme
+from dpledger.sampling.draws import Draw, PendingDraws
+from dpledger.sampling.validation import check_population_size
 
 __all__ = ["EpochBatchSampler", "RecordedBatchSampler"]
 
@@ -60,12 +66,6 @@ def _make_generator(generator: Any, seed: Any) -> torch.Generator:
     return generator
 
 
-class _Draw(NamedTuple):
-    num_records: int
-    epoch: int | None  # the pass of an epoch-based sampler; None for per-step draws
-    index: int  # the batch's position in its epoch
-
-
 class RecordedBatchSampler(Sampler[list[int]], abc.ABC):
     """Base of the batch samplers whose draws DP steps claim and record.
 
@@ -90,9 +90,9 @@ class RecordedBatchSampler(Sampler[list[int]], abc.ABC):
         generator: torch.Generator | None = None,
         seed: int | None = None,
     ) -> None:
-        self._n = check_positive_int("population_size", population_size)
+        self._n = check_population_size(population_size)
         self._generator = _make_generator(generator, seed)
-        self._unclaimed: deque[_Draw] = deque()
+        self._draws = PendingDraws()
 
     # ------------------------------------------------------------------ subclass hooks
     @abc.abstractmethod
@@ -108,6 +108,14 @@ class RecordedBatchSampler(Sampler[list[int]], abc.ABC):
         """Batches per iteration over the sampler."""
 
     # ------------------------------------------------------------------ properties
+    _scheme: BatchScheme | None = None
+
+    @property
+    def scheme(self) -> BatchScheme | None:
+        """The framework-neutral description of the sampler's scheme (parameters, q, denominator,
+        epoch layout, events; :mod:`dpledger.sampling`); None for a sampler that has none."""
+        return self._scheme
+
     @property
     def population_size(self) -> int:
         """n, the number of records each batch is drawn from."""
@@ -129,18 +137,18 @@ class RecordedBatchSampler(Sampler[list[int]], abc.ABC):
 
     # ------------------------------------------------------------------ draws
     def _note_draw(self, num_records: int, epoch: int | None = None, index: int = 0) -> None:
-        self._unclaimed.append(_Draw(num_records, epoch, index))
+        self._draws.note(num_records, epoch, index)
 
-    def _consumed(self, draw: _Draw) -> None:
+    def _consumed(self, draw: Draw) -> None:
         """A draw left the queue (claimed, refused or discarded)."""
 
-    def _event_of(self, draw: _Draw) -> SamplingEvent:
+    def _event_of(self, draw: Draw) -> SamplingEvent:
         return self.sampling_event()
 
     @property
     def unclaimed_draws(self) -> int:
         """The number of batches drawn that no step has claimed yet."""
-        return len(self._unclaimed)
+        return len(self._draws)
 
     def claim_draw(self, num_records: int) -> SamplingEvent:
         """Tie a step of ``num_records`` records to the oldest unclaimed draw of this sampler.
@@ -153,32 +161,22 @@ class RecordedBatchSampler(Sampler[list[int]], abc.ABC):
                 sampler), or the oldest draw has another number of records. The draw is
                 consumed either way.
         """
-        if not self._unclaimed:
-            raise SamplerMismatchError(
-                f"a step of {num_records} records, but the recorded sampler "
-                f"({type(self).__name__}, {self.sampling_event().describe()}) drew no batch for "
-                "it: the records did not come from the sampler whose sampling event the ledger "
-                "would record. Iterate the loader that make_private returned (or a DataLoader "
-                "with batch_sampler= this sampler), not your own DataLoader; nothing was recorded"
-            )
-        draw = self._unclaimed.popleft()
+        draw = self._draws.claim(num_records, describe_sampler=self._describe)
         self._consumed(draw)
-        if draw.num_records != num_records:
-            raise SamplerMismatchError(
-                f"a step of {num_records} records, but the recorded sampler drew a batch of "
-                f"{draw.num_records}: the step's records are not the sampler's draw (another "
-                "loader, a batch filtered or cut after sampling, or a skipped virtual chunk), "
-                "and the ledger's sampling event would not describe them; nothing was recorded"
-            )
+        PendingDraws.check_size(draw, num_records)
         return self._event_of(draw)
+
+    def _describe(self) -> str:
+        return f"{type(self).__name__}, {self.sampling_event().describe()}"
 
     def discard_draw(self) -> None:
         """Forget the oldest unclaimed draw (its batch was skipped, not trained on)."""
-        if self._unclaimed:
-            self._consumed(self._unclaimed.popleft())
+        draw = self._draws.pop_oldest()
+        if draw is not None:
+            self._consumed(draw)
 
     def _new_pass(self) -> None:
-        self._unclaimed.clear()  # an abandoned pass's prefetched draws were not used
+        self._draws.clear()  # an abandoned pass's prefetched draws were not used
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -199,12 +197,19 @@ class StepwiseBatchSampler(RecordedBatchSampler):
     Poisson, users): one pass over the sampler is ``steps`` independent draws, and every step
     records the same event.
 
-    Subclasses set ``self._steps`` and ``self._event`` in their constructor and implement
-    :meth:`sample`, which draws one batch and notes it (``_note_draw``).
+    Subclasses call :meth:`_use_scheme` (or set ``self._steps`` and ``self._event``) in their
+    constructor and implement :meth:`sample`, which draws one batch and notes it
+    (``_note_draw``).
     """
 
     _steps: int
     _event: SamplingEvent
+
+    def _use_scheme(self, scheme: BatchScheme) -> None:
+        """Take the steps of a pass and the event of every step from ``scheme``."""
+        self._scheme = scheme
+        self._steps = scheme.steps_per_epoch
+        self._event = scheme.event()
 
     @abc.abstractmethod
     def sample(self) -> list[int]:
@@ -245,7 +250,6 @@ class EpochBatchSampler(RecordedBatchSampler):
     ) -> None:
         super().__init__(population_size=population_size, generator=generator, seed=seed)
         self._pass_id = 0  # the current pass (epoch); 0 before the first
-        self._recorded_pass: int | None = None  # the pass of the last claimed draw
         self._epoch_state: torch.Tensor | None = None  # generator state before the pass's draw
         self._done = 0  # batches of the current pass consumed (claimed, refused or discarded)
         self._resume: tuple[int, bool] | None = None  # (batches done, start recorded)
@@ -262,7 +266,7 @@ class EpochBatchSampler(RecordedBatchSampler):
             start, recorded = self._resume
             self._resume = None
             if recorded:
-                self._recorded_pass = self._pass_id
+                self._draws.set_recorded_epoch(self._pass_id)
         self._epoch_state = self._generator.get_state()
         self._done = start
         epoch = self._pass_id
@@ -272,14 +276,12 @@ class EpochBatchSampler(RecordedBatchSampler):
             self._note_draw(len(batch), epoch, index)
             yield batch
 
-    def _consumed(self, draw: _Draw) -> None:
+    def _consumed(self, draw: Draw) -> None:
         if draw.epoch == self._pass_id:
-            self._done = draw.index + 1
+            self._done = draw.position + 1
 
-    def _event_of(self, draw: _Draw) -> SamplingEvent:
-        start = draw.epoch != self._recorded_pass
-        self._recorded_pass = draw.epoch
-        return self.sampling_event(epoch_start=start)
+    def _event_of(self, draw: Draw) -> SamplingEvent:
+        return self.sampling_event(epoch_start=self._draws.starts_epoch(draw))
 
     def state_dict(self) -> dict[str, Any]:
         """The generator's state and the position in the current epoch.
@@ -295,7 +297,7 @@ class EpochBatchSampler(RecordedBatchSampler):
             state["epoch"] = {
                 "generator_state": self._epoch_state.clone(),
                 "batches_done": self._done,
-                "start_recorded": self._recorded_pass == self._pass_id,
+                "start_recorded": self._draws.epoch_recorded(self._pass_id),
             }
         return state
 
@@ -312,10 +314,10 @@ class EpochBatchSampler(RecordedBatchSampler):
         else:
             super().load_state_dict(state)
             self._resume = None
-        self._recorded_pass = None
+        self._draws.set_recorded_epoch(None)
 
     def reseed(self, seed: int) -> None:
         """Continue from a fresh generator state; the next pass is a new epoch."""
         super().reseed(seed)
         self._resume = None
-        self._recorded_pass = None
+        self._draws.set_recorded_epoch(None)

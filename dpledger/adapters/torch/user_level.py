@@ -22,11 +22,11 @@ from typing import Any, NamedTuple
 
 import torch
 
-from dpledger.adapters.torch.poisson import _check_q
-from dpledger.adapters.torch.sampler_base import StepwiseBatchSampler, _Draw
+from dpledger.adapters.torch.sampler_base import StepwiseBatchSampler
 from dpledger.errors import InvalidParameterError
-from dpledger.ledger import PrivacyUnit, SamplingEvent
-from dpledger.validation import check_positive_int
+from dpledger.ledger import SamplingEvent
+from dpledger.sampling import UserPoissonScheme
+from dpledger.sampling.draws import Draw
 
 __all__ = ["UserBatch", "UserPoissonBatchSampler"]
 
@@ -112,21 +112,24 @@ class UserPoissonBatchSampler(StepwiseBatchSampler):
         labels = _labels(user_ids)
         if not labels:
             raise InvalidParameterError("user_ids", "<empty>", "at least one record")
-        self._q = _check_q(sampling_probability)
-        self._k = check_positive_int("max_records_per_user", max_records_per_user)
-        self._steps = (
-            max(1, round(1.0 / self._q)) if steps is None else check_positive_int("steps", steps)
-        )
-        super().__init__(population_size=len(labels), generator=generator, seed=seed)
         slot_of: dict[Hashable, int] = {}
         slots = [slot_of.setdefault(label, len(slot_of)) for label in labels]
+        scheme = UserPoissonScheme(
+            num_users=len(slot_of),
+            sampling_probability=sampling_probability,
+            max_records_per_user=max_records_per_user,
+            steps=steps,
+        )
+        super().__init__(population_size=len(labels), generator=generator, seed=seed)
+        self._use_scheme(scheme)
+        self._q = scheme.sampling_probability
+        self._k = scheme.max_records_per_user
         self._users: tuple[Hashable, ...] = tuple(slot_of)
         slot = torch.tensor(slots, dtype=torch.int64)
         # the records sorted by user (stably, so each user's records stay in increasing order)
         self._order = torch.argsort(slot, stable=True)
         self._slot_sorted = slot[self._order]
         self._counts = torch.bincount(slot, minlength=len(self._users))
-        self._event = SamplingEvent.poisson(self._q, len(self._users), unit=PrivacyUnit.USER)
         self._groups: deque[torch.Tensor] = deque()  # the user slots of each unclaimed draw
         self._claimed: torch.Tensor | None = None
 
@@ -188,7 +191,7 @@ class UserPoissonBatchSampler(StepwiseBatchSampler):
         super()._new_pass()
         self._groups.clear()
 
-    def _consumed(self, draw: _Draw) -> None:
+    def _consumed(self, draw: Draw) -> None:
         self._claimed = self._groups.popleft() if self._groups else None
 
     def claim_users(self, num_records: int) -> tuple[SamplingEvent, UserBatch]:

@@ -15,7 +15,7 @@ from dpledger.adapters.torch import (
     PerExampleGradientEngine,
     UnsupportedModuleError,
 )
-from dpledger.adapters.torch.samplers.attention import attention_prefers_per_example
+from dpledger.adapters.torch.layer_rules.attention import attention_prefers_per_example
 from tests.adapters.torch.dp_helpers import clipped_sum
 from tests.adapters.torch.reference import (
     assert_close_dicts,

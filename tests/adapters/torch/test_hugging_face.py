@@ -15,10 +15,10 @@ transformers = pytest.importorskip("transformers", reason="dpledger[hf] is not i
 peft = pytest.importorskip("peft", reason="dpledger[hf] is not installed")
 
 from dpledger.adapters.torch import PerExampleGradientEngine  # noqa: E402
-from dpledger.adapters.torch.registry import get_grad_sampler  # noqa: E402
-from dpledger.adapters.torch.samplers.hugging_face import (  # noqa: E402
+from dpledger.adapters.torch.layer_rules.hugging_face import (  # noqa: E402
     llama_rms_norm_per_example,
 )
+from dpledger.adapters.torch.registry import get_grad_sampler  # noqa: E402
 from tests.adapters.torch.reference import (  # noqa: E402
     assert_close_dicts,
     squared_norms,

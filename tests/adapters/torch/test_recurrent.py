@@ -18,7 +18,7 @@ from dpledger.adapters.torch import (
     UnsupportedModuleError,
     make_private,
 )
-from dpledger.adapters.torch.samplers.recurrent import recurrent_prefers_per_example
+from dpledger.adapters.torch.layer_rules.recurrent import recurrent_prefers_per_example
 from tests.adapters.torch.dp_helpers import clipped_sum
 from tests.adapters.torch.reference import (
     assert_close_dicts,

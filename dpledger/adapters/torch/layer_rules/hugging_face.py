@@ -26,14 +26,14 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from dpledger.adapters.torch.registry import GradSampler, register_sampler_resolver
-from dpledger.adapters.torch.samplers.linear import (
+from dpledger.adapters.torch.layer_rules.linear import (
     linear_clipped_sum,
     linear_norms,
     linear_per_example,
     linear_prefers_per_example,
 )
-from dpledger.adapters.torch.samplers.normalization import _affine
+from dpledger.adapters.torch.layer_rules.normalization import _affine
+from dpledger.adapters.torch.registry import GradSampler, register_sampler_resolver
 
 __all__ = [
     "conv1d_clipped_sum",

@@ -33,8 +33,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from dpledger.adapters.torch.layer_rules.linear import _MAX_CHUNK_ELEMENTS
 from dpledger.adapters.torch.registry import register_cross_term, register_grad_sampler
-from dpledger.adapters.torch.samplers.linear import _MAX_CHUNK_ELEMENTS
 
 __all__ = [
     "embedding_clipped_sum",

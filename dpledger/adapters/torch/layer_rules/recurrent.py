@@ -17,7 +17,7 @@ gradients ∂gi_it (resp. ∂gh_it):
     ∇W_hh = Σ_t ∂gh_it h_i,t-1ᵀ,  ∇b_hh = Σ_t ∂gh_it,
 
 so the ghost norms, book-keeping clipped sums and per-example gradients of
-:mod:`~dpledger.adapters.torch.samplers.linear` apply unchanged.
+:mod:`~dpledger.adapters.torch.layer_rules.linear` apply unchanged.
 
 The fused kernels do not expose the pre-activations, so the sampler recomputes the module's
 forward on the whole batch from its stored inputs, layer by layer and direction by direction: it
@@ -62,8 +62,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
 from dpledger.adapters.torch.errors import UnsupportedModuleError
-from dpledger.adapters.torch.registry import register_grad_sampler
-from dpledger.adapters.torch.samplers.linear import (
+from dpledger.adapters.torch.layer_rules.linear import (
     affine_bias_clipped_sum,
     affine_bias_norms,
     affine_weight_clipped_sum,
@@ -71,7 +70,8 @@ from dpledger.adapters.torch.samplers.linear import (
     affine_weight_per_example,
     keeping_per_example_is_cheaper,
 )
-from dpledger.adapters.torch.samplers.step_cache import cached_per_step
+from dpledger.adapters.torch.layer_rules.step_cache import cached_per_step
+from dpledger.adapters.torch.registry import register_grad_sampler
 
 __all__ = [
     "recurrent_check",

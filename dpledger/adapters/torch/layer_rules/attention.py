@@ -11,7 +11,7 @@ where W_q, W_k, W_v are the three row blocks of ``in_proj_weight`` (or ``q_proj_
 b_q, b_k, b_v the three blocks of ``in_proj_bias``, and W_o, b_o ``out_proj``'s parameters. Given
 example i's gradients ∂q_i, ∂k_i, ∂v_i and ∂y_i, each map is a linear layer applied at L or S
 positions, so the ghost norms, book-keeping clipped sums and per-example gradients of
-:mod:`~dpledger.adapters.torch.samplers.linear` apply to it; a packed parameter's norm is the sum
+:mod:`~dpledger.adapters.torch.layer_rules.linear` apply to it; a packed parameter's norm is the sum
 of its blocks' norms and its clipped sum their concatenation.
 
 The layer does not expose q, k, v or c, so the sampler recomputes them on the whole batch from
@@ -46,8 +46,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from dpledger.adapters.torch.errors import UnsupportedModuleError
-from dpledger.adapters.torch.registry import register_grad_sampler
-from dpledger.adapters.torch.samplers.linear import (
+from dpledger.adapters.torch.layer_rules.linear import (
     affine_bias_clipped_sum,
     affine_bias_norms,
     affine_weight_clipped_sum,
@@ -55,7 +54,8 @@ from dpledger.adapters.torch.samplers.linear import (
     affine_weight_per_example,
     keeping_per_example_is_cheaper,
 )
-from dpledger.adapters.torch.samplers.step_cache import cached_per_step
+from dpledger.adapters.torch.layer_rules.step_cache import cached_per_step
+from dpledger.adapters.torch.registry import register_grad_sampler
 
 __all__ = [
     "attention_applies",

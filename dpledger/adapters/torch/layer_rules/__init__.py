@@ -1,4 +1,4 @@
-"""Built-in grad samplers, registered on import.
+"""Built-in per-layer gradient rules (grad samplers), registered on import.
 
 nn.Linear, nn.Conv1d, nn.Conv2d and nn.Embedding have the fast path (ghost norms and
 book-keeping clipped sums) and can also materialise per-example gradients; the normalisation
@@ -10,7 +10,7 @@ Hugging Face's GPT-2 ``Conv1D`` and Llama-style RMSNorm layers are recognised by
 (:mod:`.hugging_face`).
 """
 
-from dpledger.adapters.torch.samplers import (
+from dpledger.adapters.torch.layer_rules import (
     attention,
     conv,
     embedding,

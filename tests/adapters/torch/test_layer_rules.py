@@ -8,7 +8,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from dpledger.adapters.torch import PerExampleGradientEngine, registered_module_types
-from dpledger.adapters.torch.samplers.conv import conv_norms
+from dpledger.adapters.torch.layer_rules.conv import conv_norms
 from dpledger.errors import InvalidParameterError
 from tests.adapters.torch.reference import (
     assert_close_dicts,
@@ -137,7 +137,7 @@ def test_conv_norm_methods(name, method):
 
 
 def test_conv_norms_chunked(monkeypatch):
-    from dpledger.adapters.torch.samplers import conv
+    from dpledger.adapters.torch.layer_rules import conv
 
     layer, x, target = _setup("conv2d-stride")
     want = squared_norms(loop_per_example_grads(layer, _mean_loss, (x,), target))
@@ -161,7 +161,7 @@ def test_conv_norms_rejects_unknown_method():
 @pytest.mark.parametrize("method", ["ghost", "per_example"])
 @pytest.mark.parametrize("name", [n for n in CASES if n.startswith("linear")])
 def test_linear_norm_methods(name, method, monkeypatch):
-    from dpledger.adapters.torch.samplers import linear
+    from dpledger.adapters.torch.layer_rules import linear
 
     layer, x, target = _setup(name)
     want = squared_norms(loop_per_example_grads(layer, _mean_loss, (x,), target))
@@ -176,8 +176,8 @@ def test_linear_norm_methods(name, method, monkeypatch):
 
 
 def test_prefer_per_example_decisions():
-    from dpledger.adapters.torch.samplers.conv import conv_prefers_per_example
-    from dpledger.adapters.torch.samplers.linear import linear_prefers_per_example
+    from dpledger.adapters.torch.layer_rules.conv import conv_prefers_per_example
+    from dpledger.adapters.torch.layer_rules.linear import linear_prefers_per_example
 
     # Linear(64, 64): keep G_i iff T²·128 > 4096 (T >= 6) and 4096 <= T·128 (T >= 32)
     wide = nn.Linear(64, 64)
@@ -190,3 +190,16 @@ def test_prefer_per_example_decisions():
     conv2 = nn.Conv2d(16, 32, 4, 2)  # G_i (8192) larger than input + output (3504): fast path
     x2 = torch.zeros(2, 16, 13, 13)
     assert not conv_prefers_per_example(conv2, (x2,), conv2(x2))
+
+
+def test_former_package_name_is_a_deprecated_alias_of_layer_rules() -> None:
+    import importlib
+    import sys
+
+    from dpledger.adapters.torch import layer_rules
+
+    sys.modules.pop("dpledger.adapters.torch.samplers", None)
+    with pytest.warns(DeprecationWarning, match="layer_rules"):
+        former = importlib.import_module("dpledger.adapters.torch.samplers")
+    assert former.linear is layer_rules.linear
+    assert importlib.import_module("dpledger.adapters.torch.samplers.conv") is layer_rules.conv

@@ -1,0 +1,59 @@
+"""Sampling: the schemes that choose each step's records, without a framework.
+
+Which records a step uses decides its privacy guarantee, so the ledger must record the scheme
+that actually drew them (:class:`~dpledger.ledger.SamplingEvent`). This package holds what every
+sampler of a scheme shares, whatever the framework:
+
+* :mod:`~dpledger.sampling.schemes`: each scheme's validated parameters, its q, the denominator
+  of DP-SGD's average, the batches of an epoch, the unit of privacy and the event a step records
+  (:class:`PoissonScheme`, :class:`FixedSizeScheme`, :class:`TruncatedPoissonScheme`,
+  :class:`BallsInBinsScheme`, :class:`ShuffleScheme`, :class:`UserPoissonScheme`).
+* :mod:`~dpledger.sampling.validation`: the one copy of the sampling parameters' checks.
+* :mod:`~dpledger.sampling.relations`: which neighbouring relation a ledger needs for a scheme.
+* :mod:`~dpledger.sampling.draws`: the bookkeeping that ties each step to a draw of the sampler
+  whose event it records, and refuses a step whose records the sampler did not draw
+  (:class:`PendingDraws`).
+* :class:`PoissonSampler`: Poisson samples of record indices with NumPy, for the framework-free
+  mechanisms (:func:`dpledger.mechanisms.sampled_step`).
+
+The PyTorch batch samplers (:mod:`dpledger.adapters.torch`) and the ``tf.data`` samplers
+(:mod:`dpledger.adapters.tensorflow`) hold a scheme from here and only draw the index batches.
+This package imports neither framework.
+
+Example:
+    >>> from dpledger.sampling import ShuffleScheme
+    >>> scheme = ShuffleScheme(population_size=10, batch_size=4)
+    >>> scheme.steps_per_epoch, scheme.average_denominator
+    (3, 4.0)
+    >>> scheme.event_for_step(0).describe()
+    'shuffle(b=4, n=10)'
+    >>> scheme.event_for_step(0).epoch_start, scheme.event_for_step(1).epoch_start
+    (True, False)
+"""
+
+from dpledger.sampling.draws import Draw, PendingDraws
+from dpledger.sampling.poisson import PoissonSampler
+from dpledger.sampling.schemes import (
+    BallsInBinsScheme,
+    BatchScheme,
+    FixedSizeScheme,
+    PoissonScheme,
+    ShuffleScheme,
+    TruncatedPoissonScheme,
+    UserPoissonScheme,
+)
+from dpledger.sampling.validation import MAX_POPULATION
+
+__all__ = [
+    "MAX_POPULATION",
+    "BallsInBinsScheme",
+    "BatchScheme",
+    "Draw",
+    "FixedSizeScheme",
+    "PendingDraws",
+    "PoissonSampler",
+    "PoissonScheme",
+    "ShuffleScheme",
+    "TruncatedPoissonScheme",
+    "UserPoissonScheme",
+]
