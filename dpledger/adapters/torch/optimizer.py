@@ -60,7 +60,7 @@ Distributed training: see :mod:`~dpledger.adapters.torch.distributed` (rank 0 dr
 and writes the ledger).
 
 Bias metrics (``bias_callback``): after each step, the callback receives
-:class:`~dpledger.audit.bias.ClippingBias` computed from the step's norms and its clipped and
+:class:`~dpledger.diagnostics.bias.ClippingBias` computed from the step's norms and its clipped and
 unclipped sums (one extra book-keeping pass per step). **They are not differentially private**:
 they are computed from the raw per-example gradients; never release them or let them influence
 training in a run whose ε you intend to report. With no callback nothing extra is computed.
@@ -121,7 +121,8 @@ __all__ = ["BiasCallback", "DPOptimizer"]
 logger = logging.getLogger(__name__)
 
 BiasCallback = Callable[[int, Any], None]
-"""``callback(step_index, ClippingBias)``, see :data:`dpledger.audit.bias.ClippingBiasCallback`."""
+"""``callback(step_index, ClippingBias)``; see
+:data:`dpledger.diagnostics.bias.ClippingBiasCallback`."""
 
 _STATE_VERSION = 1
 _CLIPPED_TOLERANCE = 1e-9
@@ -1256,7 +1257,7 @@ class DPOptimizer(torch.optim.Optimizer):
         count: int,
         clipped: int,
     ) -> None:
-        from dpledger.audit.bias import clipping_bias_from_sums
+        from dpledger.diagnostics.bias import clipping_bias_from_sums
 
         assert unclipped is not None and self._bias_callback is not None
         norms = None

@@ -4,9 +4,9 @@
 
 imports ``dp_step`` from ``mypkg.train`` (the current directory is searched first), builds the
 model with ``--model module:factory`` or a small default MLP, runs the checks of
-:mod:`dpledger.audit.checks_torch` and prints the report. Exit status: 0 when no check failed,
+:mod:`dpledger.checks.torch_step` and prints the report. Exit status: 0 when no check failed,
 1 when a check failed (also when one was inconclusive with ``--strict``), 2 on a usage error.
-PyTorch is imported only when the command runs, by :mod:`dpledger.audit.checks_torch`.
+PyTorch is imported only when the command runs, by :mod:`dpledger.checks.torch_step`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from dpledger.audit.checks import CHECK_NAMES
+from dpledger.checks.checker import CHECK_NAMES
 from dpledger.errors import InvalidParameterError
 
 __all__ = ["load_object", "register"]
@@ -166,11 +166,11 @@ def _check(args: argparse.Namespace) -> int:
     if args.outputs < 1:
         raise InvalidParameterError("--outputs", args.outputs, "an integer >= 1")
     try:
-        from dpledger.audit import checks_torch
+        from dpledger.checks import torch_step
     except ImportError as exc:  # pragma: no cover - torch is installed in the test environment
         print(f"dpledger check: error: PyTorch is needed ({exc})", file=sys.stderr)
         return 2
-    report = checks_torch.run_for_command(
+    report = torch_step.run_for_command(
         step,
         factory,
         input_shape=args.input_shape,

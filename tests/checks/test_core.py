@@ -21,10 +21,10 @@ import scipy.stats
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dpledger.audit import CHECK_NAMES, CheckConfig, DPSGDChecker, StepOutcome, Verdict, run_checks
-from dpledger.audit.checks import slope_test
+from dpledger.checks import CHECK_NAMES, CheckConfig, DPSGDChecker, StepOutcome, Verdict, run_checks
+from dpledger.checks.checker import slope_test
 from dpledger.errors import InvalidParameterError
-from tests.audit.checks_numpy_steps import NumpyLinearHarness
+from tests.checks.numpy_steps import NumpyLinearHarness
 
 LR = 0.01
 
@@ -440,8 +440,8 @@ def test_config_sorts_and_deduplicates_grids():
 def test_core_modules_import_neither_torch_nor_tensorflow():
     code = (
         "import sys\n"
-        "import dpledger.audit, dpledger.audit.checks, dpledger.audit.synthetic_data\n"
-        "import dpledger.audit.check_report, dpledger.audit.commands, dpledger.cli\n"
+        "import dpledger.audit, dpledger.checks.checker, dpledger.checks.synthetic_data\n"
+        "import dpledger.checks.report, dpledger.checks.commands, dpledger.cli\n"
         "dpledger.cli.build_parser()\n"
         "bad = [m for m in ('torch', 'tensorflow', 'keras', 'matplotlib') if m in sys.modules]\n"
         "assert not bad, bad\n"

@@ -1,0 +1,31 @@
+"""Implementation-bug checks for DP-SGD: drive a training step as a black box on synthetic data
+and test that it clips per example and adds noise of the stated scale.
+
+The harness, the statistics and the four checks import neither PyTorch nor TensorFlow; the
+conveniences for a PyTorch or Keras step function are :mod:`dpledger.checks.torch_step` and
+:mod:`dpledger.checks.keras_step`, and ``dpledger check`` (:mod:`dpledger.checks.commands`) runs
+the checks on a PyTorch step function from the command line.
+"""
+
+from dpledger.checks.checker import (
+    CHECK_NAMES,
+    CheckConfig,
+    DPSGDChecker,
+    StepHarness,
+    StepOutcome,
+    run_checks,
+)
+from dpledger.checks.report import CheckReport, CheckResult, Curve, Verdict
+
+__all__ = [
+    "CHECK_NAMES",
+    "CheckConfig",
+    "CheckReport",
+    "CheckResult",
+    "Curve",
+    "DPSGDChecker",
+    "StepHarness",
+    "StepOutcome",
+    "Verdict",
+    "run_checks",
+]
