@@ -1,8 +1,8 @@
-"""Deprecated path of :mod:`dpledger.checks.checker`; kept for one release."""
+"""Deprecated path of :mod:`dpledger.checks`; kept for one release."""
 
 import warnings
 
-from dpledger.checks.checker import (
+from dpledger.checks import (
     CHECK_NAMES,
     CheckConfig,
     DPSGDChecker,
@@ -24,6 +24,4 @@ __all__ = [
     "slope_test",
 ]
 
-warnings.warn(
-    "dpledger.audit.checks moved to dpledger.checks.checker", DeprecationWarning, stacklevel=2
-)
+warnings.warn("dpledger.audit.checks moved to dpledger.checks", DeprecationWarning, stacklevel=2)

@@ -1,21 +1,19 @@
 """Implementation-bug checks for DP-SGD: drive a training step as a black box on synthetic data
 and test that it clips per example and adds noise of the stated scale.
 
-The harness, the statistics and the four checks import neither PyTorch nor TensorFlow; the
+The driver (:mod:`dpledger.checks.step_driver`), the statistics
+(:mod:`dpledger.checks.statistics`) and the four checks, one module each, import neither PyTorch
+nor TensorFlow; the
 conveniences for a PyTorch or Keras step function are :mod:`dpledger.checks.torch_step` and
 :mod:`dpledger.checks.keras_step`, and ``dpledger check`` (:mod:`dpledger.checks.commands`) runs
 the checks on a PyTorch step function from the command line.
 """
 
-from dpledger.checks.checker import (
-    CHECK_NAMES,
-    CheckConfig,
-    DPSGDChecker,
-    StepHarness,
-    StepOutcome,
-    run_checks,
-)
+from dpledger.checks.checker import CHECK_NAMES, DPSGDChecker, run_checks
+from dpledger.checks.config import CheckConfig
 from dpledger.checks.report import CheckReport, CheckResult, Curve, Verdict
+from dpledger.checks.statistics import SlopeTest, slope_test
+from dpledger.checks.step_harness import StepHarness, StepOutcome
 
 __all__ = [
     "CHECK_NAMES",
@@ -24,8 +22,10 @@ __all__ = [
     "CheckResult",
     "Curve",
     "DPSGDChecker",
+    "SlopeTest",
     "StepHarness",
     "StepOutcome",
     "Verdict",
     "run_checks",
+    "slope_test",
 ]

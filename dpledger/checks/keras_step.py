@@ -25,8 +25,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from dpledger.checks.checker import CHECK_NAMES, CheckConfig, DPSGDChecker, StepOutcome
+from dpledger.checks.checker import CHECK_NAMES, DPSGDChecker
+from dpledger.checks.config import CheckConfig
 from dpledger.checks.report import CheckReport
+from dpledger.checks.step_harness import StepOutcome
 from dpledger.checks.synthetic_data import LabelKind, LossKind, ordinary_batch, softmax
 from dpledger.errors import InvalidParameterError
 from dpledger.validation import check_positive_finite
@@ -53,7 +55,7 @@ def _per_example_loss(out: np.ndarray, y: np.ndarray, loss: LossKind) -> np.ndar
 
 
 class KerasStepHarness:
-    """A :class:`~dpledger.checks.checker.StepHarness` for a Keras model and DP step function.
+    """A :class:`~dpledger.checks.step_harness.StepHarness` for a Keras model and DP step function.
 
     One model instance is built; every :meth:`run` restores its starting weights, builds the
     step with ``make_step(model)`` (a fresh optimiser state), replays the σ = 0 warm-up steps

@@ -25,7 +25,13 @@ __all__ = [
     "CheckResult",
     "Curve",
     "Verdict",
+    "format_value",
 ]
+
+
+def format_value(x: float) -> str:
+    """A number as the reasons of the checks print it: three significant digits."""
+    return f"{x:.3g}"
 
 
 class Verdict(str, enum.Enum):

@@ -39,8 +39,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpledger.checks.checker import CHECK_NAMES, CheckConfig, DPSGDChecker, StepOutcome
+from dpledger.checks.checker import CHECK_NAMES, DPSGDChecker
+from dpledger.checks.config import CheckConfig
 from dpledger.checks.report import CheckReport
+from dpledger.checks.step_harness import StepOutcome
 from dpledger.checks.synthetic_data import LabelKind, LossKind, ordinary_batch
 from dpledger.errors import InvalidParameterError
 from dpledger.validation import check_positive_finite
@@ -77,7 +79,7 @@ def _per_example_loss(out: Any, y: Any, loss: LossKind) -> Any:
 
 
 class TorchStepHarness:
-    """A :class:`~dpledger.checks.checker.StepHarness` for a PyTorch model and DP step function.
+    """A :class:`~dpledger.checks.step_harness.StepHarness` for a PyTorch model and DP step.
 
     Every :meth:`run` deep-copies the starting model, builds its step with ``make_step(model)``,
     replays the warm-up steps (σ = 0, C = ``warmup_clip_norm``, a fixed batch of ordinary points)
@@ -285,7 +287,7 @@ def check_dp_optimizer(
         noise_multiplier: σ of the noise checks (None: see above).
         dtype: ``torch.float64`` (default) or ``torch.float32``.
         seed: seeds the model initialisation, the synthetic data and the noise.
-        config: grids and thresholds (:class:`~dpledger.checks.checker.CheckConfig`).
+        config: grids and thresholds (:class:`~dpledger.checks.config.CheckConfig`).
         checks: which checks to run.
     """
     harness = TorchStepHarness(
