@@ -1,5 +1,4 @@
-"""Keras 3 convenience for the DP-SGD implementation-bug checks (the only audit module that
-imports Keras / TensorFlow).
+"""Keras 3 convenience for the DP-SGD implementation-bug checks (imports Keras / TensorFlow).
 
 The user supplies a *step function* ::
 
@@ -9,7 +8,8 @@ that performs one DP step on the batch (x, y) in place (updating ``model.trainab
 drawing its noise N(0, (σC)² I) from ``generator``, a seeded ``tf.random.Generator``, and a
 ``model_factory()`` returning a fresh ``keras.Model`` whose output is the prediction (MSE) or the
 logits (cross-entropy). x and y arrive as ``tf.Tensor``; y holds probabilities (soft labels) or
-int64 class indices (hard labels). The API mirrors :mod:`dpledger.checks.torch_step`.
+int64 class indices (hard labels). The API mirrors :mod:`dpledger.checks.torch_step`; both
+share :mod:`dpledger.checks.step_function`.
 
 Models are built with ``keras.config.floatx()`` set to ``dtype`` ("float64" by default, so that
 one-step loss changes are resolved); per-example losses are computed in float64 from the model's
@@ -25,13 +25,16 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from dpledger.checks.checker import CHECK_NAMES, DPSGDChecker
-from dpledger.checks.config import CheckConfig
 from dpledger.checks.report import CheckReport
-from dpledger.checks.step_harness import StepOutcome
-from dpledger.checks.synthetic_data import LabelKind, LossKind, ordinary_batch, softmax
+from dpledger.checks.step_function import (
+    StepFunction,
+    StepFunctionHarness,
+    assert_checks_pass,
+    check_step_function,
+    stateless,
+)
+from dpledger.checks.synthetic_data import LossKind, softmax
 from dpledger.errors import InvalidParameterError
-from dpledger.validation import check_positive_finite
 
 __all__ = [
     "KerasStepHarness",
@@ -39,8 +42,6 @@ __all__ = [
     "check_dp_optimizer",
     "check_dp_sgd",
 ]
-
-StepFunction = Callable[..., Any]
 
 
 def _per_example_loss(out: np.ndarray, y: np.ndarray, loss: LossKind) -> np.ndarray:
@@ -54,169 +55,94 @@ def _per_example_loss(out: np.ndarray, y: np.ndarray, loss: LossKind) -> np.ndar
     return -np.sum(yy.astype(np.float64) * logp, axis=1)
 
 
-class KerasStepHarness:
-    """A :class:`~dpledger.checks.step_harness.StepHarness` for a Keras model and DP step function.
+class KerasStepHarness(StepFunctionHarness):
+    """A :class:`~dpledger.checks.step_harness.StepHarness` for a Keras model and DP step.
 
     One model instance is built; every :meth:`run` restores its starting weights, builds the
     step with ``make_step(model)`` (a fresh optimiser state), replays the σ = 0 warm-up steps
-    and runs the measured steps.
-
-    Args:
-        make_step: ``make_step(model) -> step``; for a stateless step ``lambda model: step``.
-        model_factory: returns a fresh ``keras.Model`` (called once, under ``init_seed``).
-        input_shape: shape of one input.
-        loss: ``"mse"`` or ``"cross_entropy"``.
-        labels: ``"soft"`` or ``"hard"``.
-        lr: learning rate passed to the step.
-        dtype: ``"float64"`` or ``"float32"``: ``keras.config.floatx()`` while the model is built.
-        init_seed: seed of the initialisation (``keras.utils.set_random_seed``) and warm-up batch.
-        warmup_steps: σ = 0 steps before each measured step.
-        warmup_clip_norm: C of the warm-up steps.
-        warmup_batch_size: size of the warm-up batch.
+    and runs the measured steps. The arguments are those of
+    :class:`~dpledger.checks.step_function.StepFunctionHarness`; ``model_factory`` returns a
+    ``keras.Model``, ``dtype`` is ``"float64"`` (default) or ``"float32"``, the value of
+    ``keras.config.floatx()`` while the model is built, and ``init_seed`` seeds
+    ``keras.utils.set_random_seed``.
     """
 
-    def __init__(
-        self,
-        make_step: Callable[[Any], StepFunction],
-        model_factory: Callable[[], Any],
-        *,
-        input_shape: Sequence[int],
-        loss: str | LossKind,
-        labels: str | LabelKind = "soft",
-        lr: float,
-        dtype: str = "float64",
-        init_seed: int = 0,
-        warmup_steps: int = 0,
-        warmup_clip_norm: float = 1.0,
-        warmup_batch_size: int = 8,
-    ) -> None:
-        if not callable(make_step):
-            raise InvalidParameterError("make_step", make_step, "a callable")
-        if not callable(model_factory):
-            raise InvalidParameterError("model_factory", model_factory, "a callable")
-        if dtype not in ("float32", "float64"):
-            raise InvalidParameterError("dtype", dtype, "'float32' or 'float64'")
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise InvalidParameterError("warmup_steps", warmup_steps, "an integer >= 0")
-        self._make_step = make_step
-        self._loss = LossKind.parse(loss)
-        self._labels = LabelKind.parse(labels)
-        self._lr = check_positive_finite("lr", lr)
-        self._dtype = dtype
-        self._input_shape = tuple(int(s) for s in input_shape)
-        self._warmup_steps = warmup_steps
-        self._warmup_clip = check_positive_finite("warmup_clip_norm", warmup_clip_norm)
-        previous = keras.config.floatx()
-        # Keras caches its global dtype policy from floatx the first time a layer is made, so
-        # both are set (and restored) for the model to be built in ``dtype``.
-        previous_policy = keras.config.dtype_policy()
-        keras.config.set_floatx(dtype)
-        keras.config.set_dtype_policy(dtype)
-        try:
-            keras.utils.set_random_seed(int(init_seed))
-            model = model_factory()
-        finally:
-            keras.config.set_floatx(previous)
-            keras.config.set_dtype_policy(previous_policy)
-        if not isinstance(model, keras.Model):
-            raise InvalidParameterError(
-                "model_factory", model_factory, "a callable returning a keras.Model"
-            )
-        model(np.zeros((1, *self._input_shape), dtype=dtype))  # build the weights
+    dtypes = ("float32", "float64")
+    default_dtype = "float64"
+
+    def _set_up(self, model_factory: Callable[[], Any], init_seed: int) -> None:
+        model = _build(model_factory, self._dtype, init_seed)
+        model(np.zeros((1, *self._input_shape), dtype=self._dtype))  # build the weights
         if not model.trainable_variables:
             raise InvalidParameterError("model_factory", model_factory, "a model with weights")
         self._model = model
         self._base = [np.array(w) for w in model.get_weights()]
-        self._warm_batch: tuple[Any, Any] | None = None
-        self._start = self._base
-        if warmup_steps:
-            num_outputs = int(np.asarray(model(np.zeros((1, *self._input_shape), dtype))).shape[-1])
-            wx, wy = ordinary_batch(
-                input_shape=self._input_shape,
-                num_outputs=num_outputs,
-                batch_size=warmup_batch_size,
-                loss=self._loss,
-                labels=self._labels,
-                rng=np.random.default_rng([int(init_seed), 99]),
-            )
-            self._warm_batch = (self._x(wx), self._y(wy))
-            self._fresh()
-            self._start = [np.array(w) for w in model.get_weights()]
 
-    def _x(self, x: np.ndarray) -> Any:
+    def _base_model(self) -> Any:
+        return self._model
+
+    def _snapshot(self, model: Any) -> Any:
+        return [np.array(w) for w in model.get_weights()]
+
+    def _num_outputs(self) -> int:
+        probe = np.zeros((1, *self._input_shape), self._dtype)
+        return int(np.asarray(self._model(probe)).shape[-1])
+
+    def _starting_model(self) -> Any:
+        self._model.set_weights(self._base)
+        return self._model
+
+    def _inputs(self, x: np.ndarray) -> Any:
         return tf.constant(np.asarray(x), dtype=self._dtype)
 
-    def _y(self, y: np.ndarray) -> Any:
+    def _targets(self, y: np.ndarray) -> Any:
         arr = np.asarray(y)
         if np.issubdtype(arr.dtype, np.integer):
             return tf.constant(arr, dtype=tf.int64)
         return tf.constant(arr, dtype=self._dtype)
 
-    def _flat(self) -> np.ndarray:
-        return np.concatenate([np.asarray(v).reshape(-1) for v in self._model.trainable_variables])
+    def _flat(self, model: Any) -> np.ndarray:
+        return np.concatenate([np.asarray(v).reshape(-1) for v in model.trainable_variables])
 
-    def _fresh(self) -> StepFunction:
-        self._model.set_weights(self._base)
-        step = self._make_step(self._model)
-        if self._warm_batch is not None:
-            wx, wy = self._warm_batch
-            for t in range(self._warmup_steps):
-                step(
-                    self._model,
-                    wx,
-                    wy,
-                    max_grad_norm=self._warmup_clip,
-                    noise_multiplier=0.0,
-                    lr=self._lr,
-                    generator=tf.random.Generator.from_seed(t),
-                )
-        return step
+    def _losses(self, model: Any, x: Any, y: Any, y_array: np.ndarray) -> np.ndarray:
+        out = np.asarray(model(x, training=False))
+        return _per_example_loss(out, y_array, self._loss)
 
-    def _losses(self, x: Any, y: np.ndarray) -> np.ndarray:
-        out = np.asarray(self._model(x, training=False))
-        return _per_example_loss(out, y, self._loss)
+    def _generator(self, seed: int) -> Any:
+        return tf.random.Generator.from_seed(seed)
+
+    def _before_step(self, model: Any) -> None:
+        """Nothing: a Keras step passes ``training=True`` to the model itself."""
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Outputs of the starting model (after warm-up)."""
         current = self._model.get_weights()
         self._model.set_weights(self._start)
         try:
-            return np.asarray(self._model(self._x(x), training=False))
+            return np.asarray(self._model(self._inputs(x), training=False))
         finally:
             self._model.set_weights(current)
 
-    def run(
-        self,
-        x: np.ndarray,
-        y: np.ndarray,
-        *,
-        max_grad_norm: float,
-        noise_multiplier: float,
-        seed: int,
-        num_steps: int = 1,
-    ) -> StepOutcome:
-        """Restore the start, warm up, take ``num_steps`` steps; see ``StepHarness``."""
-        step = self._fresh()
-        xt, yt = self._x(x), self._y(y)
-        before = self._flat()
-        losses_before = self._losses(xt, y)
-        generator = tf.random.Generator.from_seed(int(seed))
-        for _ in range(num_steps):
-            step(
-                self._model,
-                xt,
-                yt,
-                max_grad_norm=max_grad_norm,
-                noise_multiplier=noise_multiplier,
-                lr=self._lr,
-                generator=generator,
-            )
-        return StepOutcome(
-            params_before=before,
-            params_after=self._flat(),
-            losses_before=losses_before,
-            losses_after=self._losses(xt, y),
+
+def _build(model_factory: Callable[[], Any], dtype: str, init_seed: int) -> Any:
+    """``model_factory()`` under ``init_seed`` with ``keras.config.floatx()`` set to ``dtype``."""
+    previous = keras.config.floatx()
+    # Keras caches its global dtype policy from floatx the first time a layer is made, so
+    # both are set (and restored) for the model to be built in ``dtype``.
+    previous_policy = keras.config.dtype_policy()
+    keras.config.set_floatx(dtype)
+    keras.config.set_dtype_policy(dtype)
+    try:
+        keras.utils.set_random_seed(init_seed)
+        model = model_factory()
+    finally:
+        keras.config.set_floatx(previous)
+        keras.config.set_dtype_policy(previous_policy)
+    if not isinstance(model, keras.Model):
+        raise InvalidParameterError(
+            "model_factory", model_factory, "a callable returning a keras.Model"
         )
+    return model
 
 
 def check_dp_optimizer(
@@ -225,85 +151,30 @@ def check_dp_optimizer(
     *,
     loss: str,
     input_shape: Sequence[int],
-    labels: str = "soft",
-    lr: float = 0.01,
-    plain_sgd: bool = False,
-    warmup_steps: int = 5,
-    warmup_clip_norm: float = 1.0,
-    denominator: str | float = "batch",
-    noise_multiplier: float | None = None,
     dtype: str = "float64",
-    seed: int = 0,
-    config: CheckConfig | None = None,
-    checks: Sequence[str] = CHECK_NAMES,
+    **kwargs: Any,
 ) -> CheckReport:
-    """Check a Keras DP step whose optimiser keeps state; see
-    :func:`dpledger.checks.torch_step.check_dp_optimizer` for the arguments."""
-    harness = KerasStepHarness(
+    """Check a Keras DP step whose optimiser keeps state; arguments as in
+    :func:`dpledger.checks.torch_step.check_dp_optimizer` (``dtype`` is a Keras floatx name)."""
+    return check_step_function(
+        KerasStepHarness,
         make_step,
         model_factory,
-        input_shape=input_shape,
         loss=loss,
-        labels=labels,
-        lr=lr,
+        input_shape=input_shape,
         dtype=dtype,
-        init_seed=seed,
-        warmup_steps=warmup_steps,
-        warmup_clip_norm=warmup_clip_norm,
+        settings={"dtype": dtype, "framework": "keras"},
+        **kwargs,
     )
-    checker = DPSGDChecker(
-        harness,
-        input_shape=input_shape,
-        loss=loss,
-        labels=labels,
-        learning_rate=lr if plain_sgd else None,
-        denominator=denominator,
-        plain_sgd=plain_sgd,
-        noise_multiplier=noise_multiplier,
-        seed=seed,
-        config=config,
-    )
-    report = checker.run(checks)
-    settings = {**report.settings, "learning_rate": lr, "dtype": dtype, "framework": "keras"}
-    if not plain_sgd:
-        settings["warmup_steps"] = warmup_steps
-    return CheckReport(results=report.results, settings=settings)
 
 
 def check_dp_sgd(
-    step: StepFunction,
-    model_factory: Callable[[], Any],
-    *,
-    loss: str,
-    input_shape: Sequence[int],
-    labels: str = "soft",
-    lr: float = 0.01,
-    denominator: str | float = "batch",
-    noise_multiplier: float | None = None,
-    dtype: str = "float64",
-    seed: int = 0,
-    config: CheckConfig | None = None,
-    checks: Sequence[str] = CHECK_NAMES,
+    step: StepFunction, model_factory: Callable[[], Any], **kwargs: Any
 ) -> CheckReport:
     """Run the four checks on a plain-SGD Keras step function; arguments as in
     :func:`dpledger.checks.torch_step.check_dp_sgd` (``dtype`` is a Keras floatx name)."""
-    if not callable(step):
-        raise InvalidParameterError("step", step, "a callable")
     return check_dp_optimizer(
-        lambda _model: step,
-        model_factory,
-        loss=loss,
-        input_shape=input_shape,
-        labels=labels,
-        lr=lr,
-        plain_sgd=True,
-        warmup_steps=0,
-        denominator=denominator,
-        noise_multiplier=noise_multiplier,
-        dtype=dtype,
-        seed=seed,
-        config=config,
-        checks=checks,
+        stateless(step), model_factory, plain_sgd=True, warmup_steps=0, **kwargs
     )
 
 
@@ -311,12 +182,9 @@ def assert_dp_sgd_correct(
     step: StepFunction,
     model_factory: Callable[[], Any],
     *,
-    loss: str,
-    input_shape: Sequence[int],
     allow_inconclusive: bool = False,
     **kwargs: Any,
 ) -> CheckReport:
     """Assert that a Keras DP-SGD step passes every check; fail with the report's text."""
-    report = check_dp_sgd(step, model_factory, loss=loss, input_shape=input_shape, **kwargs)
-    report.assert_passed(allow_inconclusive=allow_inconclusive)
-    return report
+    report = check_dp_sgd(step, model_factory, **kwargs)
+    return assert_checks_pass(report, allow_inconclusive=allow_inconclusive)

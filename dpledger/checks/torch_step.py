@@ -1,5 +1,4 @@
-"""PyTorch convenience for the DP-SGD implementation-bug checks (the only audit module that
-imports torch).
+"""PyTorch convenience for the DP-SGD implementation-bug checks (imports torch).
 
 The user supplies a *step function* with the signature ::
 
@@ -9,7 +8,8 @@ that performs one DP step on the batch (x, y) in place — per-example gradients
 ``max_grad_norm`` (C), Gaussian noise of standard deviation ``noise_multiplier``·C drawn from
 ``generator`` (a seeded ``torch.Generator``), the update with learning rate ``lr`` — and a
 ``model_factory()`` returning a fresh ``torch.nn.Module``. :func:`check_dp_sgd` wraps them in a
-:class:`TorchStepHarness` and runs :mod:`dpledger.checks.checker` on synthetic data:
+:class:`TorchStepHarness` (the shared :class:`~dpledger.checks.step_function.StepFunctionHarness`
+with PyTorch tensors) and runs :mod:`dpledger.checks.checker` on synthetic data:
 
     report = check_dp_sgd(step, lambda: MyNet(), loss="cross_entropy", input_shape=(20,))
     print(report.summary()); report.plot("checks.png")
@@ -39,13 +39,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpledger.checks.checker import CHECK_NAMES, DPSGDChecker
-from dpledger.checks.config import CheckConfig
 from dpledger.checks.report import CheckReport
-from dpledger.checks.step_harness import StepOutcome
-from dpledger.checks.synthetic_data import LabelKind, LossKind, ordinary_batch
+from dpledger.checks.step_function import (
+    StepFunction,
+    StepFunctionHarness,
+    assert_checks_pass,
+    check_step_function,
+    stateless,
+)
+from dpledger.checks.synthetic_data import LossKind
 from dpledger.errors import InvalidParameterError
-from dpledger.validation import check_positive_finite
 
 __all__ = [
     "TorchStepHarness",
@@ -55,8 +58,6 @@ __all__ = [
     "default_mlp",
     "run_for_command",
 ]
-
-StepFunction = Callable[..., Any]
 
 
 def default_mlp(input_shape: Sequence[int], num_outputs: int, *, hidden: int = 16) -> Any:
@@ -78,59 +79,20 @@ def _per_example_loss(out: Any, y: Any, loss: LossKind) -> Any:
     return -(y * torch.log_softmax(out, dim=-1)).sum(dim=-1)
 
 
-class TorchStepHarness:
+class TorchStepHarness(StepFunctionHarness):
     """A :class:`~dpledger.checks.step_harness.StepHarness` for a PyTorch model and DP step.
 
     Every :meth:`run` deep-copies the starting model, builds its step with ``make_step(model)``,
-    replays the warm-up steps (σ = 0, C = ``warmup_clip_norm``, a fixed batch of ordinary points)
-    and then runs the measured steps; the starting model is never changed.
-
-    Args:
-        make_step: ``make_step(model) -> step``; the step has the signature of the module
-            docstring. For a stateless step, ``lambda model: step``.
-        model_factory: returns a fresh ``torch.nn.Module`` (called once, under ``init_seed``).
-        input_shape: shape of one input.
-        loss: ``"mse"`` or ``"cross_entropy"`` (per-example losses are computed with it).
-        labels: ``"soft"`` or ``"hard"`` cross-entropy targets.
-        lr: learning rate passed to the step.
-        dtype: the model's floating dtype.
-        init_seed: seed of the model's initialisation and of the warm-up batch.
-        warmup_steps: σ = 0 steps taken before each measured step.
-        warmup_clip_norm: C of the warm-up steps.
-        warmup_batch_size: size of the warm-up batch.
+    replays the warm-up steps and runs the measured steps; the starting model is never changed.
+    The arguments are those of :class:`~dpledger.checks.step_function.StepFunctionHarness`;
+    ``model_factory`` returns a ``torch.nn.Module`` and ``dtype`` is ``torch.float64`` (default)
+    or ``torch.float32``.
     """
 
-    def __init__(
-        self,
-        make_step: Callable[[Any], StepFunction],
-        model_factory: Callable[[], Any],
-        *,
-        input_shape: Sequence[int],
-        loss: str | LossKind,
-        labels: str | LabelKind = "soft",
-        lr: float,
-        dtype: Any = torch.float64,
-        init_seed: int = 0,
-        warmup_steps: int = 0,
-        warmup_clip_norm: float = 1.0,
-        warmup_batch_size: int = 8,
-    ) -> None:
-        if not callable(make_step):
-            raise InvalidParameterError("make_step", make_step, "a callable")
-        if not callable(model_factory):
-            raise InvalidParameterError("model_factory", model_factory, "a callable")
-        if dtype not in (torch.float32, torch.float64):
-            raise InvalidParameterError("dtype", dtype, "torch.float32 or torch.float64")
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise InvalidParameterError("warmup_steps", warmup_steps, "an integer >= 0")
-        self._make_step = make_step
-        self._loss = LossKind.parse(loss)
-        self._labels = LabelKind.parse(labels)
-        self._lr = check_positive_finite("lr", lr)
-        self._dtype = dtype
-        self._input_shape = tuple(int(s) for s in input_shape)
-        self._warmup_steps = warmup_steps
-        self._warmup_clip = check_positive_finite("warmup_clip_norm", warmup_clip_norm)
+    dtypes = (torch.float32, torch.float64)
+    default_dtype = torch.float64
+
+    def _set_up(self, model_factory: Callable[[], Any], init_seed: int) -> None:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(init_seed)
             model = model_factory()
@@ -138,33 +100,30 @@ class TorchStepHarness:
             raise InvalidParameterError(
                 "model_factory", model_factory, "a callable returning a torch.nn.Module"
             )
-        self._base = model.to(dtype=dtype)
+        self._base = model.to(dtype=self._dtype)
         self._eval = copy.deepcopy(self._base).to(dtype=torch.float64).eval()
         self._names = [n for n, p in self._base.named_parameters() if p.requires_grad]
         if not self._names:
             raise InvalidParameterError("model_factory", model_factory, "a model with parameters")
-        self._warm_batch: tuple[Any, Any] | None = None
-        self._start = self._base
-        if warmup_steps:
-            with torch.no_grad():
-                probe = torch.zeros((1, *self._input_shape), dtype=dtype)
-                num_outputs = int(self._eval_forward(self._base, probe).shape[-1])
-            wx, wy = ordinary_batch(
-                input_shape=self._input_shape,
-                num_outputs=num_outputs,
-                batch_size=warmup_batch_size,
-                loss=self._loss,
-                labels=self._labels,
-                rng=np.random.default_rng([init_seed, 99]),
-            )
-            self._warm_batch = (self._x(wx), self._y(wy))
-            self._start, _ = self._fresh()
 
-    # ------------------------------------------------------------ conversions
-    def _x(self, x: np.ndarray) -> Any:
+    def _base_model(self) -> Any:
+        return self._base
+
+    def _snapshot(self, model: Any) -> Any:
+        return model
+
+    def _num_outputs(self) -> int:
+        with torch.no_grad():
+            probe = torch.zeros((1, *self._input_shape), dtype=self._dtype)
+            return int(self._eval_forward(self._base, probe).shape[-1])
+
+    def _starting_model(self) -> Any:
+        return copy.deepcopy(self._base)
+
+    def _inputs(self, x: np.ndarray) -> Any:
         return torch.as_tensor(np.asarray(x), dtype=self._dtype)
 
-    def _y(self, y: np.ndarray) -> Any:
+    def _targets(self, y: np.ndarray) -> Any:
         arr = np.asarray(y)
         if np.issubdtype(arr.dtype, np.integer):
             return torch.as_tensor(arr, dtype=torch.int64)
@@ -181,70 +140,23 @@ class TorchStepHarness:
         }
         return torch.func.functional_call(self._eval, state, (x.to(torch.float64),))
 
-    def _losses(self, model: Any, x: Any, y: Any) -> np.ndarray:
+    def _losses(self, model: Any, x: Any, y: Any, y_array: np.ndarray) -> np.ndarray:
         with torch.no_grad():
             out = self._eval_forward(model, x)
             yy = y if y.dtype == torch.int64 else y.to(torch.float64)
             return _per_example_loss(out, yy, self._loss).cpu().numpy()
 
-    def _fresh(self) -> tuple[Any, StepFunction]:
-        model = copy.deepcopy(self._base)
-        step = self._make_step(model)
-        if self._warm_batch is not None:
-            wx, wy = self._warm_batch
-            for t in range(self._warmup_steps):
-                model.train()
-                step(
-                    model,
-                    wx,
-                    wy,
-                    max_grad_norm=self._warmup_clip,
-                    noise_multiplier=0.0,
-                    lr=self._lr,
-                    generator=torch.Generator().manual_seed(t),
-                )
-        return model, step
+    def _generator(self, seed: int) -> Any:
+        return torch.Generator().manual_seed(seed)
 
-    # ------------------------------------------------------------ protocol
+    def _before_step(self, model: Any) -> None:
+        model.train()
+
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Outputs of the starting model (after warm-up), in the model's dtype."""
         with torch.no_grad():
-            out = self._eval_forward(self._start, self._x(x))
+            out = self._eval_forward(self._start, self._inputs(x))
         return out.to(self._dtype).cpu().numpy()
-
-    def run(
-        self,
-        x: np.ndarray,
-        y: np.ndarray,
-        *,
-        max_grad_norm: float,
-        noise_multiplier: float,
-        seed: int,
-        num_steps: int = 1,
-    ) -> StepOutcome:
-        """Copy the starting model, warm up, take ``num_steps`` steps; see ``StepHarness``."""
-        model, step = self._fresh()
-        xt, yt = self._x(x), self._y(y)
-        before = self._flat(model)
-        losses_before = self._losses(model, xt, yt)
-        generator = torch.Generator().manual_seed(int(seed))
-        for _ in range(num_steps):
-            model.train()
-            step(
-                model,
-                xt,
-                yt,
-                max_grad_norm=max_grad_norm,
-                noise_multiplier=noise_multiplier,
-                lr=self._lr,
-                generator=generator,
-            )
-        return StepOutcome(
-            params_before=before,
-            params_after=self._flat(model),
-            losses_before=losses_before,
-            losses_after=self._losses(model, xt, yt),
-        )
 
 
 def check_dp_optimizer(
@@ -253,72 +165,38 @@ def check_dp_optimizer(
     *,
     loss: str,
     input_shape: Sequence[int],
-    labels: str = "soft",
-    lr: float = 0.01,
-    plain_sgd: bool = False,
-    warmup_steps: int = 5,
-    warmup_clip_norm: float = 1.0,
-    denominator: str | float = "batch",
-    noise_multiplier: float | None = None,
     dtype: Any = torch.float64,
-    seed: int = 0,
-    config: CheckConfig | None = None,
-    checks: Sequence[str] = CHECK_NAMES,
+    **kwargs: Any,
 ) -> CheckReport:
     """Check a DP step whose optimiser keeps state (momentum, Adam, …).
 
     ``make_step(model)`` returns a step function (signature in the module docstring) bound to a
     fresh optimiser for ``model``; it is called once per experiment on a copy of the starting
     model, followed by ``warmup_steps`` σ = 0 steps on a fixed batch so that the optimiser
-    state is non-zero (appendix E). With ``plain_sgd=False`` the magnitude test is skipped and σ
-    is chosen by the appendix-B search unless ``noise_multiplier`` is given.
+    state is non-zero (appendix E). With ``plain_sgd=False`` (the default) the magnitude test is
+    skipped and σ is chosen by the appendix-B search unless ``noise_multiplier`` is given.
 
     Args:
         make_step: builds the step for one model copy.
         model_factory: returns a fresh ``torch.nn.Module``; called once under ``seed``.
         loss: ``"mse"`` or ``"cross_entropy"`` — the loss the step minimises.
         input_shape: shape of one input.
-        labels: ``"soft"`` (probability targets, exact zero-gradient fillers) or ``"hard"``.
-        lr: learning rate passed to the step.
-        plain_sgd: True if the update is −(lr/D)·(noisy clipped sum).
-        warmup_steps: σ = 0 steps before each measured step.
-        warmup_clip_norm: C of the warm-up steps.
-        denominator: what the step divides the noisy sum by: ``"batch"`` or a number.
-        noise_multiplier: σ of the noise checks (None: see above).
         dtype: ``torch.float64`` (default) or ``torch.float32``.
-        seed: seeds the model initialisation, the synthetic data and the noise.
-        config: grids and thresholds (:class:`~dpledger.checks.config.CheckConfig`).
-        checks: which checks to run.
+        **kwargs: ``labels`` (``"soft"`` or ``"hard"``), ``lr`` (0.01), ``plain_sgd`` (False),
+            ``warmup_steps`` (5), ``warmup_clip_norm`` (1.0), ``denominator`` (``"batch"`` or a
+            number), ``noise_multiplier``, ``seed`` (0), ``config`` and ``checks``; see
+            :func:`dpledger.checks.step_function.check_step_function`.
     """
-    harness = TorchStepHarness(
+    return check_step_function(
+        TorchStepHarness,
         make_step,
         model_factory,
-        input_shape=input_shape,
         loss=loss,
-        labels=labels,
-        lr=lr,
+        input_shape=input_shape,
         dtype=dtype,
-        init_seed=seed,
-        warmup_steps=warmup_steps,
-        warmup_clip_norm=warmup_clip_norm,
+        settings={"dtype": str(dtype)},
+        **kwargs,
     )
-    checker = DPSGDChecker(
-        harness,
-        input_shape=input_shape,
-        loss=loss,
-        labels=labels,
-        learning_rate=lr if plain_sgd else None,
-        denominator=denominator,
-        plain_sgd=plain_sgd,
-        noise_multiplier=noise_multiplier,
-        seed=seed,
-        config=config,
-    )
-    report = checker.run(checks)
-    settings = {**report.settings, "learning_rate": lr, "dtype": str(dtype)}
-    if not plain_sgd:
-        settings["warmup_steps"] = warmup_steps
-    return CheckReport(results=report.results, settings=settings)
 
 
 def check_dp_sgd(
@@ -327,14 +205,7 @@ def check_dp_sgd(
     *,
     loss: str,
     input_shape: Sequence[int],
-    labels: str = "soft",
-    lr: float = 0.01,
-    denominator: str | float = "batch",
-    noise_multiplier: float | None = None,
-    dtype: Any = torch.float64,
-    seed: int = 0,
-    config: CheckConfig | None = None,
-    checks: Sequence[str] = CHECK_NAMES,
+    **kwargs: Any,
 ) -> CheckReport:
     """Run the four DP-SGD implementation-bug checks on a plain-SGD PyTorch step function.
 
@@ -344,38 +215,25 @@ def check_dp_sgd(
         model_factory: returns a fresh ``torch.nn.Module``; called once under ``seed``.
         loss: ``"mse"`` or ``"cross_entropy"`` — the loss the step minimises.
         input_shape: shape of one input.
-        labels: ``"soft"`` or ``"hard"`` cross-entropy targets (soft ones give exact
-            zero-gradient fillers; the step must accept probability targets, as
-            ``torch.nn.functional.cross_entropy`` does).
-        lr: learning rate passed to the step (small keeps one-step loss changes first-order).
-        denominator: ``"batch"`` if the step divides by the realised batch size, else the fixed
-            number it divides by (e.g. the expected batch size q·n).
-        noise_multiplier: σ of the noise checks (default 1.0).
-        dtype: ``torch.float64`` (default) or ``torch.float32``.
-        seed: seeds the model initialisation, the synthetic data and the noise.
-        config: grids and thresholds.
-        checks: which checks to run.
+        **kwargs: ``labels`` (``"soft"`` or ``"hard"`` cross-entropy targets; soft ones give
+            exact zero-gradient fillers, and the step must accept probability targets, as
+            ``torch.nn.functional.cross_entropy`` does), ``lr`` (0.01; small keeps one-step
+            loss changes first-order), ``denominator`` (``"batch"`` if the step divides by the
+            realised batch size, else the fixed number it divides by, e.g. the expected batch
+            size q·n), ``noise_multiplier`` (default 1.0), ``dtype`` (``torch.float64`` or
+            ``torch.float32``), ``seed``, ``config`` and ``checks``.
 
     Returns:
         The :class:`~dpledger.checks.report.CheckReport`.
     """
-    if not callable(step):
-        raise InvalidParameterError("step", step, "a callable")
     return check_dp_optimizer(
-        lambda _model: step,
+        stateless(step),
         model_factory,
         loss=loss,
         input_shape=input_shape,
-        labels=labels,
-        lr=lr,
         plain_sgd=True,
         warmup_steps=0,
-        denominator=denominator,
-        noise_multiplier=noise_multiplier,
-        dtype=dtype,
-        seed=seed,
-        config=config,
-        checks=checks,
+        **kwargs,
     )
 
 
@@ -383,8 +241,6 @@ def assert_dp_sgd_correct(
     step: StepFunction,
     model_factory: Callable[[], Any],
     *,
-    loss: str,
-    input_shape: Sequence[int],
     allow_inconclusive: bool = False,
     **kwargs: Any,
 ) -> CheckReport:
@@ -396,9 +252,11 @@ def assert_dp_sgd_correct(
             assert_dp_sgd_correct(my_step, lambda: MyNet(), loss="mse", input_shape=(10,))
 
     Args:
-        step, model_factory, loss, input_shape: as for :func:`check_dp_sgd`.
+        step: the step function, as for :func:`check_dp_sgd`.
+        model_factory: as for :func:`check_dp_sgd`.
         allow_inconclusive: accept checks that could not decide.
-        **kwargs: further keyword arguments of :func:`check_dp_sgd`.
+        **kwargs: ``loss``, ``input_shape`` and the further keyword arguments of
+            :func:`check_dp_sgd`.
 
     Returns:
         The report, when it passed.
@@ -406,9 +264,8 @@ def assert_dp_sgd_correct(
     Raises:
         AssertionError: a check failed (or was inconclusive); the message is the summary.
     """
-    report = check_dp_sgd(step, model_factory, loss=loss, input_shape=input_shape, **kwargs)
-    report.assert_passed(allow_inconclusive=allow_inconclusive)
-    return report
+    report = check_dp_sgd(step, model_factory, **kwargs)
+    return assert_checks_pass(report, allow_inconclusive=allow_inconclusive)
 
 
 def run_for_command(
