@@ -237,6 +237,9 @@ class DPOptimizer(torch.optim.Optimizer):
         generator: the noise generator, a ``torch.Generator`` on the parameters' device.
         seed: a seed for a new noise generator (when ``generator`` is None); None seeds from
             OS entropy.
+        backend: the :class:`~dpledger.adapters.torch.backend.TorchBackend` the sum queries
+            draw their noise with; None (default) for a plain one. A privacy audit passes a
+            subclass that plants a bug; the ledger records what the queries claim either way.
         bias_callback: ``callback(step, ClippingBias)`` after every step (NOT private).
         clip_margin: ρ in [0, 0.5): factors clip to C·(1 − ρ) while the ledger records C, so
             that rounding in the per-example norms and sums (computed in the parameters' dtype)
@@ -304,6 +307,7 @@ class DPOptimizer(torch.optim.Optimizer):
         bam_radius: float | None = None,
         generator: torch.Generator | None = None,
         seed: int | None = None,
+        backend: TorchBackend | None = None,
         bias_callback: BiasCallback | None = None,
         clip_margin: float | None = None,
         user_gradient: Literal["sum", "mean"] = "sum",
@@ -547,7 +551,9 @@ class DPOptimizer(torch.optim.Optimizer):
             else:
                 generator.manual_seed(seed)
         self._generator = generator
-        self._backend = TorchBackend()
+        if backend is not None and not isinstance(backend, TorchBackend):
+            raise InvalidParameterError("backend", backend, "a TorchBackend or None")
+        self._backend = TorchBackend() if backend is None else backend
 
         # ---- per-example gradients
         self._loss_fn = loss_fn
