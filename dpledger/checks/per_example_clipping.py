@@ -128,8 +128,11 @@ def check_per_example_clipping(
         pool = driver.pool
         resid = cross_entropy_residual(driver.predict(pool.filler_x), pool.filler_y)
         details["filler_residual_logit_gradient_mean"] = float(resid.mean())
-    common = {"curves": _curves(designs, cfg.counts_batch), "details": details}
-    common["alpha"] = cfg.alpha_slope
+    common: dict[str, Any] = {
+        "curves": _curves(designs, cfg.counts_batch),
+        "details": details,
+        "alpha": cfg.alpha_slope,
+    }
     unknown_norm = notes[0] if g is None and cfg.per_example_clip_norm is None else None
     return _judge(driver, designs, trend_a, trend_b, unknown_norm, common)
 
