@@ -3,9 +3,9 @@ and test that it clips per example and adds noise of the stated scale.
 
 The driver (:mod:`dpledger.checks.step_driver`), the statistics
 (:mod:`dpledger.checks.statistics`) and the four checks, one module each, import neither PyTorch
-nor TensorFlow; the
-conveniences for a PyTorch or Keras step function are :mod:`dpledger.checks.torch_step` and
-:mod:`dpledger.checks.keras_step`, and ``dpledger check`` (:mod:`dpledger.checks.commands`) runs
+nor TensorFlow. The conveniences for a PyTorch or Keras step function are
+:mod:`dpledger.checks.torch_step` and :mod:`dpledger.checks.keras_step`, which share
+:mod:`dpledger.checks.step_function`; ``dpledger check`` (:mod:`dpledger.checks.commands`) runs
 the checks on a PyTorch step function from the command line.
 """
 
