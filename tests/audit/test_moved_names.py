@@ -54,6 +54,7 @@ OLD_MODULES = {
         "dpledger.checks.torch_step",
         {"check_dp_sgd": "check_dp_sgd"},
     ),
+    "dpledger.audit.commands": ("dpledger.checks.commands", {"register": "register"}),
     "dpledger.audit.check_report": ("dpledger.checks.report", {"CheckReport": "CheckReport"}),
     "dpledger.audit.synthetic_data": (
         "dpledger.checks.synthetic_data",
