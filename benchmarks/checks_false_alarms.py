@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import scipy
 
-from dpledger.audit import CHECK_NAMES, Verdict, run_checks
-from tests.audit.checks_numpy_steps import NumpyLinearHarness
+from dpledger.checks import CHECK_NAMES, Verdict, run_checks
+from tests.checks.numpy_steps import NumpyLinearHarness
 
 TORCH_BUGS = {
     "no_clip": "clipping_applied",
@@ -118,8 +118,8 @@ def numpy_runs(seeds: int, bug: str | None) -> list[Any]:
 
 
 def torch_runs(seeds: int, bug: str | None, loss: str) -> tuple[list[Any], list[float]]:
-    from dpledger.audit.checks_torch import check_dp_sgd
-    from tests.audit.checks_torch_steps import make_dp_sgd_step, mlp
+    from dpledger.checks.torch_step import check_dp_sgd
+    from tests.checks.torch_steps import make_dp_sgd_step, mlp
 
     reports, seconds = [], []
     for s in range(seeds):
@@ -138,8 +138,8 @@ def torch_runs(seeds: int, bug: str | None, loss: str) -> tuple[list[Any], list[
 
 
 def adam_runs(seeds: int) -> tuple[list[Any], list[float]]:
-    from dpledger.audit.checks_torch import check_dp_optimizer
-    from tests.audit.checks_torch_steps import make_adam_step, mlp
+    from dpledger.checks.torch_step import check_dp_optimizer
+    from tests.checks.torch_steps import make_adam_step, mlp
 
     reports, seconds = [], []
     for s in range(seeds):
@@ -161,8 +161,8 @@ def adam_runs(seeds: int) -> tuple[list[Any], list[float]]:
 def one_step_seconds(loss: str, repeats: int = 50) -> float:
     import torch
 
-    from dpledger.audit.synthetic_data import ordinary_batch
-    from tests.audit.checks_torch_steps import make_dp_sgd_step, mlp
+    from dpledger.checks.synthetic_data import ordinary_batch
+    from tests.checks.torch_steps import make_dp_sgd_step, mlp
 
     step = make_dp_sgd_step(loss=loss)
     model = mlp(10, 3).double()

@@ -39,11 +39,11 @@ show how much the selection criterion matters. The tuning runs' own privacy cost
 for (each final run's ledger covers that run only).
 
 Metrics on the test split: accuracy, NLL, ECE and MCE with 15 equal-width confidence bins
-(:func:`~dpledger.audit.calibration_torch.predict_probabilities` into
-:func:`~dpledger.audit.calibration_metrics.calibration_metrics`), and the mean over steps of the
-clipping-bias metrics from the optimizer's ``bias_callback`` (a
-:class:`~dpledger.audit.bias.ClippingBiasRecorder`: ‖ĝ_clip − ĝ‖, the magnitude error a and the
-norm of the directional error c of ĝ_clip = a·ĝ + c, cos(ĝ_clip, ĝ), the fraction of records
+(:func:`~dpledger.diagnostics.model_calibration_torch.predict_probabilities` into
+:func:`~dpledger.diagnostics.model_calibration.model_calibration_metrics`), and the mean over
+steps of the clipping-bias metrics from the optimizer's ``bias_callback`` (a
+:class:`~dpledger.diagnostics.bias.ClippingBiasRecorder`: ‖ĝ_clip − ĝ‖, the magnitude error a and
+the norm of the directional error c of ĝ_clip = a·ĝ + c, cos(ĝ_clip, ĝ), the fraction of records
 clipped, the mean per-example gradient norm), as mean ± standard deviation across seeds, with
 paired differences to flat clipping and their 95% t-intervals. **The bias metrics are computed
 from the raw per-example gradients and are NOT differentially private**: they are for debugging
@@ -89,13 +89,13 @@ from dpledger import PrivacyLedger
 from dpledger.accountants import PrvAccountant, calibrate_noise_multiplier
 from dpledger.adapters.torch import DPOptimizer, PoissonBatchSampler
 from dpledger.adapters.torch.bam import per_example_gradients_and_losses
-from dpledger.audit.bias import ClippingBias, ClippingBiasRecorder, clipping_bias
-from dpledger.audit.calibration_metrics import (
-    CalibrationMetrics,
-    calibration_metrics,
+from dpledger.diagnostics.bias import ClippingBias, ClippingBiasRecorder, clipping_bias
+from dpledger.diagnostics.model_calibration import (
+    ModelCalibrationMetrics,
+    model_calibration_metrics,
     plot_reliability_diagram,
 )
-from dpledger.audit.calibration_torch import predict_probabilities
+from dpledger.diagnostics.model_calibration_torch import predict_probabilities
 from dpledger.mechanisms import ClippingStrategy
 from dpledger.mechanisms.clipping import AutomaticClipping
 
@@ -249,7 +249,7 @@ class Run:
     config: Config
     seed: int
     probabilities: np.ndarray | None
-    metrics: CalibrationMetrics | None
+    metrics: ModelCalibrationMetrics | None
     bias: dict[str, float] | None = None
     bias_curves: dict[str, np.ndarray] | None = None
     bam_reference: dict[str, float] | None = None
@@ -383,7 +383,7 @@ def train(
     if all(torch.isfinite(p).all() for p in model.parameters()):
         probabilities = predict_probabilities(model, x_eval)
         if np.all(np.isfinite(probabilities)):
-            metrics = calibration_metrics(probabilities, y_eval.numpy(), num_bins=NUM_BINS)
+            metrics = model_calibration_metrics(probabilities, y_eval.numpy(), num_bins=NUM_BINS)
         else:
             probabilities = None
     run = Run(config, seed, probabilities, metrics, ledger=ledger, seconds=seconds)
@@ -697,7 +697,7 @@ def plot_reliability(final: dict[str, list[Run]], labels: np.ndarray, path: Path
     )
     for col, (method, runs) in enumerate(final.items()):
         ok = [r for r in runs if r.probabilities is not None]
-        pooled = calibration_metrics(
+        pooled = model_calibration_metrics(
             np.concatenate([r.probabilities for r in ok]),
             np.concatenate([labels] * len(ok)),
             num_bins=NUM_BINS,

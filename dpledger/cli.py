@@ -38,7 +38,7 @@ __all__ = ["build_parser", "main", "one_line"]
 _COMMAND_MODULES = (
     "dpledger.ledger.commands",
     "dpledger.accountants.commands",
-    "dpledger.audit.commands",
+    "dpledger.checks.commands",
 )
 _SHOWN_CHARS = 80
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")

@@ -1,15 +1,19 @@
-"""Audit tools: empirical privacy audits, clipping-bias and calibration metrics, and the
-implementation-bug checks for DP-SGD.
+"""Empirical privacy audits: lower bounds on ε from a distinguishing game, threshold selection,
+the verdict against an accountant's claim, canaries, plots, and the training functions that audit
+the PyTorch adapter on the digits.
 
-The ε lower bounds, the distinguishing-game harness, the verdict, the bias and calibration
-metrics and the core of the implementation-bug checks import neither PyTorch nor TensorFlow;
-plots import matplotlib when drawn. The checks' framework conveniences live in
-``dpledger.audit.checks_torch`` and ``dpledger.audit.checks_keras``; the canaries
-(``dpledger.audit.canaries``) are framework-free, and the training functions that audit the
-PyTorch adapter on the digits live in ``dpledger.audit.torch_audit`` (imports torch); a PyTorch
-classifier's predictions go into the calibration metrics through
-``dpledger.audit.calibration_torch``.
+The ε lower bounds, the distinguishing-game harness, the verdict and the canaries import neither
+PyTorch nor TensorFlow; plots import matplotlib when drawn; :mod:`dpledger.audit.torch_audit`
+imports torch.
+
+The implementation-bug checks moved to :mod:`dpledger.checks` and the clipping-bias and
+model-calibration metrics to :mod:`dpledger.diagnostics`; their old names here still work for one
+release and raise a :class:`DeprecationWarning` naming the new location.
 """
+
+import importlib
+import warnings
+from typing import Any
 
 from dpledger.audit.audit_game import (
     GameRun,
@@ -18,20 +22,6 @@ from dpledger.audit.audit_game import (
     run_distinguishing_game,
 )
 from dpledger.audit.audit_plots import plot_bound_versus_runs, plot_score_distributions
-from dpledger.audit.bias import (
-    ClippingBias,
-    ClippingBiasCallback,
-    ClippingBiasRecorder,
-    clipping_bias,
-    clipping_bias_from_sums,
-)
-from dpledger.audit.calibration_metrics import (
-    Binning,
-    CalibrationMetrics,
-    ReliabilityDiagram,
-    calibration_metrics,
-    plot_reliability_diagram,
-)
 from dpledger.audit.canaries import (
     GradientCanary,
     InputCanary,
@@ -39,15 +29,6 @@ from dpledger.audit.canaries import (
     loss_score,
     mislabeled_canary,
     out_of_distribution_canary,
-)
-from dpledger.audit.check_report import CheckReport, CheckResult, Curve, Verdict
-from dpledger.audit.checks import (
-    CHECK_NAMES,
-    CheckConfig,
-    DPSGDChecker,
-    StepHarness,
-    StepOutcome,
-    run_checks,
 )
 from dpledger.audit.privacy_bounds import (
     BoundMethod,
@@ -68,21 +49,10 @@ from dpledger.audit.threshold_selection import (
 from dpledger.audit.verdict import AuditVerdict, audit_verdict
 
 __all__ = [
-    "CHECK_NAMES",
     "AuditVerdict",
-    "Binning",
     "BonferroniThresholds",
     "BoundMethod",
-    "CalibrationMetrics",
-    "CheckConfig",
-    "CheckReport",
-    "CheckResult",
-    "ClippingBias",
-    "ClippingBiasCallback",
-    "ClippingBiasRecorder",
     "ConfusionCounts",
-    "Curve",
-    "DPSGDChecker",
     "EpsilonLowerBound",
     "FixedThreshold",
     "GameRun",
@@ -90,14 +60,7 @@ __all__ = [
     "GradientCanary",
     "HeldOutSplit",
     "InputCanary",
-    "ReliabilityDiagram",
-    "StepHarness",
-    "StepOutcome",
-    "Verdict",
     "audit_verdict",
-    "calibration_metrics",
-    "clipping_bias",
-    "clipping_bias_from_sums",
     "clopper_pearson_epsilon_bound",
     "derive_run_seed",
     "dirac_gradient_canary",
@@ -110,8 +73,47 @@ __all__ = [
     "one_run_p_value",
     "out_of_distribution_canary",
     "plot_bound_versus_runs",
-    "plot_reliability_diagram",
     "plot_score_distributions",
-    "run_checks",
     "run_distinguishing_game",
 ]
+
+_CHECKS = "dpledger.checks"
+_DIAGNOSTICS = "dpledger.diagnostics"
+
+MOVED_NAMES: dict[str, tuple[str, str]] = {
+    "CHECK_NAMES": (_CHECKS, "CHECK_NAMES"),
+    "CheckConfig": (_CHECKS, "CheckConfig"),
+    "CheckReport": (_CHECKS, "CheckReport"),
+    "CheckResult": (_CHECKS, "CheckResult"),
+    "Curve": (_CHECKS, "Curve"),
+    "DPSGDChecker": (_CHECKS, "DPSGDChecker"),
+    "StepHarness": (_CHECKS, "StepHarness"),
+    "StepOutcome": (_CHECKS, "StepOutcome"),
+    "Verdict": (_CHECKS, "Verdict"),
+    "run_checks": (_CHECKS, "run_checks"),
+    "ClippingBias": (_DIAGNOSTICS, "ClippingBias"),
+    "ClippingBiasCallback": (_DIAGNOSTICS, "ClippingBiasCallback"),
+    "ClippingBiasRecorder": (_DIAGNOSTICS, "ClippingBiasRecorder"),
+    "clipping_bias": (_DIAGNOSTICS, "clipping_bias"),
+    "clipping_bias_from_sums": (_DIAGNOSTICS, "clipping_bias_from_sums"),
+    "Binning": (_DIAGNOSTICS, "Binning"),
+    "CalibrationMetrics": (_DIAGNOSTICS, "ModelCalibrationMetrics"),
+    "ReliabilityDiagram": (_DIAGNOSTICS, "ReliabilityDiagram"),
+    "calibration_metrics": (_DIAGNOSTICS, "model_calibration_metrics"),
+    "plot_reliability_diagram": (_DIAGNOSTICS, "plot_reliability_diagram"),
+}
+"""Names that moved out of ``dpledger.audit``: old name → (new module, new name)."""
+
+
+def __getattr__(name: str) -> Any:
+    """The moved names, with a :class:`DeprecationWarning` naming their new location."""
+    if name not in MOVED_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, new_name = MOVED_NAMES[name]
+    warnings.warn(
+        f"dpledger.audit.{name} moved to {module}.{new_name}; the old name will be removed in "
+        "the next release",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(module), new_name)

@@ -93,10 +93,9 @@ _NUM_FEATURES = 64
 
 # ---------------------------------------------------------------------------------- the bug
 class _DividedNoiseBackend(TorchBackend):
-    """The torch backend with every noise standard deviation divided by a constant."""
+    """The torch backend with every noise standard deviation divided by ``divisor``."""
 
-    def __init__(self, divisor: float) -> None:
-        self.divisor = divisor
+    divisor = 1.0
 
     def add_gaussian_noise(self, x: Any, *, stddev: float, generator: Any) -> Any:
         return super().add_gaussian_noise(x, stddev=stddev / self.divisor, generator=generator)
@@ -124,14 +123,15 @@ class UndernoisedDPOptimizer(DPOptimizer):
         noise_divisor: float | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(optimizer, **kwargs)
+        backend = _DividedNoiseBackend()
+        super().__init__(optimizer, backend=backend, **kwargs)
         divisor = (
             self.expected_batch_size
             if noise_divisor is None
             else check_positive_finite("noise_divisor", noise_divisor)
         )
         self.noise_divisor = float(divisor)
-        self._backend = _DividedNoiseBackend(self.noise_divisor)
+        backend.divisor = self.noise_divisor
 
 
 # ---------------------------------------------------------------------------------- data

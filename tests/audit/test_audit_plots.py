@@ -1,4 +1,4 @@
-"""Tests of the audit and calibration plots (drawn off-screen)."""
+"""Tests of the audit plots (drawn off-screen)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from dpledger.audit.audit_game import run_distinguishing_game  # noqa: E402
 from dpledger.audit.audit_plots import plot_bound_versus_runs, plot_score_distributions  # noqa: E402
-from dpledger.audit.calibration_metrics import calibration_metrics, plot_reliability_diagram  # noqa: E402
 from dpledger.audit.threshold_selection import HeldOutSplit  # noqa: E402
 from dpledger.errors import InvalidParameterError  # noqa: E402
 from tests.audit import gaussian_mechanism as gm  # noqa: E402
@@ -54,14 +53,3 @@ def test_bound_versus_runs_plot():
     assert ax.get_lines()[1].get_ydata()[0] == 2.0  # the claim
     with pytest.raises(InvalidParameterError):
         plot_bound_versus_runs([])
-
-
-def test_reliability_diagram():
-    probs = np.array([[0.95, 0.05], [0.85, 0.15], [0.25, 0.75], [0.35, 0.65]])
-    m = calibration_metrics(probs, np.array([0, 1, 1, 1]), num_bins=10)
-    ax = plot_reliability_diagram(m)
-    heights = sorted(p.get_height() for p in ax.patches)
-    assert heights == [0.0, 1.0, 1.0, 1.0]  # one bar per non-empty bin: its accuracy
-    assert "ECE 0.375" in ax.get_title()
-    with pytest.raises(InvalidParameterError):
-        plot_reliability_diagram("not metrics")  # type: ignore[arg-type]

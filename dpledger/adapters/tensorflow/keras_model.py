@@ -53,7 +53,7 @@ from dpledger.adapters.tensorflow.record_probe import (
     probe_record_independence,
     record_probe_off_warning,
 )
-from dpledger.audit.bias import ClippingBiasCallback
+from dpledger.diagnostics.bias import ClippingBiasCallback
 from dpledger.errors import InvalidParameterError, SamplerMismatchError
 from dpledger.ledger import PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, GaussianSumQuery

@@ -52,8 +52,8 @@ that loses utility, never privacy.
 
 **Bias metrics** (``bias_callback``): the clipping bias of Knolle et al. (Σ g_i and Σ clip(g_i)
 before noise, the per-example norms) via
-:func:`dpledger.audit.bias.clipping_bias_from_sums`. They are **not private**: for debugging on
-data you may look at. With no callback nothing extra is traced or computed.
+:func:`dpledger.diagnostics.bias.clipping_bias_from_sums`. They are **not private**: for debugging
+on data you may look at. With no callback nothing extra is traced or computed.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ from dpledger.adapters.tensorflow.record_probe import (
     probe_record_independence,
     record_probe_off_warning,
 )
-from dpledger.audit.bias import ClippingBiasCallback, clipping_bias_from_sums
+from dpledger.diagnostics.bias import ClippingBiasCallback, clipping_bias_from_sums
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, GaussianSumQuery, fixed_denominator_average

@@ -60,7 +60,7 @@ Distributed training: see :mod:`~dpledger.adapters.torch.distributed` (rank 0 dr
 and writes the ledger).
 
 Bias metrics (``bias_callback``): after each step, the callback receives
-:class:`~dpledger.audit.bias.ClippingBias` computed from the step's norms and its clipped and
+:class:`~dpledger.diagnostics.bias.ClippingBias` computed from the step's norms and its clipped and
 unclipped sums (one extra book-keeping pass per step). **They are not differentially private**:
 they are computed from the raw per-example gradients; never release them or let them influence
 training in a run whose ε you intend to report. With no callback nothing extra is computed.
@@ -122,7 +122,8 @@ __all__ = ["BiasCallback", "DPOptimizer"]
 logger = logging.getLogger(__name__)
 
 BiasCallback = Callable[[int, Any], None]
-"""``callback(step_index, ClippingBias)``, see :data:`dpledger.audit.bias.ClippingBiasCallback`."""
+"""``callback(step_index, ClippingBias)``; see
+:data:`dpledger.diagnostics.bias.ClippingBiasCallback`."""
 
 _STATE_VERSION = 1
 _CLIPPED_TOLERANCE = 1e-9
@@ -237,6 +238,9 @@ class DPOptimizer(torch.optim.Optimizer):
         generator: the noise generator, a ``torch.Generator`` on the parameters' device.
         seed: a seed for a new noise generator (when ``generator`` is None); None seeds from
             OS entropy.
+        backend: the :class:`~dpledger.adapters.torch.backend.TorchBackend` the sum queries
+            draw their noise with; None (default) for a plain one. A privacy audit passes a
+            subclass that plants a bug; the ledger records what the queries claim either way.
         bias_callback: ``callback(step, ClippingBias)`` after every step (NOT private).
         clip_margin: ρ in [0, 0.5): factors clip to C·(1 − ρ) while the ledger records C, so
             that rounding in the per-example norms and sums (computed in the parameters' dtype)
@@ -304,6 +308,7 @@ class DPOptimizer(torch.optim.Optimizer):
         bam_radius: float | None = None,
         generator: torch.Generator | None = None,
         seed: int | None = None,
+        backend: TorchBackend | None = None,
         bias_callback: BiasCallback | None = None,
         clip_margin: float | None = None,
         user_gradient: Literal["sum", "mean"] = "sum",
@@ -534,7 +539,9 @@ class DPOptimizer(torch.optim.Optimizer):
             else:
                 generator.manual_seed(seed)
         self._generator = generator
-        self._backend = TorchBackend()
+        if backend is not None and not isinstance(backend, TorchBackend):
+            raise InvalidParameterError("backend", backend, "a TorchBackend or None")
+        self._backend = TorchBackend() if backend is None else backend
 
         # ---- per-example gradients
         self._loss_fn = loss_fn
@@ -1244,7 +1251,7 @@ class DPOptimizer(torch.optim.Optimizer):
         count: int,
         clipped: int,
     ) -> None:
-        from dpledger.audit.bias import clipping_bias_from_sums
+        from dpledger.diagnostics.bias import clipping_bias_from_sums
 
         assert unclipped is not None and self._bias_callback is not None
         norms = None

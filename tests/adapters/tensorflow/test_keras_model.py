@@ -17,9 +17,9 @@ from dpledger.adapters.tensorflow import (
     UnsupportedLayerError,
     make_private,
 )
-from dpledger.audit.checks_keras import assert_dp_sgd_correct
+from dpledger.checks.keras_step import assert_dp_sgd_correct
 from dpledger.errors import InvalidParameterError, SamplerMismatchError
-from tests.audit.checks_keras_steps import keras_mlp
+from tests.checks.keras_steps import keras_mlp
 
 HUGE = 1e30
 

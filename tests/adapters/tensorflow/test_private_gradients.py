@@ -18,7 +18,7 @@ from dpledger.adapters.tensorflow import (
     default_clip_margin,
     gradient_queries,
 )
-from dpledger.audit.bias import clipping_bias
+from dpledger.diagnostics.bias import clipping_bias
 from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.mechanisms import AutomaticClipping
 from tests.adapters.tensorflow.helpers import per_example_gradients

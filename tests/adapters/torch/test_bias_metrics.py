@@ -8,7 +8,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from dpledger import PrivacyLedger
 from dpledger.adapters.torch import DPOptimizer
-from dpledger.audit.bias import ClippingBias, clipping_bias
+from dpledger.diagnostics.bias import ClippingBias, clipping_bias
 from tests.adapters.torch.dp_helpers import batch, per_example, small_cnn
 
 C, Q, N = 3.2, 0.1, 120

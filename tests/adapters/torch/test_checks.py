@@ -9,8 +9,8 @@ from torch import nn
 
 from dpledger import PrivacyLedger
 from dpledger.adapters.torch import DPOptimizer
-from dpledger.audit import CHECK_NAMES, Verdict
-from dpledger.audit.checks_torch import assert_dp_sgd_correct, check_dp_optimizer
+from dpledger.checks import CHECK_NAMES, Verdict
+from dpledger.checks.torch_step import assert_dp_sgd_correct, check_dp_optimizer
 
 pytestmark = pytest.mark.statistical
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from dpledger.audit.bias import ClippingBias, clipping_bias, clipping_bias_from_sums
+from dpledger.diagnostics.bias import ClippingBias, clipping_bias, clipping_bias_from_sums
 from dpledger.errors import InvalidParameterError
 
 # Two per-example gradients with known norms: ‖g1‖ = 5 (clipped to C = 1), ‖g2‖ = 0.5 (not).

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from dpledger.audit.calibration_metrics import (
+from dpledger.diagnostics.model_calibration import (
     Binning,
-    CalibrationMetrics,
-    calibration_metrics,
+    ModelCalibrationMetrics,
+    model_calibration_metrics,
 )
 from dpledger.errors import InvalidParameterError
 
@@ -20,8 +20,8 @@ LABELS = np.array([0, 1, 1, 1])
 
 
 def test_equal_width_by_hand():
-    m = calibration_metrics(PROBS, LABELS, num_bins=10)
-    assert isinstance(m, CalibrationMetrics)
+    m = model_calibration_metrics(PROBS, LABELS, num_bins=10)
+    assert isinstance(m, ModelCalibrationMetrics)
     assert m.num_examples == 4
     assert m.accuracy == 0.75
     assert m.mean_confidence == pytest.approx(0.8)
@@ -42,7 +42,7 @@ def test_equal_width_by_hand():
 
 
 def test_coarser_equal_width_bins_average_within_a_bin():
-    m = calibration_metrics(PROBS, LABELS, num_bins=2)
+    m = model_calibration_metrics(PROBS, LABELS, num_bins=2)
     # Everything lands in (0.5, 1]: accuracy .75, confidence .8.
     assert m.reliability.count.tolist() == [0, 4]
     assert m.ece == pytest.approx(0.05)
@@ -50,7 +50,7 @@ def test_coarser_equal_width_bins_average_within_a_bin():
 
 
 def test_equal_mass_by_hand():
-    m = calibration_metrics(PROBS, LABELS, num_bins=2, binning="equal_mass")
+    m = model_calibration_metrics(PROBS, LABELS, num_bins=2, binning="equal_mass")
     # Sorted confidences .65 .75 | .85 .95: accuracies 1 and .5, confidences .7 and .9.
     rel = m.reliability
     assert rel.binning is Binning.EQUAL_MASS
@@ -66,15 +66,15 @@ def test_equal_mass_by_hand():
 
 def test_binary_probabilities_as_a_vector():
     p1 = PROBS[:, 1]
-    assert calibration_metrics(p1, LABELS).scalars() == pytest.approx(
-        calibration_metrics(PROBS, LABELS).scalars()
+    assert model_calibration_metrics(p1, LABELS).scalars() == pytest.approx(
+        model_calibration_metrics(PROBS, LABELS).scalars()
     )
 
 
 def test_three_classes_and_a_confidence_on_a_bin_edge():
     probs = np.array([[0.5, 0.25, 0.25], [0.2, 0.2, 0.6], [0.1, 0.8, 0.1]])
     labels = np.array([0, 1, 1])
-    m = calibration_metrics(probs, labels, num_bins=4)
+    m = model_calibration_metrics(probs, labels, num_bins=4)
     # 0.5 lies on the edge between (0.25, 0.5] and (0.5, 0.75]: it belongs to the lower bin.
     assert m.reliability.count.tolist() == [0, 1, 1, 1]
     assert m.accuracy == pytest.approx(2 / 3)
@@ -84,7 +84,7 @@ def test_three_classes_and_a_confidence_on_a_bin_edge():
 
 
 def test_nll_is_infinite_when_the_true_class_has_probability_zero():
-    m = calibration_metrics(np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([1, 1]))
+    m = model_calibration_metrics(np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([1, 1]))
     assert m.nll == math.inf
     assert m.ece == pytest.approx(0.5)
 
@@ -100,11 +100,11 @@ def test_a_calibrated_classifier_has_small_ece():
     correct = rng.random(n) < conf
     labels = np.where(correct, 0, 1)
     probs = np.stack([conf, 1 - conf], axis=1)
-    m = calibration_metrics(probs, labels, num_bins=bins)
+    m = model_calibration_metrics(probs, labels, num_bins=bins)
     assert m.ece < 4 * 0.5 / math.sqrt(n / bins)
     # An over-confident classifier (true accuracy = confidence − 0.2) is caught.
     labels_over = np.where(rng.random(n) < conf - 0.2, 0, 1)
-    over = calibration_metrics(probs, labels_over, num_bins=bins)
+    over = model_calibration_metrics(probs, labels_over, num_bins=bins)
     assert over.ece == pytest.approx(0.2, abs=4 * 0.5 / math.sqrt(n / bins))
 
 
@@ -124,5 +124,5 @@ def test_a_calibrated_classifier_has_small_ece():
 )
 def test_bad_inputs_are_refused(kwargs, parameter):
     with pytest.raises(InvalidParameterError) as info:
-        calibration_metrics(**kwargs)
+        model_calibration_metrics(**kwargs)
     assert info.value.parameter == parameter

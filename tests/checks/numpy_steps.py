@@ -1,6 +1,6 @@
 """Hand-written NumPy DP-SGD steps for linear regression (correct and deliberately buggy).
 
-They implement :class:`dpledger.audit.checks.StepHarness` without any ML framework, so the
+They implement :class:`dpledger.checks.step_harness.StepHarness` without any ML framework, so the
 framework-free checks can be tested on their own. The model is f(x) = W x + b with per-example
 loss (1/m)·‖f(x) − y‖²; its per-example gradient is (2/m)(f − y) ⊗ [x, 1].
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpledger.audit.checks import StepOutcome
+from dpledger.checks.step_harness import StepOutcome
 
 __all__ = ["BUGS", "NumpyLinearHarness"]
 

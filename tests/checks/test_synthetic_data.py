@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from dpledger.audit.synthetic_data import (
+from dpledger.checks.synthetic_data import (
     cross_entropy_residual,
     large_gradient_targets,
     make_clipping_pool,

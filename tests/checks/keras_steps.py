@@ -39,7 +39,7 @@ def _per_example(loss: str, y: tf.Tensor, out: tf.Tensor) -> tf.Tensor:
 
 
 def make_keras_dp_sgd_step(*, loss: str = "mse", bug: str | None = None, denominator=None):
-    """A plain DP-SGD step with the protocol of ``checks_keras.check_dp_sgd``."""
+    """A plain DP-SGD step with the protocol of ``keras_step.check_dp_sgd``."""
     assert bug in BUGS
 
     def step(model, x, y, *, max_grad_norm, noise_multiplier, lr, generator):

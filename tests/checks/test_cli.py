@@ -8,11 +8,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dpledger.audit.commands import load_object  # noqa: E402
+from dpledger.checks.commands import load_object  # noqa: E402
 from dpledger.cli import main  # noqa: E402
 from dpledger.errors import InvalidParameterError  # noqa: E402
 
-STEPS = "tests.audit.checks_torch_steps"
+STEPS = "tests.checks.torch_steps"
 
 
 @pytest.fixture(autouse=True, scope="module")

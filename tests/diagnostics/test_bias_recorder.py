@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from dpledger.audit.bias import ClippingBiasRecorder, clipping_bias, clipping_bias_from_sums
+from dpledger.diagnostics.bias import ClippingBiasRecorder, clipping_bias, clipping_bias_from_sums
 from dpledger.errors import InvalidParameterError
 
 # Step 0: ‖g1‖ = 5 clipped to C = 1 and ‖g2‖ = 0.5 kept (bias (−1.2, −1.6), norm 2, one of two

@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dpledger.audit.calibration_metrics import calibration_metrics  # noqa: E402
-from dpledger.audit.calibration_torch import (  # noqa: E402
+from dpledger.diagnostics.model_calibration import model_calibration_metrics  # noqa: E402
+from dpledger.diagnostics.model_calibration_torch import (  # noqa: E402
     model_calibration,
     predict_probabilities,
 )
@@ -54,7 +54,7 @@ def test_metrics_by_hand():
 
 def test_default_is_fifteen_equal_width_bins_and_labels_may_be_a_tensor():
     m = model_calibration(known_classifier(), records(), torch.tensor(LABELS))
-    reference = calibration_metrics(PROBS, LABELS, num_bins=15, binning="equal_width")
+    reference = model_calibration_metrics(PROBS, LABELS, num_bins=15, binning="equal_width")
     assert len(m.reliability.count) == 15
     assert m.ece == pytest.approx(reference.ece, rel=1e-12)
     assert m.mce == pytest.approx(reference.mce, rel=1e-12)

@@ -8,14 +8,14 @@ import pytest
 pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from dpledger.audit import CHECK_NAMES, CheckConfig, Verdict  # noqa: E402
-from dpledger.audit.checks_keras import (  # noqa: E402
+from dpledger.checks import CHECK_NAMES, CheckConfig, Verdict  # noqa: E402
+from dpledger.checks.keras_step import (  # noqa: E402
     KerasStepHarness,
     assert_dp_sgd_correct,
     check_dp_sgd,
 )
 from dpledger.errors import InvalidParameterError  # noqa: E402
-from tests.audit.checks_keras_steps import keras_mlp, make_keras_dp_sgd_step  # noqa: E402
+from tests.checks.keras_steps import keras_mlp, make_keras_dp_sgd_step  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.statistical]
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from dpledger.audit import CheckReport, CheckResult, Curve, Verdict
+from dpledger.checks import CheckReport, CheckResult, Curve, Verdict
 from dpledger.errors import InvalidParameterError
 
 

@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dpledger.audit import CHECK_NAMES, Verdict  # noqa: E402
-from dpledger.audit.checks_torch import (  # noqa: E402
+from dpledger.checks import CHECK_NAMES, Verdict  # noqa: E402
+from dpledger.checks.torch_step import (  # noqa: E402
     TorchStepHarness,
     assert_dp_sgd_correct,
     check_dp_optimizer,
@@ -18,7 +18,7 @@ from dpledger.audit.checks_torch import (  # noqa: E402
     default_mlp,
 )
 from dpledger.errors import InvalidParameterError  # noqa: E402
-from tests.audit.checks_torch_steps import make_adam_step, make_dp_sgd_step, mlp  # noqa: E402
+from tests.checks.torch_steps import make_adam_step, make_dp_sgd_step, mlp  # noqa: E402
 
 pytestmark = pytest.mark.statistical
 

@@ -1,0 +1,238 @@
+"""The driver of the checks: runs a :class:`~dpledger.checks.step_harness.StepHarness` on
+synthetic batches and collects what each run returns.
+
+One :class:`StepDriver` serves every check of a run, so that the noise seeds, the synthetic data
+and the count of steps are shared: the seed of run i is derived from the checker's seed and i, so
+the same checks in the same order give the same runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dpledger.checks.config import CheckConfig
+from dpledger.checks.step_harness import StepHarness, StepOutcome
+from dpledger.checks.synthetic_data import (
+    ClippingPool,
+    LabelKind,
+    LossKind,
+    make_clipping_pool,
+    ordinary_batch,
+)
+from dpledger.errors import InvalidParameterError
+from dpledger.validation import check_non_negative_int, check_positive_finite
+
+__all__ = ["StepDriver"]
+
+
+def _input_shape(value: Any) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(s) for s in value)
+    except (TypeError, ValueError):
+        raise InvalidParameterError(
+            "input_shape", value, "a sequence of positive integers"
+        ) from None
+    if not shape or min(shape) < 1:
+        raise InvalidParameterError("input_shape", value, "positive integers")
+    return shape
+
+
+def _denominator(value: str | float) -> str | float:
+    if isinstance(value, str):
+        if value != "batch":
+            raise InvalidParameterError("denominator", value, "'batch' or a number > 0")
+        return "batch"
+    return check_positive_finite("denominator", value)
+
+
+def _config(value: CheckConfig | None) -> CheckConfig:
+    config = CheckConfig() if value is None else value
+    if not isinstance(config, CheckConfig):
+        raise InvalidParameterError("config", config, "a CheckConfig")
+    if config.noise_batch_size > max((*config.batch_sizes, config.counts_batch)):
+        raise InvalidParameterError(
+            "config.noise_batch_size",
+            config.noise_batch_size,
+            "at most the largest batch of the clipping checks",
+        )
+    return config
+
+
+class StepDriver:
+    """Runs the step under test for the checks and holds what the checks share.
+
+    Args:
+        harness: the training step to check.
+        input_shape: shape of one model input.
+        loss: ``"mse"`` or ``"cross_entropy"``: the loss the step minimises.
+        labels: ``"soft"`` or ``"hard"`` cross-entropy targets.
+        learning_rate: η of the step, or None.
+        denominator: ``"batch"`` or the fixed number the step divides the noisy sum by.
+        plain_sgd: True when the update is −(η/D)·(noisy clipped sum), with no optimiser state.
+        noise_multiplier: σ for the noise checks, or None.
+        seed: seeds the synthetic data and the noise seeds of every run.
+        config: grids and thresholds (None: the defaults).
+
+    Raises:
+        InvalidParameterError: a bad argument.
+    """
+
+    def __init__(
+        self,
+        harness: StepHarness,
+        *,
+        input_shape: Sequence[int],
+        loss: str | LossKind,
+        labels: str | LabelKind = "soft",
+        learning_rate: float | None = None,
+        denominator: str | float = "batch",
+        plain_sgd: bool = True,
+        noise_multiplier: float | None = None,
+        seed: int = 0,
+        config: CheckConfig | None = None,
+    ) -> None:
+        if not (
+            callable(getattr(harness, "predict", None)) and callable(getattr(harness, "run", None))
+        ):
+            raise InvalidParameterError(
+                "harness", harness, "an object with predict(x) and run(x, y, ...) methods"
+            )
+        self.harness = harness
+        self.input_shape = _input_shape(input_shape)
+        self.loss = LossKind.parse(loss)
+        self.labels = LabelKind.parse(labels)
+        self.learning_rate = (
+            None if learning_rate is None else check_positive_finite("learning_rate", learning_rate)
+        )
+        self.denominator = _denominator(denominator)
+        if not isinstance(plain_sgd, bool):
+            raise InvalidParameterError("plain_sgd", plain_sgd, "True or False")
+        self.plain_sgd = plain_sgd
+        self.given_noise_multiplier = (
+            None
+            if noise_multiplier is None
+            else check_positive_finite("noise_multiplier", noise_multiplier)
+        )
+        self.seed = check_non_negative_int("seed", seed)
+        self.config = _config(config)
+        self.steps_run = 0
+        self._seed_counter = 0
+        self._pool: ClippingPool | None = None
+        self._num_outputs: int | None = None
+        self._noise_batch: tuple[np.ndarray, np.ndarray] | None = None
+
+    def next_seed(self) -> int:
+        """A fresh noise seed: the i-th call returns the same seed for the same checker seed."""
+        self._seed_counter += 1
+        state = np.random.SeedSequence([self.seed, 7, self._seed_counter]).generate_state(
+            1, np.uint64
+        )
+        return int(state[0] & np.uint64(2**62 - 1))
+
+    def rng(self, tag: int) -> np.random.Generator:
+        """The generator of the synthetic data numbered ``tag``."""
+        return np.random.default_rng([self.seed, tag])
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Outputs (n, outputs) of the starting model, checked for their shape."""
+        out = np.asarray(self.harness.predict(x))
+        if out.ndim == 1:
+            out = out.reshape(-1, 1)
+        if out.ndim != 2 or out.shape[0] != x.shape[0]:
+            raise InvalidParameterError(
+                "harness.predict", f"output of shape {out.shape}", f"shape ({x.shape[0]}, outputs)"
+            )
+        return out
+
+    @property
+    def num_outputs(self) -> int:
+        """Output dimension of the model (number of classes for cross-entropy)."""
+        if self._num_outputs is None:
+            x = self.rng(1).standard_normal((1, *self.input_shape))
+            self._num_outputs = int(self.predict(x).shape[1])
+        return self._num_outputs
+
+    @property
+    def pool(self) -> ClippingPool:
+        """The fixed synthetic points of the clipping checks."""
+        if self._pool is None:
+            cfg = self.config
+            largest = max(max(cfg.batch_sizes), cfg.counts_batch, cfg.noise_batch_size)
+            self._pool = make_clipping_pool(
+                self.predict,
+                input_shape=self.input_shape,
+                loss=self.loss,
+                labels=self.labels,
+                max_fillers=largest,
+                scale=cfg.large_target_scale,
+                rng=self.rng(2),
+            )
+        return self._pool
+
+    def noise_batch(self) -> tuple[np.ndarray, np.ndarray]:
+        """The fixed batch of ordinary points of the noise checks."""
+        if self._noise_batch is None:
+            self._noise_batch = ordinary_batch(
+                input_shape=self.input_shape,
+                num_outputs=self.num_outputs,
+                batch_size=self.config.noise_batch_size,
+                loss=self.loss,
+                labels=self.labels,
+                rng=self.rng(3),
+            )
+        return self._noise_batch
+
+    def run(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        *,
+        clip: float,
+        sigma: float,
+        seed: int | None = None,
+        steps: int = 1,
+    ) -> StepOutcome:
+        """Run the step ``steps`` times on (x, y) with clip norm ``clip`` and noise multiplier
+        ``sigma`` (seed None: the next noise seed), and check the shapes of what it returns."""
+        out = self.harness.run(
+            x,
+            y,
+            max_grad_norm=float(clip),
+            noise_multiplier=float(sigma),
+            seed=self.next_seed() if seed is None else seed,
+            num_steps=steps,
+        )
+        self.steps_run += steps
+        _check_outcome(out, x.shape[0])
+        return out
+
+    def settings(self) -> dict[str, Any]:
+        """The settings of the step under test, for the report."""
+        return {
+            "seed": self.seed,
+            "loss": self.loss.value,
+            "labels": self.labels.value,
+            "learning_rate": self.learning_rate,
+            "denominator": self.denominator,
+            "plain_sgd": self.plain_sgd,
+        }
+
+
+def _check_outcome(out: Any, batch_size: int) -> None:
+    if not isinstance(out, StepOutcome):
+        raise InvalidParameterError("harness.run", type(out).__name__, "a StepOutcome")
+    for name in ("losses_before", "losses_after"):
+        arr = getattr(out, name)
+        if arr.shape != (batch_size,):
+            raise InvalidParameterError(
+                f"StepOutcome.{name}", f"shape {arr.shape}", f"shape ({batch_size},)"
+            )
+    if out.params_after.shape != out.params_before.shape or out.params_after.ndim != 1:
+        raise InvalidParameterError(
+            "StepOutcome.params_after",
+            f"shape {out.params_after.shape}",
+            "a flat vector shaped like params_before",
+        )
