@@ -38,7 +38,7 @@ import itertools
 import math
 import numbers
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import attrs
@@ -107,6 +107,10 @@ def _frozen_mapping(value: Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(value or {})
 
 
+def _warnings_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
 @attrs.frozen
 class PrivacyResult:
     """One accountant's answer.
@@ -137,7 +141,7 @@ class PrivacyResult:
     num_steps: int = 0
     settings: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
     seconds: float = 0.0
-    warnings: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    warnings: tuple[str, ...] = attrs.field(default=(), converter=_warnings_tuple)
     details: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
 
     @property
@@ -179,7 +183,7 @@ class Answer:
     lower: float | None = None
     upper: float | None = None
     kind: ResultKind | None = None
-    warnings: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    warnings: tuple[str, ...] = attrs.field(default=(), converter=_warnings_tuple)
     details: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
 
 
