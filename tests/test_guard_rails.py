@@ -9,6 +9,7 @@ test fails with the tool's own output, so the fix is in the failure message.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -87,3 +88,54 @@ def test_the_package_ships_type_information() -> None:
     assert (ROOT / "dpledger" / "py.typed").is_file()
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     assert 'dpledger = ["py.typed"]' in pyproject
+
+
+_SECTION_CITATION = re.compile(r'docs/architecture\.md`{0,2}, "([^"]+)"')
+_ANCHOR_LINK = re.compile(r"\]\((?:docs/)?([a-z-]+\.md)#([^)\s]+)\)")
+
+
+def _slug(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _headings(doc: Path) -> list[str]:
+    lines = doc.read_text(encoding="utf-8").splitlines()
+    return [line.lstrip("#").strip() for line in lines if re.match(r"#{1,6} ", line)]
+
+
+def _cited_files() -> list[Path]:
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for folder in ("dpledger", "tests", "benchmarks", "examples"):
+        files += sorted((ROOT / folder).rglob("*.py"))
+    return files
+
+
+def test_citations_of_the_docs_name_sections_that_exist() -> None:
+    """A section of docs/architecture.md cited in code or docs, and a ``](page.md#anchor)``
+    link in Markdown, name headings that exist."""
+    sections = set(_headings(ROOT / "docs" / "architecture.md"))
+    anchors = {doc.name: {_slug(h) for h in _headings(doc)} for doc in (ROOT / "docs").glob("*.md")}
+    broken, cited = [], 0
+    for path in _cited_files():
+        text = path.read_text(encoding="utf-8")
+        rel = path.relative_to(ROOT)
+        for section in _SECTION_CITATION.findall(text):
+            cited += 1
+            if section not in sections:
+                broken.append(f"{rel}: no section {section!r} in docs/architecture.md")
+        if path.suffix == ".md":
+            for page, anchor in _ANCHOR_LINK.findall(text):
+                cited += 1
+                if anchor not in anchors.get(page, set()):
+                    broken.append(f"{rel}: no heading for {page}#{anchor}")
+    assert cited >= 5, "the citation pattern matched almost nothing: is it still the one used?"
+    assert not broken, "\n".join(broken)
+
+
+def test_slug_follows_github() -> None:
+    assert _slug('What "upper bound" means') == "what-upper-bound-means"
+    assert _slug("8. What the chain detects, and what it does not") == (
+        "8-what-the-chain-detects-and-what-it-does-not"
+    )

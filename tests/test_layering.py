@@ -1,6 +1,6 @@
 """The layering of the package, checked on the source of every module under ``dpledger/``.
 
-``docs/architecture.md`` ("Layers") states the rules; this module enforces them. Every import
+``docs/architecture.md``, "Layers", states the rules; this module enforces them. Every import
 counts, at any depth: a lazy import inside a function still makes the module depend on what it
 imports, and a string naming a ``dpledger`` module (what ``importlib.import_module`` is given)
 counts as an import of that module. Each rule is its own test case, so a failure names the rule
@@ -48,6 +48,7 @@ CORE_LAZY_EXTRAS = ("matplotlib",)
 ``dpledger epsilon --plot`` command draws (the ``plot`` extra)."""
 FRAMEWORKS = ("torch", "tensorflow", "keras")
 
+SECTION = 'docs/architecture.md, "Layers"'
 _MODULE_STRING = re.compile(r"dpledger(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 
 
@@ -323,14 +324,12 @@ def test_layer_rule(rule: Rule, modules: dict[str, Module]) -> None:
     if not covered:
         pytest.skip(f"no module of {', '.join(rule.layer)} in this tree")
     found = violations(rule, modules)
-    assert not found, f"layer rule {rule.id} is broken (docs/architecture.md, Layers):\n" + (
-        "\n".join(found)
-    )
+    assert not found, f"layer rule {rule.id} is broken ({SECTION}):\n" + ("\n".join(found))
 
 
 def test_every_module_is_in_a_layer(modules: dict[str, Module]) -> None:
     unplaced = [m.path for name, m in modules.items() if layer_of(name) is None]
-    assert not unplaced, "modules in no layer (add them to docs/architecture.md and LAYERS):\n" + (
+    assert not unplaced, f"modules in no layer (add them to {SECTION} and LAYERS):\n" + (
         "\n".join(unplaced)
     )
 

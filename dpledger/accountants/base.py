@@ -7,7 +7,8 @@ An accountant replays a ledger (a :class:`~dpledger.ledger.PrivacyLedger` or its
 * :meth:`Accountant.delta` — the δ of the whole ledger at a given ε;
 * :meth:`Accountant.epsilon_curve` — ε at δ after each of several step counts.
 
-Every answer is a :class:`PrivacyResult` that says what kind of number it is (design rule 4).
+Every answer is a :class:`PrivacyResult` that says what kind of number it is
+(``docs/architecture.md``, "Soundness rules", rule 4).
 This base class does what is common to all accountants, in this order, before any computation:
 validate δ or ε, turn the input into a compressed ledger, refuse a ledger the accountant cannot
 analyse (:class:`~dpledger.errors.UnsupportedLedgerError`), answer the trivial cases (an empty
