@@ -32,6 +32,7 @@ from typing import Any, NoReturn
 
 from dpledger._version import __version__
 from dpledger.errors import DPLedgerError, InvalidParameterError, LedgerVerificationError
+from dpledger.ledger.commands import one_line
 
 __all__ = ["build_parser", "main", "one_line"]
 
@@ -41,7 +42,6 @@ _COMMAND_MODULES = (
     "dpledger.checks.commands",
 )
 _SHOWN_CHARS = 80
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SNAKE_SWITCH = re.compile(r"\b([a-z][a-z0-9]*(?:_[a-z0-9]+)+)=True\b")
 _SNAKE_NAME = re.compile(r"\b([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b")
 
@@ -51,11 +51,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
-
-
-def one_line(text: str) -> str:
-    """``text`` with line breaks and other control characters escaped, so it prints as one line."""
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def build_parser() -> argparse.ArgumentParser:

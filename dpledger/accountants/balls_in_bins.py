@@ -224,9 +224,17 @@ def _sources(
     for direction in (_REMOVE, _ADD):
         if keep and samples <= _KEEP_SAMPLES:
             kept = list(_loss_chunks(sigma, k, epochs, direction, samples, seed))
-            out.append(lambda kept=kept: kept)
+
+            def kept_chunks(kept: list[np.ndarray] = kept) -> Iterable[np.ndarray]:
+                return kept
+
+            out.append(kept_chunks)
         else:
-            out.append(lambda d=direction: _loss_chunks(sigma, k, epochs, d, samples, seed))
+
+            def fresh_chunks(d: int = direction) -> Iterable[np.ndarray]:
+                return _loss_chunks(sigma, k, epochs, d, samples, seed)
+
+            out.append(fresh_chunks)
     return out
 
 
@@ -353,13 +361,10 @@ def balls_in_bins_epsilon(
         )
 
     while any(unresolved(b) for b in brackets):
-        live = [i for i, b in enumerate(brackets) if unresolved(b)]
-        grid = np.unique(
-            np.concatenate([np.linspace(brackets[i][0], brackets[i][1], _GRID) for i in live])
-        )
+        live = [(i, b) for i, b in enumerate(brackets) if b is not None and unresolved(b)]
+        grid = np.unique(np.concatenate([np.linspace(b[0], b[1], _GRID) for _, b in live]))
         est, ucb, _, _ = evaluate(grid)
-        for i in live:
-            b = brackets[i]
+        for i, b in live:
             values = (est, ucb)[i]
             inside = (grid >= b[0]) & (grid <= b[1])
             g, v = grid[inside], values[inside]

@@ -7,7 +7,8 @@ An accountant replays a ledger (a :class:`~dpledger.ledger.PrivacyLedger` or its
 * :meth:`Accountant.delta` — the δ of the whole ledger at a given ε;
 * :meth:`Accountant.epsilon_curve` — ε at δ after each of several step counts.
 
-Every answer is a :class:`PrivacyResult` that says what kind of number it is (design rule 4).
+Every answer is a :class:`PrivacyResult` that says what kind of number it is
+(``docs/architecture.md``, "Soundness rules", rule 4).
 This base class does what is common to all accountants, in this order, before any computation:
 validate δ or ε, turn the input into a compressed ledger, refuse a ledger the accountant cannot
 analyse (:class:`~dpledger.errors.UnsupportedLedgerError`), answer the trivial cases (an empty
@@ -38,7 +39,7 @@ import itertools
 import math
 import numbers
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import attrs
@@ -107,6 +108,10 @@ def _frozen_mapping(value: Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(value or {})
 
 
+def _warnings_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
 @attrs.frozen
 class PrivacyResult:
     """One accountant's answer.
@@ -137,7 +142,7 @@ class PrivacyResult:
     num_steps: int = 0
     settings: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
     seconds: float = 0.0
-    warnings: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    warnings: tuple[str, ...] = attrs.field(default=(), converter=_warnings_tuple)
     details: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
 
     @property
@@ -179,7 +184,7 @@ class Answer:
     lower: float | None = None
     upper: float | None = None
     kind: ResultKind | None = None
-    warnings: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    warnings: tuple[str, ...] = attrs.field(default=(), converter=_warnings_tuple)
     details: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
 
 

@@ -37,7 +37,13 @@ from typing import Any
 
 import attrs
 
-from dpledger.accountants.base import Accountant, PrivacyResult, ResultKind, make_accountant
+from dpledger.accountants.base import (
+    Accountant,
+    PrivacyResult,
+    ResultKind,
+    _warnings_tuple,
+    make_accountant,
+)
 from dpledger.accountants.budget import DEFAULT_TIME_BUDGET_S, check_time_budget
 from dpledger.errors import ComputationBudgetError, InvalidParameterError
 from dpledger.ledger.events import NeighboringRelation
@@ -95,7 +101,7 @@ class CalibrationResult:
     steps: int
     evaluations: int
     seconds: float
-    warnings: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    warnings: tuple[str, ...] = attrs.field(default=(), converter=_warnings_tuple)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready values."""

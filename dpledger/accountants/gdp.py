@@ -231,9 +231,14 @@ class GdpAccountant(Accountant):
         self.lower_bound_interval = (
             None if lower_bound_interval is None else float(lower_bound_interval)
         )
-        self.lower_bound_bucketing = check_bucketing(
-            lower_bound_bucketing, parameter="lower_bound_bucketing"
-        )
+        bucketing_lower = check_bucketing(lower_bound_bucketing, parameter="lower_bound_bucketing")
+        if bucketing_lower is None:
+            raise InvalidParameterError(
+                "lower_bound_bucketing",
+                lower_bound_bucketing,
+                "a relative precision in (0, 1), e.g. 0.02 (the lower bound is always bucketed)",
+            )
+        self.lower_bound_bucketing = bucketing_lower
         self.bucketing = check_bucketing(bucketing)
         self.memory_budget = check_memory_budget(memory_budget)
         self.time_budget_s = check_time_budget(time_budget_s)
@@ -269,7 +274,8 @@ class GdpAccountant(Accountant):
         details: dict[str, Any] = {"mu": mu, "exact": exact}
         if exact:
             return Answer(eps, lower=eps, upper=eps, kind=ResultKind.UPPER_BOUND, details=details)
-        lower, warnings = None, ()
+        lower: float | None = None
+        warnings: tuple[str, ...] = ()
         if self.lower_bound:
             lower, info = self._lower_bound(ledger, gdp_value=eps, delta=delta)
             details.update(info)
@@ -313,8 +319,16 @@ class GdpAccountant(Accountant):
             is_exact = int(not_exact[r]) == 0
             eps = gdp_epsilon(mu, delta)
             kind = ResultKind.UPPER_BOUND if is_exact else ResultKind.APPROXIMATION
-            bounds = {"lower": eps, "upper": eps} if is_exact else {}
-            answers.append(Answer(eps, kind=kind, details={"mu": mu, "exact": is_exact}, **bounds))
+            bound = eps if is_exact else None
+            answers.append(
+                Answer(
+                    eps,
+                    lower=bound,
+                    upper=bound,
+                    kind=kind,
+                    details={"mu": mu, "exact": is_exact},
+                )
+            )
         return answers
 
     # ------------------------------------------------------------------ lower bound

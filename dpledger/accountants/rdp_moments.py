@@ -226,7 +226,16 @@ class _Rows:
         self.star = self.star[keep]
 
 
-def _fractional_block(rows: _Rows, k: np.ndarray) -> tuple[np.ndarray, ...]:
+def _fractional_block(
+    rows: _Rows, k: np.ndarray
+) -> tuple[
+    tuple[np.ndarray, np.ndarray, np.ndarray],
+    tuple[np.ndarray, np.ndarray, np.ndarray],
+    tuple[np.ndarray, ...],
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+]:
     """For terms k of every row: the signed pieces' logs, signs and error weights, and the
     log of the binomial-identity tail term |C(α, k)|·P_k (for the q ≤ 1/2 rearrangement)."""
     a = rows.alpha[:, None]

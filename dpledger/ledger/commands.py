@@ -12,15 +12,22 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import warnings
 from typing import Any
 
-from dpledger.cli import one_line
 from dpledger.ledger.ledger import LedgerWarning, PrivacyLedger
 from dpledger.ledger.verify import verify_ledger
 
-__all__ = ["add_ledger_checks", "load_for_command", "print_warnings", "register"]
+__all__ = ["add_ledger_checks", "load_for_command", "one_line", "print_warnings", "register"]
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def one_line(text: str) -> str:
+    """``text`` with line breaks and other control characters escaped, so it prints as one line."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def add_ledger_checks(parser: argparse.ArgumentParser) -> None:

@@ -168,6 +168,26 @@ def _optional_count(name: str) -> Any:
     return convert
 
 
+def _batch_size(value: Any) -> int | None:
+    return _optional_count("batch_size")(value)
+
+
+def _max_batch_size(value: Any) -> int | None:
+    return _optional_count("max_batch_size")(value)
+
+
+def _num_batches(value: Any) -> int | None:
+    return _optional_count("num_batches")(value)
+
+
+def _scheme(value: Any) -> SamplingScheme:
+    return SamplingScheme.parse(value)
+
+
+def _unit(value: Any) -> PrivacyUnit:
+    return PrivacyUnit.parse(value)
+
+
 def _flag(value: Any) -> bool:
     if not isinstance(value, bool):
         raise InvalidParameterError("epoch_start", value, "True or False")
@@ -228,21 +248,13 @@ class SamplingEvent:
     sampling_probability: float = attrs.field(converter=_probability)
     population_size: int | None = attrs.field(default=None, converter=_population_size)
     scheme: SamplingScheme = attrs.field(
-        default=attrs.Factory(_default_scheme, takes_self=True), converter=SamplingScheme.parse
+        default=attrs.Factory(_default_scheme, takes_self=True), converter=_scheme
     )
-    batch_size: int | None = attrs.field(
-        default=None, converter=_optional_count("batch_size"), kw_only=True
-    )
-    max_batch_size: int | None = attrs.field(
-        default=None, converter=_optional_count("max_batch_size"), kw_only=True
-    )
-    num_batches: int | None = attrs.field(
-        default=None, converter=_optional_count("num_batches"), kw_only=True
-    )
+    batch_size: int | None = attrs.field(default=None, converter=_batch_size, kw_only=True)
+    max_batch_size: int | None = attrs.field(default=None, converter=_max_batch_size, kw_only=True)
+    num_batches: int | None = attrs.field(default=None, converter=_num_batches, kw_only=True)
     epoch_start: bool = attrs.field(default=False, converter=_flag, kw_only=True)
-    unit: PrivacyUnit = attrs.field(
-        default=PrivacyUnit.RECORD, converter=PrivacyUnit.parse, kw_only=True
-    )
+    unit: PrivacyUnit = attrs.field(default=PrivacyUnit.RECORD, converter=_unit, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         scheme, q, n = self.scheme, self.sampling_probability, self.population_size

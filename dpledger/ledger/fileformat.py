@@ -988,7 +988,8 @@ class LedgerReader:
                 "is not in the exact layout dpledger writes (field order, spacing or number "
                 "format differ): the line was rewritten"
             )
-        return ("header" if line_number == 1 else kind), value, digest
+        # every branch above that did not raise matched ``kind`` against a string
+        return ("header" if line_number == 1 else str(kind)), value, digest
 
     @staticmethod
     def _check_header(

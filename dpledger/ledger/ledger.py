@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 import warnings
 import weakref
@@ -293,9 +294,7 @@ class PrivacyLedger:
     # ------------------------------------------------------------------ files
     def _lock(self, fd: int) -> None:
         """Take the single-writer lock on ``fd`` (the caller closes ``fd`` if this raises)."""
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not POSIX
+        if sys.platform == "win32":  # pragma: no cover - not POSIX
             import msvcrt
 
             try:
@@ -303,6 +302,8 @@ class PrivacyLedger:
             except OSError:
                 raise self._locked_error() from None
             return
+        import fcntl
+
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

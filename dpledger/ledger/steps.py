@@ -202,6 +202,10 @@ class StepRun:
         return math.isinf(self.noise_multiplier) or self.sampling_probability == 0.0
 
 
+def _neighboring(value: Any) -> NeighboringRelation:
+    return NeighboringRelation.parse(value)
+
+
 def _runs_tuple(value: Any) -> tuple[Any, ...]:
     try:
         return tuple(value)
@@ -221,7 +225,7 @@ class CompressedLedger:
     """
 
     neighboring: NeighboringRelation = attrs.field(
-        default=NeighboringRelation.ADD_REMOVE, converter=NeighboringRelation.parse
+        default=NeighboringRelation.ADD_REMOVE, converter=_neighboring
     )
     runs: tuple[StepRun, ...] = attrs.field(default=(), converter=_runs_tuple)
 

@@ -56,7 +56,12 @@ from dpledger.mechanisms.backend import (
     array_norms,
     resolve_backend,
 )
-from dpledger.mechanisms.clipping import ClippingStrategy, check_clip_margin, check_record_norms
+from dpledger.mechanisms.clipping import (
+    ClippingStrategy,
+    FlatClipping,
+    check_clip_margin,
+    check_record_norms,
+)
 from dpledger.validation import check_non_negative_finite, check_positive_finite
 
 __all__ = [
@@ -97,6 +102,10 @@ def _bound(value: float) -> float:
 
 def _stddev(value: float) -> float:
     return check_non_negative_finite("noise_stddev", value)
+
+
+def _clipping(value: Any) -> ClippingStrategy:
+    return ClippingStrategy.parse(value)
 
 
 def _label(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -213,7 +222,9 @@ class GaussianSumQuery:
 
     l2_norm_bound: float = attrs.field(converter=_bound)
     noise_stddev: float = attrs.field(converter=_stddev)
-    clipping: ClippingStrategy = attrs.field(default="flat", converter=ClippingStrategy.parse)
+    clipping: ClippingStrategy = attrs.field(
+        default=attrs.Factory(FlatClipping), converter=_clipping
+    )
     label: str | None = attrs.field(default=None, validator=_label)
     check_sensitivity: bool = attrs.field(default=True, validator=_flag)
 

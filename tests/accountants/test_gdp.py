@@ -235,6 +235,7 @@ def test_gdp_helpers_edge_values() -> None:
         ({"lower_bound_interval": 0.0}, "lower_bound_interval"),
         ({"lower_bound_interval": True}, "lower_bound_interval"),
         ({"lower_bound_bucketing": 0.0}, "lower_bound_bucketing"),
+        ({"lower_bound_bucketing": None}, "lower_bound_bucketing"),
         ({"bucketing": 1.5}, "bucketing"),
     ],
 )

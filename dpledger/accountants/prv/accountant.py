@@ -565,13 +565,14 @@ class PrvAccountant(Accountant):
                 if time.perf_counter() > _DEADLINE.get():
                     break  # the remaining points each fall back on their own
                 try:
-                    if any(d is None for d in directions):  # composed on its own window
+                    composed = tuple(d for d in directions if d is not None)
+                    if len(composed) < len(directions):  # composed on its own window
                         bounds = self._checked_compose(
                             mesh, rows[i][0], float(mus[j]), budget, delta
                         )
                     else:
-                        bounds = _Bounds(directions=directions, mesh_width=mesh.h)
-                        if max(d.float_error for d in directions) > 0.05 * delta:
+                        bounds = _Bounds(directions=composed, mesh_width=mesh.h)
+                        if max(d.float_error for d in composed) > 0.05 * delta:
                             continue
                     found = _search_epsilon(bounds, delta, hint)
                 except (PrvNumericalError, MemoryError):

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import attrs
 import numpy as np
@@ -365,7 +366,9 @@ class ComposedLoss:
         """The ε-independent pieces of the closed form, in the spectrum's precision."""
         cache = self.__dict__
         if "_parts" not in cache:
-            real = np.longdouble if self.spectrum.dtype == np.clongdouble else np.float64
+            real: type[np.floating[Any]] = (
+                np.longdouble if self.spectrum.dtype == np.clongdouble else np.float64
+            )
             tau = 2 * (_PI_LONG if real is np.longdouble else real(math.pi))
             hh = real(self.h)
             m = np.arange(1, self.band + 1, dtype=np.int64)
@@ -525,7 +528,7 @@ def compose(
     if use_band:
         spectra = steps.band_spectrum(n, band, block, terms, precise)[used]
     else:
-        spectra = np.stack([steps.full_spectrum(i, n, precise) for i in used])
+        spectra = np.stack([steps.full_spectrum(int(i), n, precise) for i in used])
     return _assemble(
         steps,
         counts,

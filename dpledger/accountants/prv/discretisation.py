@@ -40,6 +40,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from functools import cached_property
+from typing import Any
 
 import attrs
 import numpy as np
@@ -151,7 +152,7 @@ class DiscreteSteps:
         self.dense_lo = self.starts + np.array([p.dense_start for p in self.prvs])
         self.dense_hi = self.starts + np.array([p.dense_stop for p in self.prvs])
         self._stats()
-        self._moments: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._moments: dict[tuple[int, int, bool], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def __len__(self) -> int:
         return len(self.prvs)
@@ -210,7 +211,7 @@ class DiscreteSteps:
     def _block_moments(
         self, block: int, terms: int, precise: bool
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        real = np.longdouble if precise else np.float64
+        real: type[np.floating[Any]] = np.longdouble if precise else np.float64
         ids = np.floor_divide(self.positions, block)
         new = np.r_[True, (ids[1:] != ids[:-1]) | (self.run[1:] != self.run[:-1])]
         starts = np.flatnonzero(new)
@@ -265,8 +266,8 @@ class DiscreteSteps:
 
         ``precise`` computes in extended precision and returns ``numpy.clongdouble``.
         """
-        real = np.longdouble if precise else np.float64
-        cplx = np.clongdouble if precise else np.complex128
+        real: type[np.floating[Any]] = np.longdouble if precise else np.float64
+        cplx: type[np.complexfloating[Any, Any]] = np.clongdouble if precise else np.complex128
         pi = real(np.pi) if not precise else np.longdouble("3.14159265358979323846264338327950288")
         centres, moments, owner = self.block_moments(block, terms, precise)
         m = np.arange(m_max + 1)

@@ -31,7 +31,9 @@ import scipy.special
 __all__ = ["StepPair", "noise_at_loss", "p_tails", "q_tails"]
 
 
-def noise_at_loss(loss: np.ndarray, q: np.ndarray, z: np.ndarray, replace_one: bool) -> np.ndarray:
+def noise_at_loss(
+    loss: np.ndarray, q: np.ndarray | float, z: np.ndarray | float, replace_one: bool
+) -> np.ndarray:
     """x(ℓ): the noise coordinate where L(x) = ℓ (−∞ at or below the infimum of L).
 
     Vectorised over ``loss``, ``q`` and ``z`` (broadcast). add/remove:
@@ -66,7 +68,7 @@ def noise_at_loss(loss: np.ndarray, q: np.ndarray, z: np.ndarray, replace_one: b
 
 
 def _tails(
-    x: np.ndarray, z: np.ndarray, components: list[tuple[np.ndarray, float]]
+    x: np.ndarray, z: np.ndarray | float, components: list[tuple[np.ndarray, float]]
 ) -> tuple[np.ndarray, np.ndarray]:
     """(Pr[X ≤ x], Pr[X > x]) of a Gaussian mixture, each accurate where it is small."""
     le = np.zeros(np.shape(x))
@@ -80,14 +82,16 @@ def _tails(
     return le, gt
 
 
-def p_tails(x: np.ndarray, q: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def p_tails(
+    x: np.ndarray, q: np.ndarray | float, z: np.ndarray | float
+) -> tuple[np.ndarray, np.ndarray]:
     """(P[X ≤ x], P[X > x]) for P = (1 − q)·N(0, z²) + q·N(1, z²) (both relations)."""
     q = np.asarray(q, dtype=float)
     return _tails(x, z, [(1.0 - q, 0.0), (q, 1.0)])
 
 
 def q_tails(
-    x: np.ndarray, q: np.ndarray, z: np.ndarray, replace_one: bool
+    x: np.ndarray, q: np.ndarray | float, z: np.ndarray | float, replace_one: bool
 ) -> tuple[np.ndarray, np.ndarray]:
     """(Q[X ≤ x], Q[X > x]): Q = N(0, z²), or (1 − q)·N(0, z²) + q·N(−1, z²) for replace-one."""
     q = np.asarray(q, dtype=float)
