@@ -1,5 +1,5 @@
 """The audit statistics, the checks' core and the diagnostics never import PyTorch or TensorFlow
-(design rule 2), and the diagnostics import only the core."""
+(docs/architecture.md, "Soundness rules", rule 2), and the diagnostics import only the core."""
 
 from __future__ import annotations
 

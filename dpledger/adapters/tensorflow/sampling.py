@@ -4,10 +4,11 @@ and shuffled batches.
 Each sampler is a transformation of a population of n records into a dataset of batches
 (:meth:`RecordSampler.sample`), and says which :class:`~dpledger.ledger.SamplingEvent` each of
 those batches is (:meth:`RecordSampler.event_for_step`), so that the training step that consumes
-a batch records exactly the scheme that drew it (DESIGN.md, rule 6). The samplers do not write to
-a ledger themselves. What a scheme is (its checked parameters, q, denominator, epoch layout and
-events) is described without TensorFlow by the sampler's :attr:`RecordSampler.scheme`
-(:mod:`dpledger.sampling`); the samplers here only draw the index batches.
+a batch records exactly the scheme that drew it (docs/architecture.md, "Soundness rules",
+rule 6). The samplers do not write to a ledger themselves. What a scheme is (its checked
+parameters, q, denominator, epoch layout and events) is described without TensorFlow by the
+sampler's :attr:`RecordSampler.scheme` (:mod:`dpledger.sampling`); the samplers here only draw
+the index batches.
 
 The schemes (one iteration over a sampler's dataset is one *epoch* of ``steps_per_epoch``
 batches):
