@@ -32,9 +32,11 @@ from dpledger.ledger import (
     VerificationReport,
     verify_ledger,
 )
+from dpledger.mechanisms.config import DPConfig
 
 __all__ = [
     "CompressedLedger",
+    "DPConfig",
     "DPLedgerError",
     "InvalidParameterError",
     "LedgerError",

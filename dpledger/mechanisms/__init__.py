@@ -46,6 +46,7 @@ from dpledger.mechanisms.clipping import (
     clip_records,
     rounding_clip_margin,
 )
+from dpledger.mechanisms.config import DPConfig
 from dpledger.mechanisms.grouped import GroupedSumQuery, PreparedRelease
 from dpledger.mechanisms.sampling import PoissonSampler
 from dpledger.mechanisms.step import SampledStep, open_step, sampled_step
@@ -61,6 +62,7 @@ __all__ = [
     "ArrayBackend",
     "AutomaticClipping",
     "ClippingStrategy",
+    "DPConfig",
     "FlatClipping",
     "GaussianSumQuery",
     "GlobalClipping",
