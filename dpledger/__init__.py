@@ -5,6 +5,8 @@ accountants replay the ledger afterwards to compute (ε, δ). ``import dpledger`
 PyTorch nor TensorFlow; the framework adapters import them when they are used.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from dpledger._version import __version__
 from dpledger.errors import (
     DPLedgerError,
@@ -33,8 +35,12 @@ from dpledger.ledger import (
     verify_ledger,
 )
 
+if TYPE_CHECKING:
+    from dpledger.mechanisms.config import DPConfig
+
 __all__ = [
     "CompressedLedger",
+    "DPConfig",
     "DPLedgerError",
     "InvalidParameterError",
     "LedgerError",
@@ -58,3 +64,13 @@ __all__ = [
     "__version__",
     "verify_ledger",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # DPConfig lives in dpledger.mechanisms (which imports NumPy); it is loaded when first
+    # used, so that ``import dpledger`` stays as light as the ledger.
+    if name == "DPConfig":
+        from dpledger.mechanisms.config import DPConfig
+
+        return DPConfig
+    raise AttributeError(f"module 'dpledger' has no attribute {name!r}")

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         model,
         torch.optim.AdamW(model.parameters(), lr=1e-2),
         DataLoader(train, batch_size=300, shuffle=True),  # replaced by Poisson, q = 300/3000
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         target_epsilon=args.target_epsilon,
         delta=DELTA,
         epochs=args.epochs,

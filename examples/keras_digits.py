@@ -89,7 +89,7 @@ def train(
     optimizer: keras.optimizers.Optimizer | None = None,
     ledger_path: str | os.PathLike[str] | None = None,
     seed: int = 0,
-    method: str = "auto",
+    strategy: str = "auto",
 ) -> DigitsRun:
     """Train the CNN with DP for ``epochs`` epochs of 1/q steps; return accuracy and ε."""
     digits = load_digits()
@@ -114,12 +114,12 @@ def train(
     ledger = PrivacyLedger(ledger_path, metadata={"example": "keras_digits"})
     dp_model = DPKerasModel(
         model,
-        l2_norm_clip=CLIP,
+        l2_norm_bound=CLIP,
         noise_multiplier=z,
         sampler=sampler,
         ledger=ledger,
         seed=seed + 1,
-        method=method,
+        strategy=strategy,
     )
     dp_model.compile(
         optimizer=optimizer or keras.optimizers.Adam(2e-3),

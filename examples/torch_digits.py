@@ -85,7 +85,7 @@ def train(
     target_epsilon: float = 4.0,
     epochs: int = 15,
     sampling_probability: float = 0.05,
-    max_grad_norm: float = 1.0,
+    l2_norm_bound: float = 1.0,
     seed: int = 0,
 ) -> DemoResult:
     """Train the CNN with DP and return its test accuracy; the ledger is written to the path."""
@@ -109,7 +109,7 @@ def train(
         base,
         train_set,
         sampling_probability=sampling_probability,
-        max_grad_norm=max_grad_norm,
+        l2_norm_bound=l2_norm_bound,
         target_epsilon=target_epsilon,
         delta=DELTA,
         epochs=epochs,

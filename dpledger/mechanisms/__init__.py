@@ -47,6 +47,7 @@ from dpledger.mechanisms.clipping import (
     check_record_norms,
     rounding_clip_margin,
 )
+from dpledger.mechanisms.config import DPConfig
 from dpledger.mechanisms.grouped import GroupedSumQuery, PreparedRelease
 from dpledger.mechanisms.step import SampledStep, open_step, sampled_step
 from dpledger.mechanisms.sum_query import (
@@ -62,6 +63,7 @@ __all__ = [
     "ArrayBackend",
     "AutomaticClipping",
     "ClippingStrategy",
+    "DPConfig",
     "FlatClipping",
     "GaussianSumQuery",
     "GlobalClipping",

@@ -6,9 +6,12 @@ trainable variables; every group is one Gaussian sum query with its own privacy 
 z_eff = (Σ_g (S_g/σ̃_g)²)^(-1/2) (paper Eq. 1). :func:`gradient_queries` builds them with the
 mechanisms' helpers:
 
-* ``groups=None``: one group, flat clipping of the whole gradient to S* with σ̃ = z·S*;
-* ``groups="per_layer"`` (variables grouped by owning layer), ``"per_variable"`` or an explicit
-  list of lists of variable paths: the clip bound S* is split over the m groups equally
+* ``groups="all"`` (the default): one group, flat clipping of the whole gradient to S* with
+  σ̃ = z·S*;
+* ``groups="per_layer"`` (variables grouped by owning layer), ``"per_parameter"`` (one group per
+  variable) or an explicit mapping ``{label: [variable paths]}`` (the paths of Keras 3,
+  ``variable.path``, e.g. ``"dense_1/kernel"``; a variable's ``name`` where it is unique; the
+  labels are the ledger's labels): the clip bound S* is split over the m groups equally
   (S_g = S*/√m, :func:`~dpledger.mechanisms.split_clip_equally`) or by dimension
   (S_g = S*·√(d_g/D), :func:`~dpledger.mechanisms.split_clip_by_dimension`), and the noise is
   allocated proportionally (σ̃_g = z·√G·S_g) or dimension-adjusted (σ̃_g = z·√(D/d_g)·S_g), both
@@ -19,6 +22,14 @@ mechanisms' helpers:
 
 Every strategy of :mod:`dpledger.mechanisms.clipping` can be used within the groups (flat, global,
 automatic).
+
+The vocabulary is the PyTorch adapter's and :class:`~dpledger.mechanisms.DPConfig`'s. The former
+TensorFlow values keep working for one release with a :class:`DeprecationWarning`:
+``l2_norm_clip=`` (now ``l2_norm_bound=``), ``groups="per_variable"`` (now ``"per_parameter"``),
+``groups=[[paths], ...]`` (now ``{"group0": [paths], ...}``, the same labels) and, for
+:class:`~dpledger.adapters.tensorflow.DPKerasModel` and
+:class:`~dpledger.adapters.tensorflow.PrivateGradients`, ``method="fast"`` / ``"vectorized"``
+(now ``strategy="ghost"`` / ``"generic"``). ``groups=None`` means "not given": one group.
 """
 
 from __future__ import annotations
@@ -32,14 +43,209 @@ import attrs
 from dpledger.errors import InvalidParameterError
 from dpledger.mechanisms import (
     ClippingStrategy,
+    DPConfig,
     GaussianSumQuery,
     GroupedSumQuery,
     ScaledGaussianSumQuery,
     allocate,
 )
+from dpledger.mechanisms.clipping import check_clip_margin
+from dpledger.mechanisms.config import (
+    check_groups,
+    check_strategy,
+    deprecated_alias,
+    warn_deprecated,
+)
 from dpledger.validation import check_non_negative_finite, check_positive_finite
 
 __all__ = ["GradientQueries", "gradient_queries"]
+
+_METHODS = ("auto", "fast", "vectorized")
+_STRATEGY_OF_METHOD = {"auto": "auto", "fast": "ghost", "vectorized": "generic"}
+_METHOD_OF_STRATEGY = {strategy: method for method, strategy in _STRATEGY_OF_METHOD.items()}
+
+
+def current_groups(groups: Any, *, stacklevel: int = 2) -> Any:
+    """``groups`` in the shared vocabulary: the former TensorFlow values are translated with a
+    :class:`DeprecationWarning` (``"per_variable"`` → ``"per_parameter"``, a list of lists of
+    paths → ``{"group0": [...], ...}``, the labels they had); None stays None (not given).
+
+    Raises:
+        InvalidParameterError: a group of a list that is not a non-empty list of paths.
+    """
+    if groups == "per_variable":
+        warn_deprecated(
+            "groups='per_variable'", "groups='per_parameter'", stacklevel=stacklevel + 1
+        )
+        return "per_parameter"
+    if groups is None or isinstance(groups, (str, bytes, Mapping)):
+        return groups
+    if not isinstance(groups, Sequence) or not groups:
+        return groups  # refused by the groups check, naming it
+    for g, group in enumerate(groups):
+        if isinstance(group, (str, bytes)) or not isinstance(group, Sequence) or not group:
+            raise InvalidParameterError(
+                f"groups[{g}]", group, "a non-empty list of trainable variable paths"
+            )
+    warn_deprecated(
+        "groups=[[variable paths], ...]",
+        "groups={label: [variable paths]} (e.g. {'group0': [...], 'group1': [...]})",
+        stacklevel=stacklevel + 1,
+    )
+    return {f"group{g}": list(group) for g, group in enumerate(groups)}
+
+
+def engine_method(*, strategy: str | None, method: str | None, stacklevel: int = 2) -> str:
+    """The engine's ``method`` for ``strategy=`` (``"auto"``, ``"ghost"``, ``"generic"``), or
+    for the deprecated ``method=`` (``"auto"``, ``"fast"``, ``"vectorized"``; a
+    :class:`DeprecationWarning` names the strategy).
+
+    Raises:
+        InvalidParameterError: both given, or a value outside its keyword's values
+            (``"per_example"`` has no TensorFlow engine).
+    """
+    if method is not None:
+        if strategy is not None:
+            raise InvalidParameterError(
+                "method", method, "not given with strategy= (method= is its deprecated name)"
+            )
+        if method not in _METHODS:
+            raise InvalidParameterError("method", method, "one of 'auto', 'fast', 'vectorized'")
+        warn_deprecated(
+            f"method={method!r}",
+            f"strategy={_STRATEGY_OF_METHOD[method]!r}",
+            stacklevel=stacklevel + 1,
+        )
+        return method
+    strategy = check_strategy("strategy", "auto" if strategy is None else strategy)
+    if strategy not in _METHOD_OF_STRATEGY:
+        raise InvalidParameterError(
+            "strategy",
+            strategy,
+            "'auto', 'ghost' or 'generic' with TensorFlow ('generic' materialises the "
+            "per-example gradients of any model)",
+        )
+    return _METHOD_OF_STRATEGY[strategy]
+
+
+@attrs.frozen
+class AdapterSettings:
+    """What a Keras adapter was asked for (see :func:`adapter_settings`).
+
+    Attributes:
+        config: the step's config; None with explicit ``queries`` (which take none).
+        groups: the groups, in the shared vocabulary.
+        method: the engine's method (``"auto"``, ``"fast"``, ``"vectorized"``).
+        clip_margin: ρ, or None (by dtype).
+        explicit: with explicit ``queries``, the keywords of :func:`gradient_queries`.
+    """
+
+    config: DPConfig | None
+    groups: Any
+    method: str
+    clip_margin: float | None
+    explicit: Mapping[str, Any] | None = None
+
+    def queries_for(self, variables: Sequence[Any]) -> GradientQueries:
+        """The step's queries over ``variables``."""
+        if self.config is None:
+            return gradient_queries(variables, groups=self.groups, **(self.explicit or {}))
+        return queries_of(variables, self.config)
+
+
+def adapter_settings(
+    *,
+    config: DPConfig | None,
+    queries: Any,
+    l2_norm_bound: Any,
+    l2_norm_clip: Any,
+    groups: Any,
+    strategy: Any,
+    method: Any,
+    clip_margin: Any,
+    stacklevel: int = 2,
+    **fields: Any,
+) -> AdapterSettings:
+    """The settings of a Keras adapter from ``config=`` or its keyword arguments (the fields of
+    :class:`~dpledger.mechanisms.DPConfig`, None for "not given"), with the deprecated
+    ``l2_norm_clip=``, ``method=`` and TensorFlow ``groups`` values translated (and warned
+    about).
+
+    Raises:
+        InvalidParameterError: a bad argument, or ``config`` with a field it covers (or with
+            ``queries``).
+    """
+    level = stacklevel + 1
+    bound = deprecated_alias(
+        new="l2_norm_bound",
+        new_value=l2_norm_bound,
+        old="l2_norm_clip",
+        old_value=l2_norm_clip,
+        stacklevel=level,
+    )
+    groups = current_groups(groups, stacklevel=level)
+    spelled = {"l2_norm_bound": "l2_norm_clip"} if l2_norm_clip is not None else {}
+    if method is not None:
+        engine_method(strategy=strategy, method=method, stacklevel=level)
+        if config is not None:
+            raise InvalidParameterError(
+                "method", method, "not given with config= (config.strategy sets the strategy)"
+            )
+        strategy = _STRATEGY_OF_METHOD[method]
+        spelled["strategy"] = "method"
+    if queries is not None:
+        if config is not None:
+            raise InvalidParameterError(
+                "queries", "<explicit queries>", "None with config= (the config sets them)"
+            )
+        return AdapterSettings(
+            config=None,
+            groups="all" if groups is None else groups,
+            method=engine_method(strategy=strategy, method=None),
+            clip_margin=check_clip_margin("clip_margin", clip_margin),
+            explicit={
+                "queries": queries,
+                "l2_norm_bound": bound,
+                "noise_multiplier": fields.get("noise_multiplier"),
+                "scales": fields.get("scales"),
+            },
+        )
+    config = DPConfig.resolve(
+        config,
+        spelled=spelled,
+        l2_norm_bound=bound,
+        groups=groups,
+        strategy=strategy,
+        clip_margin=clip_margin,
+        **fields,
+    )
+    if config.noise_multiplier is None:
+        raise InvalidParameterError(
+            "target_epsilon",
+            config.target_epsilon,
+            "None: the Keras adapters take noise_multiplier= (calibrate z for a target with "
+            "dpledger.accountants.calibrate_noise_multiplier)",
+        )
+    return AdapterSettings(
+        config=config,
+        groups=config.groups,
+        method=engine_method(strategy=config.strategy, method=None),
+        clip_margin=config.clip_margin,
+    )
+
+
+def queries_of(variables: Sequence[Any], config: DPConfig) -> GradientQueries:
+    """The queries of ``config`` over ``variables`` (see :func:`gradient_queries`)."""
+    return gradient_queries(
+        variables,
+        l2_norm_bound=config.l2_norm_bound,
+        noise_multiplier=config.noise_multiplier,
+        clipping=config.clipping,
+        groups=config.groups,
+        clip_split=config.clip_split,
+        noise_allocation=config.noise_allocation,
+        scales=config.scales,
+    )
 
 
 def _path(variable: Any) -> str:
@@ -77,36 +283,27 @@ class GradientQueries:
 
 def _group_members(variables: Sequence[Any], groups: Any) -> tuple[list[list[int]], list[str]]:
     count = len(variables)
-    if groups is None:
+    groups = check_groups("groups", "all" if groups is None else groups)
+    if groups == "all":
         return [list(range(count))], ["gradient"]
-    if groups == "per_variable":
+    if groups == "per_parameter":
         return [[j] for j in range(count)], [_path(v) for v in variables]
     if groups == "per_layer":
         order: dict[str, list[int]] = {}
         for j, v in enumerate(variables):
             order.setdefault(_path(v).rpartition("/")[0] or _path(v), []).append(j)
         return list(order.values()), list(order.keys())
-    if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence) or not groups:
-        raise InvalidParameterError(
-            "groups",
-            groups,
-            "None, 'per_layer', 'per_variable' or a non-empty list of lists of variable paths",
-        )
     by_path = {_path(v): j for j, v in enumerate(variables)}
     by_name = {str(getattr(v, "name", "")): j for j, v in enumerate(variables)}
     members: list[list[int]] = []
-    seen: dict[int, int] = {}
-    for g, group in enumerate(groups):
-        if isinstance(group, (str, bytes)) or not isinstance(group, Sequence) or not group:
-            raise InvalidParameterError(
-                f"groups[{g}]", group, "a non-empty list of trainable variable paths"
-            )
+    seen: dict[int, str] = {}
+    for g, group in groups.items():
         indices = []
         for name in group:
             j = by_path.get(name, by_name.get(name))
             if j is None:
                 raise InvalidParameterError(
-                    f"groups[{g}]",
+                    f"groups[{g!r}]",
                     name,
                     "the path of a trainable variable (one of "
                     + ", ".join(repr(p) for p in by_path)
@@ -114,7 +311,9 @@ def _group_members(variables: Sequence[Any], groups: Any) -> tuple[list[list[int
                 )
             if j in seen:
                 raise InvalidParameterError(
-                    f"groups[{g}]", name, f"a variable in no other group (also in group {seen[j]})"
+                    f"groups[{g!r}]",
+                    name,
+                    f"a variable in no other group (also in group {seen[j]!r})",
                 )
             seen[j] = g
             indices.append(j)
@@ -124,39 +323,42 @@ def _group_members(variables: Sequence[Any], groups: Any) -> tuple[list[list[int
         raise InvalidParameterError(
             "groups", f"groups missing {missing}", "every trainable variable in exactly one group"
         )
-    return members, [f"group{g}" for g in range(len(members))]
+    return members, list(groups)
 
 
 def gradient_queries(
     variables: Sequence[Any],
     *,
-    l2_norm_clip: float | None = None,
+    l2_norm_bound: float | None = None,
     noise_multiplier: float | None = None,
     clipping: ClippingStrategy | str = "flat",
-    groups: Any = None,
+    groups: Any = "all",
     clip_split: str = "equal",
     noise_allocation: str = "proportional",
     scales: Mapping[str, float] | None = None,
     queries: Sequence[GaussianSumQuery] | None = None,
+    l2_norm_clip: float | None = None,
 ) -> GradientQueries:
     """Build the Gaussian sum queries of a DP step over ``variables``.
 
     Args:
         variables: the trainable variables (Keras or TensorFlow variables), in the order of the
             gradients.
-        l2_norm_clip: S* > 0, the bound on each example's whole (scaled) gradient; with several
+        l2_norm_bound: S* > 0, the bound on each example's whole (scaled) gradient; with several
             groups it is split by ``clip_split``.
         noise_multiplier: z ≥ 0; the step's z_eff (paper Eq. 1) equals z. z = 0 adds no noise
             and is recorded as such (ε = ∞).
         clipping: the clipping strategy of every group (``"flat"``, ``"global"``,
             ``"automatic"`` or a :class:`ClippingStrategy`).
-        groups: None, ``"per_layer"``, ``"per_variable"``, or a list of lists of variable paths.
+        groups: ``"all"`` (default; None too), ``"per_layer"``, ``"per_parameter"`` or
+            ``{label: [variable paths]}`` (deprecated: ``"per_variable"``, lists of lists).
         clip_split: ``"equal"`` (S_g = S*/√m) or ``"dimension"`` (S_g = S*·√(d_g/D)).
         noise_allocation: ``"proportional"`` (σ̃_g = z·√G·S_g) or ``"dimension"``
             (σ̃_g = z·√(D/d_g)·S_g).
         scales: joint scaled clipping: α_j > 0 per variable path (others get α = 1).
-        queries: explicit queries, one per group (then ``l2_norm_clip``, ``noise_multiplier``,
+        queries: explicit queries, one per group (then ``l2_norm_bound``, ``noise_multiplier``,
             ``clipping``, ``clip_split``, ``noise_allocation`` and ``scales`` must be left unset).
+        l2_norm_clip: deprecated name of ``l2_norm_bound`` (a :class:`DeprecationWarning`).
 
     Returns:
         The :class:`GradientQueries`.
@@ -167,13 +369,17 @@ def gradient_queries(
     variables = tuple(variables)
     if not variables:
         raise InvalidParameterError("variables", variables, "at least one trainable variable")
-    members, labels = _group_members(variables, groups)
+    spelled = "l2_norm_bound" if l2_norm_clip is None else "l2_norm_clip"
+    l2_norm_bound = deprecated_alias(
+        new="l2_norm_bound", new_value=l2_norm_bound, old="l2_norm_clip", old_value=l2_norm_clip
+    )
+    members, labels = _group_members(variables, current_groups(groups))
     if queries is not None:
-        if l2_norm_clip is not None or noise_multiplier is not None or scales is not None:
+        if l2_norm_bound is not None or noise_multiplier is not None or scales is not None:
             raise InvalidParameterError(
                 "queries",
-                "given with l2_norm_clip/noise_multiplier/scales",
-                "either explicit queries or l2_norm_clip and noise_multiplier, not both",
+                f"given with {spelled}/noise_multiplier/scales",
+                f"either explicit queries or {spelled} and noise_multiplier, not both",
             )
         if isinstance(queries, GaussianSumQuery):
             queries = [queries]
@@ -189,11 +395,11 @@ def gradient_queries(
                 )
         grouped = GroupedSumQuery(query_list)
     else:
-        if l2_norm_clip is None:
-            raise InvalidParameterError("l2_norm_clip", None, "a clip bound S > 0")
+        if l2_norm_bound is None:
+            raise InvalidParameterError(spelled, None, "a clip bound S > 0")
         if noise_multiplier is None:
             raise InvalidParameterError("noise_multiplier", None, "a noise multiplier z >= 0")
-        total = check_positive_finite("l2_norm_clip", l2_norm_clip)
+        total = check_positive_finite(spelled, l2_norm_bound)
         z = check_non_negative_finite("noise_multiplier", noise_multiplier)
         strategy = ClippingStrategy.parse(clipping)
         allocation = allocate(

@@ -39,7 +39,11 @@ import tensorflow as tf
 
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
 from dpledger.adapters.tensorflow.errors import PerExampleLossError, UnsupportedLayerError
-from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, gradient_queries
+from dpledger.adapters.tensorflow.gradient_queries import (
+    GradientQueries,
+    adapter_settings,
+    gradient_queries,
+)
 from dpledger.adapters.tensorflow.losses import per_example_loss
 from dpledger.adapters.tensorflow.private_gradients import (
     DPStep,
@@ -56,14 +60,11 @@ from dpledger.adapters.tensorflow.record_probe import (
 from dpledger.diagnostics.bias import ClippingBiasCallback
 from dpledger.errors import InvalidParameterError, SamplerMismatchError
 from dpledger.ledger import PrivacyLedger, SamplingEvent
-from dpledger.mechanisms import ClippingStrategy, GaussianSumQuery
-from dpledger.mechanisms.clipping import check_clip_margin
+from dpledger.mechanisms import ClippingStrategy, DPConfig, GaussianSumQuery
 
 __all__ = ["DPKerasModel", "make_private"]
 
 _log = logging.getLogger(__name__)
-
-_METHODS = ("auto", "fast", "vectorized")
 
 
 def _refuse_regularizers(model: keras.Model) -> None:
@@ -87,7 +88,7 @@ class DPKerasModel(keras.Model):
 
         sampler = PoissonSampler(population_size=len(x), sampling_probability=256 / len(x),
                                  seed=0)
-        dp_model = DPKerasModel(model, l2_norm_clip=1.0, noise_multiplier=1.1,
+        dp_model = DPKerasModel(model, l2_norm_bound=1.0, noise_multiplier=1.1,
                                 sampler=sampler, ledger=PrivacyLedger("run.ledger"), seed=1)
         dp_model.compile(optimizer=keras.optimizers.Adam(1e-3),
                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -97,7 +98,11 @@ class DPKerasModel(keras.Model):
 
     Args:
         model: the built ``keras.Model`` to train (its weights are the ones trained).
-        l2_norm_clip: S* > 0, the bound on each example's gradient (split over groups).
+        config: the step's :class:`~dpledger.mechanisms.DPConfig` (clip bound, noise, clipping,
+            groups, clip split, noise allocation, scales, strategy, clip margin), instead of the
+            keyword arguments of those fields; giving both (or ``queries``) is an
+            :class:`~dpledger.errors.InvalidParameterError`. Its ``noise_multiplier`` is needed.
+        l2_norm_bound: S* > 0, the bound on each example's gradient (split over groups).
         noise_multiplier: z ≥ 0 (the step's z_eff; 0 is recorded and means ε = ∞).
         sampler: the sampler that makes the training batches (a
             :class:`~dpledger.adapters.tensorflow.PoissonSampler`, ``FixedSizeSampler``,
@@ -114,13 +119,16 @@ class DPKerasModel(keras.Model):
             ``neighboring="replace_one"``).
         generator: the noise ``tf.random.Generator``; or ``seed``.
         seed: seed of the noise generator (None: OS entropy).
-        clipping: ``"flat"``, ``"global"``, ``"automatic"`` or a :class:`ClippingStrategy`.
-        groups: None (one group), ``"per_layer"``, ``"per_variable"`` or lists of variable paths.
-        clip_split: ``"equal"`` or ``"dimension"``: how S* is split over groups.
-        noise_allocation: ``"proportional"`` or ``"dimension"``.
+        clipping: ``"flat"`` (default), ``"global"``, ``"automatic"`` or a
+            :class:`ClippingStrategy`.
+        groups: ``"all"`` (one group, default), ``"per_layer"``, ``"per_parameter"`` (one group
+            per variable) or ``{label: [variable paths]}`` (Keras 3 ``variable.path``).
+        clip_split: ``"equal"`` (default) or ``"dimension"``: how S* is split over groups.
+        noise_allocation: ``"proportional"`` (default) or ``"dimension"``.
         scales: joint scaled clipping, α per variable path.
         queries: explicit :class:`GaussianSumQuery` per group instead of the above.
-        method: ``"auto"``, ``"fast"`` or ``"vectorized"`` per-example gradients.
+        strategy: the per-example gradients: ``"auto"`` (default), ``"ghost"`` (the fast
+            ghost-norm path only) or ``"generic"`` (vectorised per-example maps, any model).
         clip_margin: ρ in [0, 0.5) (default by dtype; see
             :func:`~dpledger.adapters.tensorflow.default_clip_margin`).
         bias_callback: ``callback(step, ClippingBias)`` after each step; NOT private.
@@ -129,6 +137,13 @@ class DPKerasModel(keras.Model):
             (:mod:`~dpledger.adapters.tensorflow.record_probe`; nothing is recorded). False
             switches it off and logs a warning.
         name: the wrapper's name.
+        l2_norm_clip: deprecated name of ``l2_norm_bound`` (a :class:`DeprecationWarning`).
+        method: deprecated name of ``strategy``: ``"auto"``, ``"fast"`` (``strategy="ghost"``)
+            or ``"vectorized"`` (``strategy="generic"``).
+
+    The fields of :class:`~dpledger.mechanisms.DPConfig` given as None take the defaults above,
+    or the values of ``config``. The former ``groups`` values ``"per_variable"`` and lists of
+    lists of paths still work, with a :class:`DeprecationWarning`.
 
     Raises:
         InvalidParameterError: a bad argument (naming it), or a ledger whose neighbouring
@@ -142,7 +157,8 @@ class DPKerasModel(keras.Model):
         self,
         model: keras.Model,
         *,
-        l2_norm_clip: float | None = None,
+        config: DPConfig | None = None,
+        l2_norm_bound: float | None = None,
         noise_multiplier: float | None = None,
         sampler: Any = None,
         sampling_probability: float | None = None,
@@ -150,23 +166,38 @@ class DPKerasModel(keras.Model):
         ledger: PrivacyLedger | None = None,
         generator: tf.random.Generator | None = None,
         seed: int | None = None,
-        clipping: ClippingStrategy | str = "flat",
+        clipping: ClippingStrategy | str | None = None,
         groups: Any = None,
-        clip_split: str = "equal",
-        noise_allocation: str = "proportional",
+        clip_split: str | None = None,
+        noise_allocation: str | None = None,
         scales: Any = None,
         queries: Sequence[GaussianSumQuery] | None = None,
-        method: str = "auto",
+        strategy: str | None = None,
         clip_margin: float | None = None,
         bias_callback: ClippingBiasCallback | None = None,
         check_record_independence: bool = True,
         name: str | None = None,
+        l2_norm_clip: float | None = None,
+        method: str | None = None,
     ) -> None:
         if not isinstance(model, keras.Model):
             raise InvalidParameterError("model", model, "a keras.Model")
         check_built(model)
-        if method not in _METHODS:
-            raise InvalidParameterError("method", method, "one of 'auto', 'fast', 'vectorized'")
+        settings = adapter_settings(
+            config=config,
+            queries=queries,
+            l2_norm_bound=l2_norm_bound,
+            l2_norm_clip=l2_norm_clip,
+            groups=groups,
+            strategy=strategy,
+            method=method,
+            clip_margin=clip_margin,
+            noise_multiplier=noise_multiplier,
+            clipping=clipping,
+            clip_split=clip_split,
+            noise_allocation=noise_allocation,
+            scales=scales,
+        )
         if not isinstance(check_record_independence, bool):
             raise InvalidParameterError(
                 "check_record_independence", check_record_independence, "True or False"
@@ -178,28 +209,20 @@ class DPKerasModel(keras.Model):
         self._dp_sampler = sampler
         _refuse_regularizers(model)
         # Built here so that bad clipping arguments fail now, not at the first fit.
-        self._dp_queries = gradient_queries(
-            model.trainable_variables,
-            l2_norm_clip=l2_norm_clip,
-            noise_multiplier=noise_multiplier,
-            clipping=clipping,
-            groups=groups,
-            clip_split=clip_split,
-            noise_allocation=noise_allocation,
-            scales=scales,
-            queries=queries,
-        )
+        self._dp_queries = settings.queries_for(model.trainable_variables)
         # The engine refuses record-mixing layers now; it gets the loss at compile time.
-        PerExampleGradientEngine(model, lambda y, p: tf.zeros(tf.shape(p)[:1]), method=method)
+        PerExampleGradientEngine(
+            model, lambda y, p: tf.zeros(tf.shape(p)[:1]), method=settings.method
+        )
         self.model = model
-        self._dp_groups = groups
+        self._dp_groups = settings.groups
         self._dp_events: StepEvents = events
         self._dp_ledger = ledger_of(ledger, events)
         self._dp_iterator: Any = None  # the iterator of the current epoch, and the next
         self._dp_position = 0  # step's position in it
         self._dp_generator = generator_of(generator, seed)
-        self._dp_method = method
-        self._dp_margin = check_clip_margin("clip_margin", clip_margin)
+        self._dp_method = settings.method
+        self._dp_margin = settings.clip_margin
         self._dp_bias_callback = check_bias_callback(bias_callback)
         self._dp_loss: Any = None
         self._dp_step: DPStep | None = None
@@ -319,7 +342,7 @@ class DPKerasModel(keras.Model):
         """Change the privacy parameters from the next executed step on (no retracing).
 
         Takes the arguments of :func:`~dpledger.adapters.tensorflow.gradient_queries`
-        (``l2_norm_clip``, ``noise_multiplier``, ``clipping``, ``clip_split``,
+        (``l2_norm_bound``, ``noise_multiplier``, ``clipping``, ``clip_split``,
         ``noise_allocation``, ``scales`` or ``queries``) with the groups fixed at construction;
         the ledger records the new (S_g, σ̃_g) of every later step (e.g. a noise schedule).
 

@@ -69,7 +69,7 @@ import tensorflow as tf
 
 from dpledger.adapters.tensorflow.backend import TensorFlowBackend, make_generator
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
-from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, gradient_queries
+from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, adapter_settings
 from dpledger.adapters.tensorflow.record_probe import (
     probe_record_independence,
     record_probe_off_warning,
@@ -77,8 +77,13 @@ from dpledger.adapters.tensorflow.record_probe import (
 from dpledger.diagnostics.bias import ClippingBiasCallback, clipping_bias_from_sums
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingEvent
-from dpledger.mechanisms import ClippingStrategy, GaussianSumQuery, fixed_denominator_average
-from dpledger.mechanisms.clipping import check_clip_margin, rounding_clip_margin
+from dpledger.mechanisms import (
+    ClippingStrategy,
+    DPConfig,
+    GaussianSumQuery,
+    fixed_denominator_average,
+)
+from dpledger.mechanisms.clipping import rounding_clip_margin
 from dpledger.mechanisms.step import open_step
 from dpledger.sampling.relations import check_ledger_relation, default_relation
 from dpledger.sampling.validation import check_population_size, check_sampling_probability
@@ -591,7 +596,7 @@ class PrivateGradients:
 
         sampler = PoissonSampler(population_size=n, sampling_probability=q, seed=1)
         private = PrivateGradients(model, keras.losses.SparseCategoricalCrossentropy(
-            from_logits=True, reduction="none"), l2_norm_clip=1.0, noise_multiplier=1.1,
+            from_logits=True, reduction="none"), l2_norm_bound=1.0, noise_multiplier=1.1,
             sampler=sampler, ledger=ledger, seed=2)
         for x, y in sampler.sample((images, labels)):
             grads = private(x, y)
@@ -605,7 +610,10 @@ class PrivateGradients:
         model: a built ``keras.Model``; its trainable variables are privatised.
         loss: the per-example loss ``loss(y_true, y_pred)`` (a Keras loss is switched to
             ``reduction="none"``).
-        l2_norm_clip: S* > 0 (see :func:`~dpledger.adapters.tensorflow.gradient_queries`).
+        config: the step's :class:`~dpledger.mechanisms.DPConfig`, instead of the keyword
+            arguments of its fields; giving both (or ``queries``) is an
+            :class:`~dpledger.errors.InvalidParameterError`. Its ``noise_multiplier`` is needed.
+        l2_norm_bound: S* > 0 (see :func:`~dpledger.adapters.tensorflow.gradient_queries`).
         noise_multiplier: z ≥ 0.
         sampler: the sampler whose batches are passed (a
             :class:`~dpledger.adapters.tensorflow.PoissonSampler`, ``FixedSizeSampler``,
@@ -621,8 +629,10 @@ class PrivateGradients:
         generator: the noise ``tf.random.Generator``; or ``seed`` (None: OS entropy).
         seed: seed of the noise generator.
         clipping, groups, clip_split, noise_allocation, scales, queries: the queries, as in
-            :func:`~dpledger.adapters.tensorflow.gradient_queries`.
-        method: the engine's path: ``"auto"``, ``"fast"`` or ``"vectorized"``.
+            :func:`~dpledger.adapters.tensorflow.gradient_queries` (None: the default, or the
+            value of ``config``).
+        strategy: the engine's path: ``"auto"`` (default), ``"ghost"`` (the fast ghost-norm
+            path only) or ``"generic"`` (vectorised per-example maps, any model).
         clip_margin: ρ in [0, 0.5): factors clip to S_g·(1 − ρ) (default by dtype, see
             :func:`default_clip_margin`).
         bias_callback: ``callback(step, ClippingBias)`` after each step (NOT private metrics).
@@ -630,6 +640,9 @@ class PrivateGradients:
             (:mod:`~dpledger.adapters.tensorflow.record_probe`) on the first eager call with at
             least two records; inside your own ``tf.function`` it cannot run, call
             :meth:`probe` once eagerly first. False switches it off and logs a warning.
+        l2_norm_clip: deprecated name of ``l2_norm_bound`` (a :class:`DeprecationWarning`).
+        method: deprecated name of ``strategy``: ``"auto"``, ``"fast"`` (``strategy="ghost"``)
+            or ``"vectorized"`` (``strategy="generic"``).
 
     Raises:
         InvalidParameterError: for a bad argument (naming it), or a ledger whose neighbouring
@@ -644,7 +657,8 @@ class PrivateGradients:
         model: Any,
         loss: Any,
         *,
-        l2_norm_clip: float | None = None,
+        config: DPConfig | None = None,
+        l2_norm_bound: float | None = None,
         noise_multiplier: float | None = None,
         sampler: Any = None,
         sampling_probability: float | None = None,
@@ -652,16 +666,18 @@ class PrivateGradients:
         ledger: PrivacyLedger | None = None,
         generator: tf.random.Generator | None = None,
         seed: int | None = None,
-        clipping: ClippingStrategy | str = "flat",
+        clipping: ClippingStrategy | str | None = None,
         groups: Any = None,
-        clip_split: str = "equal",
-        noise_allocation: str = "proportional",
+        clip_split: str | None = None,
+        noise_allocation: str | None = None,
         scales: Any = None,
         queries: Sequence[GaussianSumQuery] | None = None,
-        method: str = "auto",
+        strategy: str | None = None,
         clip_margin: float | None = None,
         bias_callback: ClippingBiasCallback | None = None,
         check_record_independence: bool = True,
+        l2_norm_clip: float | None = None,
+        method: str | None = None,
     ) -> None:
         events = step_events_of(sampler, sampling_probability, population_size)
         if not isinstance(check_record_independence, bool):
@@ -671,25 +687,30 @@ class PrivateGradients:
         if not check_record_independence:
             _log.warning(record_probe_off_warning())
         self._probed = not check_record_independence
-        engine = PerExampleGradientEngine(model, loss, method=method)
+        settings = adapter_settings(
+            config=config,
+            queries=queries,
+            l2_norm_bound=l2_norm_bound,
+            l2_norm_clip=l2_norm_clip,
+            groups=groups,
+            strategy=strategy,
+            method=method,
+            clip_margin=clip_margin,
+            noise_multiplier=noise_multiplier,
+            clipping=clipping,
+            clip_split=clip_split,
+            noise_allocation=noise_allocation,
+            scales=scales,
+        )
+        engine = PerExampleGradientEngine(model, loss, method=settings.method)
         check_built(model)
         self._step = DPStep(
             engine,
-            queries=gradient_queries(
-                engine.trainable_variables,
-                l2_norm_clip=l2_norm_clip,
-                noise_multiplier=noise_multiplier,
-                clipping=clipping,
-                groups=groups,
-                clip_split=clip_split,
-                noise_allocation=noise_allocation,
-                scales=scales,
-                queries=queries,
-            ),
+            queries=settings.queries_for(engine.trainable_variables),
             events=events,
             ledger=ledger_of(ledger, events),
             generator=generator_of(generator, seed),
-            clip_margin=check_clip_margin("clip_margin", clip_margin),
+            clip_margin=settings.clip_margin,
             bias_callback=check_bias_callback(bias_callback),
         )
         self._compiled: Callable[..., Any] | None = None

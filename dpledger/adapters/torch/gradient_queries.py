@@ -37,6 +37,7 @@ from dpledger.mechanisms import (
     allocate,
 )
 from dpledger.mechanisms.allocation import check_allocation_methods
+from dpledger.mechanisms.config import deprecated_alias
 from dpledger.validation import check_non_negative_finite, check_positive_finite
 
 __all__ = ["GradientQueries", "Grouping"]
@@ -105,7 +106,7 @@ class GradientQueries:
 
     Args:
         sizes: ``{parameter name: number of elements}`` for every trainable parameter, in order.
-        max_grad_norm: C > 0, the L2 bound of a record's whole gradient (split over groups).
+        l2_norm_bound: C > 0, the L2 bound of a record's whole gradient (split over groups).
         noise_multiplier: z ≥ 0, the step's effective noise multiplier (Eq. 1).
         clipping: the clipping strategy of every group: ``"flat"``, ``"global"``, ``"automatic"``
             or a :class:`~dpledger.mechanisms.ClippingStrategy`.
@@ -114,6 +115,10 @@ class GradientQueries:
         noise_allocation: ``"proportional"`` or ``"dimension"`` (only with several groups).
         scales: optional ``{parameter name: α > 0}`` for joint scaled clipping inside each group
             (parameters not named have α = 1).
+        max_grad_norm: deprecated name of ``l2_norm_bound``.
+
+    Attributes:
+        l2_norm_bound: C (also :attr:`max_grad_norm`, its former name).
 
     Raises:
         InvalidParameterError: naming the bad argument.
@@ -123,19 +128,28 @@ class GradientQueries:
         self,
         sizes: Mapping[str, int],
         *,
-        max_grad_norm: float,
+        l2_norm_bound: float | None = None,
         noise_multiplier: float,
         clipping: ClippingStrategy | str = "flat",
         groups: Grouping = "all",
         clip_split: Literal["equal", "dimension"] = "equal",
         noise_allocation: Literal["proportional", "dimension"] = "proportional",
         scales: Mapping[str, float] | None = None,
+        max_grad_norm: float | None = None,
     ) -> None:
         self._sizes = dict(sizes)
         names = tuple(self._sizes)
         if not names:
             raise InvalidParameterError("model", "<no trainable parameters>", "a trainable model")
-        self.max_grad_norm = check_positive_finite("max_grad_norm", max_grad_norm)
+        bound = deprecated_alias(
+            new="l2_norm_bound",
+            new_value=l2_norm_bound,
+            old="max_grad_norm",
+            old_value=max_grad_norm,
+        )
+        spelled = "l2_norm_bound" if max_grad_norm is None else "max_grad_norm"
+        self.l2_norm_bound = check_positive_finite(spelled, bound)
+        self.max_grad_norm = self.l2_norm_bound
         self.noise_multiplier = check_non_negative_finite("noise_multiplier", noise_multiplier)
         self.clipping = ClippingStrategy.parse(clipping)
         check_allocation_methods(clip_split=clip_split, noise_allocation=noise_allocation)
@@ -156,7 +170,7 @@ class GradientQueries:
 
     def _build(self) -> list[GaussianSumQuery]:
         allocation = allocate(
-            l2_norm_bound=self.max_grad_norm,
+            l2_norm_bound=self.l2_norm_bound,
             noise_multiplier=self.noise_multiplier,
             dimensions=[sum(self._sizes[n] for n in m) for m in self.members],
             clip_split=self.clip_split,
@@ -192,7 +206,7 @@ class GradientQueries:
             return self
         return GradientQueries(
             self._sizes,
-            max_grad_norm=max_grad_norm,
+            l2_norm_bound=max_grad_norm,
             noise_multiplier=noise_multiplier,
             clipping=self.clipping,
             groups=self._groups_spec,

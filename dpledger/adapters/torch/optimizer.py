@@ -108,7 +108,8 @@ from dpledger.adapters.torch.user_level import UserBatch, UserPoissonBatchSample
 from dpledger.errors import InvalidParameterError, LedgerStateError, SamplerMismatchError
 from dpledger.ledger import PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, ScaledGaussianSumQuery, open_step
-from dpledger.mechanisms.clipping import check_clip_margin, rounding_clip_margin
+from dpledger.mechanisms.clipping import rounding_clip_margin
+from dpledger.mechanisms.config import DPConfig, deprecated_alias
 from dpledger.sampling.relations import check_ledger_relation, default_relation
 from dpledger.sampling.validation import check_sampling_probability
 from dpledger.validation import (
@@ -195,7 +196,12 @@ class DPOptimizer(torch.optim.Optimizer):
             parameters (frozen ones may be in it too).
         model: the model whose forward and backward feed the step (the module the
             per-example gradient engine attaches to; a DistributedDataParallel wrapper is fine).
-        max_grad_norm: C > 0 (finite), the L2 bound of each record's whole gradient (split
+        config: the step's :class:`~dpledger.mechanisms.DPConfig` (clip bound, noise, clipping,
+            groups, clip split, noise allocation, scales, strategy, clip margin), instead of the
+            keyword arguments of those fields; giving both is an
+            :class:`~dpledger.errors.InvalidParameterError`. Its ``noise_multiplier`` is needed
+            (a ``target_epsilon`` is calibrated by :func:`~dpledger.adapters.torch.make_private`).
+        l2_norm_bound: C > 0 (finite), the L2 bound of each record's whole gradient (split
             over groups, see ``groups``).
         noise_multiplier: z ≥ 0, the step's effective noise multiplier: σ̃ = z·C with one group
             (z = 0 is allowed, recorded, and not private).
@@ -222,14 +228,15 @@ class DPOptimizer(torch.optim.Optimizer):
         population_size: n, the number of records the batches are drawn from.
         loss_reduction: how the loss you backpropagate combines the per-example losses:
             ``"mean"`` ((1/B) Σ_i ℓ_i, ``F.cross_entropy``'s default) or ``"sum"``.
-        clipping: ``"flat"`` (min(1, S/‖v‖)), ``"global"`` (1{‖v‖ ≤ S}, Bu et al.),
+        clipping: ``"flat"`` (min(1, S/‖v‖), default), ``"global"`` (1{‖v‖ ≤ S}, Bu et al.),
             ``"automatic"`` (S/(‖v‖ + γ)) or a :class:`~dpledger.mechanisms.ClippingStrategy`.
-        groups: ``"all"`` (flat), ``"per_layer"``, ``"per_parameter"`` or
+        groups: ``"all"`` (flat, default), ``"per_layer"``, ``"per_parameter"`` or
             ``{label: [parameter names]}``.
-        clip_split: ``"equal"`` or ``"dimension"``: how C is split over several groups.
-        noise_allocation: ``"proportional"`` or ``"dimension"``: the σ̃_g with z_eff = z.
+        clip_split: ``"equal"`` (default) or ``"dimension"``: how C is split over several groups.
+        noise_allocation: ``"proportional"`` (default) or ``"dimension"``: the σ̃_g with
+            z_eff = z.
         scales: ``{parameter name: α}`` for joint scaled clipping within each group.
-        strategy: the engine's per-example strategy: ``"auto"``, ``"ghost"``,
+        strategy: the engine's per-example strategy: ``"auto"`` (default), ``"ghost"``,
             ``"per_example"`` or ``"generic"`` (torch.func for every layer).
         loss_fn: ``loss_fn(output, target)`` for one example; switches to the functional
             path (:meth:`compute_gradients`) instead of hooks on ``loss.backward()``.
@@ -264,6 +271,11 @@ class DPOptimizer(torch.optim.Optimizer):
         distributed: use ``torch.distributed`` (None: when a process group with more than one
             rank is initialised).
         process_group: the process group (None: the default group).
+        max_grad_norm: deprecated name of ``l2_norm_bound`` (a :class:`DeprecationWarning`).
+
+    The fields of :class:`~dpledger.mechanisms.DPConfig` given as None (``clipping``, ``groups``,
+    ``clip_split``, ``noise_allocation``, ``scales``, ``strategy``, ``clip_margin``) take the
+    defaults above, or the values of ``config``.
 
     User-level DP: with ``sampler=`` a
     :class:`~dpledger.adapters.torch.UserPoissonBatchSampler` (or a DataLoader using one) the
@@ -291,19 +303,20 @@ class DPOptimizer(torch.optim.Optimizer):
         optimizer: torch.optim.Optimizer,
         *,
         model: nn.Module,
-        max_grad_norm: float,
-        noise_multiplier: float,
+        config: DPConfig | None = None,
+        l2_norm_bound: float | None = None,
+        noise_multiplier: float | None = None,
         ledger: PrivacyLedger | None = None,
         sampler: RecordedBatchSampler | DataLoader | None = None,
         sampling_probability: float | None = None,
         population_size: int | None = None,
         loss_reduction: LossReduction = "mean",
-        clipping: ClippingStrategy | str = "flat",
-        groups: Grouping = "all",
-        clip_split: Literal["equal", "dimension"] = "equal",
-        noise_allocation: Literal["proportional", "dimension"] = "proportional",
+        clipping: ClippingStrategy | str | None = None,
+        groups: Grouping | None = None,
+        clip_split: Literal["equal", "dimension"] | None = None,
+        noise_allocation: Literal["proportional", "dimension"] | None = None,
         scales: Mapping[str, float] | None = None,
-        strategy: Strategy = "auto",
+        strategy: Strategy | None = None,
         loss_fn: Callable[..., torch.Tensor] | None = None,
         bam_radius: float | None = None,
         generator: torch.Generator | None = None,
@@ -316,6 +329,7 @@ class DPOptimizer(torch.optim.Optimizer):
         check_record_independence: bool = True,
         distributed: bool | None = None,
         process_group: Any = None,
+        max_grad_norm: float | None = None,
     ) -> None:
         # ---- arguments that need no model
         if not isinstance(optimizer, torch.optim.Optimizer) or isinstance(optimizer, DPOptimizer):
@@ -324,6 +338,31 @@ class DPOptimizer(torch.optim.Optimizer):
             )
         if not isinstance(model, nn.Module):
             raise InvalidParameterError("model", model, "a torch.nn.Module")
+        config = DPConfig.resolve(
+            config,
+            spelled={"l2_norm_bound": "max_grad_norm"} if max_grad_norm is not None else None,
+            l2_norm_bound=deprecated_alias(
+                new="l2_norm_bound",
+                new_value=l2_norm_bound,
+                old="max_grad_norm",
+                old_value=max_grad_norm,
+            ),
+            noise_multiplier=noise_multiplier,
+            clipping=clipping,
+            groups=groups,
+            clip_split=clip_split,
+            noise_allocation=noise_allocation,
+            scales=scales,
+            strategy=strategy,
+            clip_margin=clip_margin,
+        )
+        if config.noise_multiplier is None:
+            raise InvalidParameterError(
+                "target_epsilon",
+                config.target_epsilon,
+                "None: DPOptimizer takes noise_multiplier=, since it does not know the run's "
+                "length; make_private(..., config=config, epochs=...) calibrates z for a target",
+            )
         if loss_reduction not in ("mean", "sum"):
             raise InvalidParameterError(
                 "loss_reduction",
@@ -497,7 +536,7 @@ class DPOptimizer(torch.optim.Optimizer):
             )
         self._device = next(iter(devices))
         self._tiny = max(torch.finfo(p.dtype).tiny for p in self._params.values())
-        margin = check_clip_margin("clip_margin", clip_margin)
+        margin = config.clip_margin
         if margin is None:  # the engine computes in the parameters' dtype, at least float32
             margin = rounding_clip_margin(
                 max(
@@ -510,13 +549,13 @@ class DPOptimizer(torch.optim.Optimizer):
         # ---- the queries
         self._queries = GradientQueries(
             {n: p.numel() for n, p in self._params.items()},
-            max_grad_norm=max_grad_norm,
-            noise_multiplier=noise_multiplier,
-            clipping=clipping,
-            groups=groups,
-            clip_split=clip_split,
-            noise_allocation=noise_allocation,
-            scales=scales,
+            l2_norm_bound=config.l2_norm_bound,
+            noise_multiplier=config.noise_multiplier,
+            clipping=config.clipping,
+            groups=config.groups,
+            clip_split=config.clip_split,
+            noise_allocation=config.noise_allocation,
+            scales=config.scales,
         )
         self._query_cache = {
             (self._queries.max_grad_norm, self._queries.noise_multiplier): self._queries
@@ -553,7 +592,10 @@ class DPOptimizer(torch.optim.Optimizer):
         self._probed: tuple | None = None
         if loss_fn is None:
             self._engine = PerExampleGradientEngine(
-                model, loss_reduction=loss_reduction, strategy=strategy, check_steps=check_steps
+                model,
+                loss_reduction=loss_reduction,
+                strategy=config.strategy,
+                check_steps=check_steps,
             )
             if check_record_independence:
                 self._handles.append(

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+import attrs
 import numpy as np
 import torch
 from torch import nn
@@ -50,8 +51,9 @@ from dpledger.adapters.torch.user_level import UserPoissonBatchSampler
 from dpledger.adapters.torch.virtual_batches import virtual_batches
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
+from dpledger.mechanisms.config import DPConfig, deprecated_alias
 from dpledger.sampling.validation import check_sampling_probability, default_steps
-from dpledger.validation import check_delta, check_positive_finite, check_positive_int
+from dpledger.validation import check_positive_finite, check_positive_int
 
 __all__ = [
     "SAMPLING_SCHEMES",
@@ -131,6 +133,17 @@ def _seeds(seed: int | None) -> tuple[int | None, int | None]:
         noise.generate_state(1, np.uint64)[0] >> 1
     )
 
+
+_CONFIG_OPTIONS = (
+    "clipping",
+    "groups",
+    "clip_split",
+    "noise_allocation",
+    "scales",
+    "strategy",
+    "clip_margin",
+)
+"""The DPOptimizer keyword arguments among ``options`` that are :class:`DPConfig` fields."""
 
 SAMPLING_SCHEMES = ("poisson", "fixed_size", "truncated_poisson", "balls_in_bins", "shuffle")
 """The values of :func:`make_private`'s ``sampling``."""
@@ -291,7 +304,8 @@ def make_private(
     optimizer: torch.optim.Optimizer,
     data: Dataset | DataLoader,
     *,
-    max_grad_norm: float,
+    config: DPConfig | None = None,
+    l2_norm_bound: float | None = None,
     sampling_probability: float | None = None,
     sampling: str = "poisson",
     batch_size: int | None = None,
@@ -303,10 +317,11 @@ def make_private(
     epochs: float | None = None,
     steps: int | None = None,
     ledger: PrivacyLedger | None = None,
-    accountant: str | Accountant = "rdp",
+    accountant: str | Accountant | None = None,
     seed: int | None = None,
     max_physical_batch_size: int | None = None,
     loss_reduction: str = "mean",
+    max_grad_norm: float | None = None,
     **options: Any,
 ) -> PrivateTraining:
     """Wrap a model, its optimizer and its data for DP training in one call.
@@ -315,7 +330,7 @@ def make_private(
 
         model, optimizer, loader = make_private(
             model, torch.optim.SGD(model.parameters(), lr=0.5), train_set,
-            sampling_probability=0.02, max_grad_norm=1.0,
+            sampling_probability=0.02, l2_norm_bound=1.0,
             target_epsilon=8.0, delta=1e-5, epochs=10, ledger=PrivacyLedger("run.dpl"))
         for epoch in range(10):
             for x, y in loader:
@@ -345,7 +360,12 @@ def make_private(
         model: the model (the per-example gradient engine attaches to it).
         optimizer: any ``torch.optim.Optimizer`` over the model's parameters.
         data: a map-style data set, or a DataLoader over one (see above).
-        max_grad_norm: C > 0.
+        config: the :class:`~dpledger.mechanisms.DPConfig` of the steps (its ``target_epsilon``
+            is calibrated as ``target_epsilon=`` is), instead of ``l2_norm_bound``,
+            ``noise_multiplier``, ``target_epsilon``, ``delta``, ``accountant`` and the
+            DPConfig fields among ``options``; giving both is an
+            :class:`~dpledger.errors.InvalidParameterError`.
+        l2_norm_bound: C > 0.
         sampling_probability: q in (0, 1] for ``"poisson"`` and ``"truncated_poisson"``: every
             step includes each record with probability q. Default: batch_size / n (the
             ``batch_size`` argument or the DataLoader's).
@@ -370,12 +390,13 @@ def make_private(
         steps: planned steps, instead of ``epochs``.
         ledger: the ledger to record into (None: in memory, ``optimizer.ledger``). Under
             ``torch.distributed`` pass it on rank 0 only.
-        accountant: the accountant of the calibration.
+        accountant: the accountant of the calibration (None: ``"rdp"``).
         seed: seeds the sampling and the noise (two independent streams); None draws both
             from OS entropy (the sampling seed is then shared by rank 0 in distributed runs).
         max_physical_batch_size: split each logical batch into chunks of at most this many
             records (virtual batches; the loop stays the same).
         loss_reduction: ``"mean"`` or ``"sum"``, how the loop's loss combines examples.
+        max_grad_norm: deprecated name of ``l2_norm_bound`` (a :class:`DeprecationWarning`).
         **options: further keyword arguments of :class:`DPOptimizer` (``clipping``,
             ``groups``, ``scales``, ``strategy``, ``loss_fn``, ``bam_radius``,
             ``bias_callback``, …).
@@ -401,12 +422,21 @@ def make_private(
         check_sampling_probability(sampling_probability)
     if max_physical_batch_size is not None:
         check_positive_int("max_physical_batch_size", max_physical_batch_size)
-    if (noise_multiplier is None) == (target_epsilon is None):
-        raise InvalidParameterError(
-            "noise_multiplier",
-            noise_multiplier,
-            "exactly one of noise_multiplier= and target_epsilon= (with delta= and epochs=)",
-        )
+    config = DPConfig.resolve(
+        config,
+        spelled={"l2_norm_bound": "max_grad_norm"} if max_grad_norm is not None else None,
+        l2_norm_bound=deprecated_alias(
+            new="l2_norm_bound",
+            new_value=l2_norm_bound,
+            old="max_grad_norm",
+            old_value=max_grad_norm,
+        ),
+        noise_multiplier=noise_multiplier,
+        target_epsilon=target_epsilon,
+        delta=delta,
+        accountant=accountant,
+        **{name: options.pop(name) for name in _CONFIG_OPTIONS if name in options},
+    )
     for key in ("sampler", "sampling_probability", "population_size", "seed", "generator"):
         if key in options:
             raise InvalidParameterError(key, options[key], "not given: make_private sets it")
@@ -423,25 +453,26 @@ def make_private(
                 f"q in (0, 1] for sampling={sampling!r} (or batch_size=, for q = batch_size / n)",
             )
         q = check_sampling_probability(check_positive_int("batch_size", b) / n)
-    if target_epsilon is not None:
+    if config.target_epsilon is not None:
         if sampling != "poisson":
             raise InvalidParameterError(
                 "target_epsilon",
-                target_epsilon,
+                config.target_epsilon,
                 f"None for sampling={sampling!r}: give noise_multiplier= (the calibration "
                 "plans Poisson-sampled steps only)",
             )
-        if delta is None:
-            raise InvalidParameterError("delta", delta, "δ in (0, 1) with target_epsilon=")
-        check_delta("delta", delta)
-        assert q is not None
-        noise_multiplier = calibrated_noise_multiplier(
-            target_epsilon=target_epsilon,
-            delta=delta,
-            sampling_probability=q,
-            steps=steps,
-            epochs=epochs,
-            accountant=accountant,
+        assert q is not None and config.delta is not None
+        config = attrs.evolve(
+            config,
+            noise_multiplier=calibrated_noise_multiplier(
+                target_epsilon=config.target_epsilon,
+                delta=config.delta,
+                sampling_probability=q,
+                steps=steps,
+                epochs=epochs,
+                accountant=config.accountant,
+            ),
+            target_epsilon=None,
         )
     sampling_seed, noise_seed = _seeds(seed)
     _, world = distributed_world(options.get("process_group"))
@@ -479,8 +510,7 @@ def make_private(
     dp_optimizer = DPOptimizer(
         optimizer,
         model=model,
-        max_grad_norm=max_grad_norm,
-        noise_multiplier=noise_multiplier,  # type: ignore[arg-type]
+        config=config,
         ledger=ledger,
         sampler=loader,
         loss_reduction=loss_reduction,  # type: ignore[arg-type]

@@ -41,7 +41,7 @@ def _train(strategy, x, y, *, clip, sigma, seed=5):
         model = _model()
         dp = DPKerasModel(
             model,
-            l2_norm_clip=clip,
+            l2_norm_bound=clip,
             noise_multiplier=sigma,
             sampling_probability=Q,
             population_size=N,
@@ -88,7 +88,9 @@ def main() -> None:
     # Poisson batches (uneven and empty per-replica shards): one ledger step per step
     sampler = PoissonSampler(population_size=10, sampling_probability=0.15, seed=1)
     with strategy.scope():
-        dp = DPKerasModel(_model(), l2_norm_clip=1.0, noise_multiplier=1.0, sampler=sampler, seed=2)
+        dp = DPKerasModel(
+            _model(), l2_norm_bound=1.0, noise_multiplier=1.0, sampler=sampler, seed=2
+        )
         dp.compile(
             optimizer=keras.optimizers.Adam(0.01),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

@@ -50,7 +50,7 @@ def _loss(reduction: str = "sum_over_batch_size") -> keras.losses.Loss:
 def test_fit_records_one_sampling_event_per_executed_step(steps_per_execution):
     x, y = _data(20)
     sampler = PoissonSampler(population_size=20, sampling_probability=0.1, seed=4)
-    dp = DPKerasModel(_model(), l2_norm_clip=1.0, noise_multiplier=1.0, sampler=sampler, seed=1)
+    dp = DPKerasModel(_model(), l2_norm_bound=1.0, noise_multiplier=1.0, sampler=sampler, seed=1)
     dp.compile(
         optimizer=keras.optimizers.SGD(0.1),
         loss=_loss(),
@@ -82,7 +82,7 @@ def test_train_on_batch_with_sigma_zero_is_the_non_private_sgd_step():
     reference = _model()
     q, n = 0.05, 100  # q·n = 5, not the batch size: the denominator is fixed
     dp = DPKerasModel(
-        model, l2_norm_clip=HUGE, noise_multiplier=0.0, sampling_probability=q, population_size=n
+        model, l2_norm_bound=HUGE, noise_multiplier=0.0, sampling_probability=q, population_size=n
     )
     dp.compile(optimizer=keras.optimizers.SGD(0.3), loss=_loss())
     with tf.GradientTape() as tape:
@@ -104,7 +104,7 @@ def test_wrapped_adam_and_adamw_take_their_own_steps_on_private_gradients():
         before = [np.asarray(v).copy() for v in model.trainable_variables]
         dp = make_private(
             model,
-            l2_norm_clip=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=0.5,
             sampling_probability=0.2,
             population_size=60,
@@ -124,7 +124,7 @@ def test_update_queries_changes_what_later_steps_record_without_retracing():
     x, y = _data(8)
     dp = DPKerasModel(
         _model(),
-        l2_norm_clip=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.0,
         groups="per_layer",
         sampling_probability=0.1,
@@ -134,7 +134,7 @@ def test_update_queries_changes_what_later_steps_record_without_retracing():
     dp.compile(optimizer=keras.optimizers.SGD(0.1), loss=_loss())
     dp.train_on_batch(x, y)
     function = dp.train_function
-    dp.update_queries(l2_norm_clip=2.0, noise_multiplier=0.5)
+    dp.update_queries(l2_norm_bound=2.0, noise_multiplier=0.5)
     dp.train_on_batch(x, y)
     assert dp.train_function is function
     runs = dp.ledger.runs()
@@ -152,7 +152,7 @@ def test_bias_callback_is_called_once_per_nonempty_step():
     seen = []
     dp = DPKerasModel(
         _model(),
-        l2_norm_clip=0.1,
+        l2_norm_bound=0.1,
         noise_multiplier=1.0,
         sampler=sampler,
         seed=1,
@@ -169,7 +169,7 @@ def test_evaluate_and_predict_use_the_wrapped_model():
     x, y = _data(10)
     model = _model()
     dp = DPKerasModel(
-        model, l2_norm_clip=1.0, noise_multiplier=1.0, sampling_probability=0.5, population_size=20
+        model, l2_norm_bound=1.0, noise_multiplier=1.0, sampling_probability=0.5, population_size=20
     )
     dp.compile(optimizer="sgd", loss=_loss(), metrics=["accuracy"])
     np.testing.assert_allclose(dp.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-6)
@@ -180,13 +180,13 @@ def test_evaluate_and_predict_use_the_wrapped_model():
 def test_bad_inputs_are_refused_with_what_to_change():
     model = _model()
     ok = {
-        "l2_norm_clip": 1.0,
+        "l2_norm_bound": 1.0,
         "noise_multiplier": 1.0,
         "sampling_probability": 0.1,
         "population_size": 10,
     }
-    with pytest.raises(InvalidParameterError, match="l2_norm_clip"):
-        DPKerasModel(model, **{**ok, "l2_norm_clip": -1.0})
+    with pytest.raises(InvalidParameterError, match="l2_norm_bound"):
+        DPKerasModel(model, **{**ok, "l2_norm_bound": -1.0})
     with pytest.raises(InvalidParameterError, match="noise_multiplier"):
         DPKerasModel(model, **{**ok, "noise_multiplier": float("nan")})
     with pytest.raises(InvalidParameterError, match="sampling_probability"):
@@ -194,7 +194,7 @@ def test_bad_inputs_are_refused_with_what_to_change():
     with pytest.raises(InvalidParameterError, match="method"):
         DPKerasModel(model, **ok, method="ghost")
     with pytest.raises(InvalidParameterError, match="sampler"):
-        DPKerasModel(model, sampler=object(), l2_norm_clip=1.0, noise_multiplier=1.0)
+        DPKerasModel(model, sampler=object(), l2_norm_bound=1.0, noise_multiplier=1.0)
     with pytest.raises(InvalidParameterError, match="model"):
         DPKerasModel(keras.Sequential([keras.layers.Dense(2)]), **ok)
     dp = DPKerasModel(model, **ok)
@@ -219,7 +219,7 @@ def test_fit_refuses_arrays_that_keras_would_cut_into_fixed_size_batches():
     # Poisson sample of rate q the ledger would record for every step.
     x, y = _data(40)
     sampler = PoissonSampler(population_size=40, sampling_probability=0.1, seed=0)
-    dp = DPKerasModel(_model(), l2_norm_clip=1.0, noise_multiplier=1.0, sampler=sampler, seed=1)
+    dp = DPKerasModel(_model(), l2_norm_bound=1.0, noise_multiplier=1.0, sampler=sampler, seed=1)
     dp.compile(optimizer="sgd", loss=_loss())
     with pytest.raises(InvalidParameterError, match="x"):
         dp.fit(x, y, batch_size=20, epochs=1, verbose=0)
@@ -236,7 +236,7 @@ def test_a_loss_without_per_example_values_fails_at_the_first_step():
     x, y = _data(4)
     dp = DPKerasModel(
         _model(),
-        l2_norm_clip=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.0,
         sampling_probability=0.1,
         population_size=40,
@@ -266,7 +266,7 @@ class _KerasTrainStep:
         if entry is None:
             dp = DPKerasModel(
                 model,
-                l2_norm_clip=max_grad_norm,
+                l2_norm_bound=max_grad_norm,
                 noise_multiplier=noise_multiplier,
                 sampling_probability=self.DENOMINATOR / 1000,
                 population_size=1000,
@@ -280,7 +280,7 @@ class _KerasTrainStep:
             )
             entry = self._wrappers[id(model)] = (dp, optimizer)
         dp, optimizer = entry
-        dp.update_queries(l2_norm_clip=max_grad_norm, noise_multiplier=noise_multiplier)
+        dp.update_queries(l2_norm_bound=max_grad_norm, noise_multiplier=noise_multiplier)
         optimizer.learning_rate.assign(lr)
         dp._dp_generator.reset(generator.state)
         dp.train_on_batch(x, y)
@@ -299,7 +299,7 @@ def test_keras_fit_step_passes_every_implementation_bug_check():
 
 
 def _tied_model(sampler):
-    dp = DPKerasModel(_model(), l2_norm_clip=1.0, noise_multiplier=1.0, sampler=sampler, seed=1)
+    dp = DPKerasModel(_model(), l2_norm_bound=1.0, noise_multiplier=1.0, sampler=sampler, seed=1)
     dp.compile(optimizer=keras.optimizers.SGD(0.1), loss=_loss())
     return dp
 

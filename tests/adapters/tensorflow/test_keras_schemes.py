@@ -80,7 +80,7 @@ def test_fit_records_each_steps_event_and_averages_by_its_denominator(scheme):
     w0, b0 = (np.asarray(v, np.float64) for v in model.get_weights())
     dp = DPKerasModel(
         model,
-        l2_norm_clip=1e6,
+        l2_norm_bound=1e6,
         noise_multiplier=0.0,
         sampler=sampler,
         ledger=_ledger(sampler),
@@ -124,7 +124,7 @@ def test_the_written_ledger_replays_with_an_accountant_that_supports_the_scheme(
     with PrivacyLedger(path, neighboring=relation) as ledger:
         dp = DPKerasModel(
             _linear(),
-            l2_norm_clip=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=1.0,
             sampler=sampler,
             ledger=ledger,
@@ -149,20 +149,20 @@ def test_replace_one_only_schemes_refuse_an_add_remove_ledger_before_recording(s
     ledger = PrivacyLedger()  # add/remove
     with pytest.raises(InvalidParameterError, match="neighboring='replace_one'"):
         DPKerasModel(
-            _linear(), l2_norm_clip=1.0, noise_multiplier=1.0, sampler=sampler, ledger=ledger
+            _linear(), l2_norm_bound=1.0, noise_multiplier=1.0, sampler=sampler, ledger=ledger
         )
     with pytest.raises(InvalidParameterError, match="neighboring='replace_one'"):
         PrivateGradients(
             _linear(),
             keras.losses.MeanSquaredError(reduction="none"),
-            l2_norm_clip=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=1.0,
             sampler=sampler,
             ledger=ledger,
         )
     assert ledger.num_steps == 0
     # without a ledger, the new one is created with the relation the scheme is analysed under
-    dp = DPKerasModel(_linear(), l2_norm_clip=1.0, noise_multiplier=1.0, sampler=sampler)
+    dp = DPKerasModel(_linear(), l2_norm_bound=1.0, noise_multiplier=1.0, sampler=sampler)
     assert dp.ledger.neighboring.value == "replace_one"
     assert dp.sampling_event == sampler.sampling_event
 
@@ -171,7 +171,7 @@ def test_fit_refuses_a_users_shuffled_batches_and_names_the_shuffle_sampler():
     x, y = _data()
     sampler = ShuffleSampler(population_size=N, batch_size=4, seed=0)
     dp = DPKerasModel(
-        _linear(), l2_norm_clip=1.0, noise_multiplier=1.0, sampler=sampler, ledger=_ledger(sampler)
+        _linear(), l2_norm_bound=1.0, noise_multiplier=1.0, sampler=sampler, ledger=_ledger(sampler)
     )
     dp.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
     users = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(N).batch(4)
@@ -184,7 +184,7 @@ def test_fit_refuses_a_users_shuffled_batches_and_names_the_shuffle_sampler():
     assert dp.ledger.num_steps == 0
     # and with a Poisson sampler too
     poisson = PoissonSampler(population_size=N, sampling_probability=0.25, seed=0)
-    dp = DPKerasModel(_linear(), l2_norm_clip=1.0, noise_multiplier=1.0, sampler=poisson)
+    dp = DPKerasModel(_linear(), l2_norm_bound=1.0, noise_multiplier=1.0, sampler=poisson)
     dp.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
     with pytest.raises(SamplerMismatchError, match="ShuffleSampler"):
         dp.fit(users, epochs=1, verbose=0)
@@ -198,7 +198,7 @@ def test_epoch_starts_follow_the_iterations_when_fit_keeps_an_iterator_across_ep
     x, y = _data()
     sampler = ShuffleSampler(population_size=N, batch_size=4, seed=0)  # 3 batches an epoch
     dp = DPKerasModel(
-        _linear(), l2_norm_clip=1.0, noise_multiplier=1.0, sampler=sampler, ledger=_ledger(sampler)
+        _linear(), l2_norm_bound=1.0, noise_multiplier=1.0, sampler=sampler, ledger=_ledger(sampler)
     )
     dp.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
     data = sampler.sample((x, y))
@@ -221,7 +221,7 @@ def test_private_gradients_with_an_epoch_based_sampler():
     private = PrivateGradients(
         _linear(),
         keras.losses.MeanSquaredError(reduction="none"),
-        l2_norm_clip=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.0,
         sampler=sampler,
         seed=0,

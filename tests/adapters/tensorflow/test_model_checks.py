@@ -85,7 +85,7 @@ def test_an_unbuilt_model_is_refused_with_advice():
     with pytest.raises(InvalidParameterError, match=r"model\.build"):
         engine.norms(np.zeros((2, 3), np.float32), np.zeros(2, np.int32))
     privacy = {
-        "l2_norm_clip": 1.0,
+        "l2_norm_bound": 1.0,
         "noise_multiplier": 1.0,
         "sampling_probability": 0.1,
         "population_size": 100,

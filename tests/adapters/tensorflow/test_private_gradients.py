@@ -52,6 +52,9 @@ def _batch(batch: int = 6, seed: int = 0, dtype=np.float32):
     )
 
 
+STRATEGY = {"fast": "ghost", "vectorized": "generic"}  # the engine's path of each strategy
+
+
 def _private(model, **kwargs) -> PrivateGradients:
     kwargs.setdefault("sampling_probability", Q)
     kwargs.setdefault("population_size", N)
@@ -67,7 +70,7 @@ def _flat(arrays) -> np.ndarray:
 def test_sigma_zero_and_infinite_clip_give_the_non_private_step(method):
     model = _cnn()
     x, y = _batch()
-    private = _private(model, l2_norm_clip=HUGE, noise_multiplier=0.0, method=method)
+    private = _private(model, l2_norm_bound=HUGE, noise_multiplier=0.0, strategy=STRATEGY[method])
     grads = private(x, y)
     with tf.GradientTape() as tape:
         total = tf.reduce_sum(_loss()(y, model(x, training=True)))
@@ -103,12 +106,12 @@ def test_clipped_sum_equals_a_per_example_loop(clipping, method):
     private = PrivateGradients(
         model,
         loss,
-        l2_norm_clip=bound,
+        l2_norm_bound=bound,
         noise_multiplier=0.0,
         clipping=clipping,
         sampling_probability=Q,
         population_size=N,
-        method=method,
+        strategy=STRATEGY[method],
         seed=0,
     )
     got = _flat(private(x, y)) * (Q * N)
@@ -130,7 +133,7 @@ def test_per_layer_groups_with_dimension_allocation_and_joint_scaling():
     private = PrivateGradients(
         model,
         loss,
-        l2_norm_clip=0.3,
+        l2_norm_bound=0.3,
         noise_multiplier=0.0,
         groups="per_layer",
         clip_split="dimension",
@@ -170,7 +173,9 @@ def test_fast_and_vectorized_steps_agree_with_noise(layer_type):
         rng = np.random.default_rng(zlib.crc32(name.encode()))
         keras.utils.set_random_seed(7)
         model, x, y = CASES[name](rng)
-        private = _private(model, l2_norm_clip=0.05, noise_multiplier=0.5, method=method, seed=11)
+        private = _private(
+            model, l2_norm_bound=0.05, noise_multiplier=0.5, strategy=STRATEGY[method], seed=11
+        )
         results.append(_flat(private(x, y)))
         assert private.engine.path == method
     scale = float(np.max(np.abs(results[1])))
@@ -184,8 +189,8 @@ def test_noise_standard_deviation_is_sigma_c_over_qn():
     x = np.random.default_rng(5).normal(size=(7, 40)).astype(np.float32)
     y = np.random.default_rng(6).integers(0, 25, 7).astype(np.int32)
     clip, sigma = 0.5, 1.3
-    noisy = _private(model, l2_norm_clip=clip, noise_multiplier=sigma, seed=3)
-    exact = _private(model, l2_norm_clip=clip, noise_multiplier=0.0)
+    noisy = _private(model, l2_norm_bound=clip, noise_multiplier=sigma, seed=3)
+    exact = _private(model, l2_norm_bound=clip, noise_multiplier=0.0)
     clean = _flat(exact(x, y))
     samples = np.concatenate([_flat(noisy(x, y)) - clean for _ in range(8)])
     expected = sigma * clip / (Q * N)
@@ -221,7 +226,7 @@ def test_float32_rounding_never_lets_a_contribution_exceed_the_bound():
         private = PrivateGradients(
             model,
             lambda y_true, y_pred: y_pred[:, 0],  # gradient of record i is x_i
-            l2_norm_clip=bound,
+            l2_norm_bound=bound,
             noise_multiplier=0.0,
             sampling_probability=1.0,
             population_size=1,
@@ -239,7 +244,7 @@ def test_float32_rounding_never_lets_a_contribution_exceed_the_bound():
 
 def test_empty_batches_and_one_event_per_executed_step_inside_a_tf_function():
     model = _cnn()
-    private = _private(model, l2_norm_clip=1.0, noise_multiplier=0.0)
+    private = _private(model, l2_norm_bound=1.0, noise_multiplier=0.0)
 
     @tf.function
     def step(x, y):
@@ -267,7 +272,7 @@ def test_bias_callback_reports_the_metrics_of_the_explicit_loop():
     private = PrivateGradients(
         model,
         loss,
-        l2_norm_clip=bound,
+        l2_norm_bound=bound,
         noise_multiplier=1.0,
         sampling_probability=Q,
         population_size=N,
@@ -289,7 +294,7 @@ def test_bias_callback_reports_the_metrics_of_the_explicit_loop():
 def test_ledger_errors_come_back_typed_and_nothing_is_applied():
     model = _cnn()
     ledger = PrivacyLedger()
-    private = _private(model, l2_norm_clip=1.0, noise_multiplier=1.0, ledger=ledger)
+    private = _private(model, l2_norm_bound=1.0, noise_multiplier=1.0, ledger=ledger)
     x, y = _batch()
     private(x, y)
     ledger.close()
@@ -299,7 +304,7 @@ def test_ledger_errors_come_back_typed_and_nothing_is_applied():
 
 def test_nan_loss_is_refused_with_the_record_named():
     model = _cnn()
-    private = _private(model, l2_norm_clip=1.0, noise_multiplier=1.0)
+    private = _private(model, l2_norm_bound=1.0, noise_multiplier=1.0)
     x, y = _batch()
     x[2, 0, 0, 0] = np.nan
     with pytest.raises(InvalidParameterError, match=r"squared_norms\[\d\]"):
@@ -309,10 +314,10 @@ def test_nan_loss_is_refused_with_the_record_named():
 @pytest.mark.parametrize(
     ("kwargs", "parameter"),
     [
-        ({"l2_norm_clip": 0.0}, "l2_norm_clip"),
-        ({"l2_norm_clip": -1.0}, "l2_norm_clip"),
-        ({"l2_norm_clip": math.inf}, "l2_norm_clip"),
-        ({"l2_norm_clip": math.nan}, "l2_norm_clip"),
+        ({"l2_norm_bound": 0.0}, "l2_norm_bound"),
+        ({"l2_norm_bound": -1.0}, "l2_norm_bound"),
+        ({"l2_norm_bound": math.inf}, "l2_norm_bound"),
+        ({"l2_norm_bound": math.nan}, "l2_norm_bound"),
         ({"noise_multiplier": -0.1}, "noise_multiplier"),
         ({"noise_multiplier": math.nan}, "noise_multiplier"),
         ({"sampling_probability": 0.0}, "sampling_probability"),
@@ -331,14 +336,14 @@ def test_nan_loss_is_refused_with_the_record_named():
     ],
 )
 def test_bad_arguments_name_the_parameter(kwargs, parameter):
-    args = {"l2_norm_clip": 1.0, "noise_multiplier": 1.0, **kwargs}
+    args = {"l2_norm_bound": 1.0, "noise_multiplier": 1.0, **kwargs}
     with pytest.raises(InvalidParameterError, match=parameter):
         _private(_cnn(), **args)
 
 
 def test_sampler_or_explicit_sampling_is_required():
     with pytest.raises(InvalidParameterError, match="sampling_probability"):
-        PrivateGradients(_cnn(), _loss(), l2_norm_clip=1.0, noise_multiplier=1.0)
+        PrivateGradients(_cnn(), _loss(), l2_norm_bound=1.0, noise_multiplier=1.0)
 
 
 def test_batch_normalization_is_refused_with_a_suggestion():
@@ -346,7 +351,7 @@ def test_batch_normalization_is_refused_with_a_suggestion():
         [keras.Input((4,)), keras.layers.Dense(3), keras.layers.BatchNormalization()]
     )
     with pytest.raises(RecordMixingLayerError, match="GroupNormalization"):
-        _private(model, l2_norm_clip=1.0, noise_multiplier=1.0)
+        _private(model, l2_norm_bound=1.0, noise_multiplier=1.0)
 
 
 def test_losses_without_per_example_values_are_refused():
@@ -356,7 +361,7 @@ def test_losses_without_per_example_values_are_refused():
         PrivateGradients(
             model,
             lambda t, p: tf.reduce_mean(p),
-            l2_norm_clip=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=1.0,
             sampling_probability=Q,
             population_size=N,
@@ -365,7 +370,7 @@ def test_losses_without_per_example_values_are_refused():
         PrivateGradients(
             model,
             "no_such_loss",
-            l2_norm_clip=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=1.0,
             sampling_probability=Q,
             population_size=N,
@@ -377,25 +382,34 @@ def test_gradient_queries_groups_and_explicit_queries():
     variables = model.trainable_variables
     explicit = gradient_queries(
         variables,
-        groups=[[v.path for v in variables[:2]], [v.path for v in variables[2:]]],
-        l2_norm_clip=2.0,
+        groups={
+            "group0": [v.path for v in variables[:2]],
+            "group1": [v.path for v in variables[2:]],
+        },
+        l2_norm_bound=2.0,
         noise_multiplier=1.5,
     )
     assert explicit.members == ((0, 1), (2, 3, 4, 5))
     assert explicit.effective_noise_multiplier == pytest.approx(1.5, rel=1e-12)
     per_variable = gradient_queries(
-        variables, groups="per_variable", l2_norm_clip=2.0, noise_multiplier=1.5
+        variables, groups="per_parameter", l2_norm_bound=2.0, noise_multiplier=1.5
     )
     assert len(per_variable.queries) == len(variables)
     reused = gradient_queries(
         variables,
         queries=list(explicit.queries),
-        groups=[[v.path for v in variables[:2]], [v.path for v in variables[2:]]],
+        groups={
+            "group0": [v.path for v in variables[:2]],
+            "group1": [v.path for v in variables[2:]],
+        },
     )
     assert reused.queries == explicit.queries
     with pytest.raises(InvalidParameterError, match="groups"):
         gradient_queries(
-            variables, groups=[[variables[0].path]], l2_norm_clip=1.0, noise_multiplier=1.0
+            variables,
+            groups={"group0": [variables[0].path]},
+            l2_norm_bound=1.0,
+            noise_multiplier=1.0,
         )
     with pytest.raises(InvalidParameterError, match="queries"):
-        gradient_queries(variables, queries=list(explicit.queries), l2_norm_clip=1.0)
+        gradient_queries(variables, queries=list(explicit.queries), l2_norm_bound=1.0)

@@ -34,7 +34,7 @@ def _private(model, **kwargs):
     return PrivateGradients(
         model,
         LOSS,
-        l2_norm_clip=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.0,
         sampling_probability=0.1,
         population_size=100,
@@ -65,7 +65,7 @@ def test_dp_keras_model_fit_refuses_a_mixing_layer_before_any_step():
     model = _model(MIXING["batch_mean"]())
     dp = DPKerasModel(
         model,
-        l2_norm_clip=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.0,
         sampling_probability=0.1,
         population_size=100,
@@ -132,7 +132,7 @@ def test_fit_with_the_probe_trains_on_the_batches_it_would_have_drawn_without_it
         sampler = PoissonSampler(population_size=40, sampling_probability=0.2, seed=3)
         dp = DPKerasModel(
             _model(),
-            l2_norm_clip=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=1.0,
             sampler=sampler,
             seed=0,

@@ -176,7 +176,7 @@ def test_private_gradients_of_an_lstm_equal_the_clipped_per_example_loop():
     private = PrivateGradients(
         model,
         _loss(F64),
-        l2_norm_clip=bound,
+        l2_norm_bound=bound,
         noise_multiplier=0.0,
         sampling_probability=q,
         population_size=n,
@@ -225,7 +225,7 @@ def test_dp_fit_of_a_text_classifier_records_every_step(build, probe):
     sampler = PoissonSampler(population_size=n, sampling_probability=0.25, seed=3)
     dp = DPKerasModel(
         model,
-        l2_norm_clip=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.1,
         sampler=sampler,
         ledger=PrivacyLedger(),
@@ -271,7 +271,7 @@ def test_unsupported_recurrent_configurations_are_refused_before_recording(layer
     with pytest.raises(error, match=advice):
         DPKerasModel(
             model,
-            l2_norm_clip=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=1.0,
             sampling_probability=0.5,
             population_size=8,
@@ -281,7 +281,7 @@ def test_unsupported_recurrent_configurations_are_refused_before_recording(layer
         PrivateGradients(
             model,
             _loss(),
-            l2_norm_clip=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=1.0,
             sampling_probability=0.5,
             population_size=8,
@@ -353,7 +353,7 @@ def test_mixed_precision_clipped_contributions_stay_within_the_bound(policy):
     private = PrivateGradients(
         model,
         _loss(),
-        l2_norm_clip=bound,
+        l2_norm_bound=bound,
         noise_multiplier=0.0,
         sampling_probability=1.0,
         population_size=1,

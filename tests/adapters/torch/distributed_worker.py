@@ -46,7 +46,7 @@ def train(model, sampler, ledger, sigma: float, out: Path) -> None:
         model=model,
         sampler=sampler,
         ledger=ledger,
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=sigma,
         seed=NOISE_SEED,
     )
@@ -99,7 +99,7 @@ def worker(rank: int, world: int, directory: str) -> None:
                 torch.optim.SGD(m.parameters(), lr=0.1),
                 model=m,
                 sampler=PoissonBatchSampler(population_size=N, sampling_probability=Q, seed=1),
-                max_grad_norm=1.0,
+                l2_norm_bound=1.0,
                 noise_multiplier=1.0,
             )
         except InvalidParameterError as err:
@@ -113,7 +113,7 @@ def worker(rank: int, world: int, directory: str) -> None:
                     sampling_probability=Q,
                     population_size=N,
                     ledger=PrivacyLedger(),
-                    max_grad_norm=1.0,
+                    l2_norm_bound=1.0,
                     noise_multiplier=1.0,
                 )
             except InvalidParameterError as err:
@@ -127,7 +127,7 @@ def worker(rank: int, world: int, directory: str) -> None:
                     population_size=N, sampling_probability=Q, seed=1
                 ),
                 ledger=PrivacyLedger() if rank == 0 else None,
-                max_grad_norm=1.0,
+                l2_norm_bound=1.0,
                 noise_multiplier=1.0,
             )
             centred(torch.randn(4, 4))
@@ -145,7 +145,7 @@ def worker(rank: int, world: int, directory: str) -> None:
             model=m,
             sampler=sampler,
             ledger=tie_ledger,
-            max_grad_norm=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=1.0,
         )
         xs, ys = dataset().tensors

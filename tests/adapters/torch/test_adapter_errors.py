@@ -22,7 +22,7 @@ def _wrap(model, ledger=None, **kwargs):
     return DPOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1),
         model=model,
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.0,
         sampling_probability=0.1,
         population_size=100,
@@ -118,7 +118,7 @@ def _setup(ledger, seed=0):
         torch.optim.SGD(model.parameters(), lr=0.1),
         data,
         sampling_probability=0.2,
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.0,
         ledger=ledger,
         seed=seed,

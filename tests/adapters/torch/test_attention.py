@@ -253,7 +253,7 @@ def test_dp_optimizer_step_equals_a_clipped_per_example_loop():
     dp = DPOptimizer(
         torch.optim.SGD(model.parameters(), lr=lr),
         model=model,
-        max_grad_norm=bound,
+        l2_norm_bound=bound,
         noise_multiplier=0.0,
         sampling_probability=q,
         population_size=n,

@@ -18,7 +18,7 @@ def _dp(model, callback=None):
     return DPOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1),
         model=model,
-        max_grad_norm=C,
+        l2_norm_bound=C,
         noise_multiplier=1.0,
         sampling_probability=Q,
         population_size=N,

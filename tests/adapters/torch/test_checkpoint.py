@@ -27,7 +27,7 @@ def setup(ledger: PrivacyLedger, seed: int):
         torch.optim.Adam(model.parameters(), lr=0.01),
         DATA,
         sampling_probability=0.1,
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.1,
         ledger=ledger,
         seed=seed,

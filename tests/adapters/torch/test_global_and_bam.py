@@ -22,7 +22,7 @@ def run(steps: int = 3, **options):
         torch.optim.SGD(model.parameters(), lr=0.2),
         DATA,
         sampling_probability=0.2,
-        max_grad_norm=2.4,
+        l2_norm_bound=2.4,
         noise_multiplier=0.9,
         ledger=ledger,
         seed=12,
@@ -90,7 +90,7 @@ def test_bam_step_equals_an_explicit_per_example_ascent_loop(clipping):
     dp = DPOptimizer(
         torch.optim.SGD(model.parameters(), lr=lr),
         model=model,
-        max_grad_norm=c,
+        l2_norm_bound=c,
         noise_multiplier=0.0,
         sampling_probability=0.1,
         population_size=100,
@@ -116,7 +116,7 @@ def test_bam_step_equals_an_explicit_per_example_ascent_loop(clipping):
     hooks = DPOptimizer(
         torch.optim.SGD(ref.parameters(), lr=0.1),
         model=ref,
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=0.0,
         sampling_probability=0.1,
         population_size=100,

@@ -34,7 +34,7 @@ def updates(sigma: float, seed: int, **kwargs) -> tuple[dict[str, torch.Tensor],
     dp = DPOptimizer(
         torch.optim.SGD(model.parameters(), lr=LR),
         model=model,
-        max_grad_norm=0.7,
+        l2_norm_bound=0.7,
         noise_multiplier=sigma,
         sampling_probability=Q,
         population_size=N,

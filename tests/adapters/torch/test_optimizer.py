@@ -38,7 +38,7 @@ LR = 0.3
 
 def wrap(model, opt=None, **kwargs):
     opt = opt or torch.optim.SGD(model.parameters(), lr=LR)
-    kwargs.setdefault("max_grad_norm", 1.0)
+    kwargs.setdefault("l2_norm_bound", 1.0)
     kwargs.setdefault("noise_multiplier", 0.0)
     kwargs.setdefault("sampling_probability", Q)
     kwargs.setdefault("population_size", N)
@@ -61,7 +61,7 @@ def one_step(model, dp, x, y, *, reduction="mean", fast=False):
 def test_zero_noise_and_no_clipping_is_the_non_private_step_over_qn(reduction, fast):
     x, y = batch(13)
     private, plain = small_cnn(), small_cnn()
-    dp = wrap(private, max_grad_norm=1e12, loss_reduction=reduction, check_steps=0)
+    dp = wrap(private, l2_norm_bound=1e12, loss_reduction=reduction, check_steps=0)
     one_step(private, dp, x, y, reduction=reduction, fast=fast)
     opt = torch.optim.SGD(plain.parameters(), lr=LR)
     (F.cross_entropy(plain(x), y, reduction="sum") / (Q * N)).backward()
@@ -74,7 +74,7 @@ def test_zero_noise_and_no_clipping_is_the_non_private_step_over_qn(reduction, f
 def test_stateful_optimizers_receive_exactly_the_private_gradient(opt_type):
     x, y = batch(11)
     private, plain = small_cnn(), small_cnn()
-    dp = wrap(private, opt_type(private.parameters(), lr=0.01), max_grad_norm=1e12)
+    dp = wrap(private, opt_type(private.parameters(), lr=0.01), l2_norm_bound=1e12)
     opt = opt_type(plain.parameters(), lr=0.01)
     for _ in range(3):
         one_step(private, dp, x, y)
@@ -115,7 +115,7 @@ def test_full_step_equals_an_explicit_per_example_loop(config, strategy):
     kwargs, rule = CONFIGS[config]
     x, y = batch(9)
     model, ref = small_cnn(), small_cnn()
-    dp = wrap(model, max_grad_norm=2.4, strategy=strategy, **kwargs)
+    dp = wrap(model, l2_norm_bound=2.4, strategy=strategy, **kwargs)
     before = params_of(model)
     grads = per_example(ref, x, y)
     norms = torch.sqrt(sum(g.flatten(1).square().sum(1) for g in grads.values()))
@@ -137,7 +137,7 @@ def test_fast_and_generic_paths_give_the_same_steps_and_ledger():
         dp = wrap(
             model,
             strategy=strategy,
-            max_grad_norm=0.5,
+            l2_norm_bound=0.5,
             noise_multiplier=0.7,
             seed=3,
             ledger=ledgers[strategy],
@@ -159,7 +159,7 @@ def test_ledger_records_q_n_and_exactly_the_bound_and_noise_used():
     x, y = batch(8)
     model = small_cnn()
     ledger = PrivacyLedger()
-    dp = wrap(model, max_grad_norm=1.5, noise_multiplier=1.1, ledger=ledger, seed=0)
+    dp = wrap(model, l2_norm_bound=1.5, noise_multiplier=1.1, ledger=ledger, seed=0)
     one_step(model, dp, x, y)
     dp.max_grad_norm = 0.5
     dp.noise_multiplier = 2.0
@@ -186,7 +186,7 @@ def test_ledger_of_per_layer_groups_with_each_allocation():
             groups="per_layer",
             clip_split=split,
             noise_allocation=allocation,
-            max_grad_norm=c,
+            l2_norm_bound=c,
             noise_multiplier=z,
             ledger=ledger,
             seed=0,
@@ -215,7 +215,7 @@ def test_sampler_q_and_n_are_recorded_never_one_over_len_loader():
         torch.optim.SGD(model.parameters(), lr=0.1),
         model=model,
         sampler=loader,
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.0,
         ledger=ledger,
         seed=0,
@@ -321,7 +321,7 @@ def test_poisson_loader_with_empty_batches_keeps_one_step_per_batch():
         torch.optim.SGD(model.parameters(), lr=0.1),
         model=model,
         sampler=loader,
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.0,
         ledger=ledger,
         seed=0,
@@ -357,10 +357,10 @@ def test_a_learning_rate_scheduler_drives_the_wrapped_optimizer():
 @pytest.mark.parametrize(
     ("kwargs", "parameter"),
     [
-        ({"max_grad_norm": 0.0}, "max_grad_norm"),
-        ({"max_grad_norm": -1.0}, "max_grad_norm"),
-        ({"max_grad_norm": math.nan}, "max_grad_norm"),
-        ({"max_grad_norm": math.inf}, "max_grad_norm"),
+        ({"l2_norm_bound": 0.0}, "l2_norm_bound"),
+        ({"l2_norm_bound": -1.0}, "l2_norm_bound"),
+        ({"l2_norm_bound": math.nan}, "l2_norm_bound"),
+        ({"l2_norm_bound": math.inf}, "l2_norm_bound"),
         ({"noise_multiplier": -0.5}, "noise_multiplier"),
         ({"noise_multiplier": math.nan}, "noise_multiplier"),
         ({"sampling_probability": 0.0}, "sampling_probability"),
@@ -424,7 +424,7 @@ def test_batchnorm_is_refused_by_the_wrapper_and_make_private():
             torch.optim.SGD(model.parameters(), lr=0.1),
             TensorDataset(*batch(10, dtype=torch.float32)),
             sampling_probability=0.5,
-            max_grad_norm=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=1.0,
         )
 
@@ -464,7 +464,7 @@ def test_loader_that_is_not_poisson_is_refused_with_advice():
             torch.optim.SGD(model.parameters(), lr=0.1),
             model=model,
             sampler=DataLoader(data, batch_size=4),
-            max_grad_norm=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=1.0,
         )
     sampler = PoissonBatchSampler(population_size=8, sampling_probability=0.5, seed=0)
@@ -472,7 +472,7 @@ def test_loader_that_is_not_poisson_is_refused_with_advice():
         torch.optim.SGD(model.parameters(), lr=0.1),
         model=model,
         sampler=sampler,
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.0,
     )
     assert dp.expected_batch_size == 4.0 and dp.sampler is sampler
@@ -547,7 +547,7 @@ def test_float32_rounding_never_lets_a_contribution_exceed_the_bound():
         model = nn.Linear(dim, 1, bias=False)  # the gradient of record i under loss y_i is x_i
         dp = wrap(
             model,
-            max_grad_norm=bound,
+            l2_norm_bound=bound,
             sampling_probability=1.0,
             population_size=1,
             clip_margin=margin,

@@ -37,7 +37,7 @@ def test_calibration_matches_the_accountants_api_and_the_run_meets_the_target():
         torch.optim.SGD(model.parameters(), lr=0.1),
         DataLoader(DATA, batch_size=7, shuffle=True),  # its batching is replaced
         sampling_probability=0.1,
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         target_epsilon=3.0,
         delta=1e-5,
         epochs=3,
@@ -64,7 +64,7 @@ def test_the_same_seed_gives_the_same_run():
             torch.optim.SGD(model.parameters(), lr=0.1),
             DATA,
             sampling_probability=0.2,
-            max_grad_norm=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=1.0,
             seed=4,
         )
@@ -95,7 +95,7 @@ def test_the_same_seed_gives_the_same_run():
 )
 def test_make_private_rejects_bad_input(kwargs, parameter):
     model = small_cnn(dtype=torch.float32)
-    kwargs = {"sampling_probability": 0.1, "max_grad_norm": 1.0, **kwargs}
+    kwargs = {"sampling_probability": 0.1, "l2_norm_bound": 1.0, **kwargs}
     with pytest.raises(InvalidParameterError) as info:
         make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), DATA, **kwargs)
     assert info.value.parameter == parameter
@@ -105,6 +105,6 @@ def test_make_private_rejects_bad_input(kwargs, parameter):
             torch.optim.SGD(model.parameters(), lr=0.1),
             [1, 2],
             sampling_probability=0.1,
-            max_grad_norm=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=1.0,
         )

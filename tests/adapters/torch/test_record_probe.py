@@ -110,7 +110,7 @@ MIXING = {
 
 
 def _wrap(model, **kwargs):
-    kwargs.setdefault("max_grad_norm", 1.0)
+    kwargs.setdefault("l2_norm_bound", 1.0)
     kwargs.setdefault("noise_multiplier", 1.0)
     kwargs.setdefault("sampling_probability", 0.1)
     kwargs.setdefault("population_size", 100)
@@ -164,7 +164,7 @@ def test_mixing_model_is_refused_through_make_private_with_virtual_batches():
         torch.optim.SGD(model.parameters(), lr=0.1),
         data,
         sampling_probability=0.2,
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.0,
         seed=0,
         max_physical_batch_size=8,

@@ -291,7 +291,7 @@ def test_dp_optimizer_step_equals_a_clipped_per_example_loop():
     dp = DPOptimizer(
         torch.optim.SGD(model.parameters(), lr=lr),
         model=model,
-        max_grad_norm=bound,
+        l2_norm_bound=bound,
         noise_multiplier=0.0,
         sampling_probability=q,
         population_size=n,
@@ -318,7 +318,7 @@ def test_make_private_trains_an_lstm_classifier_with_a_ledger():
         torch.optim.Adam(model.parameters(), lr=0.01),
         data,
         sampling_probability=0.2,
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.0,
         ledger=ledger,
         seed=0,

@@ -34,7 +34,7 @@ class _HostReads(TorchFunctionMode):
 
 
 def wrap(model, **kwargs):
-    kwargs.setdefault("max_grad_norm", 2.4)
+    kwargs.setdefault("l2_norm_bound", 2.4)
     kwargs.setdefault("noise_multiplier", 1.3)
     return DPOptimizer(
         torch.optim.SGD(model.parameters(), lr=LR),

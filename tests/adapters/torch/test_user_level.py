@@ -53,7 +53,7 @@ def _model(seed=0):
 
 def _optimizer(model, sampler, **kwargs):
     kwargs.setdefault("noise_multiplier", 0.0)
-    kwargs.setdefault("max_grad_norm", 0.5)
+    kwargs.setdefault("l2_norm_bound", 0.5)
     return DPOptimizer(
         torch.optim.SGD(model.parameters(), lr=kwargs.pop("lr", 0.0)),
         model=model,
@@ -203,7 +203,7 @@ def test_the_released_sum_is_the_per_user_clipped_sum_of_a_loop_reference(user_g
     sampler = UserPoissonBatchSampler(ids, 0.6, 5, seed=2, steps=4)
     loader = private_data_loader(dataset, sampler=sampler)
     model = _model()
-    dp = _optimizer(model, loader, groups=groups, user_gradient=user_gradient, max_grad_norm=0.3)
+    dp = _optimizer(model, loader, groups=groups, user_gradient=user_gradient, l2_norm_bound=0.3)
     members = [tuple(m) for m in dp.queries.members]
     bounds = [q.l2_norm_bound * (1 - dp._clip_margin) for q in dp.queries.queries]
     clipped_any = False
@@ -232,7 +232,7 @@ def test_the_functional_path_clips_per_user_too():
     sampler = UserPoissonBatchSampler(ids, 0.6, 5, seed=4, steps=2)
     loader = private_data_loader(dataset, sampler=sampler)
     model = _model()
-    dp = _optimizer(model, loader, loss_fn=F.cross_entropy, max_grad_norm=0.3)
+    dp = _optimizer(model, loader, loss_fn=F.cross_entropy, l2_norm_bound=0.3)
     bound = 0.3 * (1 - dp._clip_margin)
     for x, y, idx in loader:
         labels = [ids[i] for i in idx.tolist()]
@@ -253,7 +253,7 @@ def test_other_clipping_strategies_apply_to_each_users_vector(clipping):
     loader = private_data_loader(dataset, sampler=sampler)
     model = _model()
     C = 5.0  # users' summed gradients have norms from about 2 to 8 here: some above, some below
-    dp = _optimizer(model, loader, clipping=clipping, max_grad_norm=C)
+    dp = _optimizer(model, loader, clipping=clipping, l2_norm_bound=C)
     bound = C * (1 - dp._clip_margin)
     names = (tuple(n for n, _ in model.named_parameters()),)
     kept, dropped = [], []
@@ -271,13 +271,13 @@ def test_other_clipping_strategies_apply_to_each_users_vector(clipping):
     assert max(kept) > 0 and any(dropped)  # some users' vectors kept, some cut or dropped
 
 
-def _released_sum(ids, x, y, *, max_grad_norm):
+def _released_sum(ids, x, y, *, l2_norm_bound):
     """The pre-noise clipped sum of one full step (q = 1, every user sampled)."""
     dataset = TensorDataset(x, y)
     sampler = UserPoissonBatchSampler(ids, 1.0, 50, seed=0, steps=1)
     loader = private_data_loader(dataset, sampler=sampler)
     model = _model()
-    dp = _optimizer(model, loader, max_grad_norm=max_grad_norm)
+    dp = _optimizer(model, loader, l2_norm_bound=l2_norm_bound)
     for xb, yb in loader:
         F.cross_entropy(model(xb), yb).backward()
         dp.step()
@@ -292,9 +292,9 @@ def test_a_user_with_many_records_moves_the_released_sum_by_at_most_c():
     big_x, big_y = _data(50, seed=7, scale=1e3)
     big_x[:, 0] = 1e3  # every record pushes the same direction: their sum is 50 times larger
     with_user = _released_sum(
-        ids + ["big"] * 50, torch.cat([x, big_x]), torch.cat([y, big_y]), max_grad_norm=C
+        ids + ["big"] * 50, torch.cat([x, big_x]), torch.cat([y, big_y]), l2_norm_bound=C
     )
-    without = _released_sum(ids, x, y, max_grad_norm=C)
+    without = _released_sum(ids, x, y, l2_norm_bound=C)
     moved = (with_user - without).norm().item()
     assert moved <= C * (1 + 1e-9)
     assert moved > 0.99 * C  # its summed gradient was clipped onto the sphere of radius C
@@ -308,7 +308,7 @@ def test_a_user_level_run_records_user_events_and_epsilon_per_user():
     loader = private_data_loader(dataset, sampler=sampler)
     ledger = PrivacyLedger()
     model = _model()
-    dp = _optimizer(model, loader, ledger=ledger, noise_multiplier=1.0, max_grad_norm=1.0, lr=0.1)
+    dp = _optimizer(model, loader, ledger=ledger, noise_multiplier=1.0, l2_norm_bound=1.0, lr=0.1)
     assert dp.population_size == len(_COUNTS) and dp.denominator == q * len(_COUNTS)
     for x, y, _ in loader:
         dp.zero_grad()
@@ -364,7 +364,7 @@ def test_the_draw_tie_refuses_a_foreign_batch_and_a_cut_batch():
             _model(),
             torch.optim.SGD(_model().parameters(), lr=0.1),
             loader,
-            max_grad_norm=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=1.0,
         )
     it = iter(loader)
@@ -455,6 +455,6 @@ def test_record_level_options_that_have_no_user_level_version_are_refused():
             _model(),
             torch.optim.SGD(_model().parameters(), lr=0.1),
             loader,
-            max_grad_norm=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=1.0,
         )

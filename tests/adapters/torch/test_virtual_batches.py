@@ -24,7 +24,7 @@ def _dp(model, ledger, **kwargs):
     return DPOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.2),
         model=model,
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=0.8,
         ledger=ledger,
         seed=9,
@@ -96,7 +96,7 @@ def test_make_private_with_a_physical_batch_limit():
         torch.optim.SGD(model.parameters(), lr=0.1),
         data,
         sampling_probability=0.5,
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.0,
         ledger=ledger,
         seed=0,

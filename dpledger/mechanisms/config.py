@@ -1,0 +1,374 @@
+"""One configuration of a DP training step, shared by the PyTorch and TensorFlow adapters.
+
+:class:`DPConfig` holds what decides the privacy of a step and how records are bounded: the
+clip bound, the noise (or the target it is calibrated to), the clipping strategy, the groups of
+parameters, how the bound and the noise are split over them, and the options of the
+per-example gradient engine that both adapters have. It is validated once, here: every field is
+checked when the config is made, and a bad value raises
+:class:`~dpledger.errors.InvalidParameterError` naming the field and the value. The adapters
+build one from their keyword arguments (or take one with ``config=``), so both speak the same
+vocabulary::
+
+    config = DPConfig(l2_norm_bound=1.0, noise_multiplier=1.1, groups="per_layer")
+    DPOptimizer(torch_optimizer, model=model, config=config, sampler=loader)   # PyTorch
+    DPKerasModel(keras_model, config=config, sampler=sampler)                  # Keras
+
+Names of parameters and variables in ``groups`` and ``scales``: in PyTorch, the names of
+``model.named_parameters()`` (``"fc1.weight"``); in TensorFlow, the Keras 3 variable paths of
+``model.trainable_variables`` (``[v.path for v in model.trainable_variables]``, e.g.
+``"dense_1/kernel"``; a variable's ``name`` is accepted where it is unique).
+
+This module also holds the one helper that both adapters use for keywords renamed in this
+release (:func:`deprecated_alias`, :func:`warn_deprecated`). It imports neither framework.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Literal
+
+import attrs
+
+from dpledger.errors import InvalidParameterError
+from dpledger.mechanisms.allocation import CLIP_SPLITS, NOISE_ALLOCATIONS
+from dpledger.mechanisms.clipping import ClippingStrategy, check_clip_margin
+from dpledger.validation import (
+    check_delta,
+    check_non_negative_finite,
+    check_positive_finite,
+)
+
+__all__ = [
+    "GROUPINGS",
+    "STRATEGIES",
+    "DPConfig",
+    "Grouping",
+    "Strategy",
+    "check_groups",
+    "check_strategy",
+    "deprecated_alias",
+    "warn_deprecated",
+]
+
+Grouping = Literal["all", "per_layer", "per_parameter"] | Mapping[str, Sequence[str]]
+"""The groups of a step: ``"all"``, ``"per_layer"``, ``"per_parameter"`` or
+``{label: [parameter or variable names]}``."""
+
+Strategy = Literal["auto", "ghost", "per_example", "generic"]
+"""The per-example gradient engine's strategy (see :attr:`DPConfig.strategy`)."""
+
+GROUPINGS = ("all", "per_layer", "per_parameter")
+"""The named groupings; a mapping ``{label: [names]}`` is the explicit one."""
+
+STRATEGIES = ("auto", "ghost", "per_example", "generic")
+"""The values of :attr:`DPConfig.strategy`."""
+
+_GROUPS_EXPECTED = (
+    "'all', 'per_layer', 'per_parameter' or a non-empty mapping "
+    "{label: [parameter or variable names]}"
+)
+
+
+def warn_deprecated(old: str, new: str, *, stacklevel: int = 2) -> None:
+    """Warn that ``old`` (a keyword or a value, as the caller spells it) is deprecated.
+
+    Args:
+        old: what was used, e.g. ``"max_grad_norm="`` or ``"groups='per_variable'"``.
+        new: what to use instead, e.g. ``"l2_norm_bound="``.
+        stacklevel: as for :func:`warnings.warn`, counted from the caller of this function.
+    """
+    warnings.warn(
+        f"{old} is deprecated and will be removed in the next release; use {new} instead "
+        "(same meaning)",
+        DeprecationWarning,
+        stacklevel=stacklevel + 1,
+    )
+
+
+def deprecated_alias(
+    *, new: str, new_value: Any, old: str, old_value: Any, stacklevel: int = 2
+) -> Any:
+    """The value of keyword ``new``, given under its own name or its deprecated name ``old``.
+
+    None means "not given" for both.
+
+    Args:
+        new: the keyword's name.
+        new_value: the value given as ``new`` (None: not given).
+        old: the keyword's deprecated name.
+        old_value: the value given as ``old`` (None: not given).
+        stacklevel: as for :func:`warnings.warn`, counted from the caller of this function.
+
+    Returns:
+        ``new_value``, or ``old_value`` (with a :class:`DeprecationWarning` naming ``new``).
+
+    Raises:
+        InvalidParameterError: both were given.
+    """
+    if old_value is None:
+        return new_value
+    if new_value is not None:
+        raise InvalidParameterError(
+            old, old_value, f"not given with {new}= ({old}= is the deprecated name of {new}=)"
+        )
+    warn_deprecated(f"{old}=", f"{new}=", stacklevel=stacklevel + 1)
+    return old_value
+
+
+def _converter(check: Callable[[str, Any], Any], name: str, default: Any) -> Callable[[Any], Any]:
+    """Check a field's value; None stands for the field's default (None stays None)."""
+
+    def convert(value: Any) -> Any:
+        if value is None:
+            value = default
+        return None if value is None else check(name, value)
+
+    return convert
+
+
+def check_groups(name: str, value: Any) -> str | Mapping[str, tuple[str, ...]]:
+    """``value`` as a grouping: a name of :data:`GROUPINGS`, or a read-only copy of a mapping
+    ``{label: (names, ...)}`` whose labels and names are strings, whose groups are non-empty and
+    in which no name is in two groups (whether the names exist is checked against the model by
+    the adapter).
+
+    Raises:
+        InvalidParameterError: naming ``name`` (or ``name[label]``) and the bad value.
+    """
+    if isinstance(value, str):
+        if value in GROUPINGS:
+            return value
+        raise InvalidParameterError(name, value, _GROUPS_EXPECTED)
+    if not isinstance(value, Mapping) or len(value) == 0:
+        raise InvalidParameterError(name, value, _GROUPS_EXPECTED)
+    seen: dict[str, str] = {}
+    groups: dict[str, tuple[str, ...]] = {}
+    for label, members in value.items():
+        if not isinstance(label, str):
+            raise InvalidParameterError(name, f"<label {label!r}>", "string labels")
+        where = f"{name}[{label!r}]"
+        if isinstance(members, (str, bytes)) or not isinstance(members, Sequence) or not members:
+            raise InvalidParameterError(
+                where, members, "a non-empty sequence of parameter or variable names"
+            )
+        for member in members:
+            if not isinstance(member, str):
+                raise InvalidParameterError(where, member, "parameter or variable names (strings)")
+            if member in seen:
+                raise InvalidParameterError(
+                    where, member, f"a parameter not already in group {seen[member]!r}"
+                )
+            seen[member] = label
+        groups[label] = tuple(members)
+    return MappingProxyType(groups)
+
+
+def check_strategy(name: str, value: Any) -> str:
+    """``value`` if it is one of :data:`STRATEGIES`.
+
+    Raises:
+        InvalidParameterError: naming ``name`` and the value.
+    """
+    if not isinstance(value, str) or value not in STRATEGIES:
+        raise InvalidParameterError(name, value, f"one of {STRATEGIES}")
+    return value
+
+
+def _check_scales(name: str, value: Any) -> Mapping[str, float]:
+    if not isinstance(value, Mapping):
+        raise InvalidParameterError(name, value, "a mapping {parameter or variable name: α > 0}")
+    scales: dict[str, float] = {}
+    for key, alpha in value.items():
+        if not isinstance(key, str):
+            raise InvalidParameterError(name, key, "parameter or variable names (strings)")
+        scales[key] = check_positive_finite(f"{name}[{key!r}]", alpha)
+    return MappingProxyType(scales)
+
+
+def _check_choice(choices: tuple[str, ...], expected: str) -> Callable[[str, Any], str]:
+    def check(name: str, value: Any) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise InvalidParameterError(name, value, expected)
+        return value
+
+    return check
+
+
+def _check_accountant(name: str, value: Any) -> Any:
+    if isinstance(value, str):
+        if not value:
+            raise InvalidParameterError(name, value, "an accountant's name ('rdp', 'prv', …)")
+        return value
+    if not callable(getattr(value, "epsilon", None)):
+        raise InvalidParameterError(
+            name, value, "an accountant's name ('rdp', 'prv', …) or a dpledger Accountant"
+        )
+    return value
+
+
+def _check_clipping(name: str, value: Any) -> ClippingStrategy:
+    return ClippingStrategy.parse(value, parameter=name)
+
+
+@attrs.frozen(kw_only=True)
+class DPConfig:
+    """The configuration of a DP step that both framework adapters take (``config=``).
+
+    Every field is validated when the config is made (and by :func:`attrs.evolve`); a config is
+    immutable and may be shared between runs. Mappings given for ``groups`` and ``scales`` are
+    copied into read-only mappings. None given for a field with a default means the default.
+
+    Args:
+        l2_norm_bound: C > 0 (finite), the L2 bound of each record's whole gradient (in
+            user-level DP, each user's); with several groups it is split over them by
+            ``clip_split``. The ledger's sum-query events record the bounds S_g of the groups
+            (Σ_g S_g² = C²). Required.
+        noise_multiplier: z ≥ 0, the step's effective noise multiplier (σ̃ = z·C with one
+            group; with several, the σ̃_g give z_eff = z, McMahan & Andrew Eq. 1). z = 0 is
+            allowed, recorded, and not private. Exactly one of ``noise_multiplier`` and
+            ``target_epsilon`` is given.
+        target_epsilon: ε > 0 to meet at ``delta`` after the planned run, instead of
+            ``noise_multiplier``: the smallest z that meets it is chosen by ``accountant``
+            (PyTorch's ``make_private``, which knows the run's sampling rate and length; the
+            optimizer and the Keras adapters need ``noise_multiplier``).
+        delta: δ in (0, 1) of ``target_epsilon`` (required with it; otherwise informational).
+        accountant: the accountant that calibrates ``target_epsilon``: a name (``"rdp"``,
+            default, ``"prv"``, ``"gdp"``, ``"pld"``) or a dpledger ``Accountant``.
+        clipping: the clipping strategy of every group: ``"flat"`` (min(1, S/‖v‖), default),
+            ``"global"`` (1{‖v‖ ≤ S}, Bu et al.), ``"automatic"`` (S/(‖v‖ + γ)) or a
+            :class:`~dpledger.mechanisms.ClippingStrategy`; stored as the strategy. It changes
+            how records are bounded, never the bound: the ledger is the same for all three.
+        groups: the groups of parameters (PyTorch) or variables (TensorFlow), each one Gaussian
+            sum query with its own (S_g, σ̃_g): ``"all"`` (one group, flat clipping; default),
+            ``"per_layer"`` (one group per module or layer), ``"per_parameter"`` (one group per
+            parameter or variable) or ``{label: [names]}`` (every trainable parameter in exactly
+            one group; the labels are the ledger's labels). Names are PyTorch parameter names
+            (``model.named_parameters()``) or Keras 3 variable paths (``variable.path``, e.g.
+            ``"dense_1/kernel"``).
+        clip_split: how C is split over several groups: ``"equal"`` (S_g = C/√G, default) or
+            ``"dimension"`` (S_g = C·√(d_g/D)).
+        noise_allocation: how the noise is allocated over several groups: ``"proportional"``
+            (σ̃_g = z·√G·S_g, default) or ``"dimension"`` (σ̃_g = z·√(D/d_g)·S_g).
+        scales: ``{name: α > 0}`` for joint scaled clipping within each group (parameters or
+            variables not named have α = 1); None (default) for none.
+        strategy: how the per-example gradients are computed: ``"auto"`` (default: the fast
+            path where the layers allow, else a general one), ``"ghost"`` (ghost norms and
+            book-keeping, TensorFlow's former ``method="fast"``), ``"per_example"`` (PyTorch
+            only: the registered layers materialise per-example gradients) or ``"generic"``
+            (every layer by vectorised per-example maps: ``torch.func``, or TensorFlow's
+            former ``method="vectorized"``). It never changes what is recorded.
+        clip_margin: ρ in [0, 0.5): factors clip to S·(1 − ρ) while the ledger records S, so
+            that rounding cannot push a record's contribution above S; None (default) chooses ρ
+            by the parameters' dtype.
+
+    Raises:
+        InvalidParameterError: a bad field, named with its value and what would be valid.
+    """
+
+    l2_norm_bound: float | None = attrs.field(
+        default=None, converter=_converter(check_positive_finite, "l2_norm_bound", None)
+    )
+    noise_multiplier: float | None = attrs.field(
+        default=None, converter=_converter(check_non_negative_finite, "noise_multiplier", None)
+    )
+    target_epsilon: float | None = attrs.field(
+        default=None, converter=_converter(check_positive_finite, "target_epsilon", None)
+    )
+    delta: float | None = attrs.field(
+        default=None, converter=_converter(check_delta, "delta", None)
+    )
+    accountant: Any = attrs.field(
+        default="rdp", converter=_converter(_check_accountant, "accountant", "rdp"), hash=False
+    )
+    clipping: ClippingStrategy = attrs.field(
+        default="flat", converter=_converter(_check_clipping, "clipping", "flat")
+    )
+    groups: Grouping = attrs.field(
+        default="all", converter=_converter(check_groups, "groups", "all"), hash=False
+    )
+    clip_split: Literal["equal", "dimension"] = attrs.field(
+        default="equal",
+        converter=_converter(
+            _check_choice(CLIP_SPLITS, "'equal' or 'dimension'"), "clip_split", "equal"
+        ),
+    )
+    noise_allocation: Literal["proportional", "dimension"] = attrs.field(
+        default="proportional",
+        converter=_converter(
+            _check_choice(NOISE_ALLOCATIONS, "'proportional' or 'dimension'"),
+            "noise_allocation",
+            "proportional",
+        ),
+    )
+    scales: Mapping[str, float] | None = attrs.field(
+        default=None, converter=_converter(_check_scales, "scales", None), hash=False
+    )
+    strategy: Strategy = attrs.field(
+        default="auto", converter=_converter(check_strategy, "strategy", "auto")
+    )
+    clip_margin: float | None = attrs.field(
+        default=None, converter=_converter(check_clip_margin, "clip_margin", None)
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.l2_norm_bound is None:
+            raise InvalidParameterError(
+                "l2_norm_bound", None, "C > 0, the L2 bound of each record's gradient"
+            )
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise InvalidParameterError(
+                "noise_multiplier",
+                self.noise_multiplier,
+                "exactly one of noise_multiplier= and target_epsilon= (with delta=)",
+            )
+        if self.target_epsilon is not None and self.delta is None:
+            raise InvalidParameterError("delta", None, "δ in (0, 1) with target_epsilon=")
+
+    @classmethod
+    def resolve(
+        cls,
+        config: DPConfig | None,
+        *,
+        spelled: Mapping[str, str] | None = None,
+        **given: Any,
+    ) -> DPConfig:
+        """The config of an adapter call: ``config``, or one made from the keyword arguments.
+
+        Args:
+            config: the ``config=`` argument (None: not given).
+            spelled: ``{field: keyword}`` for fields the caller gave under another (deprecated)
+                keyword, so that errors name the keyword as it was spelled.
+            **given: the adapter's keyword arguments for the fields, None for "not given".
+
+        Returns:
+            ``config`` when it is given and no field is; otherwise ``DPConfig(**given)`` (the
+            fields not given take their defaults).
+
+        Raises:
+            InvalidParameterError: ``config`` is not a DPConfig, ``config`` and a field it
+                covers are both given, or a field is bad (named as spelled).
+        """
+        names = dict(spelled or {})
+        values = {name: value for name, value in given.items() if value is not None}
+        if config is not None:
+            if not isinstance(config, DPConfig):
+                raise InvalidParameterError("config", config, "a dpledger DPConfig or None")
+            for name, value in values.items():
+                raise InvalidParameterError(
+                    names.get(name, name),
+                    value,
+                    f"not given with config= (config.{name} sets it; to change it, give "
+                    f"config=attrs.evolve(config, {name}=...))",
+                )
+            return config
+        try:
+            return cls(**values)
+        except InvalidParameterError as exc:
+            name = exc.parameter.partition("[")[0]
+            if name not in names:
+                raise
+            raise InvalidParameterError(
+                names[name] + exc.parameter[len(name) :], exc.value, exc.expected
+            ) from None
