@@ -348,7 +348,7 @@ def train(
         optimizer = DPOptimizer(
             base,
             model=model,
-            max_grad_norm=config.bound,
+            l2_norm_bound=config.bound,
             noise_multiplier=noise_multiplier,
             ledger=ledger,
             sampler=sampler,

@@ -327,7 +327,7 @@ def build_method(
         dp = DPOptimizer(
             opt,
             model=model,
-            max_grad_norm=CLIP,
+            l2_norm_bound=CLIP,
             noise_multiplier=SIGMA,
             sampling_probability=batch / POPULATION,
             population_size=POPULATION,

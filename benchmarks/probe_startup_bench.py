@@ -44,7 +44,7 @@ def _run(base: torch.nn.Module, probe: bool, x: Any, y: torch.Tensor) -> tuple[f
     dp = DPOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1),
         model=model,
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.0,
         sampling_probability=0.01,
         population_size=60_000,

@@ -281,11 +281,11 @@ def build_steps(
         # q·n = batch: the same denominator as the engine steps above
         wrapper = DPKerasModel(
             model,
-            l2_norm_clip=CLIP,
+            l2_norm_bound=CLIP,
             noise_multiplier=SIGMA,
             sampling_probability=0.1,
             population_size=10 * batch,
-            method=method,
+            strategy={"fast": "ghost", "vectorized": "generic"}[method],
             seed=2,
         )
         wrapper.compile(optimizer=keras.optimizers.SGD(LR), loss=loss)

@@ -211,7 +211,7 @@ def build_steps(
         opt = DPOptimizer(
             o,
             model=m,
-            max_grad_norm=CLIP,
+            l2_norm_bound=CLIP,
             noise_multiplier=SIGMA,
             sampling_probability=batch / POPULATION,
             population_size=POPULATION,

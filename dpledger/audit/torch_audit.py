@@ -508,7 +508,7 @@ def _train(
     optimizer = _optimizer_class(implementation)(
         torch.optim.SGD(model.parameters(), lr=learning_rate),
         model=model,
-        max_grad_norm=max_grad_norm,
+        l2_norm_bound=max_grad_norm,
         noise_multiplier=noise_multiplier,
         sampler=sampler,
         ledger=ledger,

@@ -239,7 +239,7 @@ def test_undernoised_optimizer_records_what_the_correct_one_records():
     optimizer = UndernoisedDPOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1),
         model=model,
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.0,
         sampling_probability=0.5,
         population_size=40,
@@ -249,7 +249,7 @@ def test_undernoised_optimizer_records_what_the_correct_one_records():
         UndernoisedDPOptimizer(
             torch.optim.SGD(model.parameters(), lr=0.1),
             model=model,
-            max_grad_norm=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=1.0,
             sampling_probability=0.5,
             population_size=40,

@@ -81,7 +81,7 @@ def test_records_every_step_of_a_dp_optimizer():
     optimizer = DPOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1),
         model=model,
-        max_grad_norm=0.1,
+        l2_norm_bound=0.1,
         noise_multiplier=1.0,
         sampling_probability=0.5,
         population_size=16,

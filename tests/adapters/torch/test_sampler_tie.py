@@ -30,7 +30,7 @@ def _setup(**kwargs):
         torch.optim.SGD(model.parameters(), lr=0.1),
         data,
         sampling_probability=0.25,
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.0,
         ledger=ledger,
         seed=0,

@@ -384,7 +384,7 @@ def test_training_with_each_sampler_records_its_scheme_and_epochs(kind):
         torch.optim.SGD(model.parameters(), lr=0.1),
         model=model,
         sampler=loader,
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.0,
         ledger=ledger,
         seed=0,
@@ -421,7 +421,7 @@ def test_the_average_divides_by_the_schemes_denominator(kind, denominator):
         torch.optim.SGD(model.parameters(), lr=0.1),
         model=model,
         sampler=loader,
-        max_grad_norm=1e12,
+        l2_norm_bound=1e12,
         noise_multiplier=0.0,
         check_steps=0,
     )
@@ -451,7 +451,7 @@ def test_bias_metrics_use_the_schemes_denominator():
         torch.optim.SGD(model.parameters(), lr=0.1),
         model=model,
         sampler=loader,
-        max_grad_norm=1e12,
+        l2_norm_bound=1e12,
         noise_multiplier=0.0,
         bias_callback=lambda step, metrics: seen.append(metrics),
     )
@@ -470,7 +470,7 @@ def test_a_batch_the_sampler_did_not_draw_is_refused_before_anything_is_recorded
         torch.optim.SGD(model.parameters(), lr=0.1),
         model=model,
         sampler=loader,
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.0,
         ledger=ledger,
     )
@@ -491,7 +491,7 @@ def test_a_ledger_the_scheme_is_not_analysed_under_is_refused_at_construction(ki
             torch.optim.SGD(model.parameters(), lr=0.1),
             model=model,
             sampler=SAMPLERS[kind](),
-            max_grad_norm=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=1.0,
             ledger=PrivacyLedger(neighboring="add_remove"),
         )
@@ -500,7 +500,7 @@ def test_a_ledger_the_scheme_is_not_analysed_under_is_refused_at_construction(ki
         torch.optim.SGD(model.parameters(), lr=0.1),
         model=model,
         sampler=SAMPLERS[kind](),
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.0,
     )
     assert dp.ledger.neighboring.value == "replace_one"
@@ -514,7 +514,7 @@ def test_samplers_other_than_distributed_poisson_are_refused_under_torch_distrib
             torch.optim.SGD(model.parameters(), lr=0.1),
             model=model,
             sampler=SAMPLERS[kind](),
-            max_grad_norm=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=1.0,
             ledger=PrivacyLedger(neighboring="replace_one"),
             distributed=True,
@@ -530,7 +530,7 @@ def test_a_checkpoint_in_the_middle_of_a_shuffled_epoch_resumes_the_same_run():
             torch.optim.SGD(model.parameters(), lr=0.1),
             model=model,
             sampler=loader,
-            max_grad_norm=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=1.0,
             ledger=ledger,
             seed=0,
@@ -577,7 +577,7 @@ def _make_private(data, **kwargs):
         model,
         torch.optim.SGD(model.parameters(), lr=0.1),
         data,
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         seed=0,
         **kwargs,
     )
@@ -736,7 +736,7 @@ def test_empty_balls_in_bins_batches_are_steps_and_virtual_batches_keep_one_even
         torch.optim.SGD(model.parameters(), lr=0.1),
         model=model,
         sampler=loader,
-        max_grad_norm=1.0,
+        l2_norm_bound=1.0,
         noise_multiplier=1.0,
         loss_reduction="sum",
     )
