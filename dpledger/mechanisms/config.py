@@ -33,7 +33,7 @@ import attrs
 
 from dpledger.errors import InvalidParameterError
 from dpledger.mechanisms.allocation import CLIP_SPLITS, NOISE_ALLOCATIONS
-from dpledger.mechanisms.clipping import ClippingStrategy, check_clip_margin
+from dpledger.mechanisms.clipping import ClippingStrategy, FlatClipping, check_clip_margin
 from dpledger.validation import (
     check_delta,
     check_non_negative_finite,
@@ -117,15 +117,11 @@ def deprecated_alias(
     return old_value
 
 
-def _converter(check: Callable[[str, Any], Any], name: str, default: Any) -> Callable[[Any], Any]:
+def _convert(check: Callable[[str, Any], Any], name: str, default: Any, value: Any) -> Any:
     """Check a field's value; None stands for the field's default (None stays None)."""
-
-    def convert(value: Any) -> Any:
-        if value is None:
-            value = default
-        return None if value is None else check(name, value)
-
-    return convert
+    if value is None:
+        value = default
+    return None if value is None else check(name, value)
 
 
 def check_groups(name: str, value: Any) -> str | Mapping[str, tuple[str, ...]]:
@@ -212,6 +208,73 @@ def _check_clipping(name: str, value: Any) -> ClippingStrategy:
     return ClippingStrategy.parse(value, parameter=name)
 
 
+def _to_l2_norm_bound(value: Any) -> Any:
+    """The checked ``l2_norm_bound`` (None: its default)."""
+    return _convert(check_positive_finite, "l2_norm_bound", None, value)
+
+
+def _to_noise_multiplier(value: Any) -> Any:
+    """The checked ``noise_multiplier`` (None: its default)."""
+    return _convert(check_non_negative_finite, "noise_multiplier", None, value)
+
+
+def _to_target_epsilon(value: Any) -> Any:
+    """The checked ``target_epsilon`` (None: its default)."""
+    return _convert(check_positive_finite, "target_epsilon", None, value)
+
+
+def _to_delta(value: Any) -> Any:
+    """The checked ``delta`` (None: its default)."""
+    return _convert(check_delta, "delta", None, value)
+
+
+def _to_accountant(value: Any) -> Any:
+    """The checked ``accountant`` (None: its default)."""
+    return _convert(_check_accountant, "accountant", "rdp", value)
+
+
+def _to_clipping(value: Any) -> Any:
+    """The checked ``clipping`` (None: its default)."""
+    return _convert(_check_clipping, "clipping", "flat", value)
+
+
+def _to_groups(value: Any) -> Any:
+    """The checked ``groups`` (None: its default)."""
+    return _convert(check_groups, "groups", "all", value)
+
+
+def _to_clip_split(value: Any) -> Any:
+    """The checked ``clip_split`` (None: its default)."""
+    return _convert(
+        _check_choice(CLIP_SPLITS, "'equal' or 'dimension'"), "clip_split", "equal", value
+    )
+
+
+def _to_noise_allocation(value: Any) -> Any:
+    """The checked ``noise_allocation`` (None: its default)."""
+    return _convert(
+        _check_choice(NOISE_ALLOCATIONS, "'proportional' or 'dimension'"),
+        "noise_allocation",
+        "proportional",
+        value,
+    )
+
+
+def _to_scales(value: Any) -> Any:
+    """The checked ``scales`` (None: its default)."""
+    return _convert(_check_scales, "scales", None, value)
+
+
+def _to_strategy(value: Any) -> Any:
+    """The checked ``strategy`` (None: its default)."""
+    return _convert(check_strategy, "strategy", "auto", value)
+
+
+def _to_clip_margin(value: Any) -> Any:
+    """The checked ``clip_margin`` (None: its default)."""
+    return _convert(check_clip_margin, "clip_margin", None, value)
+
+
 @attrs.frozen(kw_only=True)
 class DPConfig:
     """The configuration of a DP step that both framework adapters take (``config=``).
@@ -267,50 +330,26 @@ class DPConfig:
         InvalidParameterError: a bad field, named with its value and what would be valid.
     """
 
-    l2_norm_bound: float | None = attrs.field(
-        default=None, converter=_converter(check_positive_finite, "l2_norm_bound", None)
-    )
-    noise_multiplier: float | None = attrs.field(
-        default=None, converter=_converter(check_non_negative_finite, "noise_multiplier", None)
-    )
-    target_epsilon: float | None = attrs.field(
-        default=None, converter=_converter(check_positive_finite, "target_epsilon", None)
-    )
-    delta: float | None = attrs.field(
-        default=None, converter=_converter(check_delta, "delta", None)
-    )
-    accountant: Any = attrs.field(
-        default="rdp", converter=_converter(_check_accountant, "accountant", "rdp"), hash=False
-    )
+    l2_norm_bound: float | None = attrs.field(default=None, converter=_to_l2_norm_bound)
+    noise_multiplier: float | None = attrs.field(default=None, converter=_to_noise_multiplier)
+    target_epsilon: float | None = attrs.field(default=None, converter=_to_target_epsilon)
+    delta: float | None = attrs.field(default=None, converter=_to_delta)
+    accountant: Any = attrs.field(default="rdp", converter=_to_accountant, hash=False)
     clipping: ClippingStrategy = attrs.field(
-        default="flat", converter=_converter(_check_clipping, "clipping", "flat")
+        default=attrs.Factory(FlatClipping), converter=_to_clipping
     )
-    groups: Grouping = attrs.field(
-        default="all", converter=_converter(check_groups, "groups", "all"), hash=False
-    )
+    groups: Grouping = attrs.field(default="all", converter=_to_groups, hash=False)
     clip_split: Literal["equal", "dimension"] = attrs.field(
         default="equal",
-        converter=_converter(
-            _check_choice(CLIP_SPLITS, "'equal' or 'dimension'"), "clip_split", "equal"
-        ),
+        converter=_to_clip_split,
     )
     noise_allocation: Literal["proportional", "dimension"] = attrs.field(
         default="proportional",
-        converter=_converter(
-            _check_choice(NOISE_ALLOCATIONS, "'proportional' or 'dimension'"),
-            "noise_allocation",
-            "proportional",
-        ),
+        converter=_to_noise_allocation,
     )
-    scales: Mapping[str, float] | None = attrs.field(
-        default=None, converter=_converter(_check_scales, "scales", None), hash=False
-    )
-    strategy: Strategy = attrs.field(
-        default="auto", converter=_converter(check_strategy, "strategy", "auto")
-    )
-    clip_margin: float | None = attrs.field(
-        default=None, converter=_converter(check_clip_margin, "clip_margin", None)
-    )
+    scales: Mapping[str, float] | None = attrs.field(default=None, converter=_to_scales, hash=False)
+    strategy: Strategy = attrs.field(default="auto", converter=_to_strategy)
+    clip_margin: float | None = attrs.field(default=None, converter=_to_clip_margin)
 
     def __attrs_post_init__(self) -> None:
         if self.l2_norm_bound is None:
