@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from dpledger import PrivacyLedger
+from dpledger.adapters.torch import DPOptimizer
 from tests.adapters.torch.reference import loop_per_example_grads
 
 
@@ -72,3 +76,41 @@ def clipped_sum(
             for n in members:
                 out[n] += f * grads[n][i]
     return out
+
+
+def assert_dp_step_equals_clipped_loop(
+    make_model: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tensor
+) -> DPOptimizer:
+    """One noiseless DPOptimizer step moves the parameters by the clipped per-example loop's sum.
+
+    The clip bound is the median per-example norm, so that some records are clipped and some are
+    not; the step's update must be lr · Σ_i f_i g_i / (q·n) with f_i from a float64 loop.
+    Returns the optimizer, for checks of its engine.
+    """
+    torch.manual_seed(0)
+    model = make_model().double()
+    ref = make_model().double()
+    ref.load_state_dict(model.state_dict())
+    before = params_of(model)
+    grads = loop_per_example_grads(ref, F.cross_entropy, (x,), y)
+    norms = torch.sqrt(sum(g.flatten(1).square().sum(1) for g in grads.values()))
+    bound = float(norms.median())
+    assert (norms < bound).any() and (norms > bound).any()  # some records clipped, some not
+    q, n, lr = 0.05, 200, 0.3
+    dp = DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=lr),
+        model=model,
+        l2_norm_bound=bound,
+        noise_multiplier=0.0,
+        sampling_probability=q,
+        population_size=n,
+        ledger=PrivacyLedger(),
+    )
+    dp.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    dp.step()
+    want = clipped_sum(grads, [tuple(grads)], [bound])
+    for name, p in model.named_parameters():
+        expected = before[name] - lr * want[name] / (q * n)
+        torch.testing.assert_close(p.detach(), expected, rtol=1e-10, atol=1e-12)
+    return dp

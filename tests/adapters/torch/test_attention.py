@@ -9,14 +9,12 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from dpledger import PrivacyLedger
 from dpledger.adapters.torch import (
-    DPOptimizer,
     PerExampleGradientEngine,
     UnsupportedModuleError,
 )
 from dpledger.adapters.torch.layer_rules.attention import attention_prefers_per_example
-from tests.adapters.torch.dp_helpers import clipped_sum
+from tests.adapters.torch.dp_helpers import assert_dp_step_equals_clipped_loop
 from tests.adapters.torch.reference import (
     assert_close_dicts,
     loop_per_example_grads,
@@ -240,33 +238,8 @@ class Classifier(nn.Module):
 def test_dp_optimizer_step_equals_a_clipped_per_example_loop():
     g = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, 11, (9, 7), generator=g), torch.randint(0, 3, (9,), generator=g)
-    torch.manual_seed(0)
-    model = Classifier().double()
-    ref = Classifier().double()
-    ref.load_state_dict(model.state_dict())
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    grads = loop_per_example_grads(ref, F.cross_entropy, (x,), y)
-    norms = torch.sqrt(sum(g.flatten(1).square().sum(1) for g in grads.values()))
-    bound = float(norms.median())
-    assert (norms < bound).any() and (norms > bound).any()  # some records clipped, some not
-    q, n, lr = 0.05, 200, 0.3
-    dp = DPOptimizer(
-        torch.optim.SGD(model.parameters(), lr=lr),
-        model=model,
-        l2_norm_bound=bound,
-        noise_multiplier=0.0,
-        sampling_probability=q,
-        population_size=n,
-        ledger=PrivacyLedger(),
-    )
+    dp = assert_dp_step_equals_clipped_loop(Classifier, x, y)
     assert dp.engine.generic_modules == ()
-    dp.zero_grad()
-    F.cross_entropy(model(x), y).backward()
-    dp.step()
-    want = clipped_sum(grads, [tuple(grads)], [bound])
-    for name, p in model.named_parameters():
-        expected = before[name] - lr * want[name] / (q * n)
-        torch.testing.assert_close(p.detach(), expected, rtol=1e-10, atol=1e-12)
 
 
 def test_float32_under_autocast_computes_in_float32():
