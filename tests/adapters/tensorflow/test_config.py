@@ -136,7 +136,10 @@ def test_former_names_work_and_warn():
         _assert_same_run(
             _private_gradients(**new, groups=mapping), _private_gradients(**new, groups=lists)
         )
-    with pytest.warns(DeprecationWarning, match="l2_norm_bound"):
+    with (
+        pytest.warns(DeprecationWarning, match=r"groups=\{label"),
+        pytest.warns(DeprecationWarning, match="l2_norm_bound"),
+    ):
         old_queries = gradient_queries(model.trainable_variables, **old, groups=lists)
     new_queries = gradient_queries(model.trainable_variables, **new, groups=mapping)
     assert old_queries.queries == new_queries.queries

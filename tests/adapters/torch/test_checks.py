@@ -25,7 +25,7 @@ def _wrap(model, opt, *, max_grad_norm, noise_multiplier, generator, **kwargs) -
     return DPOptimizer(
         opt,
         model=model,
-        max_grad_norm=max_grad_norm,
+        l2_norm_bound=max_grad_norm,
         noise_multiplier=noise_multiplier,
         sampling_probability=Q,
         population_size=N,
