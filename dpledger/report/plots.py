@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
+from dpledger.accountants.display import format_rounded
 from dpledger.report.build import PrivacyReport
 
 __all__ = ["ACCOUNTANT_STYLES", "epsilon_curve_png", "tradeoff_png"]
@@ -61,10 +62,10 @@ def epsilon_curve_png(report: PrivacyReport) -> bytes | None:
         ys = [e for _, e in row.curve]
         ax.plot(xs, ys, label=label, linewidth=1.8, **style)
     ax.set_xlabel("training steps (count)")
-    ax.set_ylabel(f"ε (at δ = {report.delta:g}, nats)")
+    ax.set_ylabel(f"ε at δ = {report.delta:g} (privacy loss, natural log)")
     ax.set_title("Privacy spent along the run: ε after each number of steps")
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="upper left")
+    ax.legend(loc="lower right")
     return _png(fig)
 
 
@@ -83,8 +84,8 @@ def tradeoff_png(report: PrivacyReport) -> bytes | None:
     ax.plot(fpr, fpr, color="black", linestyle=":", linewidth=1.2, label="blind guess (TPR = FPR)")
     for alpha, t in view.tpr_at_fpr:
         ax.plot([alpha], [t], marker="o", color="#d62728", markersize=6)
-        ax.annotate(f"TPR {t:.3g} at FPR {alpha:g}", (alpha, t), textcoords="offset points",
-                    xytext=(8, -12), fontsize=9)  # fmt: skip
+        text = f"TPR ≤ {format_rounded(t, 'up', digits=3)} at FPR {alpha:g}"
+        ax.annotate(text, (alpha, t), textcoords="offset points", xytext=(8, -12), fontsize=9)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(min(fpr), 1.0)
