@@ -39,7 +39,12 @@ from dpledger.accountants.base import (
     ResultKind,
     make_accountant,
 )
-from dpledger.errors import InvalidParameterError, LedgerVerificationError, UnsupportedLedgerError
+from dpledger.errors import (
+    DPLedgerError,
+    InvalidParameterError,
+    LedgerVerificationError,
+    UnsupportedLedgerError,
+)
 from dpledger.ledger.commands import load_for_command
 from dpledger.ledger.events import SumQueryEvent
 from dpledger.ledger.ledger import LedgerWarning, PrivacyLedger
@@ -560,6 +565,8 @@ def _account(name: str, comp: CompressedLedger, delta: float, points: int) -> Ac
             )
     except UnsupportedLedgerError as exc:
         return AccountantRow(name, None, None, None, refused=str(exc))
+    except DPLedgerError as exc:  # beyond its budget, or outside what its arithmetic handles
+        return AccountantRow(name, None, None, None, refused=f"could not compute: {exc}")
     logger.debug("%s: ε = %r (%s)", name, result.epsilon, result.kind.value)
     return AccountantRow(
         accountant=name,
@@ -578,23 +585,69 @@ _TRADEOFF_FPRS = tuple(np.concatenate([np.geomspace(1e-5, 1e-2, 25), np.linspace
 
 
 def _tradeoff(comp: CompressedLedger, delta: float, rows: Sequence[AccountantRow]) -> TradeoffView:
-    """The trade-off curve from the PLD accountant's pessimistic privacy-loss distribution."""
-    from dpledger.accountants.pld import PldAccountant
-
-    pld_row = next((r for r in rows if r.accountant == "pld"), None)
-    acc = PldAccountant()
-    try:
-        acc.check_supported(comp)
-        distribution = acc.distribution(comp)
-    except UnsupportedLedgerError as exc:
-        return TradeoffView(None, "", unavailable=f"the pld accountant refused the ledger: {exc}")
-    if distribution is None:
+    """The trade-off curve from an upper bound on δ(ε): the PLD accountant's pessimistic
+    privacy-loss distribution, or, where the PLD accountant refuses the ledger, the PRV
+    accountant's certified upper bound on δ at each ε."""
+    if any(not run.is_private for run in comp.runs):
+        return TradeoffView(
+            None,
+            "",
+            unavailable="a step has a sum query with σ̃ = 0: the run is not differentially "
+            "private (ε = ∞), and an attacker may reach TPR = 1 at any FPR",
+        )
+    if not any(not run.releases_nothing for run in comp.runs):
         return TradeoffView(
             "pld",
             "no step releases anything: every test has TPR = FPR",
             tpr_at_fpr=tuple((a, a) for a in tradeoff.REPORTED_FPRS),
             curve=tuple((a, a) for a in _TRADEOFF_FPRS),
         )
+    found = _pld_profile(comp)
+    if isinstance(found, str):
+        fallback = _prv_profile(comp)
+        if isinstance(fallback, str):
+            return TradeoffView(None, "", unavailable=f"{found}; {fallback}")
+        found = fallback
+    name, delta_of, points, how = found
+    known = {r.accountant: r.epsilon for r in rows if r.epsilon is not None}
+    top = known.get(name)
+    if top is None or not math.isfinite(top):
+        top = _epsilon_where(delta_of, 1e-12)
+    grid = tradeoff.epsilon_grid(max(4.0 * top, 1.0), points=points)
+    try:
+        reported = tradeoff.true_positive_rate(delta_of, tradeoff.REPORTED_FPRS, grid)
+        curve = tradeoff.true_positive_rate(delta_of, _TRADEOFF_FPRS, grid, refine=False)
+    except DPLedgerError as exc:
+        return TradeoffView(
+            None, "", unavailable=f"the {name} accountant could not compute it: {exc}"
+        )
+    return TradeoffView(
+        accountant=name,
+        basis=(
+            f"from {how}, an upper bound on the privacy profile at every ε, maximised over "
+            f"{len(grid)} values of ε in [0, {grid[-1]:.4g}]: the TPR shown is an upper bound "
+            "on any membership attacker's"
+        ),
+        tpr_at_fpr=tuple(zip(tradeoff.REPORTED_FPRS, (float(x) for x in reported), strict=True)),
+        curve=tuple(zip(_TRADEOFF_FPRS, (float(x) for x in curve), strict=True)),
+    )
+
+
+_Profile = tuple[str, Callable[[np.ndarray], np.ndarray], int, str]
+
+
+def _pld_profile(comp: CompressedLedger) -> _Profile | str:
+    """The PLD accountant's pessimistic δ(ε), or why there is none."""
+    from dpledger.accountants.pld import PldAccountant
+
+    acc = PldAccountant()
+    try:
+        acc.check_supported(comp)
+        distribution = acc.distribution(comp)
+    except UnsupportedLedgerError as exc:
+        return f"the pld accountant refused the ledger: {exc}"
+    except DPLedgerError as exc:
+        return f"the pld accountant could not compute it: {exc}"
 
     def delta_of(eps: np.ndarray) -> np.ndarray:
         eps = np.asarray(eps, dtype=float)
@@ -602,23 +655,40 @@ def _tradeoff(comp: CompressedLedger, delta: float, rows: Sequence[AccountantRow
             return np.array([float(distribution.get_delta_for_epsilon(float(eps.ravel()[0])))])
         return np.asarray(distribution.get_delta_for_epsilon(eps), dtype=float)
 
-    top = pld_row.epsilon if pld_row is not None and pld_row.epsilon is not None else None
-    if top is None or not math.isfinite(top):
-        top = float(distribution.get_epsilon_for_delta(1e-12))
-    if not math.isfinite(top):
-        return TradeoffView(
-            "pld", "", unavailable="ε is infinite: the run is not differentially private"
-        )
-    grid = tradeoff.epsilon_grid(max(4.0 * top, 1.0))
-    reported = tradeoff.true_positive_rate(delta_of, tradeoff.REPORTED_FPRS, grid)
-    curve = tradeoff.true_positive_rate(delta_of, _TRADEOFF_FPRS, grid, refine=False)
-    return TradeoffView(
-        accountant="pld",
-        basis=(
-            "from the pld accountant's pessimistic δ(ε), an upper bound on the privacy profile "
-            f"at every ε, maximised over {len(grid)} values of ε in [0, {grid[-1]:.4g}]: the "
-            "TPR shown is an upper bound on any membership attacker's"
-        ),
-        tpr_at_fpr=tuple(zip(tradeoff.REPORTED_FPRS, (float(x) for x in reported), strict=True)),
-        curve=tuple(zip(_TRADEOFF_FPRS, (float(x) for x in curve), strict=True)),
-    )
+    return "pld", delta_of, 2001, "the pld accountant's pessimistic δ(ε)"
+
+
+def _prv_profile(comp: CompressedLedger) -> _Profile | str:
+    """The PRV accountant's certified upper bound on δ at each ε, or why there is none."""
+    acc = make_accountant("prv")
+    try:
+        acc.check_supported(comp)
+    except UnsupportedLedgerError as exc:
+        return f"the prv accountant refused the ledger: {exc}"
+    cache: dict[float, float] = {}
+
+    def one(e: float) -> float:
+        if e not in cache:
+            result = acc.delta(comp, epsilon=e)
+            if result.kind is not ResultKind.UPPER_BOUND or result.upper is None:
+                raise DPLedgerError(f"the prv accountant gave no upper bound on δ at ε = {e!r}")
+            cache[e] = result.upper
+        return cache[e]
+
+    def delta_of(eps: np.ndarray) -> np.ndarray:
+        return np.array([one(float(e)) for e in np.asarray(eps, dtype=float).ravel()])
+
+    try:
+        one(0.0)
+    except DPLedgerError as exc:
+        return f"the prv accountant could not compute it: {exc}"
+    return "prv", delta_of, 201, "the prv accountant's certified upper bound on δ(ε)"
+
+
+def _epsilon_where(delta_of: Callable[[np.ndarray], np.ndarray], target: float) -> float:
+    """An ε with δ(ε) ≤ target, found by doubling (the grid's upper end when no accountant
+    reported ε)."""
+    e = 1.0
+    while e < 1e4 and float(delta_of(np.array([e]))[0]) > target:
+        e *= 2.0
+    return e

@@ -9,6 +9,7 @@ bound rounded down, so that a bound stays one when printed.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 from dpledger.accountants.display import format_rounded
@@ -146,6 +147,11 @@ def _summary(report: PrivacyReport) -> Section:
         text = (
             f"No accountant gave an upper bound on ε at δ = {report.delta:g} for this ledger: "
             "there is no ε to sign off."
+        )
+    elif best.epsilon is not None and math.isinf(best.epsilon):
+        text = (
+            f"The run is NOT differentially private: ε = inf at δ = {report.delta:g} (a step "
+            "has a sum query with σ̃ = 0); there is no finite ε to sign off."
         )
     else:
         text = (

@@ -4,10 +4,12 @@ numbers; the HTML, Markdown and JSON twins hold the same numbers."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy.special import ndtr, ndtri
 
 from dpledger.accountants.base import make_accountant
 from dpledger.accountants.pld import PldAccountant
@@ -226,3 +228,59 @@ def test_a_truncated_ledger_is_stated_first(ledger_file: Path) -> None:
     assert markdown.index("TRUNCATED") < markdown.index("ε =")
     page = render_html(report)
     assert page.index('class="alert"') < page.index("Claim:")
+
+
+def test_a_full_batch_report_has_the_gaussian_tradeoff(tmp_path: Path) -> None:
+    # T full-batch steps at noise z are μ-GDP with μ = √T / z: TPR(α) = Φ(Φ⁻¹(α) + μ) exactly.
+    steps, z = 4, 4.0
+    path = tmp_path / "full.dpl"
+    with PrivacyLedger(path) as ledger:
+        for _ in range(steps):
+            ledger.record_sample(sampling_probability=1.0)
+            ledger.record_sum_query(l2_norm_bound=1.0, noise_stddev=z)
+    report = build_report(path, delta=DELTA, accountants=["pld"], curve_points=1)
+    assert report.tradeoff is not None and report.tradeoff.accountant == "pld"
+    mu = math.sqrt(steps) / z
+    h = PldAccountant().value_discretization_interval
+    for alpha, tpr in report.tradeoff.tpr_at_fpr:
+        exact = float(ndtr(ndtri(alpha) + mu))
+        # The pessimistic PLD rounds each privacy loss up by at most h, so its δ(ε) is at most
+        # δ(ε − h) (plus dp-accounting's truncated tail mass, 1e-15): each of its lines is the
+        # exact line at ε − h for α e^h, so TPR(α) ≤ Φ(Φ⁻¹(α e^h) + μ) (α e^h < Φ(−μ/2)).
+        ceiling = float(ndtr(ndtri(alpha * math.exp(h)) + mu)) + 1e-15
+        assert exact - 1e-15 <= tpr <= ceiling + 1e-15
+
+
+def test_refusals_are_reported_with_their_reason_and_prv_gives_the_tradeoff(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "replace_one.dpl"
+    with PrivacyLedger(path, neighboring="replace_one") as ledger:
+        for _ in range(10):
+            ledger.record_sample(sampling_probability=0.01)
+            ledger.record_sum_query(l2_norm_bound=1.0, noise_stddev=1.0)
+    report = build_report(path, delta=DELTA, curve_points=2)
+    refused = {r.accountant: r.refused for r in report.accountants if r.refused is not None}
+    assert set(refused) == {"rdp", "gdp", "pld"}
+    assert all("replace-one" in why for why in refused.values())
+    assert [r.accountant for r in report.answered] == ["prv"]
+    assert report.tradeoff is not None and report.tradeoff.accountant == "prv"
+    markdown = render_markdown(report)
+    assert (
+        "| accountant | refused because |" in markdown and "| rdp | the rdp accountant" in markdown
+    )
+
+
+def test_a_non_private_run_has_infinite_epsilon_and_no_tradeoff(tmp_path: Path) -> None:
+    path = tmp_path / "leak.dpl"
+    with PrivacyLedger(path) as ledger:
+        ledger.record_sample(sampling_probability=0.01)
+        ledger.record_sum_query(l2_norm_bound=1.0, noise_stddev=0.0)
+    report = build_report(path, delta=DELTA, accountants=["rdp"], curve_points=1)
+    assert report.accountants[0].epsilon == math.inf
+    assert report.tradeoff is not None and "not differentially private" in (
+        report.tradeoff.unavailable or ""
+    )
+    assert report.to_dict()["accountants"][0]["epsilon"] == "inf"
+    markdown = render_markdown(report)
+    assert "NOT differentially private: ε = inf" in markdown and "Claim:" not in markdown
