@@ -15,7 +15,7 @@ privacy reviewer needs to sign off a run into a :class:`PrivacyReport`; the rend
    certified interval where it has one; the accountants that refused, and why;
 5. ε against steps for each accountant;
 6. the hypothesis-testing view: the best attacker's TPR against FPR, computed from an
-   upper-bound accountant (:mod:`dpledger.report.tradeoff`);
+   upper bound on δ(ε) (PLD, else PRV; :mod:`dpledger.report.tradeoff`);
 7. an audit's lower bound beside the claim, when one is given.
 """
 
@@ -73,10 +73,11 @@ logger = logging.getLogger(__name__)
 DEFAULT_CURVE_POINTS = 20
 """Step counts at which each accountant's ε-vs-steps curve is computed."""
 
-TRADEOFF_ACCOUNTANTS = ("pld",)
-"""Accountants whose δ(ε) the trade-off curve is computed from: the PLD accountant's
-pessimistic privacy-loss distribution is an upper bound on the privacy profile at every ε
-(so the TPR derived from it is an upper bound on any attacker's)."""
+TRADEOFF_ACCOUNTANTS = ("pld", "prv")
+"""Accountants whose δ(ε) the trade-off curve is computed from, in order of preference: the PLD
+accountant's pessimistic privacy-loss distribution, else the PRV accountant's certified upper
+bound on δ; each is an upper bound on the privacy profile at every ε (so the TPR derived from
+it is an upper bound on any attacker's)."""
 
 KIND_LABELS = {
     ResultKind.UPPER_BOUND.value: "upper bound (a valid DP guarantee)",

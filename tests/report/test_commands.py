@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,19 @@ def test_a_missing_ledger_or_option_exits_2(tmp_path: Path, capsys) -> None:
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--delta" in err
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_shown_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpledger.report.commands import _progress
+
+    items = ["rdp", "pld"]
+    assert _progress(items, 2, "accountants") is items  # stderr is not a terminal under pytest
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert list(_progress(items, 2, "accountants")) == items
+    assert "accountants" in terminal.getvalue() and "2/2" in terminal.getvalue()
