@@ -392,11 +392,15 @@ def build_report(
             if n not in SCHEME_SPECIFIC_ACCOUNTANTS
             or SCHEME_SPECIFIC_ACCOUNTANTS[n] in comp.schemes
         ]
-    rows = tuple(
-        _account(name, comp, delta, curve_points)
-        for name in progress(names, len(names), "accountants")
-    )
-    view = _tradeoff(comp, delta, rows)
+    accounted: list[AccountantRow] = []
+    view: TradeoffView | None = None
+    tasks: list[str | None] = [*names, None]  # None: the trade-off, after the accountants
+    for task in progress(tasks, len(tasks), "accountants and trade-off"):
+        if task is None:
+            view = _tradeoff(comp, delta, accounted)
+        else:
+            accounted.append(_account(task, comp, delta, curve_points))
+    rows = tuple(accounted)
     result = PrivacyReport(
         delta=delta,
         verification=verification,

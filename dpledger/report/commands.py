@@ -121,7 +121,7 @@ def _progress(items: Iterable[Any], total: int, desc: str) -> Iterable[Any]:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover - tqdm is an optional extra
         return items
-    return tqdm(items, total=total, desc=desc, unit="accountant", file=sys.stderr)
+    return tqdm(items, total=total, desc=desc, unit="task", file=sys.stderr)
 
 
 def _write(report: PrivacyReport, outputs: dict[str, str], args: argparse.Namespace) -> None:
