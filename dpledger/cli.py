@@ -40,6 +40,7 @@ _COMMAND_MODULES = (
     "dpledger.ledger.commands",
     "dpledger.accountants.commands",
     "dpledger.checks.commands",
+    "dpledger.report.commands",
 )
 _SHOWN_CHARS = 80
 _SNAKE_SWITCH = re.compile(r"\b([a-z][a-z0-9]*(?:_[a-z0-9]+)+)=True\b")

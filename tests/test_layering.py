@@ -15,6 +15,9 @@ The layers:
   torch (or TensorFlow) only inside functions;
 * **adapters** import core and diagnostics, never audit, checks or the CLI; the PyTorch adapter
   never imports TensorFlow and the TensorFlow adapter never imports torch;
+* **report** (``dpledger report``, the privacy report) imports core, matplotlib and tqdm; never
+  a framework, the diagnostics, the adapters, audit, checks or the CLI: a reviewer renders a
+  report from a ledger file alone, on a machine without a training framework;
 * **checks** and **audit** import anything but the CLI; the CLI imports anything.
 
 A further rule: no module imports a private name (``from x import _name``) from another package
@@ -269,6 +272,8 @@ RULES = (
          forbidden=("dpledger.cli",)),
     Rule("adapters.tensorflow-not-torch", ("dpledger.adapters.tensorflow",),
          forbidden=("torch", "dpledger.adapters.torch")),
+    Rule("report-not-frameworks-diagnostics-adapters-audit-checks-cli", ("dpledger.report",),
+         forbidden=(*FRAMEWORKS, "dpledger.diagnostics", *NOT_BELOW_ADAPTERS)),
     Rule("checks-not-cli", ("dpledger.checks",), forbidden=("dpledger.cli",)),
     Rule("audit-not-cli", ("dpledger.audit",), forbidden=("dpledger.cli",)),
 )  # fmt: skip
@@ -278,6 +283,7 @@ LAYERS = {
     "adapters": ("dpledger.adapters",),
     "checks": ("dpledger.checks",),
     "audit": ("dpledger.audit",),
+    "report": ("dpledger.report",),
     "cli": ("dpledger.cli", "dpledger.__main__"),
 }
 """The layers above the core, by the packages (and single modules) they hold."""
@@ -383,6 +389,12 @@ CORE_RULE = RULES[0].id
         ),
         ("adapters.tensorflow-not-torch", "dpledger.adapters.tensorflow.fake", "import torch\n", 1),
         ("diagnostics-frameworks-only-lazily", "dpledger.diagnostics.fake", "import torch\n", 1),
+        (
+            "report-not-frameworks-diagnostics-adapters-audit-checks-cli",
+            "dpledger.report.fake",
+            "def f():\n    import torch\n",
+            2,
+        ),
         (
             "audit-not-cli",
             "dpledger.audit.fake",
