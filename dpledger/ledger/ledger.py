@@ -10,6 +10,9 @@ file in the format of :mod:`dpledger.ledger.fileformat` (docs/ledger-format.md).
 the run-length view that accountants need, maintained while recording so that replay never
 rescans the events; and, for a ledger with a file, the journal (:mod:`dpledger.ledger.journal`),
 which writes every event as a line of the file's hash chain.
+
+This module is a little over 500 lines because most of it is :class:`PrivacyLedger`'s public
+docstrings and argument checks; what it stores and writes is in those two modules.
 """
 
 from __future__ import annotations
