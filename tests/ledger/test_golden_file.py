@@ -15,6 +15,8 @@ import pytest
 from dpledger import PrivacyLedger, SamplingEvent
 from dpledger.ledger import fileformat
 
+from .test_fileformat import read_both
+
 GOLDEN = Path(__file__).parent / "data" / "golden.dpl"
 FIXED_TIME = "2026-01-02T03:04:05.678901Z"
 FIXED_VERSION = "0.0.0+golden"
@@ -77,3 +79,20 @@ def test_the_golden_file_loads_and_verifies() -> None:
     ledger = PrivacyLedger.load(GOLDEN)
     assert ledger.num_steps == 13
     assert ledger.closed_cleanly is False
+
+
+def test_both_reader_paths_read_every_record_kind_alike() -> None:
+    data = GOLDEN.read_bytes()
+    outcome, (records, state) = read_both(data)
+    assert outcome == "ok"
+    kinds = {record[0] for record in records}
+    assert kinds == {"sample", "sum_query", "resume", "close"}
+    assert any(record[0] == "sample" and record[4] is not None for record in records)
+    num_events, num_steps = state[-2:]
+    assert num_events == sum(record[0] in ("sample", "sum_query") for record in records)
+    assert num_steps == sum(record[0] == "sample" for record in records) == 13
+    # Every cut of the file's last line is a torn tail that both paths report alike.
+    last = data.rstrip(b"\n").rsplit(b"\n", 1)[1]
+    for cut in range(1, len(last)):
+        outcome, (_, cut_state) = read_both(data[: len(data) - len(last) - 1 + cut])
+        assert outcome == "ok" and cut_state[2] is not None
