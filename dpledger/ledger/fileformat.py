@@ -12,9 +12,10 @@ Line 1 is the header (``"kind":"header"``, ``"seq":0``, ``"prev"`` = 64 zeros). 
 The reader accepts exactly what the writer writes: a line must be byte for byte the line the
 writer would produce from the values it holds (field order, no spaces, floats in Python's
 shortest round-trip ``repr``, no duplicate keys). That leaves no two readings of one verified file.
-Lines written by this module's encoders are parsed by one precompiled regular expression (the
-fast path); anything else is decoded with :func:`json.loads` and checked field by field, which
-either accepts the line with identical values or names what is wrong with it.
+Event lines as the encoders write them are recognised by their fixed layout, and the parse of
+their body is cached (the fast path); anything else is decoded with :func:`json.loads` and
+checked field by field, which either accepts the line with identical values or names what is
+wrong with it.
 
 The format is implemented in three parts, whose public names this module gathers:
 :mod:`dpledger.ledger.encoding` (the writer's layout and the header),
