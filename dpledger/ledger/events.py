@@ -2,6 +2,10 @@
 
 A ledger is a sequence of *sampling events*, each followed by the *sum-query events* that were
 computed on that sample. A sampling event together with the sum queries after it is one *step*.
+
+This module is a little over 500 lines because it is the two event types and their enums, most
+of it :class:`SamplingEvent`'s per-scheme constructors and checks; splitting them apart would
+split one type.
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ with queries (S_g, σ̃_g), g = 1..G, is one Gaussian sum query with noise multi
 on the same sample, so for accounting a step is fully described by (q, z_eff). A step with no
 query released nothing (z_eff = ∞, no privacy cost); a step with a σ̃ = 0 query is not private
 (z_eff = 0, ε = ∞).
+
+This module is a little over 500 lines because it holds the one chain from a step's queries to
+runs: z_eff, :class:`LedgerStep`, :class:`StepRun`, :class:`CompressedLedger` and the
+:class:`RunCompressor` that builds the runs while recording, which all share the run checks.
 """
 
 from __future__ import annotations

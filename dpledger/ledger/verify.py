@@ -54,6 +54,22 @@ class VerificationReport:
         return out
 
 
+def _altered_report(path: str, exc: LedgerVerificationError) -> VerificationReport:
+    """The report on a file that fails verification at ``exc``'s line."""
+    return VerificationReport(
+        path=path,
+        intact=False,
+        first_bad_line=exc.line_number,
+        reason=exc.reason,
+        num_events=0,
+        num_steps=0,
+        closed=False,
+        head_hash=None,
+        ok=False,
+        problems=(f"line {exc.line_number}: {exc.reason}",),
+    )
+
+
 def verify_ledger(
     path: str | os.PathLike[str],
     *,
@@ -96,18 +112,7 @@ def verify_ledger(
             warnings.simplefilter("ignore")
             ledger = PrivacyLedger.load(spath, keep_events=False)
     except LedgerVerificationError as exc:
-        return VerificationReport(
-            path=spath,
-            intact=False,
-            first_bad_line=exc.line_number,
-            reason=exc.reason,
-            num_events=0,
-            num_steps=0,
-            closed=False,
-            head_hash=None,
-            ok=False,
-            problems=(f"line {exc.line_number}: {exc.reason}",),
-        )
+        return _altered_report(spath, exc)
     torn = ledger.torn_tail
     bad_line: int | None = None
     reason: str | None = None
