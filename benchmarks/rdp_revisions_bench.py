@@ -13,11 +13,9 @@ second revision's time to the first's, and both ε at δ = 1e-5.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
+
+from revisions import alternate
 
 _CHILD = r"""
 import json, statistics, time
@@ -56,31 +54,13 @@ print(json.dumps(out))
 """
 
 
-def _run(tree: str) -> dict[str, list[float]]:
-    root = os.path.abspath(tree)
-    env = dict(os.environ, PYTHONPATH=root)
-    # run in the tree's root: ``python -c`` puts the working directory first on sys.path
-    done = subprocess.run(
-        [sys.executable, "-c", _CHILD],
-        env=env,
-        cwd=root,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(done.stdout)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("before", help="root of the older checkout")
     parser.add_argument("after", help="root of the newer checkout")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    results: dict[str, list[dict[str, list[float]]]] = {args.before: [], args.after: []}
-    for _ in range(args.rounds):
-        for tree in (args.before, args.after):
-            results[tree].append(_run(tree))
+    results = alternate(args.before, args.after, args.rounds, _CHILD)
     for tree in (args.before, args.after):
         print(f"{tree}: dpledger from {results[tree][0].pop('_path')}")
         for r in results[tree][1:]:
