@@ -163,8 +163,9 @@ class ClippedSumAccumulation:
 
         The group norms and clip factors stay on the parameters' device, in float64: no copy to
         the host and no synchronisation. A record whose group norm is not finite (or whose
-        squared norm is negative) is counted on the device; :meth:`_release_and_update` refuses
-        a step with such a record before anything is recorded.
+        squared norm is negative) is counted on the device; the release
+        (:meth:`~dpledger.adapters.torch.release.NoisyRelease.release`) refuses a step with such
+        a record before anything is recorded.
         """
         squared = source.squared_norms()
         queries = self._queries
