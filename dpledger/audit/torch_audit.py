@@ -92,15 +92,6 @@ _NUM_FEATURES = 64
 
 
 # ---------------------------------------------------------------------------------- the bug
-class _DividedNoiseBackend(TorchBackend):
-    """The torch backend with every noise standard deviation divided by ``divisor``."""
-
-    divisor = 1.0
-
-    def add_gaussian_noise(self, x: Any, *, stddev: float, generator: Any) -> Any:
-        return super().add_gaussian_noise(x, stddev=stddev / self.divisor, generator=generator)
-
-
 class UndernoisedDPOptimizer(DPOptimizer):
     """A deliberately broken :class:`DPOptimizer`: noise σ̃/B drawn, σ̃ recorded. Audits only.
 
@@ -108,7 +99,8 @@ class UndernoisedDPOptimizer(DPOptimizer):
     of the *averaged* gradient was taken to be C/B although each record's clipped gradient already
     has norm up to C, so the noise was B times too small. Here every Gaussian sum query draws
     N(0, (σ̃/B)² I) while the ledger records (S, σ̃) exactly as the correct optimizer does, so its
-    ledger claims the same ε. A privacy audit must refute that claim.
+    ledger claims the same ε. A privacy audit must refute that claim. The bug is planted through
+    the optimizer's documented override point :meth:`DPOptimizer.add_noise`.
 
     Args:
         optimizer: the optimizer to wrap (as for :class:`DPOptimizer`).
@@ -123,15 +115,25 @@ class UndernoisedDPOptimizer(DPOptimizer):
         noise_divisor: float | None = None,
         **kwargs: Any,
     ) -> None:
-        backend = _DividedNoiseBackend()
-        super().__init__(optimizer, backend=backend, **kwargs)
+        super().__init__(optimizer, **kwargs)
         divisor = (
             self.expected_batch_size
             if noise_divisor is None
             else check_positive_finite("noise_divisor", noise_divisor)
         )
         self.noise_divisor = float(divisor)
-        backend.divisor = self.noise_divisor
+        self._plain_noise = TorchBackend()
+
+    def add_noise(
+        self, sums: list[torch.Tensor], *, stddevs: list[float], generator: torch.Generator
+    ) -> list[torch.Tensor]:
+        """The bug: each array + N(0, (σ̃/B)² I), one draw per array, while σ̃ is recorded."""
+        return [
+            self._plain_noise.add_gaussian_noise(
+                x, stddev=sd / self.noise_divisor, generator=generator
+            )
+            for x, sd in zip(sums, stddevs, strict=True)
+        ]
 
 
 # ---------------------------------------------------------------------------------- data

@@ -19,8 +19,10 @@ Importing this package imports torch; ``import dpledger`` and ``import dpledger.
   records each; :class:`DPOptimizer` clips each user's summed (or mean) gradient as one.
 * :class:`DPOptimizer`: DP steps with any ``torch.optim.Optimizer`` (clipping strategies, groups,
   noise on the parameters' device, the ledger's events, virtual batches, distributed training,
-  checkpoints, BAM, bias metrics); :func:`make_private` builds model, optimizer and loader in one
-  call, :func:`calibrated_noise_multiplier` picks z for a target ε.
+  checkpoints, BAM, bias metrics; override points :meth:`DPOptimizer.clip`,
+  :meth:`DPOptimizer.add_noise` and :meth:`DPOptimizer.release`); :func:`make_private` builds
+  model, optimizer and loader in one call, :func:`calibrated_noise_multiplier` picks z for a
+  target ε.
 * :func:`probe_record_independence`: the dynamic check, run by :class:`DPOptimizer` before the
   first step, that no record moves another record's outputs or per-example gradient.
 * :class:`TorchBackend`: the mechanisms' array backend on tensors.
