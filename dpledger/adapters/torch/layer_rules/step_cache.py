@@ -56,5 +56,10 @@ def cached_per_step(
         return hit[2]
     result = compute(module, activations, tuple(backprops))
     ident = id(key)
-    _CACHE[ident] = (weakref.ref(key, lambda _: _CACHE.pop(ident, None)), stamp, result)
+    # the callback holds the cache itself: at interpreter exit the module global may be gone
+    _CACHE[ident] = (
+        weakref.ref(key, lambda _, cache=_CACHE: cache.pop(ident, None)),
+        stamp,
+        result,
+    )
     return result
