@@ -53,7 +53,11 @@ from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms.config import DPConfig, deprecated_alias
 from dpledger.sampling.validation import check_sampling_probability, default_steps
-from dpledger.validation import check_positive_finite, check_positive_int
+from dpledger.validation import (
+    check_positive_finite,
+    check_positive_int,
+    warn_if_delta_too_large,
+)
 
 __all__ = [
     "SAMPLING_SCHEMES",
@@ -443,6 +447,8 @@ def make_private(
     settings = _loader_settings(data)
     dataset, loader_kwargs = settings.dataset, settings.kwargs
     n = len(dataset)  # type: ignore[arg-type]
+    if config.delta is not None:
+        warn_if_delta_too_large(delta=config.delta, population_size=n)
     b = settings.batch_size if batch_size is None else batch_size
     q = sampling_probability
     if uses_q and q is None:

@@ -108,3 +108,26 @@ def test_make_private_rejects_bad_input(kwargs, parameter):
             l2_norm_bound=1.0,
             noise_multiplier=1.0,
         )
+
+
+def test_make_private_warns_when_delta_is_at_least_one_over_n():
+    from dpledger.errors import DeltaTooLargeWarning
+
+    model = small_cnn(dtype=torch.float32)
+    with pytest.warns(DeltaTooLargeWarning) as caught:
+        make_private(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            DATA,
+            sampling_probability=0.1,
+            l2_norm_bound=1.0,
+            target_epsilon=3.0,
+            delta=0.05,
+            epochs=1,
+            seed=0,
+        )
+    assert [str(w.message).split(":")[0] for w in caught] == [
+        "delta=0.05 is at least 1/n = 1/40 (population_size=40)"
+    ]
+    assert "δ ≤ 1/(10n) = 0.0025" in str(caught[0].message)
+    assert caught[0].filename == __file__
