@@ -268,7 +268,7 @@ def calibrate_noise_multiplier(
     delta: float,
     sampling_probability: float,
     steps: int,
-    accountant: str | Accountant = "rdp",
+    accountant: str | Accountant = "prv",
     bracket: tuple[float, float] | None = None,
     neighboring: NeighboringRelation | str = NeighboringRelation.ADD_REMOVE,
     allow_approximation: bool = False,
@@ -282,7 +282,8 @@ def calibrate_noise_multiplier(
         delta: δ in (0, 1).
         sampling_probability: q of every step, in (0, 1].
         steps: T, the number of steps.
-        accountant: an accountant or its name (``"rdp"``, ``"pld"``, ``"prv"``, ``"gdp"``).
+        accountant: an accountant or its name (``"prv"``, default: the PRV accountant's
+            certified upper bound, the tightest valid ε; ``"rdp"``, ``"pld"``, ``"gdp"``).
         bracket: (low, high) to search; None searches from (0.5, 4), doubling or halving within
             [1e-3, 1e4] until the boundary is bracketed.
         neighboring: the neighboring relation of the ledger being planned.
@@ -371,7 +372,7 @@ def calibrate_sampling_probability(
     delta: float,
     noise_multiplier: float,
     steps: int,
-    accountant: str | Accountant = "rdp",
+    accountant: str | Accountant = "prv",
     bracket: tuple[float, float] = (1e-7, 1.0),
     neighboring: NeighboringRelation | str = NeighboringRelation.ADD_REMOVE,
     allow_approximation: bool = False,
@@ -431,7 +432,7 @@ def calibrate_steps(
     delta: float,
     noise_multiplier: float,
     sampling_probability: float,
-    accountant: str | Accountant = "rdp",
+    accountant: str | Accountant = "prv",
     max_steps: int = _DEFAULT_MAX_STEPS,
     neighboring: NeighboringRelation | str = NeighboringRelation.ADD_REMOVE,
     allow_approximation: bool = False,

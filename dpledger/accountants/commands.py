@@ -96,7 +96,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cal.add_argument("--noise-multiplier", type=float, help="z = σ̃ / S of every step")
     cal.add_argument("--sampling-probability", type=float, help="q of every step")
     cal.add_argument("--steps", type=int, help="number of steps T")
-    cal.add_argument("--accountant", default="rdp", help="accountant name (default rdp)")
+    cal.add_argument(
+        "--accountant",
+        default="prv",
+        help="accountant name (default prv: its certified upper bound, the tightest valid ε)",
+    )
     cal.add_argument(
         "--neighboring",
         default="add_remove",

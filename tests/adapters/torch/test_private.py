@@ -8,7 +8,11 @@ import torch.nn.functional as F  # noqa: N812
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpledger import PrivacyLedger
-from dpledger.accountants import RdpAccountant, calibrate_noise_multiplier
+from dpledger.accountants import (
+    PldAccountant,
+    PrvAccountant,
+    calibrate_noise_multiplier,
+)
 from dpledger.adapters.torch import (
     DPOptimizer,
     calibrated_noise_multiplier,
@@ -52,7 +56,9 @@ def test_calibration_matches_the_accountants_api_and_the_run_meets_the_target():
             F.cross_entropy(model(x), y).backward()
             dp.step()
     assert ledger.num_steps == 30
-    assert RdpAccountant().epsilon(ledger, delta=1e-5).epsilon <= 3.0
+    # the calibrating accountant (PRV's certified upper bound) and an independent PLD agree
+    assert PrvAccountant().epsilon(ledger, delta=1e-5).upper <= 3.0
+    assert PldAccountant().epsilon(ledger, delta=1e-5).epsilon <= 3.0
 
 
 def test_the_same_seed_gives_the_same_run():
@@ -131,3 +137,46 @@ def test_make_private_warns_when_delta_is_at_least_one_over_n():
     ]
     assert "δ ≤ 1/(10n) = 0.0025" in str(caught[0].message)
     assert caught[0].filename == __file__
+
+
+def test_calibration_is_recorded_in_the_ledger_metadata(caplog):
+    model = small_cnn(dtype=torch.float32)
+    with caplog.at_level("INFO", logger="dpledger"):
+        _, dp, _ = make_private(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            DATA,
+            sampling_probability=0.1,
+            l2_norm_bound=1.0,
+            target_epsilon=3.0,
+            delta=1e-5,
+            epochs=3,
+            seed=0,
+        )
+    intent = dp.ledger.header.metadata["intent"]
+    assert intent["calibrated_by"] == "prv"
+    assert intent["target_epsilon"] == 3.0 and intent["delta"] == 1e-5
+    assert intent["noise_multiplier"] == dp.noise_multiplier
+    assert intent["noise_multiplier"] == calibrated_noise_multiplier(
+        target_epsilon=3.0, delta=1e-5, sampling_probability=0.1, epochs=3
+    )
+    assert "calibrated by the prv accountant for ε = 3" in caplog.text
+    # a ledger created beforehand keeps its header; the intent is logged as a note
+    caplog.clear()
+    given = PrivacyLedger()
+    with caplog.at_level("INFO", logger="dpledger"):
+        make_private(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            DATA,
+            sampling_probability=0.1,
+            l2_norm_bound=1.0,
+            target_epsilon=3.0,
+            delta=1e-5,
+            epochs=3,
+            ledger=given,
+            seed=0,
+        )
+    assert given.header.metadata == {}
+    assert "the ledger was created without the run's intent" in caplog.text
+    assert "'calibrated_by': 'prv'" in caplog.text
