@@ -486,6 +486,14 @@ def make_private(
                 f"q in (0, 1] for sampling={sampling!r} (or batch_size=, for q = batch_size / n)",
             )
         q = check_sampling_probability(check_positive_int("batch_size", b) / n)
+        _log.info(
+            "sampling_probability not given: q = batch_size / len(dataset) = %d / %d = %r "
+            "(each record joins each %s batch with probability q; the batch size varies)",
+            b,
+            n,
+            q,
+            sampling.replace("_", " "),
+        )
     calibration: CalibrationResult | None = None
     if config.target_epsilon is not None:
         if sampling != "poisson":

@@ -180,3 +180,26 @@ def test_calibration_is_recorded_in_the_ledger_metadata(caplog):
     assert given.header.metadata == {}
     assert "the ledger was created without the run's intent" in caplog.text
     assert "'calibrated_by': 'prv'" in caplog.text
+
+
+def test_a_dataloader_without_sampling_probability_gives_q_from_its_batch_size(caplog):
+    model = small_cnn(dtype=torch.float32)
+    with caplog.at_level("INFO", logger="dpledger"):
+        _, dp, loader = make_private(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            DataLoader(DATA, batch_size=8, shuffle=True),
+            l2_norm_bound=1.0,
+            noise_multiplier=1.0,
+            seed=0,
+        )
+    assert loader.batch_sampler.sampling_probability == 8 / 40
+    assert (
+        "sampling_probability not given: q = batch_size / len(dataset) = 8 / 40 = 0.2"
+        in caplog.text
+    )
+    x, y = next(iter(loader))
+    dp.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    dp.step()
+    assert next(iter(dp.ledger.steps())).sampling_probability == 0.2
