@@ -203,3 +203,46 @@ def test_a_dataloader_without_sampling_probability_gives_q_from_its_batch_size(c
     F.cross_entropy(model(x), y).backward()
     dp.step()
     assert next(iter(dp.ledger.steps())).sampling_probability == 0.2
+
+
+@pytest.mark.parametrize(
+    ("declared", "loss_reduction", "warned"),
+    [("mean", "sum", True), ("sum", "mean", True), ("mean", "mean", False), ("sum", "sum", False)],
+)
+def test_a_loss_whose_reduction_contradicts_the_declaration_is_warned_about(
+    declared, loss_reduction, warned
+):
+    import warnings
+
+    from dpledger.adapters.torch.errors import LossReductionWarning
+
+    model = small_cnn(dtype=torch.float32)
+    _, dp, loader = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DATA,
+        sampling_probability=0.5,
+        l2_norm_bound=1.0,
+        noise_multiplier=1.0,
+        loss_reduction=declared,
+        seed=0,
+    )
+    x, y = next(iter(loader))
+    assert len(x) > 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dp.zero_grad()
+        dp.backward(F.cross_entropy(model(x), y, reduction=loss_reduction))
+        dp.step()
+    found = [w.message for w in caught if issubclass(w.category, LossReductionWarning)]
+    if not warned:
+        assert found == []
+        return
+    (message,) = found
+    assert (message.declared, message.found) == (declared, loss_reduction)
+    assert message.loss_function == "NllLossBackward0"
+    assert str(message).startswith(
+        f"the loss was computed with reduction={loss_reduction!r} (NllLossBackward0, over "
+        f"{len(x)} terms, a batch of {len(x)} records) but loss_reduction={declared!r} was declared"
+    )
+    assert dp.ledger.num_steps == 1  # recorded as ever: the warning changes nothing
