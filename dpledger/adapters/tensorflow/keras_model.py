@@ -59,8 +59,11 @@ from dpledger.adapters.tensorflow.record_probe import (
 )
 from dpledger.diagnostics.bias import ClippingBiasCallback
 from dpledger.errors import InvalidParameterError, SamplerMismatchError
-from dpledger.ledger import PrivacyLedger, SamplingEvent
+from dpledger.ledger import PrivacyLedger, SamplingEvent, SamplingScheme
+from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent
 from dpledger.mechanisms import ClippingStrategy, DPConfig, GaussianSumQuery
+from dpledger.sampling.relations import default_relation
+from dpledger.validation import warn_if_delta_too_large
 
 __all__ = ["DPKerasModel", "make_private"]
 
@@ -217,7 +220,7 @@ class DPKerasModel(keras.Model):
         self.model = model
         self._dp_groups = settings.groups
         self._dp_events: StepEvents = events
-        self._dp_ledger = ledger_of(ledger, events)
+        self._dp_ledger = _ledger_with_intent(ledger, events, settings.config, settings.explicit)
         self._dp_iterator: Any = None  # the iterator of the current epoch, and the next
         self._dp_position = 0  # step's position in it
         self._dp_generator = generator_of(generator, seed)
@@ -494,6 +497,40 @@ class DPKerasModel(keras.Model):
         position = self._dp_position
         self._dp_position += 1
         return tf.constant(position, tf.int64)
+
+
+def _ledger_with_intent(
+    ledger: PrivacyLedger | None,
+    events: StepEvents,
+    config: DPConfig | None,
+    explicit: dict[str, Any] | None,
+) -> PrivacyLedger:
+    """The run's ledger: a new one holds the run's intent in its metadata; a given one is
+    checked, and the intent it lacks is logged. Warns when the config's δ ≥ 1/n."""
+    event = events.event
+    n = event.population_size
+    delta = None if config is None else config.delta
+    if delta is not None:
+        warn_if_delta_too_large(delta=delta, population_size=n, stacklevel=3)
+    z = config.noise_multiplier if config is not None else (explicit or {}).get("noise_multiplier")
+    intent = run_intent(
+        framework="tensorflow",
+        framework_version=tf.__version__,
+        population_size=n,
+        unit=event.unit.value,
+        noise_multiplier=None if z is None else float(z),
+        delta=delta,
+        sampling=event.scheme.value,
+        sampling_probability=(
+            event.sampling_probability if event.scheme is SamplingScheme.POISSON else None
+        ),
+    )
+    if ledger is None:
+        relation = default_relation(event)
+        return ledger_of(PrivacyLedger(neighboring=relation, metadata={INTENT_KEY: intent}), events)
+    checked = ledger_of(ledger, events)
+    note_intent(checked, intent)
+    return checked
 
 
 def make_private(model: keras.Model, **privacy: Any) -> DPKerasModel:

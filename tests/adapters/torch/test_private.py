@@ -8,6 +8,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpledger import PrivacyLedger
+from dpledger._version import __version__
 from dpledger.accountants import (
     PldAccountant,
     PrvAccountant,
@@ -161,6 +162,10 @@ def test_calibration_is_recorded_in_the_ledger_metadata(caplog):
         target_epsilon=3.0, delta=1e-5, sampling_probability=0.1, epochs=3
     )
     assert "calibrated by the prv accountant for ε = 3" in caplog.text
+    assert intent["population_size"] == 40 and intent["unit"] == "record"
+    assert intent["sampling"] == "poisson" and intent["sampling_probability"] == 0.1
+    assert intent["planned_steps"] == 30
+    assert intent["versions"] == {"dpledger": __version__, "torch": torch.__version__}
     # a ledger created beforehand keeps its header; the intent is logged as a note
     caplog.clear()
     given = PrivacyLedger()
