@@ -233,3 +233,24 @@ class UnsupportedSamplingError(UnsupportedLedgerError):
 
 
 __all__ += ["UnsupportedSamplingError"]
+
+
+class DeltaTooLargeWarning(UserWarning):
+    """δ is at least 1/n, the probability of one record in a population of n.
+
+    A mechanism that publishes one record of the n, chosen at random, in the clear is
+    (0, 1/n)-DP: a guarantee with δ ≥ 1/n allows every record to be leaked with some
+    probability. The usual advice is δ ≪ 1/n, e.g. δ ≤ 1/(10n).
+
+    Attributes:
+        delta: the δ given.
+        population_size: n, the number of records (or users) in the population.
+    """
+
+    def __init__(self, message: str, *, delta: float, population_size: int) -> None:
+        self.delta = delta
+        self.population_size = population_size
+        super().__init__(message)
+
+
+__all__ += ["DeltaTooLargeWarning"]

@@ -12,8 +12,10 @@ import enum
 import math
 import numbers
 import operator
+import warnings
 from typing import Any, TypeVar
 
+from dpledger.errors import DeltaTooLargeWarning
 from dpledger.errors import InvalidParameterError as InvalidParameterError
 
 __all__ = [
@@ -25,6 +27,8 @@ __all__ = [
     "check_positive_finite",
     "check_positive_int",
     "check_probability",
+    "delta_too_large_message",
+    "warn_if_delta_too_large",
 ]
 
 _E = TypeVar("_E", bound=enum.Enum)
@@ -133,3 +137,46 @@ def check_non_negative_int(name: str, value: Any) -> int:
     if x < 0:
         raise InvalidParameterError(name, value, expected)
     return x
+
+
+def delta_too_large_message(delta: float, population_size: int) -> str | None:
+    """The warning for δ ≥ 1/n, or None when δ < 1/n.
+
+    Args:
+        delta: δ of the guarantee.
+        population_size: n, the number of records (or users) the guarantee protects.
+    """
+    n = int(population_size)
+    if n < 1 or delta * n < 1.0:
+        return None
+    return (
+        f"delta={delta!r} is at least 1/n = 1/{n} (population_size={n}): publishing one "
+        f"random record in the clear is (0, 1/n)-DP, so this δ does not rule out leaking a "
+        f"record; the usual advice is δ ≪ 1/n, e.g. δ ≤ 1/(10n) = {1.0 / (10 * n):.3g}"
+    )
+
+
+def warn_if_delta_too_large(
+    *, delta: float, population_size: int | None, stacklevel: int = 2
+) -> bool:
+    """Warn with :class:`~dpledger.errors.DeltaTooLargeWarning` when δ ≥ 1/n.
+
+    Args:
+        delta: δ of the guarantee.
+        population_size: n (None: unknown, nothing is checked).
+        stacklevel: the frame the warning points at, counted from the caller of this
+            function (1: that caller; 2, the default: its caller).
+
+    Returns:
+        Whether a warning was issued.
+    """
+    if population_size is None:
+        return False
+    message = delta_too_large_message(delta, population_size)
+    if message is None:
+        return False
+    warnings.warn(
+        DeltaTooLargeWarning(message, delta=delta, population_size=int(population_size)),
+        stacklevel=stacklevel + 1,
+    )
+    return True

@@ -75,6 +75,69 @@ def test_info_json(ledger_file: Path, capsys) -> None:
     assert info["num_distinct"] == 3
 
 
+def test_info_shows_c_and_sigma_per_label(ledger_file: Path, capsys) -> None:
+    code, out, _ = run(capsys, "info", "--json", str(ledger_file))
+    assert code == 0
+    assert json.loads(out)["queries"] == [
+        {
+            "label": "dense/kernel",
+            "l2_norm_bound": 1.0,
+            "noise_stddev": 1.1,
+            "noise_multiplier": 1.1,
+            "count": 3,
+        },
+        {
+            "label": "dense/bias",
+            "l2_norm_bound": 0.1,
+            "noise_stddev": 0.11,
+            "noise_multiplier": 0.11 / 0.1,
+            "count": 3,
+        },
+        {
+            "label": "dense/kernel",
+            "l2_norm_bound": 1.0,
+            "noise_stddev": 0.0,
+            "noise_multiplier": 0.0,
+            "count": 1,
+        },
+    ]
+    assert json.loads(out)["intent"] is None  # a ledger written without one
+    code, out, _ = run(capsys, "info", str(ledger_file))
+    assert "queries       3 distinct (label, C, σ̃)" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("  dense/")]
+    assert rows == [
+        ["dense/kernel", "1", "1.1", "1.1", "3"],
+        ["dense/bias", "0.1", "0.11", "1.1", "3"],
+        ["dense/kernel", "1", "0", "0", "1"],
+    ]
+    assert "intent" not in out
+
+
+def test_info_shows_the_runs_intent(tmp_path: Path, capsys) -> None:
+    from dpledger.ledger.intent import INTENT_KEY, run_intent
+
+    intent = run_intent(
+        framework="torch",
+        framework_version="2.0",
+        population_size=1000,
+        noise_multiplier=1.19,
+        target_epsilon=3.0,
+        delta=1e-5,
+        accountant="prv",
+    )
+    path = tmp_path / "intent.dpl"
+    with PrivacyLedger(path, metadata={INTENT_KEY: intent}) as ledger:
+        ledger.record_sample(sampling_probability=0.01, population_size=1000)
+        ledger.record_sum_query(l2_norm_bound=1.0, noise_stddev=1.19)
+    code, out, _ = run(capsys, "info", "--json", str(path))
+    assert code == 0 and json.loads(out)["intent"] == intent
+    code, out, _ = run(capsys, "info", str(path))
+    assert (
+        "intent        target ε = 3 at δ = 1e-05; noise calibrated by prv; z = 1.19; "
+        f"n = 1000 (records); dpledger {__version__}, torch 2.0"
+    ) in out
+
+
 def test_info_reports_a_torn_tail_as_a_warning(ledger_file: Path, capsys) -> None:
     with open(ledger_file, "ab") as fp:
         fp.write(b'{"seq":14,"pr')

@@ -56,7 +56,7 @@ from dpledger.errors import (
 from dpledger.ledger.events import SCHEME_RELATIONS, NeighboringRelation, SamplingScheme
 from dpledger.ledger.ledger import PrivacyLedger
 from dpledger.ledger.steps import CompressedLedger, StepRun
-from dpledger.validation import check_delta
+from dpledger.validation import check_delta, warn_if_delta_too_large
 
 __all__ = [
     "ACCOUNTANT_MODULES",
@@ -224,6 +224,17 @@ def describe_ledger(comp: CompressedLedger, *, limit: int = 3) -> str:
     return f"{comp.neighboring.value} ledger with runs {shown}{more}"
 
 
+def _largest_population(ledger: Any, comp: CompressedLedger) -> int | None:
+    """The largest population size n the ledger records (None when it records none)."""
+    sizes = {int(n) for n in getattr(ledger, "population_sizes", ()) or () if isinstance(n, int)}
+    sizes.update(
+        r.sampling.population_size
+        for r in comp.runs
+        if r.sampling is not None and r.sampling.population_size is not None
+    )
+    return max(sizes) if sizes else None
+
+
 def _is_costly(run: StepRun) -> bool:
     return not run.releases_nothing
 
@@ -325,6 +336,7 @@ class Accountant(abc.ABC):
         delta = check_delta("delta", delta)
         comp = as_compressed(ledger)
         self.check_supported(comp)
+        warn_if_delta_too_large(delta=delta, population_size=_largest_population(ledger, comp))
         start = time.perf_counter()
         answer = self._trivial_epsilon(comp)
         if answer is None:
@@ -390,6 +402,7 @@ class Accountant(abc.ABC):
             raise InvalidParameterError("max_curve_points", max_curve_points, "an integer >= 1")
         comp = as_compressed(ledger)
         self.check_supported(comp)
+        warn_if_delta_too_large(delta=delta, population_size=_largest_population(ledger, comp))
         total = comp.num_steps
         too_many = (
             f"at most max_curve_points={max_curve_points} step counts (pass a larger "

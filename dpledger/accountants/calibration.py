@@ -53,6 +53,7 @@ from dpledger.validation import (
     check_positive_finite,
     check_positive_int,
     check_probability,
+    warn_if_delta_too_large,
 )
 
 __all__ = [
@@ -177,6 +178,13 @@ class _Objective:
         return value
 
 
+def _check_population(delta: float, population_size: Any) -> None:
+    """Check n (when given) and warn when δ ≥ 1/n, pointing at the calibration's caller."""
+    if population_size is not None:
+        n = check_positive_int("population_size", population_size)
+        warn_if_delta_too_large(delta=delta, population_size=n, stacklevel=3)
+
+
 def _resolve(accountant: str | Accountant) -> Accountant:
     if isinstance(accountant, Accountant):
         return accountant
@@ -260,11 +268,12 @@ def calibrate_noise_multiplier(
     delta: float,
     sampling_probability: float,
     steps: int,
-    accountant: str | Accountant = "rdp",
+    accountant: str | Accountant = "prv",
     bracket: tuple[float, float] | None = None,
     neighboring: NeighboringRelation | str = NeighboringRelation.ADD_REMOVE,
     allow_approximation: bool = False,
     time_budget_s: float = DEFAULT_TIME_BUDGET_S,
+    population_size: int | None = None,
 ) -> CalibrationResult:
     """The smallest noise multiplier z (to 0.1%) whose ε at δ is at most ``target_epsilon``.
 
@@ -273,13 +282,17 @@ def calibrate_noise_multiplier(
         delta: δ in (0, 1).
         sampling_probability: q of every step, in (0, 1].
         steps: T, the number of steps.
-        accountant: an accountant or its name (``"rdp"``, ``"pld"``, ``"prv"``, ``"gdp"``).
+        accountant: an accountant or its name (``"prv"``, default: the PRV accountant's
+            certified upper bound, the tightest valid ε; ``"rdp"``, ``"pld"``, ``"gdp"``).
         bracket: (low, high) to search; None searches from (0.5, 4), doubling or halving within
             [1e-3, 1e4] until the boundary is bracketed.
         neighboring: the neighboring relation of the ledger being planned.
         allow_approximation: accept an accountant's approximation (labelled in the result).
         time_budget_s: wall-clock seconds the calibration may take (default 60); checked
             before each evaluation.
+        population_size: n, the number of records the run protects, if known: δ ≥ 1/n is
+            warned about (:class:`~dpledger.errors.DeltaTooLargeWarning`); it does not change
+            the calibration.
 
     Returns:
         A :class:`CalibrationResult` with ``value`` = z, ε(z) ≤ target, and ε(z / 1.001) > target
@@ -293,6 +306,7 @@ def calibrate_noise_multiplier(
     start = time.perf_counter()
     target = _check_target(target_epsilon)
     delta = check_delta("delta", delta)
+    _check_population(delta, population_size)
     q = check_probability("sampling_probability", sampling_probability)
     if q == 0.0:
         raise InvalidParameterError("sampling_probability", sampling_probability, "q in (0, 1]")
@@ -358,11 +372,12 @@ def calibrate_sampling_probability(
     delta: float,
     noise_multiplier: float,
     steps: int,
-    accountant: str | Accountant = "rdp",
+    accountant: str | Accountant = "prv",
     bracket: tuple[float, float] = (1e-7, 1.0),
     neighboring: NeighboringRelation | str = NeighboringRelation.ADD_REMOVE,
     allow_approximation: bool = False,
     time_budget_s: float = DEFAULT_TIME_BUDGET_S,
+    population_size: int | None = None,
 ) -> CalibrationResult:
     """The largest sampling probability q (to 0.1%) whose ε at δ is at most ``target_epsilon``.
 
@@ -375,6 +390,7 @@ def calibrate_sampling_probability(
     start = time.perf_counter()
     target = _check_target(target_epsilon)
     delta = check_delta("delta", delta)
+    _check_population(delta, population_size)
     z = check_positive_finite("noise_multiplier", noise_multiplier)
     t = check_positive_int("steps", steps)
     relation = NeighboringRelation.parse(neighboring)
@@ -416,11 +432,12 @@ def calibrate_steps(
     delta: float,
     noise_multiplier: float,
     sampling_probability: float,
-    accountant: str | Accountant = "rdp",
+    accountant: str | Accountant = "prv",
     max_steps: int = _DEFAULT_MAX_STEPS,
     neighboring: NeighboringRelation | str = NeighboringRelation.ADD_REMOVE,
     allow_approximation: bool = False,
     time_budget_s: float = DEFAULT_TIME_BUDGET_S,
+    population_size: int | None = None,
 ) -> CalibrationResult:
     """The largest number of steps T ≤ ``max_steps`` whose ε at δ is at most ``target_epsilon``.
 
@@ -433,6 +450,7 @@ def calibrate_steps(
     start = time.perf_counter()
     target = _check_target(target_epsilon)
     delta = check_delta("delta", delta)
+    _check_population(delta, population_size)
     z = check_positive_finite("noise_multiplier", noise_multiplier)
     q = check_probability("sampling_probability", sampling_probability)
     if q == 0.0:

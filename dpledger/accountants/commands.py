@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+import warnings
 from typing import Any
 
 from dpledger.accountants.base import (
@@ -17,13 +18,19 @@ from dpledger.accountants.base import (
 )
 from dpledger.accountants.bucketing import check_bucketing
 from dpledger.accountants.display import format_rounded
-from dpledger.errors import DPLedgerError, InvalidParameterError, UnsupportedLedgerError
+from dpledger.errors import (
+    DeltaTooLargeWarning,
+    DPLedgerError,
+    InvalidParameterError,
+    UnsupportedLedgerError,
+)
 from dpledger.ledger.commands import add_ledger_checks, load_for_command, print_warnings
 from dpledger.validation import (
     check_delta,
     check_positive_finite,
     check_positive_int,
     check_probability,
+    delta_too_large_message,
 )
 
 __all__ = ["register"]
@@ -89,7 +96,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cal.add_argument("--noise-multiplier", type=float, help="z = σ̃ / S of every step")
     cal.add_argument("--sampling-probability", type=float, help="q of every step")
     cal.add_argument("--steps", type=int, help="number of steps T")
-    cal.add_argument("--accountant", default="rdp", help="accountant name (default rdp)")
+    cal.add_argument(
+        "--accountant",
+        default="prv",
+        help="accountant name (default prv: its certified upper bound, the tightest valid ε)",
+    )
     cal.add_argument(
         "--neighboring",
         default="add_remove",
@@ -100,6 +111,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--allow-approximation",
         action="store_true",
         help="accept an accountant's approximation (e.g. GDP's CLT); the result is labelled",
+    )
+    cal.add_argument(
+        "--population-size",
+        type=int,
+        help="n, the number of records the run protects (warns when δ ≥ 1/n)",
     )
     cal.add_argument("--json", action="store_true", help="print one JSON object")
     cal.set_defaults(func=_calibrate)
@@ -158,6 +174,10 @@ def _epsilon(args: argparse.Namespace) -> int:
             "is still running, or its final lines were deleted): ε is that of the steps it holds "
             "(--require-closed refuses such a ledger)"
         )
+    sizes = [n for n in loaded.population_sizes if n is not None]
+    too_large = delta_too_large_message(delta, max(sizes)) if sizes else None
+    if too_large is not None:
+        notes.append(too_large)
     print_warnings("epsilon", notes)
     ledger = loaded.compressed()
     sampling_notes = _sampling_notes(ledger, delta)
@@ -182,9 +202,11 @@ def _epsilon(args: argparse.Namespace) -> int:
             print(f"note: {name}: does not take the setting(s) {settings}", file=sys.stderr)
             continue
         try:
-            result = acc.epsilon(ledger, delta=delta)
-            if steps:
-                curves[name] = list(acc.epsilon_curve(ledger, delta=delta, steps=steps))
+            with warnings.catch_warnings():  # warned about once, above
+                warnings.simplefilter("ignore", DeltaTooLargeWarning)
+                result = acc.epsilon(ledger, delta=delta)
+                if steps:
+                    curves[name] = list(acc.epsilon_curve(ledger, delta=delta, steps=steps))
         except UnsupportedLedgerError as exc:
             rows.append(_error_row(name, delta, str(exc)))
             continue
@@ -357,6 +379,11 @@ def _calibrate(args: argparse.Namespace) -> int:
         )
     if args.steps is not None:
         check_positive_int("steps", args.steps)
+    if args.population_size is not None:
+        n = check_positive_int("population_size", args.population_size)
+        too_large = delta_too_large_message(args.delta, n)
+        if too_large is not None:
+            print_warnings("calibrate", [too_large])
     common = {
         "target_epsilon": args.target_epsilon,
         "delta": args.delta,

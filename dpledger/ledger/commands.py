@@ -17,6 +17,8 @@ import sys
 import warnings
 from typing import Any
 
+from dpledger.ledger.events import SumQueryEvent
+from dpledger.ledger.intent import intent_of
 from dpledger.ledger.ledger import LedgerWarning, PrivacyLedger
 from dpledger.ledger.verify import verify_ledger
 
@@ -46,14 +48,15 @@ def add_ledger_checks(parser: argparse.ArgumentParser) -> None:
 
 
 def load_for_command(
-    path: str, *, strict: bool = False, require_closed: bool = False
+    path: str, *, strict: bool = False, require_closed: bool = False, keep_events: bool = False
 ) -> tuple[PrivacyLedger, list[str], str | None]:
-    """Load a ledger file for a command, read-only and without keeping its events.
+    """Load a ledger file for a command, read-only and (by default) without keeping its events.
 
     Args:
         path: the ledger file.
         strict: a torn last line is a failed check rather than a warning.
         require_closed: the ledger must end with a close marker (implies ``strict``).
+        keep_events: keep every event in memory (for a command that reads the queries).
 
     Returns:
         ``(ledger, warnings, problem)``: the loaded ledger (the valid prefix of a torn file),
@@ -68,7 +71,7 @@ def load_for_command(
     """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", LedgerWarning)
-        ledger = PrivacyLedger.load(path, keep_events=False)
+        ledger = PrivacyLedger.load(path, keep_events=keep_events)
     notes = [str(w.message) for w in caught if issubclass(w.category, LedgerWarning)]
     problem = None
     torn = ledger.torn_tail
@@ -138,9 +141,30 @@ def _json_number(x: float) -> float | str:
     return x if math.isfinite(x) else ("inf" if x > 0 else "-inf")
 
 
+def _query_summary(ledger: PrivacyLedger) -> list[dict[str, Any]]:
+    """One entry per query label and distinct (S, σ̃): the clip bound C (S), the noise standard
+    deviation σ̃, their ratio z = σ̃ / S and the number of such queries, in order of first
+    appearance."""
+    counts: dict[tuple[str | None, float, float], int] = {}
+    for event in ledger.events():
+        if isinstance(event, SumQueryEvent):
+            key = (event.label, event.l2_norm_bound, event.noise_stddev)
+            counts[key] = counts.get(key, 0) + 1
+    return [
+        {
+            "label": label,
+            "l2_norm_bound": bound,
+            "noise_stddev": sigma,
+            "noise_multiplier": _json_number(sigma / bound),
+            "count": count,
+        }
+        for (label, bound, sigma), count in counts.items()
+    ]
+
+
 def _info(args: argparse.Namespace) -> int:
     ledger, notes, problem = load_for_command(
-        args.ledger, strict=args.strict, require_closed=args.require_closed
+        args.ledger, strict=args.strict, require_closed=args.require_closed, keep_events=True
     )
     if problem is not None:
         print(f"dpledger info: verification failed: {problem}", file=sys.stderr)
@@ -151,6 +175,8 @@ def _info(args: argparse.Namespace) -> int:
     distinct = {(r.sampling, r.sampling_probability, r.noise_multiplier) for r in runs}
     sampling = _sampling_summary(comp)
     header = ledger.header
+    queries = _query_summary(ledger)
+    intent = intent_of(header.metadata)
     if args.json:
         out: dict[str, Any] = {
             "path": ledger.path,
@@ -181,6 +207,8 @@ def _info(args: argparse.Namespace) -> int:
             "num_distinct": len(distinct),
             "torn_tail": None if ledger.torn_tail is None else ledger.torn_tail.describe(),
             "warnings": notes,
+            "queries": queries,
+            "intent": intent,
         }
         print(json.dumps(out, indent=2))
         return 0
@@ -190,6 +218,8 @@ def _info(args: argparse.Namespace) -> int:
     print(f"created       {header.created}")
     print(f"neighboring   {header.neighboring.value}")
     print(f"metadata      {json.dumps(header.metadata, sort_keys=True)}")
+    if intent is not None:
+        print(f"intent        {_intent_text(intent)}")
     print(f"steps         {ledger.num_steps}")
     print(f"events        {ledger.num_events}")
     print(f"closed        {'yes' if ledger.closed_cleanly else 'no'}")
@@ -220,7 +250,44 @@ def _info(args: argparse.Namespace) -> int:
             )
         if len(runs) > _MAX_RUNS_SHOWN:
             print(f"  … {len(runs) - _MAX_RUNS_SHOWN} more runs (use --json for all)")
+    print(f"queries       {len(queries)} distinct (label, C, σ̃)")
+    if queries:
+        print(f"  {'label':<24}  {'C':>12}  {'σ̃':>12}  {'z = σ̃/C':>12}  {'queries':>10}")
+        for item in queries[:_MAX_RUNS_SHOWN]:
+            label = "-" if item["label"] is None else one_line(item["label"])
+            print(
+                f"  {label:<24}  {item['l2_norm_bound']:>12.6g}  {item['noise_stddev']:>12.6g}  "
+                f"{item['noise_stddev'] / item['l2_norm_bound']:>12.6g}  {item['count']:>10}"
+            )
+        if len(queries) > _MAX_RUNS_SHOWN:
+            print(f"  … {len(queries) - _MAX_RUNS_SHOWN} more (use --json for all)")
     return 0
+
+
+def _g(x: Any) -> str:
+    """A number in ``%.6g`` form; anything else (metadata is free-form) as it is."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return f"{x:.6g}"
+    return str(x)
+
+
+def _intent_text(intent: dict[str, Any]) -> str:
+    """The run's intent on one line: the target, the calibration, the population, versions."""
+    parts = []
+    if "target_epsilon" in intent:
+        parts.append(f"target ε = {_g(intent['target_epsilon'])} at δ = {_g(intent.get('delta'))}")
+    elif "delta" in intent:
+        parts.append(f"δ = {_g(intent['delta'])}")
+    if "calibrated_by" in intent:
+        parts.append(f"noise calibrated by {intent['calibrated_by']}")
+    if "noise_multiplier" in intent:
+        parts.append(f"z = {_g(intent['noise_multiplier'])}")
+    if "population_size" in intent:
+        parts.append(f"n = {intent['population_size']} ({intent.get('unit', 'record')}s)")
+    versions = intent.get("versions")
+    if isinstance(versions, dict):
+        parts.append(", ".join(f"{k} {v}" for k, v in versions.items()))
+    return one_line("; ".join(parts))
 
 
 def _sampling_summary(comp: Any) -> list[dict[str, Any]]:

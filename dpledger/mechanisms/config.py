@@ -230,7 +230,7 @@ def _to_delta(value: Any) -> Any:
 
 def _to_accountant(value: Any) -> Any:
     """The checked ``accountant`` (None: its default)."""
-    return _convert(_check_accountant, "accountant", "rdp", value)
+    return _convert(_check_accountant, "accountant", "prv", value)
 
 
 def _to_clipping(value: Any) -> Any:
@@ -297,8 +297,9 @@ class DPConfig:
             (PyTorch's ``make_private``, which knows the run's sampling rate and length; the
             optimizer and the Keras adapters need ``noise_multiplier``).
         delta: δ in (0, 1) of ``target_epsilon`` (required with it; otherwise informational).
-        accountant: the accountant that calibrates ``target_epsilon``: a name (``"rdp"``,
-            default, ``"prv"``, ``"gdp"``, ``"pld"``) or a dpledger ``Accountant``.
+        accountant: the accountant that calibrates ``target_epsilon``: a name (``"prv"``,
+            default: its certified upper bound, the tightest valid one; ``"rdp"``, ``"gdp"``,
+            ``"pld"``) or a dpledger ``Accountant``.
         clipping: the clipping strategy of every group: ``"flat"`` (min(1, S/‖v‖), default),
             ``"global"`` (1{‖v‖ ≤ S}, Bu et al.), ``"automatic"`` (S/(‖v‖ + γ)) or a
             :class:`~dpledger.mechanisms.ClippingStrategy`; stored as the strategy. It changes
@@ -334,7 +335,7 @@ class DPConfig:
     noise_multiplier: float | None = attrs.field(default=None, converter=_to_noise_multiplier)
     target_epsilon: float | None = attrs.field(default=None, converter=_to_target_epsilon)
     delta: float | None = attrs.field(default=None, converter=_to_delta)
-    accountant: Any = attrs.field(default="rdp", converter=_to_accountant, hash=False)
+    accountant: Any = attrs.field(default="prv", converter=_to_accountant, hash=False)
     clipping: ClippingStrategy = attrs.field(
         default=attrs.Factory(FlatClipping), converter=_to_clipping
     )

@@ -145,7 +145,7 @@ def test_calibrate_noise_multiplier(capsys: pytest.CaptureFixture) -> None:
     assert main([*args, "--sampling-probability", "0.01", "--steps", "1000", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["parameter"] == "noise_multiplier" and out["epsilon"] <= 1.0
-    assert out["kind"] == "upper_bound" and out["accountant"] == "rdp"
+    assert out["kind"] == "upper_bound" and out["accountant"] == "prv"
     assert main([*args, "--sampling-probability", "0.01", "--steps", "1000"]) == 0
     assert capsys.readouterr().out.startswith("noise multiplier: ")
 

@@ -129,7 +129,12 @@ def test_epsilon_is_monotone_in_tiny_q(q: float, factor: float) -> None:
 
 def test_calibrated_sampling_probability_meets_the_target_and_is_largest() -> None:
     result = calibrate_sampling_probability(
-        target_epsilon=0.05, delta=1e-5, noise_multiplier=1.1, steps=10**6, bracket=(1e-9, 1.0)
+        target_epsilon=0.05,
+        delta=1e-5,
+        noise_multiplier=1.1,
+        steps=10**6,
+        bracket=(1e-9, 1.0),
+        accountant="rdp",
     )
     q = result.value
     assert _epsilon(q, 1.1, 10**6) <= 0.05

@@ -23,7 +23,7 @@ def test_defaults_and_exports():
     assert dpledger.DPConfig is DPConfig
     assert config.l2_norm_bound == 1.0 and config.noise_multiplier == 1.1
     assert config.target_epsilon is None and config.delta is None
-    assert config.accountant == "rdp"
+    assert config.accountant == "prv"
     assert config.clipping == FlatClipping()
     assert config.groups == "all"
     assert (config.clip_split, config.noise_allocation) == ("equal", "proportional")

@@ -57,10 +57,14 @@ from dpledger.adapters.tensorflow.record_probe import (
     probe_record_independence,
     record_probe_off_warning,
 )
+from dpledger.adapters.tensorflow.sampling import PoissonSampler
 from dpledger.diagnostics.bias import ClippingBiasCallback
 from dpledger.errors import InvalidParameterError, SamplerMismatchError
-from dpledger.ledger import PrivacyLedger, SamplingEvent
+from dpledger.ledger import PrivacyLedger, SamplingEvent, SamplingScheme
+from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent
 from dpledger.mechanisms import ClippingStrategy, DPConfig, GaussianSumQuery
+from dpledger.sampling.relations import default_relation
+from dpledger.validation import check_positive_int, warn_if_delta_too_large
 
 __all__ = ["DPKerasModel", "make_private"]
 
@@ -217,7 +221,7 @@ class DPKerasModel(keras.Model):
         self.model = model
         self._dp_groups = settings.groups
         self._dp_events: StepEvents = events
-        self._dp_ledger = ledger_of(ledger, events)
+        self._dp_ledger = _ledger_with_intent(ledger, events, settings.config, settings.explicit)
         self._dp_iterator: Any = None  # the iterator of the current epoch, and the next
         self._dp_position = 0  # step's position in it
         self._dp_generator = generator_of(generator, seed)
@@ -258,10 +262,15 @@ class DPKerasModel(keras.Model):
     def fit(self, x: Any = None, y: Any = None, batch_size: Any = None, **kwargs: Any) -> Any:
         """``keras.Model.fit`` on batches that the data pipeline has already sampled.
 
-        ``x`` must yield the batches (a ``tf.data.Dataset`` such as a sampler's
+        ``x`` yields the batches (a ``tf.data.Dataset`` such as a sampler's
         :meth:`~dpledger.adapters.tensorflow.RecordSampler.sample`, a ``keras.utils.PyDataset``
-        or an iterator): given arrays or tensors, Keras would shuffle them and cut fixed-size
-        batches, which are not the samples that the ledger records.
+        or an iterator). Arrays or tensors are accepted when the model records record-level
+        Poisson sampling of their n = len(x) records: the batches are then drawn by a
+        :class:`~dpledger.adapters.tensorflow.PoissonSampler` with the recorded q (the model's
+        own sampler when it has one), round(1/q) per epoch, and the q is logged; a
+        ``batch_size`` must then give that q as batch_size / len(x) (Poisson batches vary in
+        size around it). Keras's own batches of arrays (shuffled, fixed-size) are never used:
+        they are not the samples that the ledger records.
 
         ``shuffle`` defaults to False (Keras cannot shuffle a dataset's batches anyway).
 
@@ -272,9 +281,13 @@ class DPKerasModel(keras.Model):
         batch_size=b).sample(...)`` draws the same kind of batches and records them as such.
 
         Raises:
-            InvalidParameterError: ``x`` is arrays or tensors, or ``batch_size`` is given.
+            InvalidParameterError: ``x`` is arrays or tensors of another population or for a
+                model whose sampling is not Poisson, ``batch_size`` / len(x) is not the recorded
+                q, or ``batch_size`` is given with a dataset.
             SamplerMismatchError: the model has a sampler and ``x`` is not its draws.
         """
+        if not isinstance(x, (tf.data.Dataset, keras.utils.PyDataset, Iterator)):
+            x, y, batch_size = self._poisson_batches(x, y, batch_size, kwargs), None, None
         if batch_size is not None:
             raise InvalidParameterError(
                 "batch_size",
@@ -311,6 +324,61 @@ class DPKerasModel(keras.Model):
             return super().fit(x, y, **kwargs)
         finally:
             self._dp_iterator = None
+
+    def _poisson_batches(self, x: Any, y: Any, batch_size: Any, kwargs: dict[str, Any]) -> Any:
+        """Poisson batches of the arrays ``x`` (and ``y``, ``sample_weight``) drawn with the
+        recorded q, or an :class:`InvalidParameterError` naming what does not match."""
+        event = self._dp_events.event
+        if event.scheme is not SamplingScheme.POISSON or event.unit.value != "record":
+            raise InvalidParameterError(
+                "x",
+                f"<{type(x).__name__}>",
+                "a dataset of sampled batches (sampler.sample((x, y))), not arrays: Keras would "
+                "shuffle arrays into fixed-size batches, whose sampling is not the one recorded "
+                f"in the ledger ({event.describe()}; for shuffled batches, ShuffleSampler "
+                "records them as such)",
+            )
+        leaves = tf.nest.flatten(x)
+        shape = getattr(leaves[0], "shape", None) if leaves else None
+        if shape is None or len(shape) == 0 or shape[0] is None:
+            raise InvalidParameterError(
+                "x", f"<{type(x).__name__}>", "arrays or tensors with a leading record axis"
+            )
+        n, q = int(shape[0]), event.sampling_probability
+        if n != event.population_size:
+            raise InvalidParameterError(
+                "x",
+                f"<{n} records>",
+                f"the population of population_size={event.population_size} records that the "
+                "ledger records every step is sampled from",
+            )
+        if batch_size is not None:
+            b = check_positive_int("batch_size", batch_size)
+            if b / n != q:
+                raise InvalidParameterError(
+                    "batch_size",
+                    batch_size,
+                    f"None, or a batch size with batch_size / len(x) = q = {q!r}, the "
+                    f"sampling_probability the ledger records (batch_size / len(x) = {b}/{n} = "
+                    f"{b / n!r}); build the model with sampling_probability=batch_size / len(x) "
+                    "to train at another rate",
+                )
+        sampler = self._dp_sampler
+        if not isinstance(sampler, PoissonSampler):
+            sampler = PoissonSampler(population_size=n, sampling_probability=q)
+        data = x if y is None else (x, y)
+        if kwargs.get("sample_weight") is not None:
+            data = (x, y, kwargs.pop("sample_weight"))
+        _log.info(
+            "fit on arrays: Poisson batches with q = %s = %r (each of the %d records joins "
+            "each batch with probability q; %d batches per epoch, %.4g records expected each)",
+            "the model's sampling_probability" if batch_size is None else f"{b} / {n}",
+            q,
+            n,
+            sampler.steps_per_epoch,
+            q * n,
+        )
+        return sampler.sample(data)
 
     def _probe_first_batch(self, x: Any) -> None:
         if isinstance(x, tf.data.Dataset):
@@ -494,6 +562,40 @@ class DPKerasModel(keras.Model):
         position = self._dp_position
         self._dp_position += 1
         return tf.constant(position, tf.int64)
+
+
+def _ledger_with_intent(
+    ledger: PrivacyLedger | None,
+    events: StepEvents,
+    config: DPConfig | None,
+    explicit: dict[str, Any] | None,
+) -> PrivacyLedger:
+    """The run's ledger: a new one holds the run's intent in its metadata; a given one is
+    checked, and the intent it lacks is logged. Warns when the config's δ ≥ 1/n."""
+    event = events.event
+    n = event.population_size
+    delta = None if config is None else config.delta
+    if delta is not None:
+        warn_if_delta_too_large(delta=delta, population_size=n, stacklevel=3)
+    z = config.noise_multiplier if config is not None else (explicit or {}).get("noise_multiplier")
+    intent = run_intent(
+        framework="tensorflow",
+        framework_version=tf.__version__,
+        population_size=n,
+        unit=event.unit.value,
+        noise_multiplier=None if z is None else float(z),
+        delta=delta,
+        sampling=event.scheme.value,
+        sampling_probability=(
+            event.sampling_probability if event.scheme is SamplingScheme.POISSON else None
+        ),
+    )
+    if ledger is None:
+        relation = default_relation(event)
+        return ledger_of(PrivacyLedger(neighboring=relation, metadata={INTENT_KEY: intent}), events)
+    checked = ledger_of(ledger, events)
+    note_intent(checked, intent)
+    return checked
 
 
 def make_private(model: keras.Model, **privacy: Any) -> DPKerasModel:

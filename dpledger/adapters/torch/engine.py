@@ -37,6 +37,16 @@ differ by a constant factor that every gradient shares). A wrong declaration sca
 B or 1/B: the clipped contributions are still bounded by the clip norm, so the privacy bound
 holds, but clipping then acts at a different effective norm.
 
+The one case that can be told is a loss that is the direct output of a PyTorch loss which saves
+its reduction (``cross_entropy``, ``nll_loss``, ``mse_loss``, ``binary_cross_entropy``,
+``binary_cross_entropy_with_logits``, ``huber_loss``, ``smooth_l1_loss``):
+:meth:`PerExampleGradientEngine.backward` reads that reduction on the first step and warns
+(:class:`~dpledger.adapters.torch.errors.LossReductionWarning`) when it contradicts the
+declaration over more than one record and more than one term. Any other loss (a ``.sum()``, a
+``.mean()``, a rescaled loss, a weighted mean) is not judged: the same gradients come from a
+correct declaration, so no check on the gradients is free of false alarms.
+A plain ``loss.backward()`` never shows the engine the loss.
+
 ``engine.backward(loss)`` can replace ``loss.backward()``: it asks autograd only for the
 gradients with respect to the units' outputs (``torch.autograd.grad`` on their gradient edges),
 which skips computing the batch gradient of every weight that the clipped sum replaces anyway.
@@ -61,6 +71,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -73,6 +84,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 from dpledger.adapters.torch import layer_rules as _builtin_layer_rules  # noqa: F401  (registers)
 from dpledger.adapters.torch.errors import (
     EngineStateError,
+    LossReductionWarning,
     RecordMixingModuleError,
     UnsupportedModuleError,
     UnsupportedParameterUseError,
@@ -95,6 +107,34 @@ from dpledger.mechanisms.clipping import rounding_clip_margin
 __all__ = ["LossReduction", "PerExampleGradientEngine", "Strategy"]
 
 logger = logging.getLogger(__name__)
+
+_REDUCTIONS = {1: "mean", 2: "sum"}
+"""PyTorch's reduction codes (``torch.nn._reduction``) as saved on loss autograd nodes."""
+
+
+def _loss_reduction_of(loss: torch.Tensor) -> tuple[str, str, int] | None:
+    """(node name, reduction, number of terms) when ``loss`` is the direct output of a PyTorch
+    loss that saves its reduction; None otherwise (nothing is claimed about other losses).
+
+    A weighted ``nll_loss`` / ``cross_entropy`` (a mean that divides by the weights' sum) and
+    one with ignored targets (fewer terms than targets) are not claimed either.
+    """
+    node = getattr(loss, "grad_fn", None)
+    code = getattr(node, "_saved_reduction", None)
+    if not isinstance(code, int) or code not in _REDUCTIONS:
+        return None
+    if getattr(node, "_saved_weight", None) is not None:
+        return None
+    terms = getattr(node, "_saved_target", None)
+    ignored = getattr(node, "_saved_ignore_index", None)
+    if isinstance(terms, torch.Tensor) and ignored is not None and bool((terms == ignored).any()):
+        return None
+    if terms is None:
+        terms = getattr(node, "_saved_self", None)
+    if not isinstance(terms, torch.Tensor):
+        return None
+    return type(node).__name__, _REDUCTIONS[code], terms.numel()
+
 
 LossReduction = Literal["mean", "sum"]
 Strategy = Literal["auto", "ghost", "per_example", "generic"]
@@ -245,6 +285,7 @@ class PerExampleGradientEngine:
         self._loss_reduction = loss_reduction
         self._strategy = strategy
         self._checks_remaining = check_steps
+        self._reduction_checked = False
         self._generic_chunk_size = generic_chunk_size
         self._params: dict[str, nn.Parameter] = {
             n: p for n, p in model.named_parameters() if p.requires_grad
@@ -546,10 +587,45 @@ class PerExampleGradientEngine:
         """
         if not isinstance(loss, torch.Tensor):
             raise InvalidParameterError("loss", type(loss).__name__, "a scalar torch.Tensor")
+        found = None if self._reduction_checked else _loss_reduction_of(loss)
+        self._reduction_checked = True
         if self._checks_remaining > 0:
             loss.backward()
+        else:
+            self._backward_to_outputs(loss)
+        if found is not None:
+            self._check_reduction(*found)
+
+    def _check_reduction(self, node: str, reduction: str, elements: int) -> None:
+        """Warn when a built-in loss's reduction contradicts ``loss_reduction`` (first step).
+
+        Sound: the loss *is* that node's output, so its reduction is a fact, and mean and sum
+        differ exactly when the batch has more than one record and the loss more than one term.
+        """
+        if reduction == self._loss_reduction or elements < 2:
             return
-        self._backward_to_outputs(loss)
+        try:
+            batch = self._batch_size()
+        except EngineStateError:  # reported by the step that needs the batch
+            return
+        if batch < 2:
+            return
+        warnings.warn(
+            LossReductionWarning(
+                f"the loss was computed with reduction={reduction!r} ({node}, over {elements} "
+                f"terms, a batch of {batch} records) but loss_reduction="
+                f"{self._loss_reduction!r} was declared: every per-example gradient is scaled by "
+                f"{'B' if reduction == 'sum' else '1/B'} = "
+                f"{batch if reduction == 'sum' else f'1/{batch}'} before clipping, so clipping "
+                f"acts at another effective norm (privacy still holds); declare "
+                f"loss_reduction={reduction!r} or compute the loss with "
+                f"reduction={self._loss_reduction!r}",
+                declared=self._loss_reduction,
+                found=reduction,
+                loss_function=node,
+            ),
+            stacklevel=3,
+        )
 
     def _backward_to_outputs(self, loss: torch.Tensor) -> None:
         """The gradients of ``loss`` with respect to the units' outputs only (no ``.grad``)."""

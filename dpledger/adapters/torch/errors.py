@@ -82,3 +82,29 @@ class EngineStateError(DPLedgerError, RuntimeError):
 
     Example: per-example norms asked for before ``loss.backward()`` ran on the last forward.
     """
+
+
+class LossReductionWarning(UserWarning):
+    """The loss's own reduction contradicts the declared ``loss_reduction``.
+
+    Raised as a warning by :meth:`~dpledger.adapters.torch.engine.PerExampleGradientEngine.backward`
+    (``optimizer.backward(loss)``) when the loss is the direct output of a PyTorch loss with a
+    ``reduction`` (``cross_entropy``, ``nll_loss``, ``mse_loss``, ``binary_cross_entropy``, …) whose
+    value differs from the declaration. The privacy guarantee holds either way (the clipped
+    contributions stay bounded by the clip norm), but every per-example gradient is scaled by B or
+    1/B before clipping, so clipping acts at another effective norm.
+
+    Attributes:
+        declared: the declared ``loss_reduction``.
+        found: the reduction of the loss (``"mean"`` or ``"sum"``).
+        loss_function: the autograd node of the loss (e.g. ``"NllLossBackward0"``).
+    """
+
+    def __init__(self, message: str, *, declared: str, found: str, loss_function: str) -> None:
+        self.declared = declared
+        self.found = found
+        self.loss_function = loss_function
+        super().__init__(message)
+
+
+__all__ += ["LossReductionWarning"]

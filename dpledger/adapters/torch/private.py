@@ -17,6 +17,7 @@ expectation), the Poisson data loader's default length.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -35,7 +36,7 @@ from torch.utils.data import (
 )
 from torch.utils.data.distributed import DistributedSampler
 
-from dpledger.accountants import Accountant, calibrate_noise_multiplier
+from dpledger.accountants import Accountant, CalibrationResult, calibrate_noise_multiplier
 from dpledger.adapters.torch.batch_samplers import (
     BallsInBinsBatchSampler,
     FixedSizeBatchSampler,
@@ -51,9 +52,15 @@ from dpledger.adapters.torch.user_level import UserPoissonBatchSampler
 from dpledger.adapters.torch.virtual_batches import virtual_batches
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
+from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent
 from dpledger.mechanisms.config import DPConfig, deprecated_alias
+from dpledger.sampling.relations import default_relation
 from dpledger.sampling.validation import check_sampling_probability, default_steps
-from dpledger.validation import check_positive_finite, check_positive_int
+from dpledger.validation import (
+    check_positive_finite,
+    check_positive_int,
+    warn_if_delta_too_large,
+)
 
 __all__ = [
     "SAMPLING_SCHEMES",
@@ -62,6 +69,9 @@ __all__ = [
     "make_private",
     "steps_per_epoch",
 ]
+
+
+_log = logging.getLogger(__name__)
 
 
 def steps_per_epoch(sampling_probability: float) -> int:
@@ -87,7 +97,7 @@ def calibrated_noise_multiplier(
     sampling_probability: float,
     steps: int | None = None,
     epochs: float | None = None,
-    accountant: str | Accountant = "rdp",
+    accountant: str | Accountant = "prv",
 ) -> float:
     """The smallest noise multiplier z (to 0.1%) whose ε at δ after the run is ≤ the target.
 
@@ -97,21 +107,41 @@ def calibrated_noise_multiplier(
         sampling_probability: q of every step.
         steps: T, the number of steps; or
         epochs: the number of epochs (T = epochs·round(1/q)).
-        accountant: the accountant that decides (default ``"rdp"``: a valid upper bound).
+        accountant: the accountant that decides (default ``"prv"``: its certified upper
+            bound, the tightest valid one).
 
     Raises:
         InvalidParameterError: bad arguments, or a target no z ≤ 10⁴ reaches.
     """
-    q = check_sampling_probability(sampling_probability)
-    t = _planned_steps(q, steps, epochs)
     return float(
-        calibrate_noise_multiplier(
+        _calibration(
             target_epsilon=target_epsilon,
             delta=delta,
-            sampling_probability=q,
-            steps=t,
+            sampling_probability=sampling_probability,
+            steps=steps,
+            epochs=epochs,
             accountant=accountant,
         ).value
+    )
+
+
+def _calibration(
+    *,
+    target_epsilon: float,
+    delta: float,
+    sampling_probability: float,
+    steps: int | None,
+    epochs: float | None,
+    accountant: str | Accountant,
+) -> CalibrationResult:
+    q = check_sampling_probability(sampling_probability)
+    t = _planned_steps(q, steps, epochs)
+    return calibrate_noise_multiplier(
+        target_epsilon=target_epsilon,
+        delta=delta,
+        sampling_probability=q,
+        steps=t,
+        accountant=accountant,
     )
 
 
@@ -390,7 +420,8 @@ def make_private(
         steps: planned steps, instead of ``epochs``.
         ledger: the ledger to record into (None: in memory, ``optimizer.ledger``). Under
             ``torch.distributed`` pass it on rank 0 only.
-        accountant: the accountant of the calibration (None: ``"rdp"``).
+        accountant: the accountant of the calibration (None: ``"prv"``, its certified upper
+            bound); it is written into the ledger's metadata.
         seed: seeds the sampling and the noise (two independent streams); None draws both
             from OS entropy (the sampling seed is then shared by rank 0 in distributed runs).
         max_physical_batch_size: split each logical batch into chunks of at most this many
@@ -443,6 +474,8 @@ def make_private(
     settings = _loader_settings(data)
     dataset, loader_kwargs = settings.dataset, settings.kwargs
     n = len(dataset)  # type: ignore[arg-type]
+    if config.delta is not None:
+        warn_if_delta_too_large(delta=config.delta, population_size=n)
     b = settings.batch_size if batch_size is None else batch_size
     q = sampling_probability
     if uses_q and q is None:
@@ -453,6 +486,15 @@ def make_private(
                 f"q in (0, 1] for sampling={sampling!r} (or batch_size=, for q = batch_size / n)",
             )
         q = check_sampling_probability(check_positive_int("batch_size", b) / n)
+        _log.info(
+            "sampling_probability not given: q = batch_size / len(dataset) = %d / %d = %r "
+            "(each record joins each %s batch with probability q; the batch size varies)",
+            b,
+            n,
+            q,
+            sampling.replace("_", " "),
+        )
+    calibration: CalibrationResult | None = None
     if config.target_epsilon is not None:
         if sampling != "poisson":
             raise InvalidParameterError(
@@ -462,20 +504,26 @@ def make_private(
                 "plans Poisson-sampled steps only)",
             )
         assert q is not None and config.delta is not None
+        calibration = _calibration(
+            target_epsilon=config.target_epsilon,
+            delta=config.delta,
+            sampling_probability=q,
+            steps=steps,
+            epochs=epochs,
+            accountant=config.accountant,
+        )
+        _log.info(
+            "noise multiplier %r calibrated by the %s accountant for ε = %g at δ = %g",
+            calibration.value,
+            calibration.accountant,
+            calibration.target_epsilon,
+            calibration.delta,
+        )
         config = attrs.evolve(
-            config,
-            noise_multiplier=calibrated_noise_multiplier(
-                target_epsilon=config.target_epsilon,
-                delta=config.delta,
-                sampling_probability=q,
-                steps=steps,
-                epochs=epochs,
-                accountant=config.accountant,
-            ),
-            target_epsilon=None,
+            config, noise_multiplier=float(calibration.value), target_epsilon=None
         )
     sampling_seed, noise_seed = _seeds(seed)
-    _, world = distributed_world(options.get("process_group"))
+    rank, world = distributed_world(options.get("process_group"))
     distributed = options.get("distributed")
     if distributed is None:
         distributed = world > 1
@@ -507,6 +555,29 @@ def make_private(
             seed=sampling_seed,
         )
     loader = private_data_loader(dataset, sampler=batch_sampler, **loader_kwargs)
+    if rank == 0:
+        intent = run_intent(
+            framework="torch",
+            framework_version=torch.__version__,
+            population_size=n,
+            unit=batch_sampler.sampling_event().unit.value,
+            noise_multiplier=config.noise_multiplier,
+            target_epsilon=None if calibration is None else calibration.target_epsilon,
+            delta=config.delta,
+            accountant=None if calibration is None else calibration.accountant,
+            sampling=sampling,
+            sampling_probability=q if uses_q else None,
+            steps=None if calibration is None else calibration.steps,
+        )
+        if ledger is None:
+            relation = default_relation(batch_sampler.sampling_event())
+            ledger = PrivacyLedger(neighboring=relation, metadata={INTENT_KEY: intent})
+            _log.info(
+                "no ledger given: recording to an in-memory %s ledger (optimizer.ledger)",
+                relation.value,
+            )
+        else:
+            note_intent(ledger, intent)
     dp_optimizer = DPOptimizer(
         optimizer,
         model=model,

@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from dpledger import PrivacyLedger
 from dpledger.adapters.tensorflow import (
     DPKerasModel,
     PerExampleLossError,
     PoissonSampler,
     RecordMixingLayerError,
+    ShuffleSampler,
     UnsupportedLayerError,
     make_private,
 )
@@ -215,14 +217,28 @@ def test_bad_inputs_are_refused_with_what_to_change():
 
 
 def test_fit_refuses_arrays_that_keras_would_cut_into_fixed_size_batches():
-    # fit(x, y, batch_size=...) shuffles the arrays and cuts fixed-size batches: not the
-    # Poisson sample of rate q the ledger would record for every step.
+    # Keras's fit(x, y, batch_size=...) shuffles the arrays and cuts fixed-size batches: not the
+    # Poisson sample of rate q the ledger would record for every step. Arrays are drawn from
+    # by Poisson sampling at the recorded q only, so a batch_size that gives another q is refused.
     x, y = _data(40)
     sampler = PoissonSampler(population_size=40, sampling_probability=0.1, seed=0)
     dp = DPKerasModel(_model(), l2_norm_bound=1.0, noise_multiplier=1.0, sampler=sampler, seed=1)
     dp.compile(optimizer="sgd", loss=_loss())
-    with pytest.raises(InvalidParameterError, match="x"):
+    with pytest.raises(InvalidParameterError, match=r"batch_size=20 is invalid.*= 0.1"):
         dp.fit(x, y, batch_size=20, epochs=1, verbose=0)
+    with pytest.raises(InvalidParameterError, match="x='<30 records>' is invalid"):
+        dp.fit(x[:30], y[:30], epochs=1, verbose=0)
+    shuffled = DPKerasModel(
+        _model(),
+        l2_norm_bound=1.0,
+        noise_multiplier=1.0,
+        sampler=ShuffleSampler(population_size=40, batch_size=4, seed=0),
+        ledger=PrivacyLedger(neighboring="replace_one"),
+    )
+    shuffled.compile(optimizer="sgd", loss=_loss())
+    with pytest.raises(InvalidParameterError, match="x='<ndarray>' is invalid"):
+        shuffled.fit(x, y, epochs=1, verbose=0)
+    assert shuffled.ledger.num_steps == 0
     with pytest.raises(InvalidParameterError, match="batch_size"):
         dp.fit(sampler.sample((x, y)), batch_size=20, epochs=1, verbose=0)
     assert dp.ledger.num_steps == 0
@@ -336,3 +352,28 @@ def test_fit_accepts_the_samplers_draws_behind_prefetch_and_options():
     data = sampler.sample((x, y)).with_options(options).prefetch(tf.data.AUTOTUNE)
     dp.fit(data, epochs=1, verbose=0)
     assert dp.ledger.num_steps == 10
+
+
+def test_fit_on_arrays_draws_poisson_batches_at_the_recorded_q(caplog):
+    x, y = _data(40)
+    dp = DPKerasModel(
+        _model(),
+        l2_norm_bound=1.0,
+        noise_multiplier=1.0,
+        sampling_probability=4 / 40,
+        population_size=40,
+        seed=1,
+    )
+    dp.compile(optimizer="sgd", loss=_loss())
+    with caplog.at_level("INFO", logger="dpledger"):
+        dp.fit(x, y, batch_size=4, epochs=2, verbose=0)
+    assert "fit on arrays: Poisson batches with q = 4 / 40 = 0.1" in caplog.text
+    assert dp.ledger.num_steps == 20  # round(1/q) per epoch
+    assert {(s.sampling_probability, s.population_size) for s in dp.ledger.steps()} == {(0.1, 40)}
+    assert {s.sampling.scheme.value for s in dp.ledger.steps()} == {"poisson"}
+    # the model's own PoissonSampler draws the batches when it has one
+    sampler = PoissonSampler(population_size=40, sampling_probability=0.1, seed=0)
+    own = DPKerasModel(_model(), l2_norm_bound=1.0, noise_multiplier=1.0, sampler=sampler, seed=1)
+    own.compile(optimizer="sgd", loss=_loss())
+    own.fit(x, y, epochs=1, verbose=0)
+    assert own.ledger.num_steps == sampler.steps_per_epoch == 10

@@ -8,7 +8,12 @@ import torch.nn.functional as F  # noqa: N812
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpledger import PrivacyLedger
-from dpledger.accountants import RdpAccountant, calibrate_noise_multiplier
+from dpledger._version import __version__
+from dpledger.accountants import (
+    PldAccountant,
+    PrvAccountant,
+    calibrate_noise_multiplier,
+)
 from dpledger.adapters.torch import (
     DPOptimizer,
     calibrated_noise_multiplier,
@@ -52,7 +57,9 @@ def test_calibration_matches_the_accountants_api_and_the_run_meets_the_target():
             F.cross_entropy(model(x), y).backward()
             dp.step()
     assert ledger.num_steps == 30
-    assert RdpAccountant().epsilon(ledger, delta=1e-5).epsilon <= 3.0
+    # the calibrating accountant (PRV's certified upper bound) and an independent PLD agree
+    assert PrvAccountant().epsilon(ledger, delta=1e-5).upper <= 3.0
+    assert PldAccountant().epsilon(ledger, delta=1e-5).epsilon <= 3.0
 
 
 def test_the_same_seed_gives_the_same_run():
@@ -108,3 +115,139 @@ def test_make_private_rejects_bad_input(kwargs, parameter):
             l2_norm_bound=1.0,
             noise_multiplier=1.0,
         )
+
+
+def test_make_private_warns_when_delta_is_at_least_one_over_n():
+    from dpledger.errors import DeltaTooLargeWarning
+
+    model = small_cnn(dtype=torch.float32)
+    with pytest.warns(DeltaTooLargeWarning) as caught:
+        make_private(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            DATA,
+            sampling_probability=0.1,
+            l2_norm_bound=1.0,
+            target_epsilon=3.0,
+            delta=0.05,
+            epochs=1,
+            seed=0,
+        )
+    assert [str(w.message).split(":")[0] for w in caught] == [
+        "delta=0.05 is at least 1/n = 1/40 (population_size=40)"
+    ]
+    assert "δ ≤ 1/(10n) = 0.0025" in str(caught[0].message)
+    assert caught[0].filename == __file__
+
+
+def test_calibration_is_recorded_in_the_ledger_metadata(caplog):
+    model = small_cnn(dtype=torch.float32)
+    with caplog.at_level("INFO", logger="dpledger"):
+        _, dp, _ = make_private(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            DATA,
+            sampling_probability=0.1,
+            l2_norm_bound=1.0,
+            target_epsilon=3.0,
+            delta=1e-5,
+            epochs=3,
+            seed=0,
+        )
+    intent = dp.ledger.header.metadata["intent"]
+    assert intent["calibrated_by"] == "prv"
+    assert intent["target_epsilon"] == 3.0 and intent["delta"] == 1e-5
+    assert intent["noise_multiplier"] == dp.noise_multiplier
+    assert intent["noise_multiplier"] == calibrated_noise_multiplier(
+        target_epsilon=3.0, delta=1e-5, sampling_probability=0.1, epochs=3
+    )
+    assert "calibrated by the prv accountant for ε = 3" in caplog.text
+    assert intent["population_size"] == 40 and intent["unit"] == "record"
+    assert intent["sampling"] == "poisson" and intent["sampling_probability"] == 0.1
+    assert intent["planned_steps"] == 30
+    assert intent["versions"] == {"dpledger": __version__, "torch": torch.__version__}
+    # a ledger created beforehand keeps its header; the intent is logged as a note
+    caplog.clear()
+    given = PrivacyLedger()
+    with caplog.at_level("INFO", logger="dpledger"):
+        make_private(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            DATA,
+            sampling_probability=0.1,
+            l2_norm_bound=1.0,
+            target_epsilon=3.0,
+            delta=1e-5,
+            epochs=3,
+            ledger=given,
+            seed=0,
+        )
+    assert given.header.metadata == {}
+    assert "the ledger was created without the run's intent" in caplog.text
+    assert "'calibrated_by': 'prv'" in caplog.text
+
+
+def test_a_dataloader_without_sampling_probability_gives_q_from_its_batch_size(caplog):
+    model = small_cnn(dtype=torch.float32)
+    with caplog.at_level("INFO", logger="dpledger"):
+        _, dp, loader = make_private(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            DataLoader(DATA, batch_size=8, shuffle=True),
+            l2_norm_bound=1.0,
+            noise_multiplier=1.0,
+            seed=0,
+        )
+    assert loader.batch_sampler.sampling_probability == 8 / 40
+    assert (
+        "sampling_probability not given: q = batch_size / len(dataset) = 8 / 40 = 0.2"
+        in caplog.text
+    )
+    x, y = next(iter(loader))
+    dp.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    dp.step()
+    assert next(iter(dp.ledger.steps())).sampling_probability == 0.2
+
+
+@pytest.mark.parametrize(
+    ("declared", "loss_reduction", "warned"),
+    [("mean", "sum", True), ("sum", "mean", True), ("mean", "mean", False), ("sum", "sum", False)],
+)
+def test_a_loss_whose_reduction_contradicts_the_declaration_is_warned_about(
+    declared, loss_reduction, warned
+):
+    import warnings
+
+    from dpledger.adapters.torch.errors import LossReductionWarning
+
+    model = small_cnn(dtype=torch.float32)
+    _, dp, loader = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DATA,
+        sampling_probability=0.5,
+        l2_norm_bound=1.0,
+        noise_multiplier=1.0,
+        loss_reduction=declared,
+        seed=0,
+    )
+    x, y = next(iter(loader))
+    assert len(x) > 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dp.zero_grad()
+        dp.backward(F.cross_entropy(model(x), y, reduction=loss_reduction))
+        dp.step()
+    found = [w.message for w in caught if issubclass(w.category, LossReductionWarning)]
+    if not warned:
+        assert found == []
+        return
+    (message,) = found
+    assert (message.declared, message.found) == (declared, loss_reduction)
+    assert message.loss_function == "NllLossBackward0"
+    assert str(message).startswith(
+        f"the loss was computed with reduction={loss_reduction!r} (NllLossBackward0, over "
+        f"{len(x)} terms, a batch of {len(x)} records) but loss_reduction={declared!r} was declared"
+    )
+    assert dp.ledger.num_steps == 1  # recorded as ever: the warning changes nothing
