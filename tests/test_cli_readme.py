@@ -21,7 +21,7 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_second() -> None:
     assert demo.index("pip install torch==2.13.0") < demo.index('pip install ".[torch')
     assert demo.endswith("python examples/torch_digits.py")
     assert tests.index("pip install torch==2.13.0") < tests.index('pip install -e ".[test]"')
-    assert tests.endswith("python -m pytest")
+    assert tests.endswith("python -m pytest -n 2")
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     assert ci.startswith("#!/usr/bin/env bash\n")
     assert ci.rstrip("\n").splitlines()[-1] == tests
