@@ -54,8 +54,8 @@ from dpledger.adapters.tensorflow.private_gradients import (
     step_events_of,
 )
 from dpledger.adapters.tensorflow.record_probe import (
+    check_probe_switch,
     probe_record_independence,
-    record_probe_off_warning,
 )
 from dpledger.adapters.tensorflow.sampling import PoissonSampler
 from dpledger.diagnostics.bias import ClippingBiasCallback
@@ -202,12 +202,7 @@ class DPKerasModel(keras.Model):
             noise_allocation=noise_allocation,
             scales=scales,
         )
-        if not isinstance(check_record_independence, bool):
-            raise InvalidParameterError(
-                "check_record_independence", check_record_independence, "True or False"
-            )
-        if not check_record_independence:
-            _log.warning(record_probe_off_warning())
+        check_probe_switch(check_record_independence)
         super().__init__(name=name or f"dp_{model.name}")
         events = step_events_of(sampler, sampling_probability, population_size)
         self._dp_sampler = sampler

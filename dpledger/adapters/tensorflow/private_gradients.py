@@ -71,8 +71,8 @@ from dpledger.adapters.tensorflow.backend import TensorFlowBackend, make_generat
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
 from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, adapter_settings
 from dpledger.adapters.tensorflow.record_probe import (
+    check_probe_switch,
     probe_record_independence,
-    record_probe_off_warning,
 )
 from dpledger.diagnostics.bias import ClippingBiasCallback, clipping_bias_from_sums
 from dpledger.errors import InvalidParameterError
@@ -680,12 +680,7 @@ class PrivateGradients:
         method: str | None = None,
     ) -> None:
         events = step_events_of(sampler, sampling_probability, population_size)
-        if not isinstance(check_record_independence, bool):
-            raise InvalidParameterError(
-                "check_record_independence", check_record_independence, "True or False"
-            )
-        if not check_record_independence:
-            _log.warning(record_probe_off_warning())
+        check_probe_switch(check_record_independence)
         self._probed = not check_record_independence
         settings = adapter_settings(
             config=config,

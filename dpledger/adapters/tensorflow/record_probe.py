@@ -34,7 +34,12 @@ import tensorflow as tf
 from dpledger.adapters.tensorflow.errors import RecordMixingLayerError
 from dpledger.errors import InvalidParameterError
 
-__all__ = ["PROBE_RECORDS", "probe_record_independence", "record_probe_off_warning"]
+__all__ = [
+    "PROBE_RECORDS",
+    "check_probe_switch",
+    "probe_record_independence",
+    "record_probe_off_warning",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -192,6 +197,23 @@ def record_probe_off_warning() -> str:
         "layers mix the records of a batch lets one record move every other record's clipped "
         "gradient, and the ledger's epsilon is then wrong"
     )
+
+
+def check_probe_switch(check_record_independence: Any) -> bool:
+    """The ``check_record_independence`` argument of the Keras wrappers, checked.
+
+    Logs :func:`record_probe_off_warning` when the probe is switched off.
+
+    Raises:
+        InvalidParameterError: the value is not a bool.
+    """
+    if not isinstance(check_record_independence, bool):
+        raise InvalidParameterError(
+            "check_record_independence", check_record_independence, "True or False"
+        )
+    if not check_record_independence:
+        _log.warning(record_probe_off_warning())
+    return check_record_independence
 
 
 def _refuse(layer: keras.layers.Layer, m: int, what: str) -> None:

@@ -142,3 +142,16 @@ def test_fit_with_the_probe_trains_on_the_batches_it_would_have_drawn_without_it
         dp.fit(sampler.sample((x, y)), epochs=1, verbose=0)
         weights.append(np.concatenate([np.ravel(v) for v in dp.model.get_weights()]))
     np.testing.assert_array_equal(weights[0], weights[1])
+
+
+def test_the_probe_switch_is_checked_and_switching_it_off_is_logged(caplog):
+    from dpledger.adapters.tensorflow.record_probe import check_probe_switch
+    from dpledger.errors import InvalidParameterError
+
+    with caplog.at_level("WARNING", logger="dpledger.adapters.tensorflow.record_probe"):
+        assert check_probe_switch(True) is True
+        assert caplog.text == ""
+        assert check_probe_switch(False) is False
+    assert "record-independence probe is off" in caplog.text
+    with pytest.raises(InvalidParameterError, match="check_record_independence"):
+        check_probe_switch(1)
