@@ -37,6 +37,7 @@ from dpledger.accountants.base import (
     ResultKind,
     make_accountant,
 )
+from dpledger.accountants.commands import accountant_names
 from dpledger.errors import (
     DPLedgerError,
     InvalidParameterError,
@@ -95,24 +96,6 @@ def _no_progress(items: Iterable[Any], total: int, desc: str) -> Iterable[Any]:
 
 
 # ------------------------------------------------------------------------------ inputs
-def accountant_names(spec: str) -> list[str]:
-    """The accountants a comma-separated ``--accountant`` value names (``all``: every one).
-
-    Raises:
-        InvalidParameterError: an unknown name, or none.
-    """
-    names = [n.strip() for n in str(spec).split(",") if n.strip()]
-    if names == ["all"]:
-        return list(ACCOUNTANT_MODULES)
-    if not names:
-        raise InvalidParameterError("accountant", spec, "accountant names or 'all'")
-    for n in names:
-        if n not in ACCOUNTANT_MODULES:
-            valid = ", ".join(ACCOUNTANT_MODULES)
-            raise InvalidParameterError("accountant", n, f"one of {valid}, or 'all'")
-    return names
-
-
 def load_audit(path: str) -> dict[str, Any]:
     """Read an audit result: a JSON object with ``lower_bound`` (or ``epsilon_lower_bound``), a
     number ≥ 0, and optionally ``delta``, ``confidence`` and ``method``.
