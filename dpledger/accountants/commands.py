@@ -33,10 +33,22 @@ from dpledger.validation import (
     delta_too_large_message,
 )
 
-__all__ = ["accountant_names", "register"]
+__all__ = ["accountant_names", "add_accounting_arguments", "register"]
 
 _DEFAULT_CURVE_POINTS = 50
 MAX_CURVE_POINTS = 1000  # each point is one more accountant evaluation
+
+
+def add_accounting_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of a command that states a ledger file's ε at δ: ``LEDGER``, ``--delta``
+    and ``--accountant`` (the names :func:`accountant_names` reads)."""
+    parser.add_argument("ledger", metavar="LEDGER", help="path of the ledger file")
+    parser.add_argument("--delta", type=float, required=True, help="δ in (0, 1), e.g. 1e-5")
+    parser.add_argument(
+        "--accountant",
+        default="all",
+        help="comma-separated accountant names (" + ",".join(ACCOUNTANT_MODULES) + ") or 'all'",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,13 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "valid DP guarantees."
         ),
     )
-    eps.add_argument("ledger", metavar="LEDGER", help="path of the ledger file")
-    eps.add_argument("--delta", type=float, required=True, help="δ in (0, 1), e.g. 1e-5")
-    eps.add_argument(
-        "--accountant",
-        default="all",
-        help="comma-separated accountant names (" + ",".join(ACCOUNTANT_MODULES) + ") or 'all'",
-    )
+    add_accounting_arguments(eps)
     eps.add_argument("--json", action="store_true", help="print one JSON object per accountant")
     eps.add_argument(
         "--curve",
