@@ -8,13 +8,22 @@ An accountant replays a ledger (a :class:`~dpledger.ledger.PrivacyLedger` or its
 * :meth:`Accountant.epsilon_curve` — ε at δ after each of several step counts.
 
 Every answer is a :class:`PrivacyResult` that says what kind of number it is
-(``docs/architecture.md``, "Soundness rules", rule 4).
+(``docs/architecture.md``, "Soundness rules", rule 4); the result types are in
+:mod:`dpledger.accountants.result`, and this module re-exports them.
 This base class does what is common to all accountants, in this order, before any computation:
 validate δ or ε, turn the input into a compressed ledger, refuse a ledger the accountant cannot
 analyse (:class:`~dpledger.errors.UnsupportedLedgerError`), answer the trivial cases (an empty
 ledger spends ε = 0; a step with σ̃ = 0 and q > 0 makes ε = ∞), and time the computation.
 Subclasses implement :meth:`Accountant._epsilon` and :meth:`Accountant._delta` on ledgers that
 have at least one private step and no non-private one.
+
+This module is over 500 lines because it is one concept, the :class:`Accountant` base class:
+the checks its public methods run in the order above, the incremental ε curve, the trivial
+answers and the conversion of failures into typed errors all share the class's state, and the
+tables a refusal quotes (``SCHEME_ADVICE``, ``RELATION_ADVICE``) and the registry that finds an
+accountant by name stay beside it, since adding an accountant or a sampling scheme edits them
+together with the class (``docs/architecture.md``, "Extension points"). The result types, which
+do not depend on it, are in :mod:`dpledger.accountants.result`.
 
 Guarantees of every public method, for every legal input (however extreme):
 
@@ -33,18 +42,22 @@ Guarantees of every public method, for every legal input (however extreme):
 from __future__ import annotations
 
 import abc
-import enum
 import importlib
 import itertools
 import math
 import numbers
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import attrs
 import numpy as np
 
+from dpledger.accountants.result import (
+    Answer,
+    PrivacyResult,
+    ResultKind,
+)
 from dpledger.errors import (
     AccountingNumericalError,
     DPLedgerError,
@@ -87,105 +100,6 @@ _NUMERICAL_FAILURES = (
     ValueError,
     Warning,
 )
-
-
-class ResultKind(str, enum.Enum):
-    """What a reported number is.
-
-    UPPER_BOUND: a valid DP guarantee: the true ε (or δ) is at most this value.
-    ESTIMATE: a numerical estimate of the true value with no one-sided guarantee by itself
-        (e.g. the PRV estimate; its result carries certified lower and upper bounds).
-    APPROXIMATION: an approximation with no guarantee at all (e.g. GDP through the central
-        limit theorem). Never sign off an ε of this kind.
-    """
-
-    UPPER_BOUND = "upper_bound"
-    ESTIMATE = "estimate"
-    APPROXIMATION = "approximation"
-
-
-def _frozen_mapping(value: Mapping[str, Any] | None) -> dict[str, Any]:
-    return dict(value or {})
-
-
-def _warnings_tuple(value: Iterable[str]) -> tuple[str, ...]:
-    return tuple(value)
-
-
-@attrs.frozen
-class PrivacyResult:
-    """One accountant's answer.
-
-    Attributes:
-        accountant: the accountant's name (``"rdp"``, ``"prv"``, …).
-        quantity: ``"epsilon"`` when ε was computed for a given δ, ``"delta"`` when δ was
-            computed for a given ε.
-        epsilon: ε (computed, or given).
-        delta: δ (given, or computed).
-        kind: what the computed number is (see :class:`ResultKind`).
-        lower: a certified lower bound on the computed quantity, when the method has one.
-        upper: a certified upper bound on the computed quantity, when the method has one.
-        num_steps: number of ledger steps the answer covers.
-        settings: the accountant's settings that produced the answer.
-        seconds: wall time of the computation.
-        warnings: plain-language warnings (e.g. an approximation below a certified lower bound).
-        details: method-specific extras (e.g. the optimal RDP order).
-    """
-
-    accountant: str
-    quantity: str
-    epsilon: float
-    delta: float
-    kind: ResultKind
-    lower: float | None = None
-    upper: float | None = None
-    num_steps: int = 0
-    settings: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
-    seconds: float = 0.0
-    warnings: tuple[str, ...] = attrs.field(default=(), converter=_warnings_tuple)
-    details: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
-
-    @property
-    def value(self) -> float:
-        """The computed number: ε for an ε query, δ for a δ query."""
-        return self.epsilon if self.quantity == "epsilon" else self.delta
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready values (∞ as the string ``"inf"``)."""
-
-        def clean(x: Any) -> Any:
-            if isinstance(x, float) and not math.isfinite(x):
-                return "inf" if x > 0 else ("-inf" if x < 0 else "nan")
-            if isinstance(x, enum.Enum):
-                return x.value
-            if isinstance(x, dict):
-                return {k: clean(v) for k, v in x.items()}
-            if isinstance(x, (list, tuple)):
-                return [clean(v) for v in x]
-            return x
-
-        return clean(attrs.asdict(self, recurse=False))
-
-
-@attrs.frozen
-class Answer:
-    """What a subclass computes; the base class turns it into a :class:`PrivacyResult`.
-
-    Attributes:
-        value: the computed ε (or δ).
-        lower: certified lower bound on the value, if any.
-        upper: certified upper bound on the value, if any.
-        kind: overrides the accountant's default kind when set.
-        warnings: warnings to attach.
-        details: method-specific extras.
-    """
-
-    value: float
-    lower: float | None = None
-    upper: float | None = None
-    kind: ResultKind | None = None
-    warnings: tuple[str, ...] = attrs.field(default=(), converter=_warnings_tuple)
-    details: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
 
 
 def as_compressed(ledger: LedgerLike) -> CompressedLedger:

@@ -41,10 +41,10 @@ from dpledger.accountants.base import (
     Accountant,
     PrivacyResult,
     ResultKind,
-    _warnings_tuple,
     make_accountant,
 )
 from dpledger.accountants.budget import DEFAULT_TIME_BUDGET_S, check_time_budget
+from dpledger.accountants.result import _warnings_tuple
 from dpledger.errors import ComputationBudgetError, InvalidParameterError
 from dpledger.ledger.events import NeighboringRelation
 from dpledger.ledger.steps import CompressedLedger

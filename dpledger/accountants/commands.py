@@ -33,10 +33,22 @@ from dpledger.validation import (
     delta_too_large_message,
 )
 
-__all__ = ["register"]
+__all__ = ["accountant_names", "add_accounting_arguments", "register"]
 
 _DEFAULT_CURVE_POINTS = 50
 MAX_CURVE_POINTS = 1000  # each point is one more accountant evaluation
+
+
+def add_accounting_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of a command that states a ledger file's ε at δ: ``LEDGER``, ``--delta``
+    and ``--accountant`` (the names :func:`accountant_names` reads)."""
+    parser.add_argument("ledger", metavar="LEDGER", help="path of the ledger file")
+    parser.add_argument("--delta", type=float, required=True, help="δ in (0, 1), e.g. 1e-5")
+    parser.add_argument(
+        "--accountant",
+        default="all",
+        help="comma-separated accountant names (" + ",".join(ACCOUNTANT_MODULES) + ") or 'all'",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,13 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "valid DP guarantees."
         ),
     )
-    eps.add_argument("ledger", metavar="LEDGER", help="path of the ledger file")
-    eps.add_argument("--delta", type=float, required=True, help="δ in (0, 1), e.g. 1e-5")
-    eps.add_argument(
-        "--accountant",
-        default="all",
-        help="comma-separated accountant names (" + ",".join(ACCOUNTANT_MODULES) + ") or 'all'",
-    )
+    add_accounting_arguments(eps)
     eps.add_argument("--json", action="store_true", help="print one JSON object per accountant")
     eps.add_argument(
         "--curve",
@@ -122,8 +128,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 # --------------------------------------------------------------------------- epsilon
-def _accountant_names(spec: str) -> list[str]:
-    names = [n.strip() for n in spec.split(",") if n.strip()]
+def accountant_names(spec: str) -> list[str]:
+    """The accountants a comma-separated ``--accountant`` value names (``all``: every one).
+
+    Raises:
+        InvalidParameterError: an unknown name, or none.
+    """
+    names = [n.strip() for n in str(spec).split(",") if n.strip()]
     if names == ["all"]:
         return list(ACCOUNTANT_MODULES)
     if not names:
@@ -150,7 +161,7 @@ def _bound_rounding(kind: str) -> str | None:
 def _epsilon(args: argparse.Namespace) -> int:
     # Every option is checked before the ledger is read or an accountant runs.
     delta = check_delta("delta", args.delta)
-    names = _accountant_names(args.accountant)
+    names = accountant_names(args.accountant)
     points = args.curve
     if points is None and args.plot:
         points = _DEFAULT_CURVE_POINTS
@@ -431,7 +442,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _single_accountant(spec: str) -> str:
-    names = _accountant_names(spec)
+    names = accountant_names(spec)
     if spec.strip() == "all" or len(names) != 1:
         raise InvalidParameterError("accountant", spec, "a single accountant name for calibrate")
     return names[0]

@@ -112,7 +112,7 @@ class DPSGDChecker:
         config: CheckConfig | None = None,
     ) -> None:
         self._driver = StepDriver(
-            harness,
+            harness=harness,
             input_shape=input_shape,
             loss=loss,
             labels=labels,

@@ -17,10 +17,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import attrs
 import numpy as np
 
 from dpledger.checks.config import CheckConfig
-from dpledger.checks.report import CheckResult, Curve, Verdict, format_value
+from dpledger.checks.report import CheckResult, Curve, Verdict, format_value, result_maker
 from dpledger.checks.statistics import loss_resolution, parameter_distance, slope_test
 from dpledger.checks.step_driver import StepDriver
 
@@ -31,8 +32,7 @@ TITLE = "per-example gradients are clipped to C"
 _STATISTIC = "slope of loss change vs C below the gradient norm"
 
 
-def _result(verdict: Verdict, reason: str, **kw: Any) -> CheckResult:
-    return CheckResult(name=NAME, title=TITLE, verdict=verdict, reason=reason, **kw)
+_result = result_maker(NAME, TITLE)
 
 
 def check_clipping_applied(driver: StepDriver) -> tuple[CheckResult, float | None]:
@@ -68,36 +68,53 @@ def check_clipping_applied(driver: StepDriver) -> tuple[CheckResult, float | Non
         "loss_change_unclipped": float(delta[-1]),
         "resolution": resolution,
     }
-    early = _judge_knee(driver.config, clips, delta, resolution, curves, details)
+    measured = _LossChanges(clips=clips, delta=delta, curves=curves, details=details)
+    early = _judge_knee(driver.config, measured, resolution)
     if isinstance(early, CheckResult):
         return early, None
-    return _judge_slope(driver.config, clips, delta, early, curves, details)
+    return _judge_slope(driver.config, measured, early)
 
 
-def _judge_knee(
-    cfg: CheckConfig,
-    clips: np.ndarray,
-    delta: np.ndarray,
-    resolution: float,
-    curves: tuple[Curve, ...],
-    details: dict[str, Any],
-) -> CheckResult | int:
+@attrs.frozen
+class _LossChanges:
+    """The one-step loss change Δ at each C of the grid, with what the result reports.
+
+    Attributes:
+        clips: the grid of C.
+        delta: Δ(C) at each grid point.
+        curves: the curves the result shows.
+        details: the result's details, filled in as the judgement goes.
+    """
+
+    clips: np.ndarray
+    delta: np.ndarray
+    curves: tuple[Curve, ...]
+    details: dict[str, Any]
+
+    @property
+    def unclipped(self) -> float:
+        """Δ at the largest C."""
+        return float(self.delta[-1])
+
+    def result(self, verdict: Verdict, reason: str, **fields: Any) -> CheckResult:
+        """The check's result, with the curves and the details."""
+        return _result(verdict, reason, curves=self.curves, details=self.details, **fields)
+
+
+def _judge_knee(cfg: CheckConfig, measured: _LossChanges, resolution: float) -> CheckResult | int:
     """The knee of the loss-change curve, or the result when the curve cannot be tested."""
-    ref = float(delta[-1])
+    clips, delta, ref = measured.clips, measured.delta, measured.unclipped
+    details = measured.details
     if not np.all(np.isfinite(delta)):
-        return _result(
+        return measured.result(
             Verdict.INCONCLUSIVE,
             "The step produced a non-finite loss for some C; lower the learning rate.",
-            curves=curves,
-            details=details,
         )
     if abs(ref) <= resolution:
-        return _result(
+        return measured.result(
             Verdict.INCONCLUSIVE,
             f"At the largest C the step changes the loss by {format_value(ref)}, below the "
             f"numerical resolution {format_value(resolution)}: raise the learning rate.",
-            curves=curves,
-            details=details,
         )
     tol = max(cfg.flat_rtol * abs(ref), resolution)
     saturated = np.abs(delta - ref) <= tol
@@ -106,7 +123,7 @@ def _judge_knee(
         knee -= 1
     details["relative_variation"] = float(np.max(np.abs(delta - ref)) / abs(ref))
     if knee == 0:
-        return _result(
+        return measured.result(
             Verdict.FAIL,
             f"The one-step loss change is the same (within {cfg.flat_rtol:.0%}) for every C "
             f"in [{format_value(clips[0])}, {format_value(clips[-1])}]: the step ignores C, "
@@ -114,65 +131,49 @@ def _judge_knee(
             f"{format_value(clips[0])}; then extend clip_norms downwards).",
             statistic_name="relative variation of the loss change over C",
             statistic=details["relative_variation"],
-            curves=curves,
-            details=details,
         )
     details["clip_norm_knee"] = float(clips[knee])
     if knee < 3:
-        return _result(
+        return measured.result(
             Verdict.INCONCLUSIVE,
             f"The loss change depends on C, but only {knee} grid value(s) lie below the "
             f"knee at C ≈ {format_value(clips[knee])}; extend clip_norms downwards to test the "
             "slope.",
-            curves=curves,
-            details=details,
         )
     return knee
 
 
 def _judge_slope(
-    cfg: CheckConfig,
-    clips: np.ndarray,
-    delta: np.ndarray,
-    knee: int,
-    curves: tuple[Curve, ...],
-    details: dict[str, Any],
+    cfg: CheckConfig, measured: _LossChanges, knee: int
 ) -> tuple[CheckResult, float | None]:
     """The slope test below the knee, and the gradient-norm estimate it gives."""
-    ref = float(delta[-1])
+    clips, delta, ref = measured.clips, measured.delta, measured.unclipped
     # fit the lower half of the transition, where the update is linear in C even for
     # optimisers that saturate before ‖g‖ (Adam's m/√v)
     progress = np.abs(delta[:knee] - delta[0]) / abs(ref - delta[0])
     lower = max(3, int(np.sum(progress <= 0.5)))
     test = slope_test(clips[:lower], delta[:lower])
-    details.update(
+    measured.details.update(
         slope=test.slope,
         t_statistic=test.t_statistic,
         points_below_knee=knee,
         points_fitted=lower,
     )
-    common: dict[str, Any] = {
-        "statistic_name": _STATISTIC,
-        "statistic": test.slope,
-        "p_value": test.p_value,
-        "alpha": cfg.alpha_slope,
-        "curves": curves,
-        "details": details,
-    }
+    common = test.result_fields(_STATISTIC, alpha=cfg.alpha_slope)
     if test.p_value < cfg.alpha_slope and test.slope != 0:
         g = (ref - test.intercept) / test.slope
         lo, hi = float(clips[knee - 1]), float(clips[knee])
         g = float(min(max(g, lo), hi)) if math.isfinite(g) and g > 0 else hi
-        details["gradient_norm_estimate"] = g
+        measured.details["gradient_norm_estimate"] = g
         reason = (
             f"The loss change depends on C below C ≈ {format_value(g)} (the estimated gradient "
             "norm of the large-gradient point) and is constant above it, as clipping to C "
             "predicts."
         )
-        return _result(Verdict.PASS, reason, **common), g
+        return measured.result(Verdict.PASS, reason, **common), g
     reason = (
         "The loss change varies with C but has no significant linear trend below the knee "
         f"(p = {test.p_value:.3g}); the step may be nonlinear in the update (lower the "
         "learning rate) or random at σ = 0."
     )
-    return _result(Verdict.INCONCLUSIVE, reason, **common), None
+    return measured.result(Verdict.INCONCLUSIVE, reason, **common), None

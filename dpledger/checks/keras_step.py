@@ -18,25 +18,19 @@ outputs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from dpledger.checks.report import CheckReport
-from dpledger.checks.step_function import (
-    StepFunction,
-    StepFunctionHarness,
-    assert_checks_pass,
-    check_step_function,
-    stateless,
-)
+from dpledger.checks.step_function import StepFunctionChecks, StepFunctionHarness
 from dpledger.checks.synthetic_data import LossKind, softmax
 from dpledger.errors import InvalidParameterError
 
 __all__ = [
+    "STEP_CHECKS",
     "KerasStepHarness",
     "assert_dp_sgd_correct",
     "check_dp_optimizer",
@@ -69,6 +63,12 @@ class KerasStepHarness(StepFunctionHarness):
 
     dtypes = ("float32", "float64")
     default_dtype = "float64"
+    index_dtype = tf.int64
+
+    @classmethod
+    def report_settings(cls, dtype: Any) -> dict[str, Any]:
+        """The dtype's floatx name and ``framework: keras``."""
+        return {"dtype": str(dtype), "framework": "keras"}
 
     def _set_up(self, model_factory: Callable[[], Any], init_seed: int) -> None:
         model = _build(model_factory, self._dtype, init_seed)
@@ -92,14 +92,8 @@ class KerasStepHarness(StepFunctionHarness):
         self._model.set_weights(self._base)
         return self._model
 
-    def _inputs(self, x: np.ndarray) -> Any:
-        return tf.constant(np.asarray(x), dtype=self._dtype)
-
-    def _targets(self, y: np.ndarray) -> Any:
-        arr = np.asarray(y)
-        if np.issubdtype(arr.dtype, np.integer):
-            return tf.constant(arr, dtype=tf.int64)
-        return tf.constant(arr, dtype=self._dtype)
+    def _tensor(self, array: np.ndarray, dtype: Any) -> Any:
+        return tf.constant(array, dtype=dtype)
 
     def _flat(self, model: Any) -> np.ndarray:
         return np.concatenate([np.asarray(v).reshape(-1) for v in model.trainable_variables])
@@ -145,46 +139,11 @@ def _build(model_factory: Callable[[], Any], dtype: str, init_seed: int) -> Any:
     return model
 
 
-def check_dp_optimizer(
-    make_step: Callable[[Any], StepFunction],
-    model_factory: Callable[[], Any],
-    *,
-    loss: str,
-    input_shape: Sequence[int],
-    dtype: str = "float64",
-    **kwargs: Any,
-) -> CheckReport:
-    """Check a Keras DP step whose optimiser keeps state; arguments as in
-    :func:`dpledger.checks.torch_step.check_dp_optimizer` (``dtype`` is a Keras floatx name)."""
-    return check_step_function(
-        KerasStepHarness,
-        make_step,
-        model_factory,
-        loss=loss,
-        input_shape=input_shape,
-        dtype=dtype,
-        settings={"dtype": dtype, "framework": "keras"},
-        **kwargs,
-    )
+STEP_CHECKS = StepFunctionChecks(KerasStepHarness)
+"""The checks bound to :class:`KerasStepHarness`: ``check_dp_optimizer``, ``check_dp_sgd`` and
+``assert_dp_sgd_correct`` are its methods, with the arguments of the PyTorch ones
+(:mod:`dpledger.checks.torch_step`); ``dtype`` is a Keras floatx name."""
 
-
-def check_dp_sgd(
-    step: StepFunction, model_factory: Callable[[], Any], **kwargs: Any
-) -> CheckReport:
-    """Run the four checks on a plain-SGD Keras step function; arguments as in
-    :func:`dpledger.checks.torch_step.check_dp_sgd` (``dtype`` is a Keras floatx name)."""
-    return check_dp_optimizer(
-        stateless(step), model_factory, plain_sgd=True, warmup_steps=0, **kwargs
-    )
-
-
-def assert_dp_sgd_correct(
-    step: StepFunction,
-    model_factory: Callable[[], Any],
-    *,
-    allow_inconclusive: bool = False,
-    **kwargs: Any,
-) -> CheckReport:
-    """Assert that a Keras DP-SGD step passes every check; fail with the report's text."""
-    report = check_dp_sgd(step, model_factory, **kwargs)
-    return assert_checks_pass(report, allow_inconclusive=allow_inconclusive)
+check_dp_optimizer = STEP_CHECKS.check_dp_optimizer
+check_dp_sgd = STEP_CHECKS.check_dp_sgd
+assert_dp_sgd_correct = STEP_CHECKS.assert_dp_sgd_correct

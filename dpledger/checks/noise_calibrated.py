@@ -21,7 +21,7 @@ import numpy as np
 import scipy.stats
 
 from dpledger.checks.noise_stages import NoiseStages
-from dpledger.checks.report import CheckResult, Curve, Verdict, format_value
+from dpledger.checks.report import CheckResult, Curve, Verdict, format_value, result_maker
 from dpledger.checks.statistics import SlopeTest, parameter_distance, slope_test
 from dpledger.checks.step_driver import StepDriver
 
@@ -32,8 +32,7 @@ TITLE = "the noise scales with the clip norm C"
 _STATISTIC = "slope of mean pairwise distance vs C"
 
 
-def _result(verdict: Verdict, reason: str, **kw: Any) -> CheckResult:
-    return CheckResult(name=NAME, title=TITLE, verdict=verdict, reason=reason, **kw)
+_result = result_maker(NAME, TITLE)
 
 
 @attrs.frozen
@@ -56,14 +55,11 @@ def check_noise_calibrated(driver: StepDriver, noise: NoiseStages) -> CheckResul
         noise: the noise experiments shared with ``noise_magnitude``.
     """
     search = noise.unclipped_clip_norm()
-    star = search["clip_norm"]
     curves: list[Curve] = [search["curve"]]
-    if star is None:
-        return _result(
-            Verdict.INCONCLUSIVE,
-            f"No unclipped C was found ({search['reason']}); extend clip_norms upwards.",
-            curves=curves,
-        )
+    missing = noise.missing_unclipped_clip_norm()
+    if missing is not None:
+        return _result(Verdict.INCONCLUSIVE, missing, curves=curves)
+    star = search["clip_norm"]
     sig = noise.noise_multiplier()
     sigma = sig["sigma"]
     if sigma is None:
@@ -186,10 +182,7 @@ def _judge(
         elasticity, el_se = math.nan, math.nan
     details.update(elasticity=elasticity, elasticity_stderr=el_se, slope=test.slope)
     common = {
-        "statistic_name": _STATISTIC,
-        "statistic": test.slope,
-        "p_value": test.p_value,
-        "alpha": cfg.alpha_slope,
+        **test.result_fields(_STATISTIC, alpha=cfg.alpha_slope),
         "curves": curves,
         "details": details,
     }

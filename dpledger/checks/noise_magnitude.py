@@ -25,7 +25,7 @@ import numpy as np
 import scipy.stats
 
 from dpledger.checks.noise_stages import NoiseStages
-from dpledger.checks.report import CheckResult, Curve, Verdict, format_value
+from dpledger.checks.report import CheckResult, Curve, Verdict, format_value, result_maker
 from dpledger.checks.statistics import parameter_distance
 from dpledger.checks.step_driver import StepDriver
 
@@ -35,8 +35,7 @@ NAME = "noise_magnitude"
 TITLE = "the noise has standard deviation σ·C (times η/D) per coordinate"
 
 
-def _result(verdict: Verdict, reason: str, **kw: Any) -> CheckResult:
-    return CheckResult(name=NAME, title=TITLE, verdict=verdict, reason=reason, **kw)
+_result = result_maker(NAME, TITLE)
 
 
 def update_scale(
@@ -103,13 +102,10 @@ def check_noise_magnitude(
             "difference of two runs is not (η/D)·N(0, 2(σC)² I); the scale test of appendix C "
             "applies to plain SGD only. The noise_calibrated check still applies.",
         )
-    search = noise.unclipped_clip_norm()
-    star = search["clip_norm"]
-    if star is None:
-        return _result(
-            Verdict.INCONCLUSIVE,
-            f"No unclipped C was found ({search['reason']}); extend clip_norms upwards.",
-        )
+    missing = noise.missing_unclipped_clip_norm()
+    if missing is not None:
+        return _result(Verdict.INCONCLUSIVE, missing)
+    star = noise.unclipped_clip_norm()["clip_norm"]
     sigma = noise.noise_multiplier()["sigma"]
     scale_info = scale_of(cfg.noise_batch_size)
     scale = scale_info["scale"]

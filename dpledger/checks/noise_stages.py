@@ -101,6 +101,14 @@ class NoiseStages:
         self._unclipped = info
         return info
 
+    def missing_unclipped_clip_norm(self) -> str | None:
+        """Why a noise check cannot run for want of an unclipped C, as the sentence it reports
+        (None when :meth:`unclipped_clip_norm` found one)."""
+        search = self.unclipped_clip_norm()
+        if search["clip_norm"] is not None:
+            return None
+        return f"No unclipped C was found ({search['reason']}); extend clip_norms upwards."
+
     def noise_multiplier(self) -> dict[str, Any]:
         """σ for the noise checks: given, 1.0 for plain SGD, or the appendix-B search."""
         if self._sigma is not None:

@@ -32,7 +32,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from dpledger.checks.report import CheckResult, Curve, Verdict, format_value
+from dpledger.checks.report import CheckResult, Curve, Verdict, format_value, result_maker
 from dpledger.checks.statistics import SlopeTest, classify_trend, parameter_distance
 from dpledger.checks.step_driver import StepDriver
 from dpledger.checks.synthetic_data import LabelKind, LossKind, cross_entropy_residual
@@ -43,8 +43,7 @@ NAME = "per_example_clipping"
 TITLE = "clipping happens per example, before aggregation"
 
 
-def _result(verdict: Verdict, reason: str, **kw: Any) -> CheckResult:
-    return CheckResult(name=NAME, title=TITLE, verdict=verdict, reason=reason, **kw)
+_result = result_maker(NAME, TITLE)
 
 
 @attrs.frozen

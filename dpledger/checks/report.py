@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -26,6 +26,7 @@ __all__ = [
     "Curve",
     "Verdict",
     "format_value",
+    "result_maker",
 ]
 
 
@@ -183,6 +184,18 @@ class CheckResult:
             "curves": [c.to_dict() for c in self.curves],
             "details": _json_number(dict(self.details)),
         }
+
+
+def result_maker(name: str, title: str) -> Callable[..., CheckResult]:
+    """``result(verdict, reason, **fields)``: a :class:`CheckResult` of the check ``name``.
+
+    Each check module makes its results with one, so that its name and title are stated once.
+    """
+
+    def result(verdict: Verdict, reason: str, **fields: Any) -> CheckResult:
+        return CheckResult(name=name, title=title, verdict=verdict, reason=reason, **fields)
+
+    return result
 
 
 @attrs.frozen

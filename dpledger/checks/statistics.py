@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 import numpy as np
@@ -52,6 +52,16 @@ class SlopeTest:
     t_statistic: float
     p_value: float
     n: int
+
+    def result_fields(self, statistic_name: str, *, alpha: float) -> dict[str, Any]:
+        """The fields of a :class:`~dpledger.checks.report.CheckResult` that report this test:
+        the slope as the statistic ``statistic_name``, its p-value and the level ``alpha``."""
+        return {
+            "statistic_name": statistic_name,
+            "statistic": self.slope,
+            "p_value": self.p_value,
+            "alpha": alpha,
+        }
 
 
 def slope_test(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> SlopeTest:

@@ -8,9 +8,9 @@ the same checks in the same order give the same runs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 
 from dpledger.checks.config import CheckConfig
@@ -61,8 +61,38 @@ def _config(value: CheckConfig | None) -> CheckConfig:
     return config
 
 
+def _harness(value: Any) -> StepHarness:
+    if not (callable(getattr(value, "predict", None)) and callable(getattr(value, "run", None))):
+        raise InvalidParameterError(
+            "harness", value, "an object with predict(x) and run(x, y, ...) methods"
+        )
+    return value
+
+
+def _learning_rate(value: float | None) -> float | None:
+    return None if value is None else check_positive_finite("learning_rate", value)
+
+
+def _plain_sgd(value: bool) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidParameterError("plain_sgd", value, "True or False")
+    return value
+
+
+def _noise_multiplier(value: float | None) -> float | None:
+    return None if value is None else check_positive_finite("noise_multiplier", value)
+
+
+def _seed(value: int) -> int:
+    return check_non_negative_int("seed", value)
+
+
+@attrs.define(kw_only=True, eq=False)
 class StepDriver:
     """Runs the step under test for the checks and holds what the checks share.
+
+    The keyword arguments are checked in the order listed, each by a converter, so that the
+    first bad one is the one named.
 
     Args:
         harness: the training step to check.
@@ -72,7 +102,8 @@ class StepDriver:
         learning_rate: η of the step, or None.
         denominator: ``"batch"`` or the fixed number the step divides the noisy sum by.
         plain_sgd: True when the update is −(η/D)·(noisy clipped sum), with no optimiser state.
-        noise_multiplier: σ for the noise checks, or None.
+        noise_multiplier: σ for the noise checks, or None (the attribute
+            ``given_noise_multiplier``).
         seed: seeds the synthetic data and the noise seeds of every run.
         config: grids and thresholds (None: the defaults).
 
@@ -80,49 +111,23 @@ class StepDriver:
         InvalidParameterError: a bad argument.
     """
 
-    def __init__(
-        self,
-        harness: StepHarness,
-        *,
-        input_shape: Sequence[int],
-        loss: str | LossKind,
-        labels: str | LabelKind = "soft",
-        learning_rate: float | None = None,
-        denominator: str | float = "batch",
-        plain_sgd: bool = True,
-        noise_multiplier: float | None = None,
-        seed: int = 0,
-        config: CheckConfig | None = None,
-    ) -> None:
-        if not (
-            callable(getattr(harness, "predict", None)) and callable(getattr(harness, "run", None))
-        ):
-            raise InvalidParameterError(
-                "harness", harness, "an object with predict(x) and run(x, y, ...) methods"
-            )
-        self.harness = harness
-        self.input_shape = _input_shape(input_shape)
-        self.loss = LossKind.parse(loss)
-        self.labels = LabelKind.parse(labels)
-        self.learning_rate = (
-            None if learning_rate is None else check_positive_finite("learning_rate", learning_rate)
-        )
-        self.denominator = _denominator(denominator)
-        if not isinstance(plain_sgd, bool):
-            raise InvalidParameterError("plain_sgd", plain_sgd, "True or False")
-        self.plain_sgd = plain_sgd
-        self.given_noise_multiplier = (
-            None
-            if noise_multiplier is None
-            else check_positive_finite("noise_multiplier", noise_multiplier)
-        )
-        self.seed = check_non_negative_int("seed", seed)
-        self.config = _config(config)
-        self.steps_run = 0
-        self._seed_counter = 0
-        self._pool: ClippingPool | None = None
-        self._num_outputs: int | None = None
-        self._noise_batch: tuple[np.ndarray, np.ndarray] | None = None
+    harness: StepHarness = attrs.field(converter=_harness)
+    input_shape: tuple[int, ...] = attrs.field(converter=_input_shape)
+    loss: LossKind = attrs.field(converter=LossKind.parse)
+    labels: LabelKind = attrs.field(default="soft", converter=LabelKind.parse)
+    learning_rate: float | None = attrs.field(default=None, converter=_learning_rate)
+    denominator: str | float = attrs.field(default="batch", converter=_denominator)
+    plain_sgd: bool = attrs.field(default=True, converter=_plain_sgd)
+    given_noise_multiplier: float | None = attrs.field(
+        default=None, converter=_noise_multiplier, alias="noise_multiplier"
+    )
+    seed: int = attrs.field(default=0, converter=_seed)
+    config: CheckConfig = attrs.field(default=None, converter=_config)
+    steps_run: int = attrs.field(default=0, init=False)
+    _seed_counter: int = attrs.field(default=0, init=False)
+    _pool: ClippingPool | None = attrs.field(default=None, init=False)
+    _num_outputs: int | None = attrs.field(default=None, init=False)
+    _noise_batch: tuple[np.ndarray, np.ndarray] | None = attrs.field(default=None, init=False)
 
     def next_seed(self) -> int:
         """A fresh noise seed: the i-th call returns the same seed for the same checker seed."""

@@ -8,9 +8,10 @@ The user supplies a *step function* with the signature ::
 that performs one DP step on the batch (x, y) in place, and a ``model_factory()``. A framework
 module (:mod:`dpledger.checks.torch_step`, :mod:`dpledger.checks.keras_step`) subclasses
 :class:`StepFunctionHarness` with the few framework-specific operations (copying the model,
-converting arrays, flattening the parameters, per-example losses, the noise generator) and passes
-the subclass to :func:`check_step_function`, so the two frameworks share one driver. This module
-imports no framework.
+converting arrays, flattening the parameters, per-example losses, the noise generator) and binds
+a :class:`StepFunctionChecks` to the subclass, whose methods are the framework's
+``check_dp_optimizer``, ``check_dp_sgd`` and ``assert_dp_sgd_correct``: the two frameworks
+share one driver. This module imports no framework.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dpledger.validation import check_non_negative_int, check_positive_finite
 
 __all__ = [
     "StepFunction",
+    "StepFunctionChecks",
     "StepFunctionHarness",
     "assert_checks_pass",
     "check_step_function",
@@ -68,6 +70,13 @@ class StepFunctionHarness(abc.ABC):
     """The accepted model dtypes (single and double precision)."""
     default_dtype: Any = None
     """The dtype when none is given (double precision, so that loss changes are resolved)."""
+    index_dtype: Any = None
+    """The framework's int64 dtype, of class-index targets."""
+
+    @classmethod
+    def report_settings(cls, dtype: Any) -> dict[str, Any]:
+        """The framework's entries in the report's settings for a model in ``dtype``."""
+        return {"dtype": str(dtype)}
 
     def __init__(
         self,
@@ -138,12 +147,19 @@ class StepFunctionHarness(abc.ABC):
         """A model in the initial state, which the step may change."""
 
     @abc.abstractmethod
+    def _tensor(self, array: np.ndarray, dtype: Any) -> Any:
+        """``array`` as the framework's tensor of ``dtype``."""
+
     def _inputs(self, x: np.ndarray) -> Any:
         """Inputs as the framework's tensor in the model's dtype."""
+        return self._tensor(np.asarray(x), self._dtype)
 
-    @abc.abstractmethod
     def _targets(self, y: np.ndarray) -> Any:
         """Targets as the framework's tensor: int64 class indices or the model's dtype."""
+        arr = np.asarray(y)
+        if np.issubdtype(arr.dtype, np.integer):
+            return self._tensor(arr, self.index_dtype)
+        return self._tensor(arr, self._dtype)
 
     @abc.abstractmethod
     def _flat(self, model: Any) -> np.ndarray:
@@ -331,6 +347,127 @@ def check_step_function(
     if not plain_sgd:
         merged["warmup_steps"] = warmup_steps
     return CheckReport(results=report.results, settings=merged)
+
+
+class StepFunctionChecks:
+    """The checks of a framework's DP step functions: one driver for PyTorch and Keras.
+
+    A framework module binds one instance to its :class:`StepFunctionHarness` subclass and
+    exports its methods as module functions (``check_dp_optimizer``, ``check_dp_sgd``,
+    ``assert_dp_sgd_correct``), so that the frameworks differ only in their harness.
+
+    Args:
+        harness_type: the framework's :class:`StepFunctionHarness` subclass.
+    """
+
+    def __init__(self, harness_type: type[StepFunctionHarness]) -> None:
+        if not (isinstance(harness_type, type) and issubclass(harness_type, StepFunctionHarness)):
+            raise InvalidParameterError(
+                "harness_type", harness_type, "a StepFunctionHarness subclass"
+            )
+        self.harness_type = harness_type
+
+    def check_dp_optimizer(
+        self,
+        make_step: Callable[[Any], StepFunction],
+        model_factory: Callable[[], Any],
+        *,
+        loss: str,
+        input_shape: Sequence[int],
+        dtype: Any = None,
+        **kwargs: Any,
+    ) -> CheckReport:
+        """Check a DP step whose optimiser keeps state (momentum, Adam, …).
+
+        ``make_step(model)`` returns a step function (signature in the module docstring) bound
+        to a fresh optimiser for ``model``; it is called once per experiment on a copy of the
+        starting model, followed by ``warmup_steps`` σ = 0 steps on a fixed batch so that the
+        optimiser state is non-zero (appendix E). With ``plain_sgd=False`` (the default) the
+        magnitude test is skipped and σ is chosen by the appendix-B search unless
+        ``noise_multiplier`` is given.
+
+        Args:
+            make_step: builds the step for one model copy.
+            model_factory: returns a fresh model of the framework (a ``torch.nn.Module``, a
+                ``keras.Model``); called once under ``seed``.
+            loss: ``"mse"`` or ``"cross_entropy"`` — the loss the step minimises.
+            input_shape: shape of one input.
+            dtype: the model's dtype in the framework's terms (``torch.float64`` or
+                ``torch.float32``; the Keras floatx name ``"float64"`` or ``"float32"``); None:
+                double precision.
+            **kwargs: ``labels`` (``"soft"`` or ``"hard"``), ``lr`` (0.01), ``plain_sgd``
+                (False), ``warmup_steps`` (5), ``warmup_clip_norm`` (1.0), ``denominator``
+                (``"batch"`` or a number), ``noise_multiplier``, ``seed`` (0), ``config`` and
+                ``checks``; see :func:`check_step_function`.
+        """
+        harness_type = self.harness_type
+        dtype = harness_type.default_dtype if dtype is None else dtype
+        return check_step_function(
+            harness_type,
+            make_step,
+            model_factory,
+            loss=loss,
+            input_shape=input_shape,
+            dtype=dtype,
+            settings=harness_type.report_settings(dtype),
+            **kwargs,
+        )
+
+    def check_dp_sgd(
+        self, step: StepFunction, model_factory: Callable[[], Any], **kwargs: Any
+    ) -> CheckReport:
+        """Run the four DP-SGD implementation-bug checks on a plain-SGD step function.
+
+        Args:
+            step: ``step(model, x, y, *, max_grad_norm, noise_multiplier, lr, generator)``: one
+                DP step in place, dividing the noisy clipped sum by ``denominator``.
+            model_factory: returns a fresh model of the framework; called once under ``seed``.
+            **kwargs: ``loss`` (``"mse"`` or ``"cross_entropy"``, the loss the step minimises)
+                and ``input_shape`` (shape of one input), both required; ``labels``
+                (``"soft"`` or ``"hard"`` cross-entropy targets; soft ones give exact
+                zero-gradient fillers, and the step must accept probability targets), ``lr``
+                (0.01; small keeps one-step loss changes first-order), ``denominator``
+                (``"batch"`` if the step divides by the realised batch size, else the fixed
+                number it divides by, e.g. the expected batch size q·n), ``noise_multiplier``
+                (default 1.0), ``dtype``, ``seed``, ``config`` and ``checks``.
+
+        Returns:
+            The :class:`~dpledger.checks.report.CheckReport`.
+        """
+        return self.check_dp_optimizer(
+            stateless(step), model_factory, plain_sgd=True, warmup_steps=0, **kwargs
+        )
+
+    def assert_dp_sgd_correct(
+        self,
+        step: StepFunction,
+        model_factory: Callable[[], Any],
+        *,
+        allow_inconclusive: bool = False,
+        **kwargs: Any,
+    ) -> CheckReport:
+        """Assert that a DP-SGD step passes every check; fail with the report's text.
+
+        A one-liner for a test suite::
+
+            def test_my_dp_step():
+                assert_dp_sgd_correct(my_step, lambda: MyNet(), loss="mse", input_shape=(10,))
+
+        Args:
+            step: the step function, as for :meth:`check_dp_sgd`.
+            model_factory: as for :meth:`check_dp_sgd`.
+            allow_inconclusive: accept checks that could not decide.
+            **kwargs: ``loss``, ``input_shape`` and the further keyword arguments of
+                :meth:`check_dp_sgd`.
+
+        Returns:
+            The report, when it passed.
+
+        Raises:
+            AssertionError: a check failed (or was inconclusive); the message is the summary.
+        """
+        report = self.check_dp_sgd(step, model_factory, **kwargs)
+        return assert_checks_pass(report, allow_inconclusive=allow_inconclusive)
 
 
 def assert_checks_pass(report: CheckReport, *, allow_inconclusive: bool) -> CheckReport:

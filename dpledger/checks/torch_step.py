@@ -40,17 +40,12 @@ import numpy as np
 import torch
 
 from dpledger.checks.report import CheckReport
-from dpledger.checks.step_function import (
-    StepFunction,
-    StepFunctionHarness,
-    assert_checks_pass,
-    check_step_function,
-    stateless,
-)
+from dpledger.checks.step_function import StepFunction, StepFunctionChecks, StepFunctionHarness
 from dpledger.checks.synthetic_data import LossKind
 from dpledger.errors import InvalidParameterError
 
 __all__ = [
+    "STEP_CHECKS",
     "TorchStepHarness",
     "assert_dp_sgd_correct",
     "check_dp_optimizer",
@@ -91,6 +86,7 @@ class TorchStepHarness(StepFunctionHarness):
 
     dtypes = (torch.float32, torch.float64)
     default_dtype = torch.float64
+    index_dtype = torch.int64
 
     def _set_up(self, model_factory: Callable[[], Any], init_seed: int) -> None:
         with torch.random.fork_rng(devices=[]):
@@ -120,14 +116,8 @@ class TorchStepHarness(StepFunctionHarness):
     def _starting_model(self) -> Any:
         return copy.deepcopy(self._base)
 
-    def _inputs(self, x: np.ndarray) -> Any:
-        return torch.as_tensor(np.asarray(x), dtype=self._dtype)
-
-    def _targets(self, y: np.ndarray) -> Any:
-        arr = np.asarray(y)
-        if np.issubdtype(arr.dtype, np.integer):
-            return torch.as_tensor(arr, dtype=torch.int64)
-        return torch.as_tensor(arr, dtype=self._dtype)
+    def _tensor(self, array: np.ndarray, dtype: Any) -> Any:
+        return torch.as_tensor(array, dtype=dtype)
 
     def _flat(self, model: Any) -> np.ndarray:
         params = dict(model.named_parameters())
@@ -159,113 +149,12 @@ class TorchStepHarness(StepFunctionHarness):
         return out.to(self._dtype).cpu().numpy()
 
 
-def check_dp_optimizer(
-    make_step: Callable[[Any], StepFunction],
-    model_factory: Callable[[], Any],
-    *,
-    loss: str,
-    input_shape: Sequence[int],
-    dtype: Any = torch.float64,
-    **kwargs: Any,
-) -> CheckReport:
-    """Check a DP step whose optimiser keeps state (momentum, Adam, …).
+STEP_CHECKS = StepFunctionChecks(TorchStepHarness)
+"""The checks bound to :class:`TorchStepHarness`; the three functions below are its methods."""
 
-    ``make_step(model)`` returns a step function (signature in the module docstring) bound to a
-    fresh optimiser for ``model``; it is called once per experiment on a copy of the starting
-    model, followed by ``warmup_steps`` σ = 0 steps on a fixed batch so that the optimiser
-    state is non-zero (appendix E). With ``plain_sgd=False`` (the default) the magnitude test is
-    skipped and σ is chosen by the appendix-B search unless ``noise_multiplier`` is given.
-
-    Args:
-        make_step: builds the step for one model copy.
-        model_factory: returns a fresh ``torch.nn.Module``; called once under ``seed``.
-        loss: ``"mse"`` or ``"cross_entropy"`` — the loss the step minimises.
-        input_shape: shape of one input.
-        dtype: ``torch.float64`` (default) or ``torch.float32``.
-        **kwargs: ``labels`` (``"soft"`` or ``"hard"``), ``lr`` (0.01), ``plain_sgd`` (False),
-            ``warmup_steps`` (5), ``warmup_clip_norm`` (1.0), ``denominator`` (``"batch"`` or a
-            number), ``noise_multiplier``, ``seed`` (0), ``config`` and ``checks``; see
-            :func:`dpledger.checks.step_function.check_step_function`.
-    """
-    return check_step_function(
-        TorchStepHarness,
-        make_step,
-        model_factory,
-        loss=loss,
-        input_shape=input_shape,
-        dtype=dtype,
-        settings={"dtype": str(dtype)},
-        **kwargs,
-    )
-
-
-def check_dp_sgd(
-    step: StepFunction,
-    model_factory: Callable[[], Any],
-    *,
-    loss: str,
-    input_shape: Sequence[int],
-    **kwargs: Any,
-) -> CheckReport:
-    """Run the four DP-SGD implementation-bug checks on a plain-SGD PyTorch step function.
-
-    Args:
-        step: ``step(model, x, y, *, max_grad_norm, noise_multiplier, lr, generator)``: one DP
-            step in place, dividing the noisy clipped sum by ``denominator``.
-        model_factory: returns a fresh ``torch.nn.Module``; called once under ``seed``.
-        loss: ``"mse"`` or ``"cross_entropy"`` — the loss the step minimises.
-        input_shape: shape of one input.
-        **kwargs: ``labels`` (``"soft"`` or ``"hard"`` cross-entropy targets; soft ones give
-            exact zero-gradient fillers, and the step must accept probability targets, as
-            ``torch.nn.functional.cross_entropy`` does), ``lr`` (0.01; small keeps one-step
-            loss changes first-order), ``denominator`` (``"batch"`` if the step divides by the
-            realised batch size, else the fixed number it divides by, e.g. the expected batch
-            size q·n), ``noise_multiplier`` (default 1.0), ``dtype`` (``torch.float64`` or
-            ``torch.float32``), ``seed``, ``config`` and ``checks``.
-
-    Returns:
-        The :class:`~dpledger.checks.report.CheckReport`.
-    """
-    return check_dp_optimizer(
-        stateless(step),
-        model_factory,
-        loss=loss,
-        input_shape=input_shape,
-        plain_sgd=True,
-        warmup_steps=0,
-        **kwargs,
-    )
-
-
-def assert_dp_sgd_correct(
-    step: StepFunction,
-    model_factory: Callable[[], Any],
-    *,
-    allow_inconclusive: bool = False,
-    **kwargs: Any,
-) -> CheckReport:
-    """Assert that a PyTorch DP-SGD step passes every check; fail with the report's text.
-
-    A one-liner for a test suite::
-
-        def test_my_dp_step():
-            assert_dp_sgd_correct(my_step, lambda: MyNet(), loss="mse", input_shape=(10,))
-
-    Args:
-        step: the step function, as for :func:`check_dp_sgd`.
-        model_factory: as for :func:`check_dp_sgd`.
-        allow_inconclusive: accept checks that could not decide.
-        **kwargs: ``loss``, ``input_shape`` and the further keyword arguments of
-            :func:`check_dp_sgd`.
-
-    Returns:
-        The report, when it passed.
-
-    Raises:
-        AssertionError: a check failed (or was inconclusive); the message is the summary.
-    """
-    report = check_dp_sgd(step, model_factory, **kwargs)
-    return assert_checks_pass(report, allow_inconclusive=allow_inconclusive)
+check_dp_optimizer = STEP_CHECKS.check_dp_optimizer
+check_dp_sgd = STEP_CHECKS.check_dp_sgd
+assert_dp_sgd_correct = STEP_CHECKS.assert_dp_sgd_correct
 
 
 def run_for_command(

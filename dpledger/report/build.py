@@ -1,9 +1,11 @@
-"""The privacy report of a ledger file, as pure data.
+"""The privacy report of a ledger file: verify it, replay it, gather the report.
 
 :func:`build_report` verifies a ledger file, replays it with the accountants and collects what a
 privacy reviewer needs to sign off a run into a :class:`PrivacyReport`; the renderers
 (:mod:`dpledger.report.html`, :mod:`dpledger.report.markdown`) and :meth:`PrivacyReport.to_dict`
-(the JSON twin) only format it. The report states, in this order:
+(the JSON twin) only format it. The report's types are in :mod:`dpledger.report.contents` and
+the trade-off view in :mod:`dpledger.report.tradeoff_view`; this module gathers the rest and
+re-exports them. The report states, in this order:
 
 1. verification: whether the hash chain holds, whether the file is cut short or unclosed
    (stated first, as a warning, before any number), the head hash and the ``--expect-head``
@@ -23,14 +25,10 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any
-
-import numpy as np
 
 from dpledger.accountants.base import (
     ACCOUNTANT_MODULES,
@@ -39,6 +37,7 @@ from dpledger.accountants.base import (
     ResultKind,
     make_accountant,
 )
+from dpledger.accountants.commands import accountant_names
 from dpledger.errors import (
     DPLedgerError,
     InvalidParameterError,
@@ -50,7 +49,14 @@ from dpledger.ledger.events import SumQueryEvent
 from dpledger.ledger.ledger import LedgerWarning, PrivacyLedger
 from dpledger.ledger.steps import CompressedLedger
 from dpledger.ledger.verify import verify_ledger
-from dpledger.report import tradeoff
+from dpledger.report.contents import (
+    AccountantRow,
+    AuditClaim,
+    PrivacyReport,
+    TradeoffView,
+    Verification,
+)
+from dpledger.report.tradeoff_view import TRADEOFF_ACCOUNTANTS, tradeoff_view
 from dpledger.validation import check_delta
 
 __all__ = [
@@ -73,12 +79,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_CURVE_POINTS = 20
 """Step counts at which each accountant's ε-vs-steps curve is computed."""
 
-TRADEOFF_ACCOUNTANTS = ("pld", "prv")
-"""Accountants whose δ(ε) the trade-off curve is computed from, in order of preference: the PLD
-accountant's pessimistic privacy-loss distribution, else the PRV accountant's certified upper
-bound on δ; each is an upper bound on the privacy profile at every ε (so the TPR derived from
-it is an upper bound on any attacker's)."""
-
 KIND_LABELS = {
     ResultKind.UPPER_BOUND.value: "upper bound (a valid DP guarantee)",
     ResultKind.ESTIMATE.value: "estimate (no one-sided guarantee by itself)",
@@ -95,197 +95,7 @@ def _no_progress(items: Iterable[Any], total: int, desc: str) -> Iterable[Any]:
     return items
 
 
-@dataclass(frozen=True)
-class Verification:
-    """What the file's verification found.
-
-    Attributes:
-        path: the ledger file.
-        intact: every line verifies and none is cut short.
-        altered: a line fails verification (the file was changed); no number is reported.
-        first_bad_line: the first line that fails or is cut short, or None.
-        reason: why that line fails, or None.
-        closed: the verified lines end with a close marker.
-        head_hash: hash of the last verified line (None when the file was altered).
-        expected_head: the ``--expect-head`` value, or None.
-        head_matches: whether the head equals ``expected_head`` (None when none was given).
-        num_events: events in the verified prefix.
-        num_steps: steps in the verified prefix.
-        warnings: what the reader must know before any number (cut short, not closed, head
-            mismatch), one sentence each, in the order they are shown.
-    """
-
-    path: str
-    intact: bool
-    altered: bool
-    first_bad_line: int | None
-    reason: str | None
-    closed: bool
-    head_hash: str | None
-    expected_head: str | None
-    head_matches: bool | None
-    num_events: int
-    num_steps: int
-    warnings: tuple[str, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        """Intact, closed, and the head as expected (when given)."""
-        return self.intact and self.closed and self.head_matches is not False
-
-
-@dataclass(frozen=True)
-class AccountantRow:
-    """One accountant's answer at the report's δ, or its refusal.
-
-    Attributes:
-        accountant: the accountant's name.
-        epsilon: ε at δ (None when it refused).
-        kind: ``upper_bound``, ``estimate`` or ``approximation`` (None when it refused).
-        kind_label: the kind in words.
-        lower: a certified lower bound on ε, when the method has one.
-        upper: a certified upper bound on ε, when the method has one.
-        seconds: time the computation took.
-        warnings: the accountant's warnings.
-        refused: why the accountant refused the ledger (None when it answered).
-        curve: (steps, ε) pairs of the ε-vs-steps curve.
-    """
-
-    accountant: str
-    epsilon: float | None
-    kind: str | None
-    kind_label: str | None
-    lower: float | None = None
-    upper: float | None = None
-    seconds: float | None = None
-    warnings: tuple[str, ...] = ()
-    refused: str | None = None
-    curve: tuple[tuple[int, float], ...] = ()
-
-
-@dataclass(frozen=True)
-class TradeoffView:
-    """The hypothesis-testing view of the run.
-
-    Attributes:
-        accountant: the accountant whose δ(ε) it is computed from (None when none could).
-        basis: how it was computed, in one sentence.
-        tpr_at_fpr: the best attacker's TPR at each reported FPR (an upper bound).
-        curve: (FPR, TPR) points of the trade-off curve, for the plot.
-        unavailable: why it could not be computed (None when it was).
-    """
-
-    accountant: str | None
-    basis: str
-    tpr_at_fpr: tuple[tuple[float, float], ...] = ()
-    curve: tuple[tuple[float, float], ...] = ()
-    unavailable: str | None = None
-
-
-@dataclass(frozen=True)
-class AuditClaim:
-    """An audit's ε lower bound, shown beside the accountants' claims.
-
-    Attributes:
-        source: the audit file.
-        lower_bound: the audited ε lower bound.
-        delta: δ of the audit's bound, when given.
-        confidence: the confidence of the lower bound, when given.
-        method: how it was computed, when given.
-        claimed_epsilon: the smallest upper bound the report claims (None when none).
-        refutes_claim: True when the audited lower bound exceeds that upper bound.
-    """
-
-    source: str
-    lower_bound: float
-    delta: float | None
-    confidence: float | None
-    method: str | None
-    claimed_epsilon: float | None
-    refutes_claim: bool | None
-
-
-@dataclass(frozen=True)
-class PrivacyReport:
-    """Everything the report shows; see the module docstring for the order.
-
-    Attributes:
-        delta: δ the ε values are stated at.
-        verification: the file's verification.
-        header: the run's header (relation, metadata, created, writer, format version).
-        samplers: one entry per kind of sampling, with its steps.
-        sum_queries: one entry per (label, S, σ̃), with its count and z = σ̃ / S.
-        runs: the runs of identical steps (q, z_eff, count, scheme).
-        accountants: the accountants' answers and refusals, in the order asked for.
-        tradeoff: the hypothesis-testing view.
-        audit: an audit's lower bound, or None.
-    """
-
-    delta: float
-    verification: Verification
-    header: dict[str, Any] = field(default_factory=dict)
-    samplers: tuple[dict[str, Any], ...] = ()
-    sum_queries: tuple[dict[str, Any], ...] = ()
-    runs: tuple[dict[str, Any], ...] = ()
-    accountants: tuple[AccountantRow, ...] = ()
-    tradeoff: TradeoffView | None = None
-    audit: AuditClaim | None = None
-
-    @property
-    def answered(self) -> tuple[AccountantRow, ...]:
-        """The accountants that answered."""
-        return tuple(r for r in self.accountants if r.refused is None)
-
-    @property
-    def smallest_upper_bound(self) -> AccountantRow | None:
-        """The answered row with the smallest ε labelled an upper bound (the claim to sign)."""
-        bounds = [r for r in self.answered if r.kind == ResultKind.UPPER_BOUND.value]
-        return min(bounds, key=lambda r: r.epsilon or 0.0) if bounds else None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready values with stable keys (∞ as the string ``"inf"``)."""
-        out = asdict(self)
-        out["format"] = "dpledger-privacy-report"
-        out["format_version"] = 1
-        out["verification"]["ok"] = self.verification.ok
-        best = self.smallest_upper_bound
-        out["claim"] = (
-            None
-            if best is None
-            else {"accountant": best.accountant, "epsilon": best.epsilon, "delta": self.delta}
-        )
-        return _json_ready(out)
-
-
-def _json_ready(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return "inf" if x > 0 else ("-inf" if x < 0 else "nan")
-    if isinstance(x, dict):
-        return {str(k): _json_ready(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_ready(v) for v in x]
-    return x
-
-
 # ------------------------------------------------------------------------------ inputs
-def accountant_names(spec: str) -> list[str]:
-    """The accountants a comma-separated ``--accountant`` value names (``all``: every one).
-
-    Raises:
-        InvalidParameterError: an unknown name, or none.
-    """
-    names = [n.strip() for n in str(spec).split(",") if n.strip()]
-    if names == ["all"]:
-        return list(ACCOUNTANT_MODULES)
-    if not names:
-        raise InvalidParameterError("accountant", spec, "accountant names or 'all'")
-    for n in names:
-        if n not in ACCOUNTANT_MODULES:
-            valid = ", ".join(ACCOUNTANT_MODULES)
-            raise InvalidParameterError("accountant", n, f"one of {valid}, or 'all'")
-    return names
-
-
 def load_audit(path: str) -> dict[str, Any]:
     """Read an audit result: a JSON object with ``lower_bound`` (or ``epsilon_lower_bound``), a
     number ≥ 0, and optionally ``delta``, ``confidence`` and ``method``.
@@ -397,7 +207,7 @@ def build_report(
     tasks: list[str | None] = [*names, None]  # None: the trade-off, after the accountants
     for task in progress(tasks, len(tasks), "accountants and trade-off"):
         if task is None:
-            view = _tradeoff(comp, delta, accounted)
+            view = tradeoff_view(comp, delta, accounted)
         else:
             accounted.append(_account(task, comp, delta, curve_points))
     rows = tuple(accounted)
@@ -584,116 +394,3 @@ def _account(name: str, comp: CompressedLedger, delta: float, points: int) -> Ac
         warnings=tuple(result.warnings),
         curve=curve,
     )
-
-
-_TRADEOFF_FPRS = tuple(np.concatenate([np.geomspace(1e-5, 1e-2, 25), np.linspace(0.011, 1, 60)]))
-
-
-def _tradeoff(comp: CompressedLedger, delta: float, rows: Sequence[AccountantRow]) -> TradeoffView:
-    """The trade-off curve from an upper bound on δ(ε): the PLD accountant's pessimistic
-    privacy-loss distribution, or, where the PLD accountant refuses the ledger, the PRV
-    accountant's certified upper bound on δ at each ε."""
-    if any(not run.is_private for run in comp.runs):
-        return TradeoffView(
-            None,
-            "",
-            unavailable="a step has a sum query with σ̃ = 0: the run is not differentially "
-            "private (ε = ∞), and an attacker may reach TPR = 1 at any FPR",
-        )
-    if not any(not run.releases_nothing for run in comp.runs):
-        return TradeoffView(
-            "pld",
-            "no step releases anything: every test has TPR = FPR",
-            tpr_at_fpr=tuple((a, a) for a in tradeoff.REPORTED_FPRS),
-            curve=tuple((a, a) for a in _TRADEOFF_FPRS),
-        )
-    found = _pld_profile(comp)
-    if isinstance(found, str):
-        fallback = _prv_profile(comp)
-        if isinstance(fallback, str):
-            return TradeoffView(None, "", unavailable=f"{found}; {fallback}")
-        found = fallback
-    name, delta_of, points, how = found
-    known = {r.accountant: r.epsilon for r in rows if r.epsilon is not None}
-    top = known.get(name)
-    if top is None or not math.isfinite(top):
-        top = _epsilon_where(delta_of, 1e-12)
-    grid = tradeoff.epsilon_grid(max(4.0 * top, 1.0), points=points)
-    try:
-        reported = tradeoff.true_positive_rate(delta_of, tradeoff.REPORTED_FPRS, grid)
-        curve = tradeoff.true_positive_rate(delta_of, _TRADEOFF_FPRS, grid, refine=False)
-    except DPLedgerError as exc:
-        return TradeoffView(
-            None, "", unavailable=f"the {name} accountant could not compute it: {exc}"
-        )
-    return TradeoffView(
-        accountant=name,
-        basis=(
-            f"from {how}, an upper bound on the privacy profile at every ε, maximised over "
-            f"{len(grid)} values of ε in [0, {grid[-1]:.4g}]: the TPR shown is an upper bound "
-            "on any membership attacker's"
-        ),
-        tpr_at_fpr=tuple(zip(tradeoff.REPORTED_FPRS, (float(x) for x in reported), strict=True)),
-        curve=tuple(zip(_TRADEOFF_FPRS, (float(x) for x in curve), strict=True)),
-    )
-
-
-_Profile = tuple[str, Callable[[np.ndarray], np.ndarray], int, str]
-
-
-def _pld_profile(comp: CompressedLedger) -> _Profile | str:
-    """The PLD accountant's pessimistic δ(ε), or why there is none."""
-    from dpledger.accountants.pld import PldAccountant
-
-    acc = PldAccountant()
-    try:
-        acc.check_supported(comp)
-        distribution = acc.distribution(comp)
-    except UnsupportedLedgerError as exc:
-        return f"the pld accountant refused the ledger: {exc}"
-    except DPLedgerError as exc:
-        return f"the pld accountant could not compute it: {exc}"
-
-    def delta_of(eps: np.ndarray) -> np.ndarray:
-        eps = np.asarray(eps, dtype=float)
-        if eps.size == 1:  # dp-accounting answers one ε much faster than a one-element array
-            return np.array([float(distribution.get_delta_for_epsilon(float(eps.ravel()[0])))])
-        return np.asarray(distribution.get_delta_for_epsilon(eps), dtype=float)
-
-    return "pld", delta_of, 2001, "the pld accountant's pessimistic δ(ε)"
-
-
-def _prv_profile(comp: CompressedLedger) -> _Profile | str:
-    """The PRV accountant's certified upper bound on δ at each ε, or why there is none."""
-    acc = make_accountant("prv")
-    try:
-        acc.check_supported(comp)
-    except UnsupportedLedgerError as exc:
-        return f"the prv accountant refused the ledger: {exc}"
-    cache: dict[float, float] = {}
-
-    def one(e: float) -> float:
-        if e not in cache:
-            result = acc.delta(comp, epsilon=e)
-            if result.kind is not ResultKind.UPPER_BOUND or result.upper is None:
-                raise DPLedgerError(f"the prv accountant gave no upper bound on δ at ε = {e!r}")
-            cache[e] = result.upper
-        return cache[e]
-
-    def delta_of(eps: np.ndarray) -> np.ndarray:
-        return np.array([one(float(e)) for e in np.asarray(eps, dtype=float).ravel()])
-
-    try:
-        one(0.0)
-    except DPLedgerError as exc:
-        return f"the prv accountant could not compute it: {exc}"
-    return "prv", delta_of, 201, "the prv accountant's certified upper bound on δ(ε)"
-
-
-def _epsilon_where(delta_of: Callable[[np.ndarray], np.ndarray], target: float) -> float:
-    """An ε with δ(ε) ≤ target, found by doubling (the grid's upper end when no accountant
-    reported ε)."""
-    e = 1.0
-    while e < 1e4 and float(delta_of(np.array([e]))[0]) > target:
-        e *= 2.0
-    return e

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from dpledger.accountants.base import ACCOUNTANT_MODULES
+from dpledger.accountants.commands import add_accounting_arguments
 from dpledger.errors import InvalidParameterError, LedgerVerificationError
 from dpledger.ledger.commands import add_ledger_checks, load_for_command, print_warnings
 from dpledger.report.build import (
@@ -50,8 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Markdown report is printed."
         ),
     )
-    rep.add_argument("ledger", metavar="LEDGER", help="path of the ledger file")
-    rep.add_argument("--delta", type=float, required=True, help="δ in (0, 1), e.g. 1e-5")
+    add_accounting_arguments(rep)
     rep.add_argument(
         "--out",
         metavar="DIR",
@@ -60,11 +59,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rep.add_argument("--html", metavar="FILE", help="write the HTML report to FILE")
     rep.add_argument("--markdown", metavar="FILE", help="write the Markdown report to FILE")
     rep.add_argument("--json", metavar="FILE", help="write the JSON report to FILE")
-    rep.add_argument(
-        "--accountant",
-        default="all",
-        help="comma-separated accountant names (" + ",".join(ACCOUNTANT_MODULES) + ") or 'all'",
-    )
     rep.add_argument(
         "--curve",
         type=int,

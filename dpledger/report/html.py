@@ -7,7 +7,7 @@ import base64
 import html
 
 from dpledger._version import __version__
-from dpledger.report.build import PrivacyReport
+from dpledger.report.contents import PrivacyReport
 from dpledger.report.plots import epsilon_curve_png, tradeoff_png
 from dpledger.report.sections import Section, Table, report_sections, title_of
 

@@ -3,7 +3,7 @@ plots (their numbers are in the JSON report)."""
 
 from __future__ import annotations
 
-from dpledger.report.build import PrivacyReport
+from dpledger.report.contents import PrivacyReport
 from dpledger.report.sections import Table, report_sections, title_of
 
 __all__ = ["render_markdown"]

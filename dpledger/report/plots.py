@@ -11,7 +11,7 @@ import io
 from typing import Any
 
 from dpledger.accountants.display import format_rounded
-from dpledger.report.build import PrivacyReport
+from dpledger.report.contents import PrivacyReport
 
 __all__ = ["ACCOUNTANT_STYLES", "epsilon_curve_png", "tradeoff_png"]
 

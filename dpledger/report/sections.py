@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from dpledger.accountants.display import format_rounded
-from dpledger.report.build import PrivacyReport
+from dpledger.report.contents import PrivacyReport
 
 __all__ = ["Section", "Table", "report_sections", "shown_epsilon", "title_of"]
 

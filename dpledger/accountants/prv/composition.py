@@ -26,6 +26,11 @@ Pr[Σ(Ỹ − Y) > t] ≤ η for t = min_λ (Σ_r k_r log M_r(λ) + log(1/η))/�
 
 A full-batch (q = 1) part is a Gaussian mechanism of parameter μ and is not discretised: its
 privacy profile δ_μ is folded in exactly, δ(ε) = Σ_s f(s)·δ_μ(ε − s).
+
+This module is over 500 lines because it is one computation with its error analysis: the
+window, the band limit, the floating-point estimate and the coupling shift each bound one error
+of the same composed law, and :class:`ComposedLoss` charges them together to δ; splitting them
+would separate each bound from the composition whose error it certifies.
 """
 
 from __future__ import annotations

@@ -1,0 +1,119 @@
+"""What an accountant answers: :class:`PrivacyResult`, what kind of number it holds
+(:class:`ResultKind`), and the :class:`Answer` a subclass of
+:class:`~dpledger.accountants.base.Accountant` computes before the base class turns it into a
+result.
+
+Every number says what it is (``docs/architecture.md``, "Soundness rules", rule 4): a valid upper
+bound, an estimate, or an approximation with no guarantee. The names are re-exported from
+:mod:`dpledger.accountants.base`.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+__all__ = ["Answer", "PrivacyResult", "ResultKind"]
+
+
+class ResultKind(str, enum.Enum):
+    """What a reported number is.
+
+    UPPER_BOUND: a valid DP guarantee: the true ε (or δ) is at most this value.
+    ESTIMATE: a numerical estimate of the true value with no one-sided guarantee by itself
+        (e.g. the PRV estimate; its result carries certified lower and upper bounds).
+    APPROXIMATION: an approximation with no guarantee at all (e.g. GDP through the central
+        limit theorem). Never sign off an ε of this kind.
+    """
+
+    UPPER_BOUND = "upper_bound"
+    ESTIMATE = "estimate"
+    APPROXIMATION = "approximation"
+
+
+def _frozen_mapping(value: Mapping[str, Any] | None) -> dict[str, Any]:
+    return dict(value or {})
+
+
+def _warnings_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class PrivacyResult:
+    """One accountant's answer.
+
+    Attributes:
+        accountant: the accountant's name (``"rdp"``, ``"prv"``, …).
+        quantity: ``"epsilon"`` when ε was computed for a given δ, ``"delta"`` when δ was
+            computed for a given ε.
+        epsilon: ε (computed, or given).
+        delta: δ (given, or computed).
+        kind: what the computed number is (see :class:`ResultKind`).
+        lower: a certified lower bound on the computed quantity, when the method has one.
+        upper: a certified upper bound on the computed quantity, when the method has one.
+        num_steps: number of ledger steps the answer covers.
+        settings: the accountant's settings that produced the answer.
+        seconds: wall time of the computation.
+        warnings: plain-language warnings (e.g. an approximation below a certified lower bound).
+        details: method-specific extras (e.g. the optimal RDP order).
+    """
+
+    accountant: str
+    quantity: str
+    epsilon: float
+    delta: float
+    kind: ResultKind
+    lower: float | None = None
+    upper: float | None = None
+    num_steps: int = 0
+    settings: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+    seconds: float = 0.0
+    warnings: tuple[str, ...] = attrs.field(default=(), converter=_warnings_tuple)
+    details: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+
+    @property
+    def value(self) -> float:
+        """The computed number: ε for an ε query, δ for a δ query."""
+        return self.epsilon if self.quantity == "epsilon" else self.delta
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready values (∞ as the string ``"inf"``)."""
+
+        def clean(x: Any) -> Any:
+            if isinstance(x, float) and not math.isfinite(x):
+                return "inf" if x > 0 else ("-inf" if x < 0 else "nan")
+            if isinstance(x, enum.Enum):
+                return x.value
+            if isinstance(x, dict):
+                return {k: clean(v) for k, v in x.items()}
+            if isinstance(x, (list, tuple)):
+                return [clean(v) for v in x]
+            return x
+
+        return clean(attrs.asdict(self, recurse=False))
+
+
+@attrs.frozen
+class Answer:
+    """What a subclass computes; the base class turns it into a :class:`PrivacyResult`.
+
+    Attributes:
+        value: the computed ε (or δ).
+        lower: certified lower bound on the value, if any.
+        upper: certified upper bound on the value, if any.
+        kind: overrides the accountant's default kind when set.
+        warnings: warnings to attach.
+        details: method-specific extras.
+    """
+
+    value: float
+    lower: float | None = None
+    upper: float | None = None
+    kind: ResultKind | None = None
+    warnings: tuple[str, ...] = attrs.field(default=(), converter=_warnings_tuple)
+    details: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)

@@ -1,0 +1,150 @@
+"""The hypothesis-testing view of a ledger: the best attacker's TPR against FPR, computed from an
+upper bound on the ledger's privacy profile δ(ε).
+
+:func:`tradeoff_view` takes δ(ε) from the PLD accountant's pessimistic privacy-loss
+distribution, or, where that accountant refuses the ledger, from the PRV accountant's certified
+upper bound on δ (in the order of :data:`TRADEOFF_ACCOUNTANTS`), and turns it into the
+:class:`~dpledger.report.contents.TradeoffView` of the report with the math of
+:mod:`dpledger.report.tradeoff`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from dpledger.accountants.base import ResultKind, make_accountant
+from dpledger.errors import DPLedgerError, UnsupportedLedgerError
+from dpledger.ledger.steps import CompressedLedger
+from dpledger.report import tradeoff
+from dpledger.report.contents import AccountantRow, TradeoffView
+
+__all__ = ["TRADEOFF_ACCOUNTANTS", "tradeoff_view"]
+
+TRADEOFF_ACCOUNTANTS = ("pld", "prv")
+"""Accountants whose δ(ε) the trade-off curve is computed from, in order of preference: the PLD
+accountant's pessimistic privacy-loss distribution, else the PRV accountant's certified upper
+bound on δ; each is an upper bound on the privacy profile at every ε (so the TPR derived from
+it is an upper bound on any attacker's)."""
+
+_TRADEOFF_FPRS = tuple(np.concatenate([np.geomspace(1e-5, 1e-2, 25), np.linspace(0.011, 1, 60)]))
+
+
+def tradeoff_view(
+    comp: CompressedLedger, delta: float, rows: Sequence[AccountantRow]
+) -> TradeoffView:
+    """The trade-off curve from an upper bound on δ(ε): the PLD accountant's pessimistic
+    privacy-loss distribution, or, where the PLD accountant refuses the ledger, the PRV
+    accountant's certified upper bound on δ at each ε.
+
+    Args:
+        comp: the ledger's runs.
+        delta: δ of the report (unused by the curve, which spans every ε).
+        rows: the accountants' answers; the chosen accountant's ε sets the grid's range.
+    """
+    if any(not run.is_private for run in comp.runs):
+        return TradeoffView(
+            None,
+            "",
+            unavailable="a step has a sum query with σ̃ = 0: the run is not differentially "
+            "private (ε = ∞), and an attacker may reach TPR = 1 at any FPR",
+        )
+    if not any(not run.releases_nothing for run in comp.runs):
+        return TradeoffView(
+            "pld",
+            "no step releases anything: every test has TPR = FPR",
+            tpr_at_fpr=tuple((a, a) for a in tradeoff.REPORTED_FPRS),
+            curve=tuple((a, a) for a in _TRADEOFF_FPRS),
+        )
+    found = _pld_profile(comp)
+    if isinstance(found, str):
+        fallback = _prv_profile(comp)
+        if isinstance(fallback, str):
+            return TradeoffView(None, "", unavailable=f"{found}; {fallback}")
+        found = fallback
+    name, delta_of, points, how = found
+    known = {r.accountant: r.epsilon for r in rows if r.epsilon is not None}
+    top = known.get(name)
+    if top is None or not math.isfinite(top):
+        top = _epsilon_where(delta_of, 1e-12)
+    grid = tradeoff.epsilon_grid(max(4.0 * top, 1.0), points=points)
+    try:
+        reported = tradeoff.true_positive_rate(delta_of, tradeoff.REPORTED_FPRS, grid)
+        curve = tradeoff.true_positive_rate(delta_of, _TRADEOFF_FPRS, grid, refine=False)
+    except DPLedgerError as exc:
+        return TradeoffView(
+            None, "", unavailable=f"the {name} accountant could not compute it: {exc}"
+        )
+    return TradeoffView(
+        accountant=name,
+        basis=(
+            f"from {how}, an upper bound on the privacy profile at every ε, maximised over "
+            f"{len(grid)} values of ε in [0, {grid[-1]:.4g}]: the TPR shown is an upper bound "
+            "on any membership attacker's"
+        ),
+        tpr_at_fpr=tuple(zip(tradeoff.REPORTED_FPRS, (float(x) for x in reported), strict=True)),
+        curve=tuple(zip(_TRADEOFF_FPRS, (float(x) for x in curve), strict=True)),
+    )
+
+
+_Profile = tuple[str, Callable[[np.ndarray], np.ndarray], int, str]
+
+
+def _pld_profile(comp: CompressedLedger) -> _Profile | str:
+    """The PLD accountant's pessimistic δ(ε), or why there is none."""
+    from dpledger.accountants.pld import PldAccountant
+
+    acc = PldAccountant()
+    try:
+        acc.check_supported(comp)
+        distribution = acc.distribution(comp)
+    except UnsupportedLedgerError as exc:
+        return f"the pld accountant refused the ledger: {exc}"
+    except DPLedgerError as exc:
+        return f"the pld accountant could not compute it: {exc}"
+
+    def delta_of(eps: np.ndarray) -> np.ndarray:
+        eps = np.asarray(eps, dtype=float)
+        if eps.size == 1:  # dp-accounting answers one ε much faster than a one-element array
+            return np.array([float(distribution.get_delta_for_epsilon(float(eps.ravel()[0])))])
+        return np.asarray(distribution.get_delta_for_epsilon(eps), dtype=float)
+
+    return "pld", delta_of, 2001, "the pld accountant's pessimistic δ(ε)"
+
+
+def _prv_profile(comp: CompressedLedger) -> _Profile | str:
+    """The PRV accountant's certified upper bound on δ at each ε, or why there is none."""
+    acc = make_accountant("prv")
+    try:
+        acc.check_supported(comp)
+    except UnsupportedLedgerError as exc:
+        return f"the prv accountant refused the ledger: {exc}"
+    cache: dict[float, float] = {}
+
+    def one(e: float) -> float:
+        if e not in cache:
+            result = acc.delta(comp, epsilon=e)
+            if result.kind is not ResultKind.UPPER_BOUND or result.upper is None:
+                raise DPLedgerError(f"the prv accountant gave no upper bound on δ at ε = {e!r}")
+            cache[e] = result.upper
+        return cache[e]
+
+    def delta_of(eps: np.ndarray) -> np.ndarray:
+        return np.array([one(float(e)) for e in np.asarray(eps, dtype=float).ravel()])
+
+    try:
+        one(0.0)
+    except DPLedgerError as exc:
+        return f"the prv accountant could not compute it: {exc}"
+    return "prv", delta_of, 201, "the prv accountant's certified upper bound on δ(ε)"
+
+
+def _epsilon_where(delta_of: Callable[[np.ndarray], np.ndarray], target: float) -> float:
+    """An ε with δ(ε) ≤ target, found by doubling (the grid's upper end when no accountant
+    reported ε)."""
+    e = 1.0
+    while e < 1e4 and float(delta_of(np.array([e]))[0]) > target:
+        e *= 2.0
+    return e
