@@ -151,3 +151,28 @@ def test_the_plain_backward_check_runs_on_the_first_step_only(monkeypatch):
         nn.CrossEntropyLoss()(model(x), y).backward()
         engine.squared_norms()
     assert len(calls) == 1
+
+
+def test_the_loss_is_found_from_another_thread_than_the_backward_caller():
+    """A device's backward runs its hooks on an autograd thread while the caller's thread
+    waits in ``loss.backward()``: the loss is then read from the waiting thread's stack. Here a
+    worker thread, started from inside the backward, stands in for the autograd thread."""
+    import threading
+
+    model = _model()
+    x, y = _batch()
+    out = model(x)
+    node = out.grad_fn
+    seen = []
+
+    def look(grads):
+        worker = threading.Thread(
+            target=lambda: seen.append(loss_reduction_module._loss_reduction_of_backward(node))
+        )
+        worker.start()
+        worker.join()
+
+    node.register_prehook(look)
+    nn.CrossEntropyLoss(reduction="sum")(out, y).backward()
+    assert seen == [("NllLossBackward0", "sum", BATCH)]
+    assert loss_reduction_module._loss_reduction_of_backward(node) is None  # none running now
