@@ -31,6 +31,7 @@ from dpledger.validation import check_non_negative_finite, check_positive_int
 
 __all__ = [
     "check_backend",
+    "check_optimizer_and_model",
     "check_step_arguments",
     "check_user_level",
     "default_clip_margin",
@@ -54,6 +55,17 @@ _SAMPLERS = (
 def ledger_location(ledger: PrivacyLedger) -> str:
     """The ledger's file for messages, or ``(in memory)``."""
     return repr(str(ledger.path)) if ledger.path is not None else "(in memory)"
+
+
+def check_optimizer_and_model(optimizer: Any, model: Any, *, wrapper: type) -> None:
+    """Refuse an ``optimizer`` that is no ``torch.optim.Optimizer`` or is already a ``wrapper``
+    (a DPOptimizer), and a ``model`` that is no ``torch.nn.Module``."""
+    if not isinstance(optimizer, torch.optim.Optimizer) or isinstance(optimizer, wrapper):
+        raise InvalidParameterError(
+            "optimizer", optimizer, "a torch.optim.Optimizer that is not already wrapped"
+        )
+    if not isinstance(model, nn.Module):
+        raise InvalidParameterError("model", model, "a torch.nn.Module")
 
 
 def resolve_config(
@@ -340,8 +352,13 @@ def noise_generator(
     return generator
 
 
-def check_backend(backend: Any) -> TorchBackend:
+def check_backend(backend: Any, *, stacklevel: int = 3) -> TorchBackend:
     """The backend whose ``add_gaussian_noise`` draws the noise (deprecated ``backend=``).
+
+    Args:
+        backend: the ``backend=`` argument.
+        stacklevel: the deprecation warning's, from this function to the caller of
+            ``DPOptimizer(...)``.
 
     Returns:
         ``backend``, or a plain :class:`~dpledger.adapters.torch.backend.TorchBackend` for None.
@@ -354,6 +371,6 @@ def check_backend(backend: Any) -> TorchBackend:
         "DPOptimizer(backend=) is deprecated and will be removed: it only supplies the noise "
         "(its add_gaussian_noise); override DPOptimizer.add_noise instead",
         DeprecationWarning,
-        stacklevel=3,  # the caller of DPOptimizer(...)
+        stacklevel=stacklevel,
     )
     return backend

@@ -87,12 +87,15 @@ class EngineStateError(DPLedgerError, RuntimeError):
 class LossReductionWarning(UserWarning):
     """The loss's own reduction contradicts the declared ``loss_reduction``.
 
-    Raised as a warning by :meth:`~dpledger.adapters.torch.engine.PerExampleGradientEngine.backward`
-    (``optimizer.backward(loss)``) when the loss is the direct output of a PyTorch loss with a
-    ``reduction`` (``cross_entropy``, ``nll_loss``, ``mse_loss``, ``binary_cross_entropy``, …) whose
-    value differs from the declaration. The privacy guarantee holds either way (the clipped
-    contributions stay bounded by the clip norm), but every per-example gradient is scaled by B or
-    1/B before clipping, so clipping acts at another effective norm.
+    Raised as a warning on the first step, by
+    :meth:`~dpledger.adapters.torch.engine.PerExampleGradientEngine.backward`
+    (``optimizer.backward(loss)``) or from inside a plain ``loss.backward()``
+    (:mod:`~dpledger.adapters.torch.loss_reduction`), when the loss is the direct output of a
+    PyTorch loss with a ``reduction`` (``cross_entropy``, ``nll_loss``, ``mse_loss``,
+    ``binary_cross_entropy``, …) whose value differs from the declaration. The privacy
+    guarantee holds either way (the clipped contributions stay bounded by the clip norm), but
+    every per-example gradient is scaled by B or 1/B before clipping, so clipping acts at another
+    effective norm.
 
     Attributes:
         declared: the declared ``loss_reduction``.

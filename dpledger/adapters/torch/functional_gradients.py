@@ -188,6 +188,12 @@ def module_per_example_gradients(
 
     run = vmap(example_grads, in_dims=(None, 0, 0), randomness="different", chunk_size=chunk_size)
     inputs = (params, [leaves[i] for i in batched], [g for _, g in output_grads])
+    return _from_rng_state(rng_state, run, *inputs)
+
+
+def _from_rng_state(rng_state: Any, run: Callable[..., Any], *inputs: Any) -> Any:
+    """``run(*inputs)`` started from ``rng_state`` ``(cpu_state, {cuda_index: state})``, the
+    generators left as they were; plainly for None."""
     if rng_state is None:
         return run(*inputs)
     cpu_state, cuda_states = rng_state

@@ -59,15 +59,15 @@ which also provides Bias-Aware Minimisation's per-example ascent (``bam_radius``
 Distributed training: see :mod:`~dpledger.adapters.torch.distributed` (rank 0 draws the noise
 and writes the ledger).
 
-The step is split along its data flow (``DPOptimizer`` inherits each part):
-:mod:`~dpledger.adapters.torch.accumulation` (clipping into the accumulated clipped sums, virtual
-batches, user-level sums), :mod:`~dpledger.adapters.torch.release` (the noisy release: the
-sampler's draw, the distributed reduce, the sensitivity check, the ledger's events, the noise, the
-average and the broadcast), :mod:`~dpledger.adapters.torch.checkpoint` (``state_dict`` /
-``load_state_dict``) and :mod:`~dpledger.adapters.torch.construction_checks` (the constructor's
-checks). This module holds the front end: construction, the ``torch.optim.Optimizer`` surface,
-the hooks, ``step`` and ``zero_grad``. It is longer than the others because of the constructor's
-documentation of every argument.
+The step is split along its data flow (``DPOptimizer`` inherits each part; docs/architecture.md,
+"Package map"): :mod:`~dpledger.adapters.torch.gradient_source` (the engine with the
+forward guard and the record-independence probe, or the functional path),
+:mod:`~dpledger.adapters.torch.accumulation` (clipping, virtual batches, user-level sums),
+:mod:`~dpledger.adapters.torch.release` (the noisy release and the ledger's events),
+:mod:`~dpledger.adapters.torch.checkpoint`, :mod:`~dpledger.adapters.torch.optimizer_surface`
+(``param_groups``, ``state``, ``defaults`` and the properties) and
+:mod:`~dpledger.adapters.torch.construction_checks`. This module holds the construction (with
+the documentation of every argument), ``step``, ``empty_step`` and ``zero_grad``.
 
 Override points (subclass ``DPOptimizer``; each method's docstring states its contract and what
 the ledger records): :meth:`DPOptimizer.clip` (per-example factors → the batch's clipped sums),
@@ -87,7 +87,6 @@ call and can slow the next torch operations on a machine with few cores
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -95,12 +94,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from dpledger.adapters.torch.accumulation import ClippedSumAccumulation, MaterialisedGradients
-from dpledger.adapters.torch.backend import TorchBackend, check_generator_device
-from dpledger.adapters.torch.bam import per_example_gradients_and_losses
+from dpledger.adapters.torch.accumulation import ClippedSumAccumulation
+from dpledger.adapters.torch.backend import TorchBackend
 from dpledger.adapters.torch.checkpoint import OptimizerCheckpoint
 from dpledger.adapters.torch.construction_checks import (
     check_backend,
+    check_optimizer_and_model,
     check_step_arguments,
     check_user_level,
     default_clip_margin,
@@ -112,23 +111,19 @@ from dpledger.adapters.torch.construction_checks import (
     sampling_of,
     trainable_parameters,
 )
-from dpledger.adapters.torch.engine import LossReduction, PerExampleGradientEngine, Strategy
+from dpledger.adapters.torch.engine import LossReduction, Strategy
 from dpledger.adapters.torch.errors import EngineStateError
 from dpledger.adapters.torch.gradient_queries import GradientQueries, Grouping
+from dpledger.adapters.torch.gradient_source import GradientSource
 from dpledger.adapters.torch.module_checks import check_module_configuration
-from dpledger.adapters.torch.record_probe import (
-    model_fingerprint,
-    probe_record_independence,
-    records_in,
-)
+from dpledger.adapters.torch.optimizer_surface import OptimizerSurface
 from dpledger.adapters.torch.release import NoisyRelease, OptimizerNoiseBackend
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.adapters.torch.user_level import UserPoissonBatchSampler
-from dpledger.errors import InvalidParameterError, LedgerStateError
-from dpledger.ledger import PrivacyLedger, SamplingEvent
+from dpledger.errors import LedgerStateError
+from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms import ClippingStrategy
 from dpledger.mechanisms.config import DPConfig
-from dpledger.validation import check_non_negative_finite, check_positive_finite
 
 __all__ = ["BiasCallback", "DPOptimizer"]
 
@@ -139,7 +134,14 @@ BiasCallback = Callable[[int, Any], None]
 :data:`dpledger.diagnostics.bias.ClippingBiasCallback`."""
 
 
-class DPOptimizer(ClippedSumAccumulation, NoisyRelease, OptimizerCheckpoint, torch.optim.Optimizer):
+class DPOptimizer(
+    OptimizerSurface,
+    GradientSource,
+    ClippedSumAccumulation,
+    NoisyRelease,
+    OptimizerCheckpoint,
+    torch.optim.Optimizer,
+):
     """Differentially private steps with any ``torch.optim.Optimizer``.
 
     See the module docstring for the step and its semantics, and :meth:`clip`,
@@ -286,12 +288,7 @@ class DPOptimizer(ClippedSumAccumulation, NoisyRelease, OptimizerCheckpoint, tor
         max_grad_norm: float | None = None,
     ) -> None:
         # ---- arguments that need no model (construction_checks, in this order)
-        if not isinstance(optimizer, torch.optim.Optimizer) or isinstance(optimizer, DPOptimizer):
-            raise InvalidParameterError(
-                "optimizer", optimizer, "a torch.optim.Optimizer that is not already wrapped"
-            )
-        if not isinstance(model, nn.Module):
-            raise InvalidParameterError("model", model, "a torch.nn.Module")
+        check_optimizer_and_model(optimizer, model, wrapper=DPOptimizer)
         config = resolve_config(
             config,
             max_grad_norm=max_grad_norm,
@@ -316,6 +313,34 @@ class DPOptimizer(ClippedSumAccumulation, NoisyRelease, OptimizerCheckpoint, tor
         self._group = process_group
 
         # ---- sampling: q and n of the sampler actually used; the ledger (rank 0 only)
+        self._init_sampler(sampler, sampling_probability, population_size)
+        check_user_level(self._user_level, user_gradient, bam_radius, bias_callback)
+        self._user_gradient = user_gradient
+        self._init_ledger(ledger)
+
+        # ---- model and optimizer must agree on the parameters
+        self._init_parameters(model, optimizer, config.clip_margin)
+        self._init_queries(config)
+        self._init_noise(generator, seed, backend)
+        self._init_gradients(model, config, loss_fn, radius, loss_reduction, check_steps)
+        if self._engine is not None:
+            self._install_hooks(model, check_record_independence)
+        self._bias_callback = bias_callback
+
+        # ---- the step being assembled (several chunks with virtual batches)
+        self._reset()
+        self._final_chunk: bool | None = None
+        self._steps_taken = 0
+        if self._distributed:
+            self._sync_model()
+
+    def _init_sampler(
+        self,
+        sampler: RecordedBatchSampler | DataLoader | None,
+        sampling_probability: float | None,
+        population_size: int | None,
+    ) -> None:
+        """The sampler actually used, the event its draws record, and its q and n."""
         self._sampler, self._event = sampling_of(
             sampler,
             sampling_probability,
@@ -326,38 +351,32 @@ class DPOptimizer(ClippedSumAccumulation, NoisyRelease, OptimizerCheckpoint, tor
         self._q = self._event.sampling_probability
         self._n = self._event.population_size
         self._user_level = isinstance(self._sampler, UserPoissonBatchSampler)
-        check_user_level(self._user_level, user_gradient, bam_radius, bias_callback)
-        self._user_gradient = user_gradient
+
+    def _init_ledger(self, ledger: PrivacyLedger | None) -> None:
+        """The average's fixed denominator (the event's) and the ledger (rank 0 only)."""
         denominator = self._event.average_denominator
         assert self._n is not None and denominator is not None
         self._denominator = denominator
         self._ledger = resolve_ledger(ledger, self._event, rank=self._rank)
 
-        # ---- model and optimizer must agree on the parameters
+    def _init_parameters(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, margin: float | None
+    ) -> None:
+        """The model, the wrapped optimizer, their trainable parameters and the clip margin."""
         check_module_configuration(model)
         self._opt = optimizer
         self._model = model
         self._params, self._device = trainable_parameters(model, optimizer)
         self._tiny = max(torch.finfo(p.dtype).tiny for p in self._params.values())
-        margin = config.clip_margin
         self._clip_margin = default_clip_margin(self._params) if margin is None else margin
 
-        self._init_queries(config)
+    def _init_noise(
+        self, generator: torch.Generator | None, seed: int | None, backend: TorchBackend | None
+    ) -> None:
+        """The noise generator on the parameters' device, and the noise source of ``add_noise``."""
         self._generator = noise_generator(generator, seed, self._device)
-        self._noise_source = check_backend(backend)
+        self._noise_source = check_backend(backend, stacklevel=4)  # DPOptimizer's caller
         self._backend = OptimizerNoiseBackend(self.add_noise)
-        self._init_gradients(model, config, loss_fn, radius, loss_reduction, check_steps)
-        if self._engine is not None:
-            self._install_hooks(model, check_record_independence)
-        self._bias_callback = bias_callback
-
-        # ---- the step being assembled (several chunks with virtual batches)
-        self._reset()
-        self._final_chunk: bool | None = None
-        self._steps_taken = 0
-
-        if self._distributed:
-            self._sync_model()
 
     def _init_queries(self, config: DPConfig) -> None:
         """The groups and their sum queries, with the layout cache of the clipping."""
@@ -378,237 +397,6 @@ class DPOptimizer(ClippedSumAccumulation, NoisyRelease, OptimizerCheckpoint, tor
         self._index_of = {n: i for i, n in enumerate(self._names)}
         self._layouts: dict[int, tuple[GradientQueries, torch.Tensor, torch.Tensor, bool]] = {}
 
-    def _init_gradients(
-        self,
-        model: nn.Module,
-        config: DPConfig,
-        loss_fn: Callable[..., torch.Tensor] | None,
-        radius: float | None,
-        loss_reduction: LossReduction,
-        check_steps: int,
-    ) -> None:
-        """The source of the per-example gradients: the engine, or the functional path."""
-        self._loss_fn = loss_fn
-        self._bam_radius = radius
-        self._engine: PerExampleGradientEngine | None = None
-        self._functional: MaterialisedGradients | None = None
-        self._handles: list[Any] = []
-        self._probing = False
-        self._probed: tuple | None = None
-        if loss_fn is None:
-            self._engine = PerExampleGradientEngine(
-                model,
-                loss_reduction=loss_reduction,
-                strategy=config.strategy,
-                check_steps=check_steps,
-            )
-
-    def _install_hooks(self, model: nn.Module, check_record_independence: bool) -> None:
-        """The forward hooks of the hook path: the record-independence probe and the guard."""
-        if check_record_independence:
-            self._handles.append(
-                model.register_forward_pre_hook(self._probe_forward, prepend=True, with_kwargs=True)
-            )
-        else:
-            logger.warning(
-                "check_record_independence=False: the record-independence probe is off. A "
-                "model whose forward mixes the records of a batch (batch statistics, "
-                "attention or pooling over the batch) lets one record move every other "
-                "record's clipped gradient, and the ledger's epsilon is then wrong"
-            )
-        # the guard runs first: it refuses a forward that would lose a pending step
-        self._handles.append(model.register_forward_pre_hook(self._guard_forward, prepend=True))
-
-    # ------------------------------------------------------------------ delegation
-    @property
-    def param_groups(self) -> list[dict]:  # type: ignore[override]
-        """The wrapped optimizer's parameter groups (learning rates and so on)."""
-        return self._opt.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict]) -> None:
-        self._opt.param_groups = value
-
-    @property
-    def state(self) -> Any:  # type: ignore[override]
-        """The wrapped optimizer's per-parameter state."""
-        return self._opt.state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self._opt.state = value
-
-    @property
-    def defaults(self) -> dict:  # type: ignore[override]
-        """The wrapped optimizer's defaults."""
-        return self._opt.defaults
-
-    @defaults.setter
-    def defaults(self, value: dict) -> None:
-        self._opt.defaults = value
-
-    def add_param_group(self, param_group: dict) -> None:
-        """Refused: the DP step covers the parameters known when it was created."""
-        raise InvalidParameterError(
-            "param_group",
-            "<a new parameter group>",
-            "no new groups after wrapping: build the optimizer with every parameter first",
-        )
-
-    # ------------------------------------------------------------------ properties
-    @property
-    def original_optimizer(self) -> torch.optim.Optimizer:
-        """The wrapped optimizer."""
-        return self._opt
-
-    @property
-    def model(self) -> nn.Module:
-        """The model."""
-        return self._model
-
-    @property
-    def engine(self) -> PerExampleGradientEngine | None:
-        """The per-example gradient engine (None on the functional path)."""
-        return self._engine
-
-    @property
-    def ledger(self) -> PrivacyLedger | None:
-        """The ledger (None on ranks other than 0)."""
-        return self._ledger
-
-    @property
-    def sampling_probability(self) -> float:
-        """q of the sampler, recorded with every step."""
-        return self._q
-
-    @property
-    def population_size(self) -> int:
-        """n, the number of records the batches are drawn from."""
-        return self._n
-
-    @property
-    def expected_batch_size(self) -> float:
-        """q·n: the mean batch size of a Poisson sampler (and the average's denominator for
-        one); for the other schemes the nominal rate q times n (see :attr:`denominator`)."""
-        return self._q * self._n
-
-    @property
-    def denominator(self) -> float:
-        """The fixed denominator of every step's average: the sampling event's
-        ``average_denominator`` (q·n for Poisson and truncated Poisson, b for fixed-size and
-        shuffled batches, n / k for balls-in-bins)."""
-        return self._denominator
-
-    @property
-    def sampling_event(self) -> SamplingEvent:
-        """The sampling event the steps record (``epoch_start=False``; the first step of each
-        epoch of an epoch-based sampler records it with ``epoch_start=True``)."""
-        return self._event
-
-    @property
-    def sampler(self) -> RecordedBatchSampler | None:
-        """The batch sampler the events are read from (None when q and n were given)."""
-        return self._sampler
-
-    @property
-    def generator(self) -> torch.Generator:
-        """The noise generator."""
-        return self._generator
-
-    @generator.setter
-    def generator(self, value: torch.Generator) -> None:
-        check_generator_device(value, self._device, parameter="generator")
-        self._generator = value
-
-    @property
-    def max_grad_norm(self) -> float:
-        """C, the clip bound of the next step (settable; the ledger records each step's)."""
-        return self._queries.max_grad_norm
-
-    @max_grad_norm.setter
-    def max_grad_norm(self, value: float) -> None:
-        self._set_queries(value, self._queries.noise_multiplier)
-
-    def _set_queries(self, max_grad_norm: float, noise_multiplier: float) -> None:
-        key = (
-            check_positive_finite("max_grad_norm", max_grad_norm),
-            check_non_negative_finite("noise_multiplier", noise_multiplier),
-        )
-        queries = self._query_cache.get(key)
-        if queries is None:
-            queries = self._queries.with_values(
-                max_grad_norm=max_grad_norm, noise_multiplier=noise_multiplier
-            )
-            if len(self._query_cache) >= 16:
-                self._query_cache.pop(next(iter(self._query_cache)))
-            self._query_cache[(queries.max_grad_norm, queries.noise_multiplier)] = queries
-        self._queries = queries
-
-    @property
-    def noise_multiplier(self) -> float:
-        """z of the next step (settable; the ledger records each step's σ̃)."""
-        return self._queries.noise_multiplier
-
-    @noise_multiplier.setter
-    def noise_multiplier(self, value: float) -> None:
-        self._set_queries(self._queries.max_grad_norm, value)
-
-    @property
-    def queries(self) -> GradientQueries:
-        """The groups and their Gaussian sum queries (S_g, σ̃_g) used by the next step."""
-        return self._queries
-
-    @property
-    def steps_taken(self) -> int:
-        """Number of DP steps released by this optimizer (including resumed ones)."""
-        return self._steps_taken
-
-    # ------------------------------------------------------------------ hooks and state
-    def _guard_forward(self, module: nn.Module, args: tuple) -> None:
-        engine = self._engine
-        if engine is None or engine.recomputing or not torch.is_grad_enabled():
-            return
-        if engine.has_gradients:
-            raise EngineStateError(
-                "a forward pass with gradients enabled started after loss.backward() and "
-                "before optimizer.step(): the previous batch's per-example gradients would be "
-                "lost. Call optimizer.step() after each backward (optimizer.virtual_step() for "
-                "a chunk of a virtual batch), optimizer.zero_grad() to skip the batch, or run "
-                "evaluation forwards under torch.no_grad()"
-            )
-
-    def _probe_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        engine = self._engine
-        if engine is None or self._probing or engine.recomputing or not torch.is_grad_enabled():
-            return
-        fingerprint = model_fingerprint(self._model)
-        if fingerprint == self._probed or (records_in(args, kwargs) or 0) < 2:
-            return  # probed already, or a batch of at most one record (which cannot mix)
-        self._probing = True
-        try:
-            probe_record_independence(self._model, engine=engine, args=args, kwargs=kwargs)
-        finally:
-            self._probing = False
-        self._probed = fingerprint
-
-    def _pending(self) -> bool:
-        if self._engine is not None:
-            return self._engine.has_gradients
-        return self._functional is not None
-
-    def _discard_pending(self) -> None:
-        if self._engine is not None:
-            self._engine.clear()
-        self._functional = None
-
-    def detach(self) -> None:
-        """Remove the hooks from the model (the optimizer cannot step afterwards)."""
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-        if self._engine is not None:
-            self._engine.remove()
-
     def _sync_model(self) -> None:
         import torch.distributed as dist
 
@@ -618,49 +406,6 @@ class DPOptimizer(ClippedSumAccumulation, NoisyRelease, OptimizerCheckpoint, tor
         with torch.no_grad():
             for t in [*self._model.parameters(), *self._model.buffers()]:
                 dist.broadcast(t.data, src=src, group=self._group)
-
-    # ------------------------------------------------------------------ per-example gradients
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backpropagate ``loss`` to the layers' outputs only (a faster ``loss.backward()``).
-
-        Parameters' ``.grad`` is not touched; ``step()`` writes the private gradient.
-        """
-        if self._engine is None:
-            raise EngineStateError(
-                "optimizer.backward(loss) is for the hook path; with loss_fn= call "
-                "optimizer.compute_gradients(inputs, targets)"
-            )
-        self._engine.backward(loss)
-
-    def compute_gradients(self, inputs: Any, targets: Any) -> torch.Tensor:
-        """Functional path: per-example gradients of ``loss_fn`` on a batch (BAM if set).
-
-        Replaces the forward and backward when the optimizer was created with ``loss_fn``.
-
-        Returns:
-            The batch's mean loss at the current parameters (detached, for logging; NaN for an
-            empty batch).
-        """
-        if self._loss_fn is None:
-            raise EngineStateError(
-                "compute_gradients needs loss_fn= at construction; on the hook path run the "
-                "forward and loss.backward() (or optimizer.backward(loss))"
-            )
-        if self._functional is not None:
-            raise EngineStateError(
-                "per-example gradients of the previous batch are waiting: call "
-                "optimizer.step() (or virtual_step()) before computing another batch"
-            )
-        check_module_configuration(self._model)
-        grads, losses = per_example_gradients_and_losses(
-            self._model,
-            self._loss_fn,
-            inputs,
-            targets,
-            bam_radius=self._bam_radius or 0.0,
-        )
-        self._functional = MaterialisedGradients({n: grads[n] for n in self._names}, self._names)
-        return losses.mean() if losses.numel() else losses.new_tensor(math.nan)
 
     # ------------------------------------------------------------------ steps
     def zero_grad(self, set_to_none: bool = True) -> None:

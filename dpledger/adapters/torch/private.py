@@ -13,6 +13,11 @@ The noise multiplier is given, or chosen for a target (ε, δ) by
 :func:`~dpledger.accountants.calibrate_noise_multiplier` for the smallest z whose ε after the
 planned number of steps is at most the target. An *epoch* is round(1/q) steps (n records in
 expectation), the Poisson data loader's default length.
+
+:func:`make_private` is split along its work: the arguments (this module), the data side
+(:mod:`~dpledger.adapters.torch.private_loader`: what a DataLoader given to it is turned into,
+and the recorded batch sampler it builds) and the noise calibration
+(:mod:`~dpledger.adapters.torch.noise_calibration`, whose public names are re-exported here).
 """
 
 from __future__ import annotations
@@ -25,42 +30,26 @@ import attrs
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import (
-    BatchSampler,
-    DataLoader,
-    Dataset,
-    IterableDataset,
-    RandomSampler,
-    SequentialSampler,
-    WeightedRandomSampler,
-)
-from torch.utils.data.distributed import DistributedSampler
+from torch.utils.data import DataLoader, Dataset
 
-from dpledger.accountants import Accountant, CalibrationResult, calibrate_noise_multiplier
-from dpledger.adapters.torch.batch_samplers import (
-    BallsInBinsBatchSampler,
-    FixedSizeBatchSampler,
-    ShuffleBatchSampler,
-    TruncatedPoissonBatchSampler,
-    private_data_loader,
+from dpledger.accountants import Accountant, CalibrationResult
+from dpledger.adapters.torch.batch_samplers import private_data_loader
+from dpledger.adapters.torch.distributed import distributed_world
+from dpledger.adapters.torch.noise_calibration import (
+    _calibration,
+    calibrated_noise_multiplier,
+    steps_per_epoch,
 )
-from dpledger.adapters.torch.distributed import DistributedPoissonBatchSampler, distributed_world
 from dpledger.adapters.torch.optimizer import DPOptimizer
-from dpledger.adapters.torch.poisson import EmptyBatchCollate, PoissonBatchSampler
+from dpledger.adapters.torch.private_loader import _batch_sampler, _loader_settings, _VirtualLoader
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
-from dpledger.adapters.torch.user_level import UserPoissonBatchSampler
-from dpledger.adapters.torch.virtual_batches import virtual_batches
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
 from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent
 from dpledger.mechanisms.config import DPConfig, deprecated_alias
 from dpledger.sampling.relations import default_relation
-from dpledger.sampling.validation import check_sampling_probability, default_steps
-from dpledger.validation import (
-    check_positive_finite,
-    check_positive_int,
-    warn_if_delta_too_large,
-)
+from dpledger.sampling.validation import check_sampling_probability
+from dpledger.validation import check_positive_int, warn_if_delta_too_large
 
 __all__ = [
     "SAMPLING_SCHEMES",
@@ -72,77 +61,6 @@ __all__ = [
 
 
 _log = logging.getLogger(__name__)
-
-
-def steps_per_epoch(sampling_probability: float) -> int:
-    """round(1/q) (at least 1): the steps in which Poisson sampling sees n records on average."""
-    return default_steps(1.0 / check_sampling_probability(sampling_probability))
-
-
-def _planned_steps(sampling_probability: float, steps: int | None, epochs: float | None) -> int:
-    if (steps is None) == (epochs is None):
-        raise InvalidParameterError(
-            "steps", steps, "exactly one of steps= and epochs= (the length of the run)"
-        )
-    if steps is not None:
-        return check_positive_int("steps", steps)
-    e = check_positive_finite("epochs", epochs)
-    return max(1, round(e * steps_per_epoch(sampling_probability)))
-
-
-def calibrated_noise_multiplier(
-    *,
-    target_epsilon: float,
-    delta: float,
-    sampling_probability: float,
-    steps: int | None = None,
-    epochs: float | None = None,
-    accountant: str | Accountant = "prv",
-) -> float:
-    """The smallest noise multiplier z (to 0.1%) whose ε at δ after the run is ≤ the target.
-
-    Args:
-        target_epsilon: ε to meet.
-        delta: δ in (0, 1).
-        sampling_probability: q of every step.
-        steps: T, the number of steps; or
-        epochs: the number of epochs (T = epochs·round(1/q)).
-        accountant: the accountant that decides (default ``"prv"``: its certified upper
-            bound, the tightest valid one).
-
-    Raises:
-        InvalidParameterError: bad arguments, or a target no z ≤ 10⁴ reaches.
-    """
-    return float(
-        _calibration(
-            target_epsilon=target_epsilon,
-            delta=delta,
-            sampling_probability=sampling_probability,
-            steps=steps,
-            epochs=epochs,
-            accountant=accountant,
-        ).value
-    )
-
-
-def _calibration(
-    *,
-    target_epsilon: float,
-    delta: float,
-    sampling_probability: float,
-    steps: int | None,
-    epochs: float | None,
-    accountant: str | Accountant,
-) -> CalibrationResult:
-    q = check_sampling_probability(sampling_probability)
-    t = _planned_steps(q, steps, epochs)
-    return calibrate_noise_multiplier(
-        target_epsilon=target_epsilon,
-        delta=delta,
-        sampling_probability=q,
-        steps=t,
-        accountant=accountant,
-    )
 
 
 class PrivateTraining(NamedTuple):
@@ -177,156 +95,6 @@ _CONFIG_OPTIONS = (
 
 SAMPLING_SCHEMES = ("poisson", "fixed_size", "truncated_poisson", "balls_in_bins", "shuffle")
 """The values of :func:`make_private`'s ``sampling``."""
-
-_ANALYSED = (
-    "pass the data set itself (or a DataLoader with shuffle=True or shuffle=False) and choose "
-    "an analysed scheme with sampling= ('poisson': PoissonBatchSampler; 'fixed_size': "
-    "FixedSizeBatchSampler; 'truncated_poisson': TruncatedPoissonBatchSampler; "
-    "'balls_in_bins': BallsInBinsBatchSampler; 'shuffle': ShuffleBatchSampler)"
-)
-
-
-class _LoaderSettings(NamedTuple):
-    dataset: Dataset
-    kwargs: dict[str, Any]
-    batch_size: int | None
-    drop_last: bool
-
-
-def _check_loader_sampler(sampler: Any) -> None:
-    """Refuse a loader's sampler that make_private cannot replace by an analysed scheme without
-    changing what the user asked for, naming the sampler to use instead."""
-    if type(sampler) is SequentialSampler:
-        return
-    if type(sampler) is RandomSampler:
-        if sampler.replacement:
-            raise InvalidParameterError(
-                "data",
-                "<DataLoader with RandomSampler(replacement=True)>",
-                "a loader without replacement: a batch drawn with replacement (a record may be "
-                "in it twice) is not a scheme any accountant analyses; use sampling="
-                "'fixed_size' (FixedSizeBatchSampler: b distinct records per step) or "
-                "sampling='poisson' (PoissonBatchSampler), and pass the data set itself",
-            )
-        if sampler._num_samples is not None:
-            raise InvalidParameterError(
-                "data",
-                f"<DataLoader with RandomSampler(num_samples={sampler._num_samples})>",
-                "a loader whose epoch is one permutation of the whole data set (no num_samples)"
-                f"; {_ANALYSED}",
-            )
-        return
-    if isinstance(sampler, WeightedRandomSampler):
-        raise InvalidParameterError(
-            "data",
-            "<DataLoader with WeightedRandomSampler>",
-            "a loader with equal-probability sampling: records drawn with unequal weights "
-            "(and with replacement) are not a scheme any accountant analyses, and make_private "
-            f"cannot keep the weights; {_ANALYSED}",
-        )
-    if isinstance(sampler, DistributedSampler):
-        raise InvalidParameterError(
-            "data",
-            "<DataLoader with DistributedSampler>",
-            "the data set (or a non-distributed loader): one rank's shard of a DistributedSampler "
-            "is not a sample of the whole data set; under torch.distributed make_private "
-            "builds a DistributedPoissonBatchSampler, which splits one global Poisson sample "
-            "over the ranks",
-        )
-    raise InvalidParameterError(
-        "data",
-        f"<DataLoader with sampler {type(sampler).__name__}>",
-        f"a loader whose sampling make_private can reproduce; the draws of a "
-        f"{type(sampler).__name__} have no recorded scheme. Either {_ANALYSED}, or build the "
-        "loader with private_data_loader(dataset, sampler=...) and give it to "
-        "DPOptimizer(sampler=...)",
-    )
-
-
-def _loader_settings(data: Any) -> _LoaderSettings:
-    """The data set and the settings make_private reuses from ``data``, with the batch size and
-    drop_last of a DataLoader; refuses a loader whose sampling it cannot reproduce."""
-    if not isinstance(data, DataLoader):
-        if isinstance(data, Dataset) and not isinstance(data, IterableDataset):
-            return _LoaderSettings(data, {}, None, False)
-        raise InvalidParameterError(
-            "data", type(data).__name__, "a map-style Dataset or a DataLoader over one"
-        )
-    if isinstance(data.dataset, IterableDataset):
-        raise InvalidParameterError(
-            "data",
-            f"<DataLoader over {type(data.dataset).__name__}>",
-            "a DataLoader over a map-style data set (records that can be drawn by index)",
-        )
-    inner = data.batch_sampler
-    batch_size: int | None = None
-    drop_last = False
-    if isinstance(inner, UserPoissonBatchSampler):
-        raise InvalidParameterError(
-            "data",
-            "<DataLoader with batch_sampler UserPoissonBatchSampler>",
-            "a record-level loader: make_private builds a record-level sampler and would drop "
-            "the user-level sampling; for user-level DP give the loader to "
-            "DPOptimizer(sampler=...) directly",
-        )
-    if isinstance(inner, RecordedBatchSampler):
-        batch_size = getattr(inner, "batch_size", None)
-        drop_last = bool(getattr(inner, "drop_last", False))
-    elif inner is None:  # batch_size=None: one record at a time
-        _check_loader_sampler(data.sampler)
-    elif type(inner) is BatchSampler:
-        _check_loader_sampler(inner.sampler)
-        batch_size, drop_last = inner.batch_size, inner.drop_last
-    else:
-        raise InvalidParameterError(
-            "data",
-            f"<DataLoader with batch_sampler {type(inner).__name__}>",
-            f"a loader whose batching make_private can reproduce; the batches of a "
-            f"{type(inner).__name__} have no recorded scheme. Either {_ANALYSED}, or build the "
-            "loader with private_data_loader(dataset, sampler=...) and give it to "
-            "DPOptimizer(sampler=...)",
-        )
-    collate = data.collate_fn
-    if isinstance(collate, EmptyBatchCollate):
-        collate = collate._collate_fn
-    kwargs = {"num_workers": data.num_workers, "pin_memory": data.pin_memory, "collate_fn": collate}
-    return _LoaderSettings(data.dataset, kwargs, batch_size, drop_last)
-
-
-def _build_sampler(
-    sampling: str,
-    n: int,
-    *,
-    q: float | None,
-    batch_size: int | None,
-    drop_last: bool,
-    max_batch_size: int | None,
-    num_batches: int | None,
-    seed: int | None,
-) -> RecordedBatchSampler:
-    def need(name: str, value: Any, what: str) -> Any:
-        if value is None:
-            raise InvalidParameterError(name, None, f"{what} for sampling={sampling!r}")
-        return value
-
-    if sampling == "poisson":
-        return PoissonBatchSampler(population_size=n, sampling_probability=q, seed=seed)
-    if sampling == "truncated_poisson":
-        return TruncatedPoissonBatchSampler(
-            population_size=n,
-            sampling_probability=q,
-            max_batch_size=need("max_batch_size", max_batch_size, "the cap m"),
-            seed=seed,
-        )
-    if sampling == "balls_in_bins":
-        if num_batches is None and batch_size is not None:
-            num_batches = -(-n // check_positive_int("batch_size", batch_size))
-        k = need("num_batches", num_batches, "k (or batch_size=, for k = ⌈n / b⌉)")
-        return BallsInBinsBatchSampler(population_size=n, num_batches=k, seed=seed)
-    b = need("batch_size", batch_size, "b (or a DataLoader with a batch_size)")
-    if sampling == "fixed_size":
-        return FixedSizeBatchSampler(population_size=n, batch_size=b, seed=seed)
-    return ShuffleBatchSampler(population_size=n, batch_size=b, drop_last=drop_last, seed=seed)
 
 
 def make_private(
@@ -440,6 +208,67 @@ def make_private(
             above), a scheme other than Poisson under ``torch.distributed`` or with
             ``target_epsilon``, or a ledger whose relation the scheme is not analysed under.
     """
+    uses_q = _check_sampling_arguments(sampling, sampling_probability, max_physical_batch_size)
+    config = _resolve_config(
+        config,
+        options,
+        l2_norm_bound=l2_norm_bound,
+        max_grad_norm=max_grad_norm,
+        noise_multiplier=noise_multiplier,
+        target_epsilon=target_epsilon,
+        delta=delta,
+        accountant=accountant,
+    )
+    settings = _loader_settings(data)
+    dataset, loader_kwargs = settings.dataset, settings.kwargs
+    n = len(dataset)  # type: ignore[arg-type]
+    if config.delta is not None:
+        warn_if_delta_too_large(delta=config.delta, population_size=n)
+    b = settings.batch_size if batch_size is None else batch_size
+    q = _sampling_probability(sampling, sampling_probability, b, n)
+    config, calibration = _calibrated(config, sampling, q, steps=steps, epochs=epochs)
+    sampling_seed, noise_seed = _seeds(seed)
+    rank, world = distributed_world(options.get("process_group"))
+    distributed = world > 1 if options.get("distributed") is None else options["distributed"]
+    batch_sampler = _batch_sampler(
+        sampling,
+        n,
+        q=q,
+        batch_size=b,
+        drop_last=settings.drop_last,
+        max_batch_size=max_batch_size,
+        num_batches=num_batches,
+        seed=sampling_seed,
+        distributed=distributed,
+        process_group=options.get("process_group"),
+    )
+    loader = private_data_loader(dataset, sampler=batch_sampler, **loader_kwargs)
+    if rank == 0:
+        intended_q = q if uses_q else None
+        ledger = _ledger_with_intent(
+            ledger, batch_sampler, config, calibration, n, sampling, intended_q
+        )
+    dp_optimizer = DPOptimizer(
+        optimizer,
+        model=model,
+        config=config,
+        ledger=ledger,
+        sampler=loader,
+        loss_reduction=loss_reduction,  # type: ignore[arg-type]
+        seed=noise_seed,
+        **options,
+    )
+    data_loader: Iterable[Any] = loader
+    if max_physical_batch_size is not None:
+        data_loader = _VirtualLoader(loader, dp_optimizer, max_physical_batch_size)
+    return PrivateTraining(model, dp_optimizer, data_loader)
+
+
+def _check_sampling_arguments(
+    sampling: str, sampling_probability: float | None, max_physical_batch_size: int | None
+) -> bool:
+    """Refuse an unknown scheme, a q the scheme does not use and a bad chunk size; returns
+    whether the scheme samples with a rate q (Poisson and truncated Poisson)."""
     if sampling not in SAMPLING_SCHEMES:
         raise InvalidParameterError("sampling", sampling, f"one of {SAMPLING_SCHEMES}")
     uses_q = sampling in ("poisson", "truncated_poisson")
@@ -453,6 +282,23 @@ def make_private(
         check_sampling_probability(sampling_probability)
     if max_physical_batch_size is not None:
         check_positive_int("max_physical_batch_size", max_physical_batch_size)
+    return uses_q
+
+
+def _resolve_config(
+    config: DPConfig | None,
+    options: dict[str, Any],
+    *,
+    l2_norm_bound: float | None,
+    max_grad_norm: float | None,
+    noise_multiplier: float | None,
+    target_epsilon: float | None,
+    delta: float | None,
+    accountant: str | Accountant | None,
+) -> DPConfig:
+    """The steps' DPConfig, from ``config`` or from the arguments and the DPConfig fields among
+    ``options`` (which are taken out of it); refuses the DPOptimizer arguments that
+    make_private sets itself."""
     config = DPConfig.resolve(
         config,
         spelled={"l2_norm_bound": "max_grad_norm"} if max_grad_norm is not None else None,
@@ -471,12 +317,14 @@ def make_private(
     for key in ("sampler", "sampling_probability", "population_size", "seed", "generator"):
         if key in options:
             raise InvalidParameterError(key, options[key], "not given: make_private sets it")
-    settings = _loader_settings(data)
-    dataset, loader_kwargs = settings.dataset, settings.kwargs
-    n = len(dataset)  # type: ignore[arg-type]
-    if config.delta is not None:
-        warn_if_delta_too_large(delta=config.delta, population_size=n)
-    b = settings.batch_size if batch_size is None else batch_size
+    return config
+
+
+def _sampling_probability(
+    sampling: str, sampling_probability: float | None, b: int | None, n: int
+) -> float | None:
+    """q as given or, for a scheme with a rate, batch_size / n (logged); None otherwise."""
+    uses_q = sampling in ("poisson", "truncated_poisson")
     q = sampling_probability
     if uses_q and q is None:
         if b is None:
@@ -494,6 +342,14 @@ def make_private(
             q,
             sampling.replace("_", " "),
         )
+    return q
+
+
+def _calibrated(
+    config: DPConfig, sampling: str, q: float | None, *, steps: int | None, epochs: float | None
+) -> tuple[DPConfig, CalibrationResult | None]:
+    """``config`` with its noise multiplier calibrated for its ``target_epsilon`` (Poisson only),
+    and the calibration; ``config`` unchanged and None without a target."""
     calibration: CalibrationResult | None = None
     if config.target_epsilon is not None:
         if sampling != "poisson":
@@ -522,92 +378,40 @@ def make_private(
         config = attrs.evolve(
             config, noise_multiplier=float(calibration.value), target_epsilon=None
         )
-    sampling_seed, noise_seed = _seeds(seed)
-    rank, world = distributed_world(options.get("process_group"))
-    distributed = options.get("distributed")
-    if distributed is None:
-        distributed = world > 1
-    batch_sampler: RecordedBatchSampler
-    if distributed:
-        if sampling != "poisson":
-            raise InvalidParameterError(
-                "sampling",
-                sampling,
-                "'poisson' under torch.distributed: only DistributedPoissonBatchSampler draws "
-                "one global sample and splits it over the ranks (there is no distributed "
-                f"sampler for {sampling!r})",
-            )
-        batch_sampler = DistributedPoissonBatchSampler(
-            population_size=n,
-            sampling_probability=q,  # type: ignore[arg-type]
-            seed=sampling_seed,
-            process_group=options.get("process_group"),
+    return config, calibration
+
+
+def _ledger_with_intent(
+    ledger: PrivacyLedger | None,
+    batch_sampler: RecordedBatchSampler,
+    config: DPConfig,
+    calibration: CalibrationResult | None,
+    population_size: int,
+    sampling: str,
+    sampling_probability: float | None,
+) -> PrivacyLedger:
+    """The ledger to record into (a new in-memory one for None), with the run's intent in its
+    metadata (rank 0 only)."""
+    intent = run_intent(
+        framework="torch",
+        framework_version=torch.__version__,
+        population_size=population_size,
+        unit=batch_sampler.sampling_event().unit.value,
+        noise_multiplier=config.noise_multiplier,
+        target_epsilon=None if calibration is None else calibration.target_epsilon,
+        delta=config.delta,
+        accountant=None if calibration is None else calibration.accountant,
+        sampling=sampling,
+        sampling_probability=sampling_probability,
+        steps=None if calibration is None else calibration.steps,
+    )
+    if ledger is None:
+        relation = default_relation(batch_sampler.sampling_event())
+        ledger = PrivacyLedger(neighboring=relation, metadata={INTENT_KEY: intent})
+        _log.info(
+            "no ledger given: recording to an in-memory %s ledger (optimizer.ledger)",
+            relation.value,
         )
     else:
-        batch_sampler = _build_sampler(
-            sampling,
-            n,
-            q=q,
-            batch_size=b,
-            drop_last=settings.drop_last,
-            max_batch_size=max_batch_size,
-            num_batches=num_batches,
-            seed=sampling_seed,
-        )
-    loader = private_data_loader(dataset, sampler=batch_sampler, **loader_kwargs)
-    if rank == 0:
-        intent = run_intent(
-            framework="torch",
-            framework_version=torch.__version__,
-            population_size=n,
-            unit=batch_sampler.sampling_event().unit.value,
-            noise_multiplier=config.noise_multiplier,
-            target_epsilon=None if calibration is None else calibration.target_epsilon,
-            delta=config.delta,
-            accountant=None if calibration is None else calibration.accountant,
-            sampling=sampling,
-            sampling_probability=q if uses_q else None,
-            steps=None if calibration is None else calibration.steps,
-        )
-        if ledger is None:
-            relation = default_relation(batch_sampler.sampling_event())
-            ledger = PrivacyLedger(neighboring=relation, metadata={INTENT_KEY: intent})
-            _log.info(
-                "no ledger given: recording to an in-memory %s ledger (optimizer.ledger)",
-                relation.value,
-            )
-        else:
-            note_intent(ledger, intent)
-    dp_optimizer = DPOptimizer(
-        optimizer,
-        model=model,
-        config=config,
-        ledger=ledger,
-        sampler=loader,
-        loss_reduction=loss_reduction,  # type: ignore[arg-type]
-        seed=noise_seed,
-        **options,
-    )
-    data_loader: Iterable[Any] = loader
-    if max_physical_batch_size is not None:
-        data_loader = _VirtualLoader(loader, dp_optimizer, max_physical_batch_size)
-    return PrivateTraining(model, dp_optimizer, data_loader)
-
-
-class _VirtualLoader:
-    """A re-iterable view of a loader in physical chunks (see :func:`virtual_batches`)."""
-
-    def __init__(self, loader: DataLoader, optimizer: DPOptimizer, size: int) -> None:
-        self.loader = loader
-        self.optimizer = optimizer
-        self.max_physical_batch_size = check_positive_int("max_physical_batch_size", size)
-
-    @property
-    def batch_sampler(self) -> Any:
-        """The logical loader's batch sampler."""
-        return self.loader.batch_sampler
-
-    def __iter__(self) -> Any:
-        return virtual_batches(
-            self.loader, self.optimizer, max_physical_batch_size=self.max_physical_batch_size
-        )
+        note_intent(ledger, intent)
+    return ledger

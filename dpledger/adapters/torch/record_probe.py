@@ -46,7 +46,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -324,6 +324,36 @@ def probe_record_independence(
             for b, saved in buffers:
                 b.copy_(saved)
 
+    runs = _probe_runs(inner, engine, (inputs_a, inputs_b), m, names, generator, restore_buffers)
+    _refuse_mixing_forward(runs[0]["calls"], runs[1]["calls"], m)
+    for run in runs:
+        if run["error"] is not None:
+            exc = run["error"]
+            if isinstance(exc, DPLedgerError):
+                raise exc
+            raise UnsupportedModuleError(
+                "dpledger's record-independence probe could not compute per-example gradients "
+                f"of the first {m} records: {type(exc).__name__}: {exc}"
+            ) from exc
+    if runs[0]["grads"] is not None and runs[1]["grads"] is not None:
+        _refuse_moved_gradients(runs[0]["grads"], runs[1]["grads"], m)
+    logger.debug("record-independence probe passed on %d records", m)
+    return True
+
+
+def _probe_runs(
+    inner: nn.Module,
+    engine: Any,
+    inputs: tuple[Any, Any],
+    m: int,
+    names: dict[int, str],
+    generator: torch.Generator,
+    restore_buffers: Callable[[], None],
+) -> list[dict[str, Any]]:
+    """Run A (the first m records) and run B (record 0 changed) with the same randomness:
+    each run's module calls, and the per-example gradients of a loss whose output gradients
+    differ between the runs in record 0 only (or the error that stopped them)."""
+    inputs_a, inputs_b = inputs
     runs: list[dict[str, Any]] = []
     engine.clear()
     try:
@@ -384,20 +414,7 @@ def probe_record_independence(
         restore_buffers()
         engine.clear()
 
-    _refuse_mixing_forward(runs[0]["calls"], runs[1]["calls"], m)
-    for run in runs:
-        if run["error"] is not None:
-            exc = run["error"]
-            if isinstance(exc, DPLedgerError):
-                raise exc
-            raise UnsupportedModuleError(
-                "dpledger's record-independence probe could not compute per-example gradients "
-                f"of the first {m} records: {type(exc).__name__}: {exc}"
-            ) from exc
-    if runs[0]["grads"] is not None and runs[1]["grads"] is not None:
-        _refuse_moved_gradients(runs[0]["grads"], runs[1]["grads"], m)
-    logger.debug("record-independence probe passed on %d records", m)
-    return True
+    return runs
 
 
 def _refuse_mixing_forward(calls_a: dict, calls_b: dict, m: int) -> None:

@@ -346,12 +346,12 @@ def test_probe_runs_again_when_the_model_changes():
 
 
 def test_probe_runs_once_for_an_unchanged_model(monkeypatch):
-    import dpledger.adapters.torch.optimizer as optimizer_module
+    import dpledger.adapters.torch.gradient_source as gradient_source_module
 
     calls = []
-    real = optimizer_module.probe_record_independence
+    real = gradient_source_module.probe_record_independence
     monkeypatch.setattr(
-        optimizer_module,
+        gradient_source_module,
         "probe_record_independence",
         lambda *a, **k: calls.append(1) or real(*a, **k),
     )

@@ -243,6 +243,15 @@ def _terms(module: nn.RNNBase, activations: tuple, backprops: tuple) -> list[_Af
             [g for _, g in pairs],
             allow_unused=True,
         )
+    return _affine_terms(module, records, grads)
+
+
+def _affine_terms(
+    module: nn.RNNBase, records: list[tuple], grads: tuple[torch.Tensor | None, ...]
+) -> list[_Affine]:
+    """The W_ih and W_hh maps of each layer and direction, from the recomputed forward's
+    records and the gradients of its gate pre-activations gi (None: no gradient reached)."""
+    hidden = module.hidden_size
     out = []
     for (sfx, inputs, w_hh, b_hh, z, run, h_start, gi_run), gi_grad in zip(
         records, grads, strict=True

@@ -1,0 +1,204 @@
+"""The engine's hooks: what it observes of a step's forward and backward.
+
+:class:`CaptureHooks` is the part of
+:class:`~dpledger.adapters.torch.engine.PerExampleGradientEngine` that the model's forward and
+backward call into. A forward of the model (with gradients enabled) starts a step; each unit's
+forward call stores a capture of its inputs and hooks the autograd node of each of its outputs
+(a forward of a generic unit also keeps the random-number state it started from); in the
+backward those hooks store the gradients with respect to the outputs, and the parameters' hooks
+note which parameters received gradient (and, on checking steps, autograd's batch gradient).
+The first hook of the first step also checks the loss's reduction
+(:mod:`~dpledger.adapters.torch.loss_reduction`). BatchNorm that uses batch statistics is refused
+at every forward.
+
+An output shared by every record through broadcasting (one row, e.g. position embeddings of
+shape (1, T, d)) is handed to the model expanded to the B records, so that its gradient arrives
+per record.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import nn
+from torch.autograd.graph import get_gradient_edge
+from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
+
+from dpledger.adapters.torch.engine_state import (
+    _bound_arguments,
+    _Capture,
+    _check_unit,
+    _refuse_batch_stats,
+    _Unit,
+)
+from dpledger.adapters.torch.errors import UnsupportedModuleError
+
+__all__: list[str] = []  # internal to the engine
+
+
+class CaptureHooks:
+    """The forward and backward hooks of the engine (a base class of
+    :class:`~dpledger.adapters.torch.engine.PerExampleGradientEngine`; see the module
+    docstring)."""
+
+    def _install_hooks(self) -> None:
+        """Hook the model, every unit, every BatchNorm and every trainable parameter."""
+        self._handles.append(
+            self._model.register_forward_pre_hook(self._on_model_forward, with_kwargs=True)
+        )
+        for unit in self._units:
+            if unit.sampler is None:
+                self._handles.append(
+                    unit.module.register_forward_pre_hook(
+                        functools.partial(self._on_generic_call, unit)
+                    )
+                )
+            self._handles.append(
+                unit.module.register_forward_hook(
+                    functools.partial(self._on_unit_forward, unit), with_kwargs=True
+                )
+            )
+        for unit in self._units:
+            if unit.sampler is not None and unit.sampler.check_fn is not None:
+                self._handles.append(
+                    unit.module.register_forward_pre_hook(
+                        functools.partial(self._on_unit_pre_forward, unit), with_kwargs=True
+                    )
+                )
+        for name, module in self._model.named_modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                self._handles.append(
+                    module.register_forward_pre_hook(functools.partial(_refuse_batch_stats, name))
+                )
+        for name, p in self._params.items():
+            self._handles.append(p.register_hook(functools.partial(self._on_param_grad, name)))
+
+    def _on_model_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if self._recomputing or not torch.is_grad_enabled():
+            return
+        self.clear()
+        leaves, _ = tree_flatten((args, kwargs))
+        self._input_records = {
+            t.shape[0] for t in leaves if isinstance(t, torch.Tensor) and t.dim() > 0
+        }
+
+    def _on_unit_pre_forward(
+        self, unit: _Unit, module: nn.Module, args: tuple, kwargs: dict
+    ) -> None:
+        if self._recomputing or not torch.is_grad_enabled():
+            return
+        if kwargs:
+            args = _bound_arguments(module, args, kwargs)
+        _check_unit(unit, args)
+
+    def _on_generic_call(self, unit: _Unit, module: nn.Module, args: tuple) -> None:
+        if self._recomputing or not torch.is_grad_enabled():
+            return
+        unit.rng_state = (
+            torch.get_rng_state(),
+            {d: torch.cuda.get_rng_state(d) for d in self._cuda_devices},
+        )
+
+    def _broadcast_batch(self, inputs: Any, outputs: list, indices: list[int]) -> int | None:
+        """B when a unit's output is one row that the model broadcasts over its B records.
+
+        That is: the model's inputs have B > 1 records (and maybe also inputs of one row, such
+        as position ids of shape (1, T)), none of the unit's inputs has B rows, and every
+        output that needs a gradient has one row (HF's position embeddings of shape (1, T, d)).
+        """
+        batch = self._input_records - {1}
+        if len(batch) != 1:
+            return None
+        (b,) = batch
+        if any(outputs[i].dim() == 0 or outputs[i].shape[0] != 1 for i in indices):
+            return None
+        leaves, _ = tree_flatten(inputs)
+        if any(isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] != 1 for t in leaves):
+            return None
+        return b
+
+    def _on_unit_forward(
+        self, unit: _Unit, module: nn.Module, args: tuple, kwargs: dict, output: Any
+    ) -> Any:
+        if self._recomputing or not torch.is_grad_enabled():
+            return None
+        leaves, spec = tree_flatten(output)
+        indices = [
+            i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.requires_grad
+        ]
+        if not indices:
+            return None
+        record_dims = None
+        replaced = None
+        broadcast = self._broadcast_batch((args, kwargs), leaves, indices)
+        if broadcast is not None:
+            # The output is shared by every record through broadcasting, and record i's
+            # gradient of this unit is the gradient with respect to its own copy: hand the
+            # model a view expanded to the B records (the same values wherever it broadcasts)
+            # so that the gradient arrives per record; the inputs of one row are expanded
+            # alike for the unit's grad sampler.
+            leaves = list(leaves)
+            for i in indices:
+                leaves[i] = leaves[i].expand(broadcast, *leaves[i].shape[1:])
+            replaced = tree_unflatten(leaves, spec)
+            output = replaced
+            if unit.sampler is not None:
+                args, kwargs = tree_map_only(
+                    torch.Tensor,
+                    lambda t: t.expand(broadcast, *t.shape[1:]) if t.dim() > 0 else t,
+                    (args, kwargs),
+                )
+        if unit.sampler is not None:
+            if unit.sampler.output_record_dims is not None:
+                dims = unit.sampler.output_record_dims(module, args)
+                record_dims = [dims[i] for i in indices]
+            elif not isinstance(output, torch.Tensor):
+                raise UnsupportedModuleError(
+                    f"the grad sampler of {unit.label} needs a single tensor output, got "
+                    f"{type(output).__name__}; register the type with output_record_dims, or "
+                    "unregister it to use the generic path"
+                )
+            if kwargs:
+                args, kwargs = _bound_arguments(module, args, kwargs), {}
+        capture = _Capture(args, kwargs, indices, record_dims, unit.rng_state)
+        unit.rng_state = None
+        for k, i in enumerate(indices):
+            t = leaves[i]
+            if t.grad_fn is None:  # the output is a leaf tensor (e.g. a parameter returned)
+                t.register_hook(functools.partial(self._on_hooked_grad, capture, k))
+            else:
+                t.grad_fn.register_prehook(
+                    functools.partial(self._on_node_grads, capture, k, t.output_nr)
+                )
+            capture.edges.append(get_gradient_edge(t))
+        unit.captures.append(capture)
+        self._mark_changed()
+        return replaced
+
+    def _mark_changed(self) -> None:
+        if self._state is not None:
+            self._stale = True
+
+    def _on_node_grads(self, capture: _Capture, k: int, output_nr: int, grads: tuple) -> None:
+        self._on_hooked_grad(capture, k, grads[output_nr])
+
+    def _on_hooked_grad(self, capture: _Capture, k: int, grad: torch.Tensor | None) -> None:
+        """An output gradient delivered by autograd during a backward (not engine.backward's
+        own gradients, which it passes to :meth:`_on_output_grad` itself)."""
+        self._on_output_grad(capture, k, grad)
+        if not self._reduction_checked and grad is not None and not self._direct_backward:
+            self._check_reduction_in_backward(capture.edges[k].node)
+
+    def _on_output_grad(self, capture: _Capture, k: int, grad: torch.Tensor | None) -> None:
+        if grad is not None and not self._direct_backward:
+            capture.store(k, grad)
+            self._mark_changed()
+
+    def _on_param_grad(self, name: str, grad: torch.Tensor) -> None:
+        self._grad_seen.add(name)
+        if self._checks_remaining > 0:
+            prev = self._autograd_grads.get(name)
+            self._autograd_grads[name] = grad if prev is None else prev + grad
+        self._mark_changed()

@@ -1,0 +1,179 @@
+"""What the per-example gradient engine stores, and the helpers that read it.
+
+A *unit* (:class:`_Unit`) is a module whose parameters the engine differentiates per example
+(see :mod:`~dpledger.adapters.torch.engine`); each forward call of a unit in a step leaves a
+:class:`_Capture` (its inputs, the gradient edges of its outputs and, after the backward, the
+gradients with respect to those outputs); the step's results are a :class:`_StepState`. The
+functions below read a capture the way the grad samplers need it (:func:`_aligned`: one floating
+dtype, at least float32) and decide whether a sampler can take it (:func:`_takes`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from dpledger.adapters.torch.errors import RecordMixingModuleError, UnsupportedModuleError
+from dpledger.adapters.torch.layer_rules.normalization import (
+    batch_norm_refusal_message,
+    uses_batch_statistics,
+)
+from dpledger.adapters.torch.registry import GradSampler
+
+__all__: list[str] = []  # internal to the engine
+
+
+class _Capture:
+    """One observed forward call of a unit and the gradients with respect to its outputs."""
+
+    __slots__ = ("args", "edges", "grads", "kwargs", "out_indices", "record_dims", "rng_state")
+
+    def __init__(
+        self,
+        args: tuple,
+        kwargs: dict,
+        out_indices: list[int],
+        record_dims: list[int] | None = None,
+        rng_state: Any = None,
+    ) -> None:
+        self.args = args
+        self.kwargs = kwargs
+        self.out_indices = out_indices
+        # None: one output tensor, records along dim 0. Otherwise the record dimension of each
+        # hooked output; its gradient is stored with the records moved to dimension 0.
+        self.record_dims = record_dims
+        self.rng_state = rng_state
+        self.edges: list[Any] = []
+        self.grads: list[torch.Tensor | None] = [None] * len(out_indices)
+
+    @property
+    def has_grad(self) -> bool:
+        return any(g is not None for g in self.grads)
+
+    def store(self, k: int, grad: torch.Tensor | None) -> None:
+        if grad is None:
+            return
+        if self.record_dims is not None and self.record_dims[k] != 0:
+            grad = grad.movedim(self.record_dims[k], 0)
+        self.grads[k] = grad if self.grads[k] is None else self.grads[k] + grad
+
+    def release(self) -> None:
+        """Drop the stored tensors and edges.
+
+        The autograd node of the unit's output holds a hook that refers to this capture, and
+        the capture's edges refer to that node: a cycle through a C++ object that Python's
+        garbage collector cannot see through, which would keep the engine, the model and
+        everything they refer to alive forever. Emptying the capture breaks it.
+        """
+        self.args = ()
+        self.kwargs = {}
+        self.rng_state = None
+        self.edges = []
+        self.grads = [None] * len(self.out_indices)
+
+    def output_grads(self) -> list[tuple[int, torch.Tensor]]:
+        return [(i, g) for i, g in zip(self.out_indices, self.grads, strict=True) if g is not None]
+
+
+@dataclass
+class _Unit:
+    name: str
+    module: nn.Module
+    sampler: GradSampler | None
+    local_to_global: dict[str, str]
+    captures: list[_Capture] = field(default_factory=list)
+    # A generic unit's subtree's trainable parameters (local name -> global name), and the
+    # nearest generic unit above this one, which differentiates this unit's parameters in a
+    # step in which this unit was not called (its parent used them directly).
+    subtree: dict[str, str] = field(default_factory=dict)
+    adopter: _Unit | None = None
+    rng_state: Any = None  # the random-number state at the start of its last forward call
+
+    @property
+    def label(self) -> str:
+        return f"{self.name or '<model>'} ({type(self.module).__name__})"
+
+
+@dataclass
+class _StepState:
+    batch_size: int
+    scale: float
+    norms: dict[str, torch.Tensor]
+    ghost: list[tuple[_Unit, _Capture]]
+    per_example: dict[str, torch.Tensor]
+    grad_eps: float  # machine epsilon of the least precise output gradient (autocast)
+
+
+def _tied_dtype(*captures: _Capture) -> torch.dtype:
+    """The computation dtype of the per-example norms of these captures (at least float32)."""
+    dtype = torch.float32
+    for c in captures:
+        for g in c.grads:
+            if g is not None and g.is_floating_point():
+                dtype = torch.promote_types(dtype, g.dtype)
+    return dtype
+
+
+def _takes(sampler: GradSampler, capture: _Capture) -> bool:
+    """Whether the sampler can take the capture's output gradients (else: generic path)."""
+    if capture.record_dims is not None:
+        return capture.has_grad
+    return len(capture.grads) == 1 and capture.grads[0] is not None
+
+
+def _bound_arguments(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
+    """A call's arguments as one positional tuple in ``forward``'s order, defaults filled in.
+
+    Keyword arguments are placed where their parameter stands and every parameter not given
+    takes its default, so that a grad sampler reads an argument at the same position whichever
+    way the model passed it (``mha(x, x, x, attn_mask=m)`` would otherwise put the mask where
+    ``key_padding_mask`` stands).
+    """
+    bound = inspect.signature(module.forward).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return tuple(bound.arguments.values())
+
+
+def _check_unit(unit: _Unit, args: tuple | None) -> None:
+    """Run the sampler's check_fn (configuration, or the inputs of a forward); name the unit."""
+    if unit.sampler is None or unit.sampler.check_fn is None:
+        return
+    try:
+        unit.sampler.check_fn(unit.module, args)
+    except UnsupportedModuleError as exc:
+        raise UnsupportedModuleError(f"module {unit.label}: {exc}") from exc
+
+
+def _aligned(capture: _Capture) -> tuple[tuple, Any]:
+    """A registered unit's activations and output gradient in one floating dtype, ≥ float32.
+
+    Under autocast a layer's input and its output gradient can differ in precision (float32 in,
+    bfloat16 out), and sums of many squares lose most of their digits in 16-bit arithmetic, so
+    both are promoted to the wider of their types and float32 for the per-example computations.
+    For a sampler with ``output_record_dims`` the gradient is a tuple, one entry per output
+    (None where it received none), all in the widest of their types.
+    """
+    several = capture.record_dims is not None
+    grads = capture.grads if several else capture.grads[:1]
+    assert any(g is not None for g in grads)
+    args = capture.args
+    x = args[0] if args else None
+    dtype = torch.float32
+    for g in grads:
+        if g is not None:
+            dtype = torch.promote_types(dtype, g.dtype)
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        dtype = torch.promote_types(dtype, x.dtype)
+        if x.dtype != dtype:
+            args = (x.to(dtype), *args[1:])
+    out = tuple(None if g is None else g.to(dtype) for g in grads)
+    return args, (out if several else out[0])
+
+
+def _refuse_batch_stats(name: str, module: nn.Module, args: tuple) -> None:
+    if uses_batch_statistics(module):
+        raise RecordMixingModuleError(batch_norm_refusal_message(module, name or None))

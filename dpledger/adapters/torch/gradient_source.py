@@ -1,0 +1,181 @@
+"""Where :class:`~dpledger.adapters.torch.optimizer.DPOptimizer` gets per-example gradients.
+
+:class:`GradientSource` is the part of ``DPOptimizer`` between the model and the clipping. On
+the hook path (no ``loss_fn``) a
+:class:`~dpledger.adapters.torch.engine.PerExampleGradientEngine` observes the user's forward
+and backward; two forward pre-hooks on the model run before the engine's: the guard, which
+refuses a forward that would lose a batch whose backward has not been stepped, and the
+record-independence probe (:mod:`~dpledger.adapters.torch.record_probe`), at the first forward
+with at least two records and whenever the model's modules or training modes change.
+:meth:`GradientSource.backward` is the engine's cheaper backward. On the functional path
+(``loss_fn``), :meth:`GradientSource.compute_gradients` computes the batch's per-example
+gradients with ``torch.func`` (with Bias-Aware Minimisation's ascent when ``bam_radius`` is
+set).
+
+The state it keeps on the optimizer: ``_engine`` (None on the functional path),
+``_functional`` (the functional path's pending gradients), ``_handles`` (the model hooks),
+``_probing`` and ``_probed`` (the model fingerprint the probe last passed), ``_loss_fn`` and
+``_bam_radius``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from dpledger.adapters.torch.accumulation import MaterialisedGradients
+from dpledger.adapters.torch.bam import per_example_gradients_and_losses
+from dpledger.adapters.torch.engine import LossReduction, PerExampleGradientEngine
+from dpledger.adapters.torch.errors import EngineStateError
+from dpledger.adapters.torch.module_checks import check_module_configuration
+from dpledger.adapters.torch.record_probe import (
+    model_fingerprint,
+    probe_record_independence,
+    records_in,
+)
+from dpledger.mechanisms.config import DPConfig
+
+__all__ = ["GradientSource"]
+
+logger = logging.getLogger("dpledger.adapters.torch.optimizer")
+
+
+class GradientSource:
+    """The per-example gradients of
+    :class:`~dpledger.adapters.torch.optimizer.DPOptimizer`: the engine and its forward hooks,
+    or the functional path (a base class of it; see the module docstring)."""
+
+    def _init_gradients(
+        self,
+        model: nn.Module,
+        config: DPConfig,
+        loss_fn: Callable[..., torch.Tensor] | None,
+        radius: float | None,
+        loss_reduction: LossReduction,
+        check_steps: int,
+    ) -> None:
+        """The source of the per-example gradients: the engine, or the functional path."""
+        self._loss_fn = loss_fn
+        self._bam_radius = radius
+        self._engine: PerExampleGradientEngine | None = None
+        self._functional: MaterialisedGradients | None = None
+        self._handles: list[Any] = []
+        self._probing = False
+        self._probed: tuple | None = None
+        if loss_fn is None:
+            self._engine = PerExampleGradientEngine(
+                model,
+                loss_reduction=loss_reduction,
+                strategy=config.strategy,
+                check_steps=check_steps,
+            )
+
+    def _install_hooks(self, model: nn.Module, check_record_independence: bool) -> None:
+        """The forward hooks of the hook path: the record-independence probe and the guard."""
+        if check_record_independence:
+            self._handles.append(
+                model.register_forward_pre_hook(self._probe_forward, prepend=True, with_kwargs=True)
+            )
+        else:
+            logger.warning(
+                "check_record_independence=False: the record-independence probe is off. A "
+                "model whose forward mixes the records of a batch (batch statistics, "
+                "attention or pooling over the batch) lets one record move every other "
+                "record's clipped gradient, and the ledger's epsilon is then wrong"
+            )
+        # the guard runs first: it refuses a forward that would lose a pending step
+        self._handles.append(model.register_forward_pre_hook(self._guard_forward, prepend=True))
+
+    # ------------------------------------------------------------------ hooks and state
+    def _guard_forward(self, module: nn.Module, args: tuple) -> None:
+        engine = self._engine
+        if engine is None or engine.recomputing or not torch.is_grad_enabled():
+            return
+        if engine.has_gradients:
+            raise EngineStateError(
+                "a forward pass with gradients enabled started after loss.backward() and "
+                "before optimizer.step(): the previous batch's per-example gradients would be "
+                "lost. Call optimizer.step() after each backward (optimizer.virtual_step() for "
+                "a chunk of a virtual batch), optimizer.zero_grad() to skip the batch, or run "
+                "evaluation forwards under torch.no_grad()"
+            )
+
+    def _probe_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        engine = self._engine
+        if engine is None or self._probing or engine.recomputing or not torch.is_grad_enabled():
+            return
+        fingerprint = model_fingerprint(self._model)
+        if fingerprint == self._probed or (records_in(args, kwargs) or 0) < 2:
+            return  # probed already, or a batch of at most one record (which cannot mix)
+        self._probing = True
+        try:
+            probe_record_independence(self._model, engine=engine, args=args, kwargs=kwargs)
+        finally:
+            self._probing = False
+        self._probed = fingerprint
+
+    def _pending(self) -> bool:
+        if self._engine is not None:
+            return self._engine.has_gradients
+        return self._functional is not None
+
+    def _discard_pending(self) -> None:
+        if self._engine is not None:
+            self._engine.clear()
+        self._functional = None
+
+    def detach(self) -> None:
+        """Remove the hooks from the model (the optimizer cannot step afterwards)."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        if self._engine is not None:
+            self._engine.remove()
+
+    # ------------------------------------------------------------------ per-example gradients
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate ``loss`` to the layers' outputs only (a faster ``loss.backward()``).
+
+        Parameters' ``.grad`` is not touched; ``step()`` writes the private gradient.
+        """
+        if self._engine is None:
+            raise EngineStateError(
+                "optimizer.backward(loss) is for the hook path; with loss_fn= call "
+                "optimizer.compute_gradients(inputs, targets)"
+            )
+        self._engine.backward(loss)
+
+    def compute_gradients(self, inputs: Any, targets: Any) -> torch.Tensor:
+        """Functional path: per-example gradients of ``loss_fn`` on a batch (BAM if set).
+
+        Replaces the forward and backward when the optimizer was created with ``loss_fn``.
+
+        Returns:
+            The batch's mean loss at the current parameters (detached, for logging; NaN for an
+            empty batch).
+        """
+        if self._loss_fn is None:
+            raise EngineStateError(
+                "compute_gradients needs loss_fn= at construction; on the hook path run the "
+                "forward and loss.backward() (or optimizer.backward(loss))"
+            )
+        if self._functional is not None:
+            raise EngineStateError(
+                "per-example gradients of the previous batch are waiting: call "
+                "optimizer.step() (or virtual_step()) before computing another batch"
+            )
+        check_module_configuration(self._model)
+        grads, losses = per_example_gradients_and_losses(
+            self._model,
+            self._loss_fn,
+            inputs,
+            targets,
+            bam_radius=self._bam_radius or 0.0,
+        )
+        self._functional = MaterialisedGradients({n: grads[n] for n in self._names}, self._names)
+        return losses.mean() if losses.numel() else losses.new_tensor(math.nan)
