@@ -16,6 +16,7 @@ import warnings
 from typing import Any
 
 from dpledger.audit.audit_game import (
+    GameInterruptedError,
     GameRun,
     GameScores,
     derive_run_seed,
@@ -55,6 +56,7 @@ __all__ = [
     "ConfusionCounts",
     "EpsilonLowerBound",
     "FixedThreshold",
+    "GameInterruptedError",
     "GameRun",
     "GameScores",
     "GradientCanary",
