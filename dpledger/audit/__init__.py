@@ -31,6 +31,7 @@ from dpledger.audit.canaries import (
     mislabeled_canary,
     out_of_distribution_canary,
 )
+from dpledger.audit.fdp_one_run import fdp_one_run_epsilon_bound, fdp_one_run_mu_bound
 from dpledger.audit.privacy_bounds import (
     BoundMethod,
     ConfusionCounts,
@@ -67,6 +68,8 @@ __all__ = [
     "derive_run_seed",
     "dirac_gradient_canary",
     "epsilon_bound_from_scores",
+    "fdp_one_run_epsilon_bound",
+    "fdp_one_run_mu_bound",
     "gaussian_dp_epsilon_bound",
     "loss_score",
     "mislabeled_canary",

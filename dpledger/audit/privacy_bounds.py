@@ -44,6 +44,9 @@ solved for ε by :func:`scipy.optimize.brentq`. This ε is a valid lower bound o
 *assumption* that the mechanism's trade-off curve has the Gaussian shape (true for the Gaussian
 mechanism and, approximately, for DP-SGD); the result records that assumption.
 
+The f-DP one-run bound of Mahloujifar, Melis & Chaudhuri (2024), on the same guesses as the
+one-run bound above, is in :mod:`dpledger.audit.fdp_one_run`.
+
 The functions here take counts at *one* threshold chosen independently of the data that produced
 the counts. To go from raw scores to a bound (choosing the threshold without voiding the
 confidence), use :mod:`dpledger.audit.threshold_selection`.
@@ -132,6 +135,7 @@ class BoundMethod(str, enum.Enum):
     CLOPPER_PEARSON = "clopper_pearson"
     ONE_RUN = "one_run"
     GAUSSIAN_DP = "gaussian_dp"
+    FDP_ONE_RUN = "fdp_one_run"
 
     @classmethod
     def parse(cls, value: BoundMethod | str) -> BoundMethod:
