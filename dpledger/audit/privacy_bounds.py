@@ -1,5 +1,10 @@
 """Statistically valid lower bounds on ε from the outcomes of a privacy audit.
 
+This module is over 500 lines because its three bounds share one result type, one set of input
+checks and the derivations written out below, which a reader checking one bound needs beside the
+others; the f-DP one-run bound, which needs none of them but the result type, lives in
+:mod:`dpledger.audit.fdp_one_run`.
+
 An accountant gives an *upper* bound on ε; an audit gives a *lower* bound that holds with a stated
 confidence: "with probability at least ``confidence`` over the audit's randomness, the mechanism is
 not (ε', δ)-DP for any ε' below the reported bound". Three methods are implemented, each returning

@@ -169,3 +169,22 @@ def test_bad_inputs_are_refused():
         fdp_one_run_p_value(num_canaries=10, num_guesses=4, num_correct=2, mu=-1.0)
     with pytest.raises(InvalidParameterError, match="confidence"):
         fdp_one_run_rejects(num_canaries=10, num_guesses=4, num_correct=2, mu=1.0, confidence=1)
+
+
+def test_from_scores_uses_the_same_guesses_for_both_one_run_methods():
+    """Guess "included" for the 3 highest of 8 scores: 3 guesses, 2 correct (counted by hand)."""
+    from dpledger.audit.threshold_selection import one_run_epsilon_bound_from_scores
+
+    scores = [9.0, 8.0, 7.0, 1.0, 0.5, 0.2, 0.1, 0.0]
+    included = np.array([True, False, True, True, False, True, False, False])
+    kwargs = {"guess_counts": [(3, 0)], "delta": 1e-5, "confidence": 0.95}
+    fdp = one_run_epsilon_bound_from_scores(scores, included, method="fdp_one_run", **kwargs)
+    steinke = one_run_epsilon_bound_from_scores(scores, included, method="one_run", **kwargs)
+    assert fdp.counts == steinke.counts == {"m": 8, "r": 3, "v": 2}
+    assert fdp.method is BoundMethod.FDP_ONE_RUN
+    want = fdp_one_run_epsilon_bound(
+        num_canaries=8, num_guesses=3, num_correct=2, delta=1e-5, confidence=0.95
+    )
+    assert fdp.epsilon == want.epsilon
+    with pytest.raises(InvalidParameterError, match="method"):
+        one_run_epsilon_bound_from_scores(scores, included, method="gaussian_dp", **kwargs)
