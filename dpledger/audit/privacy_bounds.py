@@ -2,7 +2,7 @@
 
 This module is over 500 lines because its three bounds share one result type, one set of input
 checks and the derivations written out below, which a reader checking one bound needs beside the
-others; the f-DP one-run bound, which needs none of them but the result type, lives in
+others; the f-DP one-run bound, which only reuses the checks and the result type, lives in
 :mod:`dpledger.audit.fdp_one_run`.
 
 An accountant gives an *upper* bound on ε; an audit gives a *lower* bound that holds with a stated
