@@ -19,6 +19,7 @@ from dpledger.audit.audit_game import (
     GameInterruptedError,
     GameRun,
     GameScores,
+    bound_progress,
     derive_run_seed,
     run_distinguishing_game,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "HeldOutSplit",
     "InputCanary",
     "audit_verdict",
+    "bound_progress",
     "clopper_pearson_epsilon_bound",
     "derive_run_seed",
     "dirac_gradient_canary",

@@ -50,7 +50,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from dpledger.audit.game_progress import ProgressBound, _Progress
+from dpledger.audit.game_progress import ProgressBound, _Progress, bound_progress
 from dpledger.audit.game_results import (
     RESULTS_FORMAT,
     RESULTS_VERSION,
@@ -72,6 +72,7 @@ __all__ = [
     "GameScores",
     "ProgressBound",
     "TrainFunction",
+    "bound_progress",
     "derive_run_seed",
     "run_distinguishing_game",
 ]
@@ -321,7 +322,8 @@ def run_distinguishing_game(
             not shut down. None uses the local process pool of ``workers`` processes.
         progress_bound: ``bound(scores_with, scores_without)`` on the runs finished so far (a
             float or an :class:`~dpledger.audit.privacy_bounds.EpsilonLowerBound`), shown as the
-            current bound; informational only (it is not the audit's bound).
+            current bound, e.g. ``bound_progress(delta=…, confidence=…, selection=…)``;
+            informational only (a bound watched as runs come in is not the audit's bound).
         progress_interval: seconds between progress reports (and bound evaluations).
 
     Returns:

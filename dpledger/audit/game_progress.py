@@ -12,14 +12,50 @@ from typing import Any
 import numpy as np
 
 from dpledger.audit.game_results import GameRun
+from dpledger.audit.privacy_bounds import BoundMethod
+from dpledger.errors import InvalidParameterError
 
-__all__ = ["ProgressBound"]
+__all__ = ["ProgressBound", "bound_progress"]
 
 logger = logging.getLogger("dpledger.audit.audit_game")
 
 ProgressBound = Callable[[np.ndarray, np.ndarray], Any]
 """``bound(scores_with_canary, scores_without_canary)`` on the runs finished so far: a number or
 an :class:`~dpledger.audit.privacy_bounds.EpsilonLowerBound`, shown as the current bound."""
+
+
+def bound_progress(
+    *,
+    delta: float,
+    confidence: float,
+    selection: Any,
+    method: BoundMethod | str = BoundMethod.CLOPPER_PEARSON,
+) -> ProgressBound:
+    """A ``progress_bound`` for :func:`~dpledger.audit.audit_game.run_distinguishing_game`: the
+    bound :func:`~dpledger.audit.threshold_selection.epsilon_bound_from_scores` gives on the runs
+    finished so far, with these arguments (the game's final bound, when all runs are in).
+
+    Args:
+        delta: δ of the bound.
+        confidence: 1 − α of the bound.
+        selection: how the threshold is chosen (``HeldOutSplit``, ``BonferroniThresholds``, …).
+        method: ``"clopper_pearson"`` or ``"gaussian_dp"``.
+    """
+    from dpledger.audit.threshold_selection import epsilon_bound_from_scores
+
+    method = BoundMethod.parse(method)
+
+    def bound(scores_with: np.ndarray, scores_without: np.ndarray) -> Any:
+        return epsilon_bound_from_scores(
+            scores_with,
+            scores_without,
+            selection=selection,
+            delta=delta,
+            confidence=confidence,
+            method=method,
+        )
+
+    return bound
 
 
 class _Progress:
@@ -71,7 +107,10 @@ class _Progress:
         s_out = np.array([r.score for r in done.values() if not r.include_canary], np.float64)
         if s_in.size == 0 or s_out.size == 0:
             return None
-        value = self.bound(s_in, s_out)
+        try:
+            value = self.bound(s_in, s_out)
+        except InvalidParameterError:  # too few runs yet (e.g. for a held-out split)
+            return None
         return float(getattr(value, "epsilon", value))
 
     def update(self, n: int, done: dict[tuple[bool, int], GameRun], *, final: bool = False) -> None:

@@ -279,3 +279,25 @@ def test_progress_reports_runs_rate_and_the_current_bound(caplog):
     assert seen[-1] == (4, 4)
     with pytest.raises(InvalidParameterError, match="progress_bound"):
         run_distinguishing_game(gm.noisy_sum, runs_per_side=1, seed=0, progress_bound=3)
+
+
+def test_bound_progress_reports_the_final_bound_of_the_game(caplog):
+    """bound_progress(...) on all the runs is the game's own epsilon_lower_bound (same args)."""
+    from dpledger.audit import bound_progress
+
+    kwargs = {"delta": DELTA, "confidence": 0.95, "selection": HeldOutSplit(seed=2)}
+    with caplog.at_level(logging.INFO, logger="dpledger.audit.audit_game"):
+        game = run_distinguishing_game(
+            gm.buggy_noisy_sum,
+            runs_per_side=30,
+            seed=4,
+            progress=False,
+            progress_bound=bound_progress(**kwargs),
+            progress_interval=0.0,
+        )
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("audit runs")]
+    want = game.epsilon_lower_bound(**kwargs).epsilon
+    assert want > 0
+    assert lines[-1].endswith(f"bound ε ≥ {want:.3f}")
+    # Too few runs for a held-out split: the progress shows no bound instead of failing.
+    assert "bound" not in lines[0]
