@@ -29,7 +29,10 @@ scores are identical. Its Clopper–Pearson and Gaussian-DP bounds are set besid
 bounds (Steinke et al. 2023 and the f-DP bound of Mahloujifar et al. 2024) computed from as many
 training runs of the one-run white-box audit (``dpledger.audit.torch_one_run``, m canaries per
 run, pooled across runs: each canary is in exactly one run, so the pooled runs are one mechanism
-over all their canaries), i.e. at equal compute.
+over all their canaries), i.e. at equal compute. Last, the last-iterate audit
+(``dpledger.audit.torch_last_iterate``: a crafted gradient canary, only the final model scored)
+is run at q = 1 and q = 0.1 for the correct and the under-noised optimizer, against the ledger's
+PRV claim.
 
 Run: ``PYTHONPATH=. python benchmarks/audit_bench.py`` (``--help`` for options; ``--quick`` is a
 smoke run of a few runs of each section).
@@ -68,6 +71,7 @@ from dpledger.audit.torch_audit import (
     train_black_box_digits,
     train_white_box_digits,
 )
+from dpledger.audit.torch_last_iterate import LastIterateDigitsAudit, train_last_iterate_digits
 from dpledger.audit.torch_one_run import WhiteBoxOneRunAudit, run_white_box_one_run
 
 DELTA = 1e-5
@@ -241,6 +245,36 @@ def white_box_bounds(config: WhiteBoxDigitsAudit, game: Any, *, canaries: int, w
         print(f"{name:34s} {eps:14.3f} {ratio}  {counts}")
 
 
+def last_iterate(*, runs_per_side: int, workers: int, seed: int) -> None:
+    """Last-iterate audits (final model only) against the ledger's claim, q = 1 and q = 0.1."""
+    print(
+        f"\n## Last iterate: crafted gradient canary, final model only ({runs_per_side} runs per "
+        f"side, claim ε = 2 by RDP at δ = {DELTA:g}, Clopper–Pearson at {CONFIDENCE:.0%})"
+    )
+    print(f"{'setting':30s} {'optimizer':16s} {'claim (PRV)':>12s} {'bound':>8s}  verdict")
+    for q, steps in ((1.0, 4), (0.1, 30)):
+        config = LastIterateDigitsAudit.for_target_epsilon(
+            target_epsilon=2.0, delta=DELTA, sampling_probability=q, steps=steps
+        )
+        claim = make_accountant("prv").epsilon(config.claimed_ledger(), delta=DELTA).epsilon
+        for implementation in ("correct", "batch_size_bug"):
+            audited = attrs.evolve(config, implementation=implementation)
+            game = run_distinguishing_game(
+                functools.partial(train_last_iterate_digits, config=audited),
+                runs_per_side=runs_per_side,
+                seed=seed,
+                workers=workers,
+                chunk_size=10,
+                progress=False,
+            )
+            b = game.epsilon_lower_bound(
+                delta=DELTA, confidence=CONFIDENCE, selection=audited.preregistered_thresholds()
+            )
+            verdict = "refuted" if b.epsilon > claim else "consistent"
+            setting = f"q = {q:g}, T = {steps}, z = {config.noise_multiplier:.3f}"
+            print(f"{setting:30s} {implementation:16s} {claim:12.3f} {b.epsilon:8.3f}  {verdict}")
+
+
 # ---------------------------------------------------------------------------------- one run, 3 ways
 def _batches(config: BlackBoxDigitsAudit, seed: int) -> tuple[torch.Tensor, torch.Tensor, list]:
     from dpledger.audit.torch_audit import _digits_tensors
@@ -349,6 +383,7 @@ def main() -> None:
     )
     game = executors(white, runs_per_side=args.white_box_runs, workers=args.workers, seed=args.seed)
     white_box_bounds(white, game, canaries=args.canaries, workers=args.workers)
+    last_iterate(runs_per_side=args.white_box_runs // 2, workers=args.workers, seed=args.seed)
 
     print(f"\n## One training run inline (median of {args.repeats} interleaved repeats)")
     functions = {
