@@ -16,11 +16,13 @@ guesses is at least τ, then the sequence
     h_{i} = max(h_{i+1}, f̄(r_{i+1})),  r_{i} = min(r_{i+1} + i/(r − i)·(h_{i} − h_{i+1}), 1),
     for i = v − 1, …, 0,
 
-ends with r_0 + h_0 ≤ r/m (the paper's analysis of guessing with abstentions: r_i and h_i bound
-the expected fractions of canaries guessed correctly and incorrectly on the event of ≥ i correct
-guesses; the guesses' total mass is r/m). So r_0 + h_0 > r/m at τ = α = 1 − confidence means that
-≥ v correct guesses had probability below α under f: the observation rejects f at confidence
-1 − α. The cap at 1 only lowers r_0, which keeps the test valid.
+ends with r_0 + h_0 ≤ r/m: the paper's recursion for membership guesses with abstentions
+(alphabet of two: each guess names a canary's bit, "included" or "excluded"), the
+``audit_rh_with_cap`` check of its analysis, also implemented in Meta's PrivacyGuard and in
+``jax_privacy.auditing``. So r_0 + h_0 > r/m at τ = α = 1 − confidence means that ≥ v correct
+guesses had probability below α under f: the observation rejects f at confidence 1 − α. The cap
+at 1 only lowers r_0, which keeps the test valid. The tests check the tail bound against Monte
+Carlo for "included" guesses alone and for both kinds of guesses.
 
 **The bound.** :func:`fdp_one_run_mu_bound` reports μ⁻ = the supremum of the μ such that every μ'
 in [0, μ] is rejected (found by scanning μ upwards and bisecting the first interval that ends in a

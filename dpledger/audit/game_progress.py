@@ -111,7 +111,8 @@ class _Progress:
             value = self.bound(s_in, s_out)
         except InvalidParameterError:  # too few runs yet (e.g. for a held-out split)
             return None
-        return float(getattr(value, "epsilon", value))
+        epsilon: Any = getattr(value, "epsilon", value)
+        return float(epsilon)
 
     def update(self, n: int, done: dict[tuple[bool, int], GameRun], *, final: bool = False) -> None:
         self.done += n
