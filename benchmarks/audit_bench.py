@@ -21,7 +21,21 @@ and the run is split into its fixed cost (building the model, sampler and optimi
 per step (from runs of 1 and of 30 steps); the start-up of the worker processes (spawn, importing
 torch and dpledger) is timed separately.
 
-Run: ``PYTHONPATH=. python benchmarks/audit_bench.py`` (``--help`` for options).
+Then the white-box audit at a claim of ε = 4 (PRV; 4 full-batch steps, a Dirac gradient canary,
+``dpledger.audit.torch_audit.WhiteBoxDigitsAudit``) is run twice with the same master seed: on the
+local process pool and on a Dask ``LocalCluster`` of as many single-threaded worker processes
+(``distributed.Client(...).get_executor()``), reporting runs/s on each and checking that the
+scores are identical. Its Clopper–Pearson and Gaussian-DP bounds are set beside the two one-run
+bounds (Steinke et al. 2023 and the f-DP bound of Mahloujifar et al. 2024) computed from as many
+training runs of the one-run white-box audit (``dpledger.audit.torch_one_run``, m canaries per
+run, pooled across runs: each canary is in exactly one run, so the pooled runs are one mechanism
+over all their canaries), i.e. at equal compute. Last, the last-iterate audit
+(``dpledger.audit.torch_last_iterate``: a crafted gradient canary, only the final model scored)
+is run at q = 1 and q = 0.1 for the correct and the under-noised optimizer, against the ledger's
+PRV claim.
+
+Run: ``PYTHONPATH=. python benchmarks/audit_bench.py`` (``--help`` for options; ``--quick`` is a
+smoke run of a few runs of each section).
 """
 
 from __future__ import annotations
@@ -29,6 +43,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import functools
+import logging
 import multiprocessing
 import os
 import platform
@@ -46,12 +61,18 @@ from torch import nn
 
 from dpledger.accountants import make_accountant
 from dpledger.audit import HeldOutSplit, audit_verdict, run_distinguishing_game
+from dpledger.audit.privacy_bounds import BoundMethod
+from dpledger.audit.threshold_selection import one_run_epsilon_bound_from_scores
 from dpledger.audit.torch_audit import (
     BlackBoxDigitsAudit,
+    WhiteBoxDigitsAudit,
     representative_ledger,
     run_black_box_digits,
     train_black_box_digits,
+    train_white_box_digits,
 )
+from dpledger.audit.torch_last_iterate import LastIterateDigitsAudit, train_last_iterate_digits
+from dpledger.audit.torch_one_run import WhiteBoxOneRunAudit, run_white_box_one_run
 
 DELTA = 1e-5
 CONFIDENCE = 0.95
@@ -123,6 +144,137 @@ def worker_start_up(workers: int) -> float:
     return time.perf_counter() - start
 
 
+# ---------------------------------------------------------------------------------- executors
+def _white_box_game(config: WhiteBoxDigitsAudit, runs_per_side: int, seed: int, **how: Any):
+    start = time.perf_counter()
+    game = run_distinguishing_game(
+        functools.partial(train_white_box_digits, config=config),
+        runs_per_side=runs_per_side,
+        seed=seed,
+        chunk_size=10,
+        progress=False,
+        **how,
+    )
+    return game, time.perf_counter() - start
+
+
+def executors(config: WhiteBoxDigitsAudit, *, runs_per_side: int, workers: int, seed: int):
+    """The same white-box game on the local process pool and on a Dask LocalCluster."""
+    print(f"\n## Runs/s: local process pool vs Dask LocalCluster ({workers} workers each)")
+    print(f"{'executor':34s} {'runs':>6s} {'wall s':>8s} {'runs/s':>8s}")
+    pool_game, wall = _white_box_game(config, runs_per_side, seed, workers=workers)
+    print(f"{'ProcessPoolExecutor (spawn)':34s} {2 * runs_per_side:6d} {wall:8.1f} "
+          f"{2 * runs_per_side / wall:8.1f}")  # fmt: skip
+    try:
+        import distributed
+    except ImportError:  # pragma: no cover - Dask is the optional extra dpledger[dask]
+        print("Dask not installed (pip install 'dpledger[dask]'): skipped")
+        return pool_game
+    start = time.perf_counter()
+    cluster = distributed.LocalCluster(
+        n_workers=workers,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        silence_logs=logging.WARNING,
+    )
+    client = distributed.Client(cluster)
+    client.run(_start_worker, 0)  # import torch, dpledger and the digits in every worker
+    started = time.perf_counter() - start
+    try:
+        dask_game, wall = _white_box_game(
+            config, runs_per_side, seed, executor=client.get_executor()
+        )
+    finally:
+        client.close()
+        cluster.close()
+    print(f"{'Dask LocalCluster get_executor()':34s} {2 * runs_per_side:6d} {wall:8.1f} "
+          f"{2 * runs_per_side / wall:8.1f}")  # fmt: skip
+    same = np.array_equal(pool_game.scores_with_canary, dask_game.scores_with_canary) and (
+        np.array_equal(pool_game.scores_without_canary, dask_game.scores_without_canary)
+    )
+    print(f"Dask cluster start-up (and worker imports): {started:.1f} s; "
+          f"scores identical on both executors: {same}")  # fmt: skip
+    return pool_game
+
+
+# ---------------------------------------------------------------------------------- white box
+def _one_run_scores(config: WhiteBoxOneRunAudit, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    torch.set_num_threads(1)
+    res = run_white_box_one_run(config, seed=seed)
+    return res.scores, res.included
+
+
+def white_box_bounds(config: WhiteBoxDigitsAudit, game: Any, *, canaries: int, workers: int):
+    """CP and GDP from the game beside both one-run bounds from as many one-run runs."""
+    claim = make_accountant("prv").epsilon(config.claimed_ledger(), delta=DELTA).epsilon
+    runs = 2 * game.runs_per_side
+    print(
+        f"\n## White box at claim ε = {claim:.3f} (PRV, δ = {DELTA:g}): {runs} training runs each"
+    )
+    selection = config.preregistered_thresholds()
+    rows = []
+    for method in (BoundMethod.CLOPPER_PEARSON, BoundMethod.GAUSSIAN_DP):
+        b = game.epsilon_lower_bound(
+            delta=DELTA, confidence=CONFIDENCE, selection=selection, method=method
+        )
+        rows.append((f"game, {method.value}", b.epsilon, b.counts))
+    one = WhiteBoxOneRunAudit(
+        noise_multiplier=config.noise_multiplier, steps=config.steps, num_canaries=canaries
+    )
+    start = time.perf_counter()
+    context = multiprocessing.get_context("spawn")
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        outs = list(pool.map(functools.partial(_one_run_scores, one), range(runs)))
+    wall = time.perf_counter() - start
+    scores = np.concatenate([o[0] for o in outs])
+    included = np.concatenate([o[1] for o in outs])
+    m = scores.size
+    guesses = [(max(1, round(f * m)), 0) for f in (0.01, 0.02, 0.05, 0.1)]
+    for method in (BoundMethod.ONE_RUN, BoundMethod.FDP_ONE_RUN):
+        b = one_run_epsilon_bound_from_scores(
+            scores, included, guess_counts=guesses, delta=DELTA, confidence=CONFIDENCE,
+            method=method,
+        )  # fmt: skip
+        rows.append((f"one run × {runs}, {method.value}", b.epsilon, b.counts))
+    print(f"(one-run runs: {canaries} canaries each, {m} in all, {wall:.1f} s on {workers} "
+          f"workers; guesses: top 1/2/5/10% of the canaries, Bonferroni over 4)")  # fmt: skip
+    print(f"{'audit':34s} {'ε lower bound':>14s} {'claim/bound':>12s}  counts")
+    for name, eps, counts in rows:
+        ratio = f"{claim / eps:12.2f}" if eps > 0 else f"{'∞':>12s}"
+        print(f"{name:34s} {eps:14.3f} {ratio}  {counts}")
+
+
+def last_iterate(*, runs_per_side: int, workers: int, seed: int) -> None:
+    """Last-iterate audits (final model only) against the ledger's claim, q = 1 and q = 0.1."""
+    print(
+        f"\n## Last iterate: crafted gradient canary, final model only ({runs_per_side} runs per "
+        f"side, claim ε = 2 by RDP at δ = {DELTA:g}, Clopper–Pearson at {CONFIDENCE:.0%})"
+    )
+    print(f"{'setting':30s} {'optimizer':16s} {'claim (PRV)':>12s} {'bound':>8s}  verdict")
+    for q, steps in ((1.0, 4), (0.1, 30)):
+        config = LastIterateDigitsAudit.for_target_epsilon(
+            target_epsilon=2.0, delta=DELTA, sampling_probability=q, steps=steps
+        )
+        claim = make_accountant("prv").epsilon(config.claimed_ledger(), delta=DELTA).epsilon
+        for implementation in ("correct", "batch_size_bug"):
+            audited = attrs.evolve(config, implementation=implementation)
+            game = run_distinguishing_game(
+                functools.partial(train_last_iterate_digits, config=audited),
+                runs_per_side=runs_per_side,
+                seed=seed,
+                workers=workers,
+                chunk_size=10,
+                progress=False,
+            )
+            b = game.epsilon_lower_bound(
+                delta=DELTA, confidence=CONFIDENCE, selection=audited.preregistered_thresholds()
+            )
+            verdict = "refuted" if b.epsilon > claim else "consistent"
+            setting = f"q = {q:g}, T = {steps}, z = {config.noise_multiplier:.3f}"
+            print(f"{setting:30s} {implementation:16s} {claim:12.3f} {b.epsilon:8.3f}  {verdict}")
+
+
 # ---------------------------------------------------------------------------------- one run, 3 ways
 def _batches(config: BlackBoxDigitsAudit, seed: int) -> tuple[torch.Tensor, torch.Tensor, list]:
     from dpledger.audit.torch_audit import _digits_tensors
@@ -187,7 +339,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30, help="repeats of the inline timings")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-buggy", action="store_true", help="skip the buggy optimizer's audit")
+    parser.add_argument(
+        "--white-box-runs", type=int, default=1000, help="white-box runs per side (executors)"
+    )
+    parser.add_argument("--canaries", type=int, default=1000, help="canaries per one-run run")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: a few runs of every section"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.runs, args.repeats, args.no_buggy, args.white_box_runs = 20, 3, True, 10
     torch.set_num_threads(1)
     # Opacus's hooks warn on every backward that the input needs no gradient (it does not).
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
@@ -216,6 +377,13 @@ def main() -> None:
         f"worker start-up (spawn, import torch + dpledger, load digits): "
         f"{worker_start_up(args.workers):.1f} s for {args.workers} workers"
     )
+
+    white = WhiteBoxDigitsAudit.for_target_epsilon(
+        target_epsilon=4.0, delta=DELTA, accountant="prv", steps=4
+    )
+    game = executors(white, runs_per_side=args.white_box_runs, workers=args.workers, seed=args.seed)
+    white_box_bounds(white, game, canaries=args.canaries, workers=args.workers)
+    last_iterate(runs_per_side=args.white_box_runs // 2, workers=args.workers, seed=args.seed)
 
     print(f"\n## One training run inline (median of {args.repeats} interleaved repeats)")
     functions = {

@@ -16,8 +16,10 @@ import warnings
 from typing import Any
 
 from dpledger.audit.audit_game import (
+    GameInterruptedError,
     GameRun,
     GameScores,
+    bound_progress,
     derive_run_seed,
     run_distinguishing_game,
 )
@@ -30,6 +32,7 @@ from dpledger.audit.canaries import (
     mislabeled_canary,
     out_of_distribution_canary,
 )
+from dpledger.audit.fdp_one_run import fdp_one_run_epsilon_bound, fdp_one_run_mu_bound
 from dpledger.audit.privacy_bounds import (
     BoundMethod,
     ConfusionCounts,
@@ -55,16 +58,20 @@ __all__ = [
     "ConfusionCounts",
     "EpsilonLowerBound",
     "FixedThreshold",
+    "GameInterruptedError",
     "GameRun",
     "GameScores",
     "GradientCanary",
     "HeldOutSplit",
     "InputCanary",
     "audit_verdict",
+    "bound_progress",
     "clopper_pearson_epsilon_bound",
     "derive_run_seed",
     "dirac_gradient_canary",
     "epsilon_bound_from_scores",
+    "fdp_one_run_epsilon_bound",
+    "fdp_one_run_mu_bound",
     "gaussian_dp_epsilon_bound",
     "loss_score",
     "mislabeled_canary",

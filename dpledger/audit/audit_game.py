@@ -13,10 +13,19 @@ This module is the framework-free harness. The user supplies a picklable trainin
 
 and :func:`run_distinguishing_game` runs it ``runs_per_side`` times per side, with seeds derived
 from one master seed by :class:`numpy.random.SeedSequence` (run i of a side always gets the same
-seed), in parallel across processes (``workers=1`` runs inline), with an optional progress bar.
-With ``results_path`` every finished run is appended to a JSON Lines file at once, so an
-interrupted audit keeps its runs and a second call with the same arguments runs only what is
-missing (and, the seeds being the same, gives the same scores as an uninterrupted audit).
+seed), inline, on a local process pool (``workers``) or on any
+:class:`concurrent.futures.Executor` (``executor``: a thread pool, a Dask cluster's
+``distributed.Client(...).get_executor()``, …), with progress (runs done, runs/s and, given
+``progress_bound``, the current bound). With ``results_path`` every finished run is appended to a
+JSON Lines file at once, so an interrupted audit keeps its runs and a second call with the same
+arguments runs only what is missing (and, the seeds being the same, gives the same scores as an
+uninterrupted audit).
+
+Only the calling process writes the results file, one whole line per run (a single write, then
+flush and, by default, fsync), so workers on any executor never write to it concurrently. A worker
+that dies mid-run (a crash, a killed process, a lost cluster node) loses only the runs it was
+running: the runs that finished are kept, :class:`GameInterruptedError` says how many are
+missing, and a second call runs them.
 
 File format: the first line is a header
 ``{"format": "dpledger.audit_game", "version": 1, "seed": …, "train": …}``; each further line is
@@ -28,93 +37,67 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import functools
-import json
 import logging
 import math
 import multiprocessing
 import numbers
 import os
-import sys
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
 
+from dpledger.audit.game_progress import ProgressBound, _Progress, bound_progress
+from dpledger.audit.game_results import (
+    RESULTS_FORMAT,
+    RESULTS_VERSION,
+    GameRun,
+    _check_seed,
+    _ResultsFile,
+    derive_run_seed,
+)
 from dpledger.audit.privacy_bounds import BoundMethod, EpsilonLowerBound
 from dpledger.audit.threshold_selection import ThresholdSelection, epsilon_bound_from_scores
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import DPLedgerError, InvalidParameterError
 from dpledger.validation import check_positive_int
 
 __all__ = [
     "RESULTS_FORMAT",
+    "RESULTS_VERSION",
+    "GameInterruptedError",
     "GameRun",
     "GameScores",
+    "ProgressBound",
     "TrainFunction",
+    "bound_progress",
     "derive_run_seed",
     "run_distinguishing_game",
 ]
 
 logger = logging.getLogger(__name__)
 
-RESULTS_FORMAT = "dpledger.audit_game"
-RESULTS_VERSION = 1
-
 TrainFunction = Callable[[bool, int], float]
 """``train(include_canary, seed) -> score``; higher scores mean "the canary was included"."""
 
 
-def _check_seed(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise InvalidParameterError("seed", value, "an integer >= 0")
-    return int(value)
+class GameInterruptedError(DPLedgerError, RuntimeError):
+    """Some runs of a distinguishing game did not finish (a worker died or the executor broke).
 
-
-def derive_run_seed(master_seed: int, *, include_canary: bool, index: int) -> int:
-    """The seed of run ``index`` on one side of the game, derived from ``master_seed``.
-
-    ``SeedSequence(master_seed, spawn_key=(side, index))`` with side 1 for runs with the canary and
-    0 without, reduced to a 63-bit integer (accepted by NumPy, PyTorch and TensorFlow seeding).
-    The two sides never share a seed.
-    """
-    master_seed = _check_seed(master_seed)
-    if isinstance(index, bool) or not isinstance(index, numbers.Integral) or index < 0:
-        raise InvalidParameterError("index", index, "an integer >= 0")
-    ss = np.random.SeedSequence(master_seed, spawn_key=(int(bool(include_canary)), int(index)))
-    return int(ss.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
-
-
-@attrs.frozen
-class GameRun:
-    """One finished run of the game.
+    The runs that finished are in the results file (when one was given); calling
+    :func:`run_distinguishing_game` again with the same arguments runs only the missing ones.
 
     Attributes:
-        include_canary: whether the run trained with the canary.
-        index: the run's number on its side (0-based).
-        seed: the seed it was given.
-        score: what the training function returned.
-        seconds: wall time of the run (informational).
+        finished: runs finished (including runs reused from the results file).
+        missing: runs that still have to be run.
     """
 
-    include_canary: bool
-    index: int
-    seed: int
-    score: float
-    seconds: float = 0.0
-
-    def to_json(self) -> str:
-        """The run as one JSON Lines record."""
-        return json.dumps(
-            {
-                "canary": self.include_canary,
-                "index": self.index,
-                "seed": self.seed,
-                "score": self.score,
-                "seconds": round(self.seconds, 6),
-            },
-            separators=(",", ":"),
-        )
+    def __init__(self, message: str, *, finished: int, missing: int) -> None:
+        super().__init__(message)
+        self.finished = finished
+        self.missing = missing
 
 
 @attrs.frozen
@@ -213,9 +196,14 @@ def _train_name(train: Any) -> str:
 
 
 def _run_chunk(
-    train: TrainFunction, chunk: Sequence[tuple[bool, int, int]]
+    train: TrainFunction, chunk: Sequence[tuple[bool, int, int]], call_id: str = ""
 ) -> list[tuple[bool, int, int, Any, float]]:
-    """Run ``train`` on each (include_canary, index, seed); in a worker process or inline."""
+    """Run ``train`` on each (include_canary, index, seed); in a worker process or inline.
+
+    ``call_id`` is unused here: it makes each call's tasks distinct for executors that cache
+    results by the task's arguments (Dask's default ``pure=True`` would otherwise hand a resumed
+    game the failure of the same chunk in the previous call).
+    """
     out = []
     for include, index, seed in chunk:
         start = time.perf_counter()
@@ -239,127 +227,49 @@ def _check_score(value: Any, include: bool, seed: int) -> float:
     return float(value)
 
 
-class _ResultsFile:
-    """The append-only JSON Lines results file of one game."""
-
-    def __init__(self, path: str, *, seed: int, train_name: str, fsync: bool) -> None:
-        self.path = path
-        self.fsync = fsync
-        self.existing: dict[tuple[bool, int], GameRun] = {}
-        header = {
-            "format": RESULTS_FORMAT,
-            "version": RESULTS_VERSION,
-            "seed": seed,
-            "train": train_name,
-        }
-        if os.path.exists(path) and os.path.getsize(path) > 0:
-            self._load(seed=seed, train_name=train_name)
-            self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        else:
-            self._fh = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
-            self._write_line(json.dumps(header, separators=(",", ":")))
-
-    def _bad(self, line_number: int, reason: str) -> InvalidParameterError:
-        return InvalidParameterError(
-            "results_path",
-            self.path,
-            f"a {RESULTS_FORMAT} results file (line {line_number}: {reason})",
-        )
-
-    def _load(self, *, seed: int, train_name: str) -> None:
-        with open(self.path, "rb") as fh:
-            data = fh.read()
-        end_of_good = data.rfind(b"\n") + 1
-        if end_of_good < len(data):
-            tail = data[end_of_good:]
-            logger.warning(
-                "%s: dropping a cut-short final line of %d bytes (an interrupted write)",
-                self.path,
-                len(tail),
-            )
-            with open(self.path, "r+b") as fh:
-                fh.truncate(end_of_good)
-        lines = data[:end_of_good].decode("utf-8").splitlines()
-        if not lines:
-            raise self._bad(1, "empty file without a header")
-        try:
-            header = json.loads(lines[0])
-        except json.JSONDecodeError:
-            raise self._bad(1, "the header is not JSON") from None
-        if not isinstance(header, dict) or header.get("format") != RESULTS_FORMAT:
-            raise self._bad(1, f"the header does not name the format {RESULTS_FORMAT!r}")
-        if header.get("version") != RESULTS_VERSION:
-            raise self._bad(1, f"unsupported version {header.get('version')!r}")
-        if header.get("seed") != seed:
-            raise InvalidParameterError(
-                "seed",
-                seed,
-                f"the seed the results file {self.path!r} was written with ({header.get('seed')}); "
-                "use a new results file for a new seed",
-            )
-        if header.get("train") != train_name:
-            raise InvalidParameterError(
-                "train",
-                train_name,
-                f"the training function the results file {self.path!r} was written with "
-                f"({header.get('train')!r}); use a new results file for a different function",
-            )
-        for number, line in enumerate(lines[1:], start=2):
-            try:
-                rec = json.loads(line)
-                run = GameRun(
-                    include_canary=bool(rec["canary"]),
-                    index=int(rec["index"]),
-                    seed=int(rec["seed"]),
-                    score=float(rec["score"]),
-                    seconds=float(rec.get("seconds", 0.0)),
-                )
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                raise self._bad(number, "not a run record") from None
-            expected = derive_run_seed(seed, include_canary=run.include_canary, index=run.index)
-            if run.seed != expected:
-                raise self._bad(number, f"seed {run.seed} is not the derived seed {expected}")
-            if not math.isfinite(run.score):
-                raise self._bad(number, "the score is not finite")
-            key = (run.include_canary, run.index)
-            if key in self.existing:
-                if self.existing[key].score != run.score:
-                    logger.warning(
-                        "%s: run %s appears twice with different scores (%r, %r); the training "
-                        "function is not deterministic given its seed; keeping the first",
-                        self.path,
-                        key,
-                        self.existing[key].score,
-                        run.score,
-                    )
-                continue
-            self.existing[key] = run
-
-    def _write_line(self, line: str) -> None:
-        self._fh.write(line + "\n")
-        self._fh.flush()
-        if self.fsync:
-            os.fsync(self._fh.fileno())
-
-    def append(self, run: GameRun) -> None:
-        self._write_line(run.to_json())
-
-    def close(self) -> None:
-        self._fh.close()
+def _is_lost_worker(exc: BaseException) -> bool:
+    """True for failures of the executor rather than of the training function."""
+    if isinstance(exc, (cf.BrokenExecutor, cf.CancelledError)):
+        return True
+    # Dask raises distributed.scheduler.KilledWorker (or a CommClosedError, a lost connection);
+    # matched by name so that this module does not import Dask.
+    return type(exc).__name__ in {"KilledWorker", "CommClosedError", "FutureCancelledError"}
 
 
-def _progress_bar(enabled: bool | None, total: int, initial: int) -> Any:
-    if enabled is None:
-        isatty = getattr(sys.stderr, "isatty", None)
-        enabled = bool(isatty()) if callable(isatty) else False
-    if not enabled:
-        return None
+def _run_on_executor(
+    pool: cf.Executor,
+    train: TrainFunction,
+    chunks: Sequence[Sequence[tuple[bool, int, int]]],
+    record: Callable[[list[tuple[bool, int, int, Any, float]]], None],
+) -> BaseException | None:
+    """Submit every chunk, record each as it finishes; return the first failure, if any.
+
+    After a failure the chunks not yet started are cancelled and those already running are
+    waited for and recorded, so that a dead worker loses only its own runs.
+    """
+    call_id = uuid.uuid4().hex
+    futures = [pool.submit(_run_chunk, train, chunk, call_id) for chunk in chunks]
+    failure: BaseException | None = None
     try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover - tqdm is an optional extra
-        logger.warning("progress=True but tqdm is not installed; no progress bar")
-        return None
-    return tqdm(total=total, initial=initial, desc="audit runs", unit="run")
+        for fut in cf.as_completed(futures):
+            if fut.cancelled():
+                continue
+            exc = fut.exception()
+            if exc is None:
+                record(fut.result())
+                continue
+            if failure is None:
+                failure = exc
+            if not _is_lost_worker(exc):
+                # A bug in the training function: stop submitting work. A lost worker costs
+                # only its own runs; the others keep going.
+                for other in futures:
+                    other.cancel()
+    except BaseException:  # KeyboardInterrupt while waiting: cancel what has not started
+        for fut in futures:
+            fut.cancel()
+        raise
+    return failure
 
 
 def run_distinguishing_game(
@@ -372,36 +282,58 @@ def run_distinguishing_game(
     chunk_size: int = 1,
     progress: bool | None = None,
     start_method: str | None = "spawn",
-    fsync: bool = False,
+    fsync: bool = True,
+    executor: cf.Executor | None = None,
+    progress_bound: ProgressBound | None = None,
+    progress_interval: float = 2.0,
 ) -> GameScores:
     """Run the distinguishing game: ``runs_per_side`` runs with the canary and as many without.
 
     Run i on side b gets the seed :func:`derive_run_seed` (seed, include_canary=b, index=i), so the
-    scores depend only on ``seed`` (given a deterministic ``train``), whatever ``workers`` is.
+    scores depend only on ``seed`` (given a deterministic ``train``), whatever ``workers`` or
+    ``executor`` is.
 
     Args:
-        train: ``train(include_canary, seed) -> score``, picklable when ``workers > 1`` (a
-            module-level function, or a ``functools.partial`` of one; with the ``"spawn"`` start
-            method a function defined in a script needs the script's work under
-            ``if __name__ == "__main__":``). Higher score must mean "more likely trained with the
-            canary". It must be deterministic given its seed for resumed audits to equal
-            uninterrupted ones.
+        train: ``train(include_canary, seed) -> score``, picklable when it runs in other
+            processes (a module-level function, or a ``functools.partial`` of one; with the
+            ``"spawn"`` start method a function defined in a script needs the script's work
+            under ``if __name__ == "__main__":``; on a Dask cluster the workers must be able to
+            import its module). Higher score must mean "more likely trained with the canary".
+            It must be deterministic given its seed for resumed audits to equal uninterrupted
+            ones.
         runs_per_side: runs on each side (≥ 1).
         seed: master seed (integer ≥ 0).
         results_path: JSON Lines file to append each finished run to; if it exists, its runs are
             reused (it must have been written with the same seed and training function) and only
             the missing runs are run. None keeps everything in memory.
-        workers: processes to run in parallel (``concurrent.futures.ProcessPoolExecutor``); 1 runs
-            inline in this process.
-        chunk_size: runs per task sent to a worker (larger amortises process overhead for cheap
-            runs; results are written when a chunk finishes).
-        progress: show a progress bar (tqdm); None shows one when stderr is a terminal.
-        start_method: multiprocessing start method for the workers (``"spawn"`` is safe with
+        workers: processes of the local pool (``concurrent.futures.ProcessPoolExecutor``) when
+            no ``executor`` is given; 1 runs inline in this process.
+        chunk_size: runs per task sent to a worker (larger amortises the overhead of cheap runs;
+            results are written when a chunk finishes, and a dead worker loses its chunk).
+        progress: show a progress bar (tqdm) with runs done, runs/s and the current bound; None
+            shows one when stderr is a terminal. Without a bar, progress is logged at INFO.
+        start_method: multiprocessing start method of the local pool (``"spawn"`` is safe with
             PyTorch and TensorFlow; ``"fork"`` starts faster).
-        fsync: also ``os.fsync`` the results file after each run.
+        fsync: ``os.fsync`` the results file after each line (on by default; off saves a disk
+            flush per run when runs are very cheap, at the risk of losing the last runs to an
+            operating-system crash, never of a corrupt file).
+        executor: any :class:`concurrent.futures.Executor` to run the runs on (a thread pool,
+            a process pool you manage, ``distributed.Client(...).get_executor()``); it is used,
+            not shut down. None uses the local process pool of ``workers`` processes.
+        progress_bound: ``bound(scores_with, scores_without)`` on the runs finished so far (a
+            float or an :class:`~dpledger.audit.privacy_bounds.EpsilonLowerBound`), shown as the
+            current bound, e.g. ``bound_progress(delta=…, confidence=…, selection=…)``;
+            informational only (a bound watched as runs come in is not the audit's bound).
+        progress_interval: seconds between progress reports (and bound evaluations).
 
     Returns:
         The scores of all ``runs_per_side`` runs on each side.
+
+    Raises:
+        GameInterruptedError: a worker died or the executor broke; the runs that finished are
+            kept (in the results file, when given) and a second call runs the others.
+        Exception: an exception raised by ``train`` (after the runs that finished meanwhile are
+            recorded).
     """
     runs_per_side = check_positive_int("runs_per_side", runs_per_side)
     seed = _check_seed(seed)
@@ -413,6 +345,22 @@ def run_distinguishing_game(
         raise InvalidParameterError(
             "start_method", start_method, f"one of {multiprocessing.get_all_start_methods()}"
         )
+    if executor is not None and not isinstance(executor, cf.Executor):
+        raise InvalidParameterError("executor", executor, "a concurrent.futures.Executor")
+    if executor is not None and workers != 1:
+        raise InvalidParameterError(
+            "workers", workers, "1 when an executor is given (the executor sets the parallelism)"
+        )
+    if progress_bound is not None and not callable(progress_bound):
+        raise InvalidParameterError(
+            "progress_bound", progress_bound, "a callable bound(scores_with, scores_without)"
+        )
+    if (
+        isinstance(progress_interval, bool)
+        or not isinstance(progress_interval, numbers.Real)
+        or not progress_interval >= 0
+    ):
+        raise InvalidParameterError("progress_interval", progress_interval, "a number >= 0")
 
     results: _ResultsFile | None = None
     done: dict[tuple[bool, int], GameRun] = {}
@@ -435,7 +383,13 @@ def run_distinguishing_game(
         if (include, i) not in done
     ]
     chunks = [todo[k : k + chunk_size] for k in range(0, len(todo), chunk_size)]
-    bar = _progress_bar(progress, 2 * runs_per_side, len(done))
+    reporter = _Progress(
+        progress,
+        total=2 * runs_per_side,
+        initial=len(done),
+        bound=progress_bound,
+        interval=float(progress_interval),
+    )
 
     def record(outputs: list[tuple[bool, int, int, Any, float]]) -> None:
         for include, index, run_seed, score, seconds in outputs:
@@ -443,29 +397,40 @@ def run_distinguishing_game(
             done[(include, index)] = run
             if results is not None:
                 results.append(run)
-            if bar is not None:
-                bar.update(1)
+        reporter.update(len(outputs), done)
 
+    failure: BaseException | None = None
     try:
-        if workers == 1 or len(chunks) <= 1:
+        if executor is not None:
+            failure = _run_on_executor(executor, train, chunks, record)
+        elif workers == 1 or len(chunks) <= 1:
             for chunk in chunks:
                 record(_run_chunk(train, chunk))
         else:
             context = None if start_method is None else multiprocessing.get_context(start_method)
             with cf.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-                futures = [pool.submit(_run_chunk, train, chunk) for chunk in chunks]
-                try:
-                    for fut in cf.as_completed(futures):
-                        record(fut.result())
-                except BaseException:
-                    for fut in futures:
-                        fut.cancel()
-                    raise
+                failure = _run_on_executor(pool, train, chunks, record)
+        if failure is None and reporter.done != reporter.initial:
+            reporter.update(0, done, final=True)
     finally:
-        if bar is not None:
-            bar.close()
+        reporter.close()
         if results is not None:
             results.close()
+
+    if failure is not None:
+        missing = 2 * runs_per_side - len(done)
+        where = f" in {results.path}" if results is not None else " (no results_path: not kept)"
+        message = (
+            f"{missing} of {2 * runs_per_side} runs of the game did not finish "
+            f"({type(failure).__name__}: {failure}); the {len(done)} finished runs are kept"
+            f"{where}; call again with the same arguments to run the missing ones"
+        )
+        logger.error("%s", message)
+        if _is_lost_worker(failure):
+            raise GameInterruptedError(message, finished=len(done), missing=missing) from failure
+        if hasattr(failure, "add_note"):
+            failure.add_note(message)
+        raise failure
 
     with_canary = tuple(done[(True, i)] for i in range(runs_per_side))
     without_canary = tuple(done[(False, i)] for i in range(runs_per_side))

@@ -1,5 +1,10 @@
 """Statistically valid lower bounds on ε from the outcomes of a privacy audit.
 
+This module is over 500 lines because its three bounds share one result type, one set of input
+checks and the derivations written out below, which a reader checking one bound needs beside the
+others; the f-DP one-run bound, which only reuses the checks and the result type, lives in
+:mod:`dpledger.audit.fdp_one_run`.
+
 An accountant gives an *upper* bound on ε; an audit gives a *lower* bound that holds with a stated
 confidence: "with probability at least ``confidence`` over the audit's randomness, the mechanism is
 not (ε', δ)-DP for any ε' below the reported bound". Three methods are implemented, each returning
@@ -43,6 +48,9 @@ with the exact μ-GDP privacy profile (Dong, Roth & Su 2019, Corollary 2.13)
 solved for ε by :func:`scipy.optimize.brentq`. This ε is a valid lower bound only under the
 *assumption* that the mechanism's trade-off curve has the Gaussian shape (true for the Gaussian
 mechanism and, approximately, for DP-SGD); the result records that assumption.
+
+The f-DP one-run bound of Mahloujifar, Melis & Chaudhuri (2024), on the same guesses as the
+one-run bound above, is in :mod:`dpledger.audit.fdp_one_run`.
 
 The functions here take counts at *one* threshold chosen independently of the data that produced
 the counts. To go from raw scores to a bound (choosing the threshold without voiding the
@@ -132,6 +140,7 @@ class BoundMethod(str, enum.Enum):
     CLOPPER_PEARSON = "clopper_pearson"
     ONE_RUN = "one_run"
     GAUSSIAN_DP = "gaussian_dp"
+    FDP_ONE_RUN = "fdp_one_run"
 
     @classmethod
     def parse(cls, value: BoundMethod | str) -> BoundMethod:

@@ -236,11 +236,11 @@ def epsilon_bound_from_scores(
     delta = _check_audit_delta(delta)
     confidence = _check_confidence(confidence)
     method = BoundMethod.parse(method)
-    if method is BoundMethod.ONE_RUN:
+    if method in (BoundMethod.ONE_RUN, BoundMethod.FDP_ONE_RUN):
         raise InvalidParameterError(
             "method",
             method.value,
-            "'clopper_pearson' or 'gaussian_dp' (for the one-run audit "
+            "'clopper_pearson' or 'gaussian_dp' (for the one-run audits "
             "use one_run_epsilon_bound_from_scores)",
         )
     alpha = 1.0 - confidence
@@ -378,6 +378,7 @@ def one_run_epsilon_bound_from_scores(
     guess_counts: Sequence[tuple[int, int]],
     delta: float,
     confidence: float,
+    method: BoundMethod | str = BoundMethod.ONE_RUN,
 ) -> EpsilonLowerBound:
     """One-run ε lower bound from the m canaries' scores in a single training run.
 
@@ -394,7 +395,16 @@ def one_run_epsilon_bound_from_scores(
         guess_counts: the (k₊, k₋) pairs to try, with k₊ + k₋ ≤ m.
         delta: δ in [0, 1).
         confidence: 1 − α in (0, 1).
+        method: ``"one_run"`` (Steinke et al. 2023, an (ε, δ) test) or ``"fdp_one_run"``
+            (Mahloujifar et al. 2024, a test of the Gaussian trade-off curve:
+            :func:`~dpledger.audit.fdp_one_run.fdp_one_run_epsilon_bound`), on the same guesses.
     """
+    method = BoundMethod.parse(method)
+    if method not in (BoundMethod.ONE_RUN, BoundMethod.FDP_ONE_RUN):
+        raise InvalidParameterError("method", method.value, "'one_run' or 'fdp_one_run'")
+    bound_of = one_run_epsilon_bound
+    if method is BoundMethod.FDP_ONE_RUN:
+        from dpledger.audit.fdp_one_run import fdp_one_run_epsilon_bound as bound_of
     s = _as_scores("scores", scores)
     inc = np.asarray(included)
     if inc.dtype != np.bool_ or inc.shape != s.shape:
@@ -419,7 +429,7 @@ def one_run_epsilon_bound_from_scores(
         top = _guesses(s, ranked, kp, highest=True)
         bottom = _guesses(s, ranked, kn, highest=False)
         v = int(np.count_nonzero(inc[top])) + int(np.count_nonzero(~inc[bottom]))
-        b = one_run_epsilon_bound(
+        b = bound_of(
             num_canaries=m,
             num_guesses=int(np.count_nonzero(top)) + int(np.count_nonzero(bottom)),
             num_correct=v,

@@ -40,10 +40,8 @@ configuration and the seed.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
-import numbers
 from typing import Any
 
 import attrs
@@ -52,9 +50,6 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from dpledger.adapters.torch.backend import TorchBackend
-from dpledger.adapters.torch.optimizer import DPOptimizer
-from dpledger.adapters.torch.poisson import PoissonBatchSampler
 from dpledger.adapters.torch.private import calibrated_noise_multiplier
 from dpledger.audit.canaries import (
     GradientCanary,
@@ -64,9 +59,26 @@ from dpledger.audit.canaries import (
     out_of_distribution_canary,
 )
 from dpledger.audit.threshold_selection import BonferroniThresholds
-from dpledger.errors import InvalidParameterError, LedgerStateError
+from dpledger.audit.torch_audit_common import (
+    _NUM_CLASSES,
+    _NUM_FEATURES,
+    IMPLEMENTATIONS,
+    UndernoisedDPOptimizer,
+    _check_claim,
+    _class_label,
+    _digits_tensors,
+    _implementation,
+    _noise,
+    _optional_records,
+    _optional_threads,
+    _sampling_probability,
+    _set_threads,
+    _train,
+    digits_records,
+)
+from dpledger.errors import InvalidParameterError
 from dpledger.ledger import CompressedLedger, PrivacyLedger
-from dpledger.validation import check_positive_finite, check_positive_int, check_probability
+from dpledger.validation import check_positive_finite, check_positive_int
 
 __all__ = [
     "IMPLEMENTATIONS",
@@ -84,135 +96,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-IMPLEMENTATIONS = ("correct", "batch_size_bug")
-"""``"correct"``: :class:`DPOptimizer`; ``"batch_size_bug"``: :class:`UndernoisedDPOptimizer`."""
-
-_NUM_CLASSES = 10
-_NUM_FEATURES = 64
-
-
-# ---------------------------------------------------------------------------------- the bug
-class UndernoisedDPOptimizer(DPOptimizer):
-    """A deliberately broken :class:`DPOptimizer`: noise σ̃/B drawn, σ̃ recorded. Audits only.
-
-    This is the bug Tramèr et al. (2022, §4) found in a published implementation: the sensitivity
-    of the *averaged* gradient was taken to be C/B although each record's clipped gradient already
-    has norm up to C, so the noise was B times too small. Here every Gaussian sum query draws
-    N(0, (σ̃/B)² I) while the ledger records (S, σ̃) exactly as the correct optimizer does, so its
-    ledger claims the same ε. A privacy audit must refute that claim. The bug is planted through
-    the optimizer's documented override point :meth:`DPOptimizer.add_noise`.
-
-    Args:
-        optimizer: the optimizer to wrap (as for :class:`DPOptimizer`).
-        noise_divisor: B; None uses the expected batch size q·n.
-        **kwargs: the keyword arguments of :class:`DPOptimizer`.
-    """
-
-    def __init__(
-        self,
-        optimizer: torch.optim.Optimizer,
-        *,
-        noise_divisor: float | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(optimizer, **kwargs)
-        divisor = (
-            self.expected_batch_size
-            if noise_divisor is None
-            else check_positive_finite("noise_divisor", noise_divisor)
-        )
-        self.noise_divisor = float(divisor)
-        self._plain_noise = TorchBackend()
-
-    def add_noise(
-        self, sums: list[torch.Tensor], *, stddevs: list[float], generator: torch.Generator
-    ) -> list[torch.Tensor]:
-        """The bug: each array + N(0, (σ̃/B)² I), one draw per array, while σ̃ is recorded."""
-        return [
-            self._plain_noise.add_gaussian_noise(
-                x, stddev=sd / self.noise_divisor, generator=generator
-            )
-            for x, sd in zip(sums, stddevs, strict=True)
-        ]
-
-
-# ---------------------------------------------------------------------------------- data
-@functools.lru_cache(maxsize=8)
-def _digits(num_records: int | None) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as err:  # pragma: no cover - scikit-learn is in the test extra
-        raise ImportError(
-            "the digits audits need scikit-learn (pip install 'dpledger[examples]')"
-        ) from err
-    data = load_digits()
-    x = np.asarray(data.data, dtype=np.float64) / 16.0
-    y = np.asarray(data.target, dtype=np.int64)
-    if num_records is not None:
-        x, y = x[:num_records], y[:num_records]
-    x.setflags(write=False)
-    y.setflags(write=False)
-    return x, y
-
-
-def digits_records(num_records: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``num_records`` of scikit-learn's 1797 digits (all when None), pixels in [0, 1].
-
-    Returns:
-        (features, labels): read-only arrays of shapes (n, 64) and (n,), cached per process.
-    """
-    if num_records is not None:
-        num_records = check_positive_int("num_records", num_records)
-        if num_records > 1797:
-            raise InvalidParameterError("num_records", num_records, "at most 1797 (or None)")
-    return _digits(num_records)
-
-
-@functools.lru_cache(maxsize=8)
-def _digits_tensors(num_records: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = digits_records(num_records)
-    return torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.int64)
-
 
 # ---------------------------------------------------------------------------------- configs
-def _implementation(value: Any) -> str:
-    if value not in IMPLEMENTATIONS:
-        raise InvalidParameterError("implementation", value, f"one of {IMPLEMENTATIONS}")
-    return str(value)
-
-
-def _optional_records(value: Any) -> int | None:
-    if value is None:
-        return None
-    n = check_positive_int("num_records", value)
-    if n > 1797:
-        raise InvalidParameterError("num_records", value, "at most 1797 (or None)")
-    return n
-
-
-def _optional_threads(value: Any) -> int | None:
-    return None if value is None else check_positive_int("torch_threads", value)
-
-
-def _class_label(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidParameterError("canary_label", value, "a class index in [0, 10)")
-    if not 0 <= value < _NUM_CLASSES:
-        raise InvalidParameterError("canary_label", value, "a class index in [0, 10)")
-    return int(value)
-
-
-def _sampling_probability(value: Any) -> float:
-    q = check_probability("sampling_probability", value)
-    if q == 0.0:
-        raise InvalidParameterError("sampling_probability", value, "a probability in (0, 1]")
-    return q
-
-
-def _noise(value: Any) -> float:
-    return check_positive_finite("noise_multiplier", value)
-
-
 @attrs.frozen(kw_only=True)
 class BlackBoxDigitsAudit:
     """Configuration of :func:`train_black_box_digits`.
@@ -445,87 +330,6 @@ class AuditRun:
 
     score: float
     ledger: PrivacyLedger
-
-
-def _set_threads(threads: int | None) -> None:
-    if threads is not None and torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
-
-
-def _seeds(seed: Any) -> tuple[int, int]:
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise InvalidParameterError("seed", seed, "an integer >= 0")
-    sampling, noise = np.random.SeedSequence(int(seed)).spawn(2)
-    return (
-        int(sampling.generate_state(1, np.uint64)[0] >> np.uint64(1)),
-        int(noise.generate_state(1, np.uint64)[0] >> np.uint64(1)),
-    )
-
-
-def _check_claim(ledger: PrivacyLedger, claimed: CompressedLedger, seed: int) -> None:
-    """Raise unless the run's ledger records the claimed steps (same q, z up to rounding, T)."""
-    got = ledger.compressed().runs
-    want = claimed.runs
-    same = len(got) == len(want) and all(
-        g.sampling_probability == w.sampling_probability
-        and g.count == w.count
-        and math.isclose(g.noise_multiplier, w.noise_multiplier, rel_tol=1e-12)
-        for g, w in zip(got, want, strict=False)
-    )
-    if not same:
-        raise LedgerStateError(
-            f"the run with seed {seed} recorded the steps {[attrs.astuple(r) for r in got]} "
-            f"(q, z, count), not the audited claim {[attrs.astuple(r) for r in want]}: every run "
-            "of an audit must claim the same ε"
-        )
-
-
-def _optimizer_class(implementation: str) -> type[DPOptimizer]:
-    return UndernoisedDPOptimizer if implementation == "batch_size_bug" else DPOptimizer
-
-
-def _train(
-    *,
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    loss_of: Any,
-    sampling_probability: float,
-    steps: int,
-    noise_multiplier: float,
-    max_grad_norm: float,
-    learning_rate: float,
-    implementation: str,
-    seed: int,
-) -> PrivacyLedger:
-    """T DP-SGD steps on Poisson samples of (x, y); returns the run's ledger."""
-    sampling_seed, noise_seed = _seeds(seed)
-    sampler = PoissonBatchSampler(
-        population_size=int(y.shape[0]),
-        sampling_probability=sampling_probability,
-        steps=steps,
-        seed=sampling_seed,
-    )
-    ledger = PrivacyLedger()
-    optimizer = _optimizer_class(implementation)(
-        torch.optim.SGD(model.parameters(), lr=learning_rate),
-        model=model,
-        l2_norm_bound=max_grad_norm,
-        noise_multiplier=noise_multiplier,
-        sampler=sampler,
-        ledger=ledger,
-        seed=noise_seed,
-    )
-    for indices in sampler:
-        optimizer.zero_grad()
-        if not indices:
-            optimizer.empty_step()
-            continue
-        batch = torch.tensor(indices, dtype=torch.int64)
-        optimizer.backward(loss_of(model(x[batch]), batch))
-        optimizer.step()
-    optimizer.detach()
-    return ledger
 
 
 def run_black_box_digits(

@@ -48,6 +48,7 @@ _METHOD_NAMES = {
     BoundMethod.CLOPPER_PEARSON: "Clopper–Pearson",
     BoundMethod.ONE_RUN: "one-run",
     BoundMethod.GAUSSIAN_DP: "Gaussian-DP",
+    BoundMethod.FDP_ONE_RUN: "f-DP one-run",
 }
 
 
@@ -256,7 +257,8 @@ def audit_verdict(
             "verdict compares with its certified upper bound instead"
         )
     assumption = bound.assumption
-    if assumption and bound.method is BoundMethod.GAUSSIAN_DP and _is_full_batch_ledger(claim):
+    gaussian = (BoundMethod.GAUSSIAN_DP, BoundMethod.FDP_ONE_RUN)
+    if assumption and bound.method in gaussian and _is_full_batch_ledger(claim):
         assumption = None  # full-batch Gaussian steps compose to exactly μ-GDP
     if assumption:
         warnings.append(f"the lower bound assumes {assumption}")

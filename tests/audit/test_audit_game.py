@@ -251,3 +251,53 @@ def test_audit_refutes_the_mechanism_with_ten_times_too_little_noise(method):
         assert verdict.refuted
         assert bound.epsilon > CLAIMED_EPSILON
         assert "claim refuted at confidence 1 − α = 0.95" in str(verdict)
+
+
+def test_progress_reports_runs_rate_and_the_current_bound(caplog):
+    """Without a terminal, progress is logged: runs done, runs/s and the bound given by
+    ``progress_bound`` on the runs finished so far (here the mean-score gap, an exact oracle)."""
+    seen = []
+
+    def gap(s_in, s_out):
+        seen.append((s_in.size, s_out.size))
+        return float(s_in.mean() - s_out.mean())
+
+    with caplog.at_level(logging.INFO, logger="dpledger.audit.audit_game"):
+        game = run_distinguishing_game(
+            gm.noisy_sum,
+            runs_per_side=4,
+            seed=1,
+            progress=False,
+            progress_bound=gap,
+            progress_interval=0.0,
+        )
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("audit runs")]
+    assert lines[-1].startswith("audit runs: 8/8 done")
+    assert "runs/s" in lines[-1]
+    want = float(game.scores_with_canary.mean() - game.scores_without_canary.mean())
+    assert f"bound ε ≥ {want:.3f}" in lines[-1]
+    assert seen[-1] == (4, 4)
+    with pytest.raises(InvalidParameterError, match="progress_bound"):
+        run_distinguishing_game(gm.noisy_sum, runs_per_side=1, seed=0, progress_bound=3)
+
+
+def test_bound_progress_reports_the_final_bound_of_the_game(caplog):
+    """bound_progress(...) on all the runs is the game's own epsilon_lower_bound (same args)."""
+    from dpledger.audit import bound_progress
+
+    kwargs = {"delta": DELTA, "confidence": 0.95, "selection": HeldOutSplit(seed=2)}
+    with caplog.at_level(logging.INFO, logger="dpledger.audit.audit_game"):
+        game = run_distinguishing_game(
+            gm.buggy_noisy_sum,
+            runs_per_side=30,
+            seed=4,
+            progress=False,
+            progress_bound=bound_progress(**kwargs),
+            progress_interval=0.0,
+        )
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("audit runs")]
+    want = game.epsilon_lower_bound(**kwargs).epsilon
+    assert want > 0
+    assert lines[-1].endswith(f"bound ε ≥ {want:.3f}")
+    # Too few runs for a held-out split: the progress shows no bound instead of failing.
+    assert "bound" not in lines[0]
