@@ -54,6 +54,7 @@ from dpledger.mechanisms.config import (
     check_groups,
     check_strategy,
     deprecated_alias,
+    l2_norm_bound_alias,
     warn_deprecated,
 )
 from dpledger.validation import check_non_negative_finite, check_positive_finite
@@ -176,15 +177,10 @@ def adapter_settings(
             ``queries``).
     """
     level = stacklevel + 1
-    bound = deprecated_alias(
-        new="l2_norm_bound",
-        new_value=l2_norm_bound,
-        old="l2_norm_clip",
-        old_value=l2_norm_clip,
-        stacklevel=level,
+    bound, spelled = l2_norm_bound_alias(
+        l2_norm_bound=l2_norm_bound, old="l2_norm_clip", old_value=l2_norm_clip, stacklevel=level
     )
     groups = current_groups(groups, stacklevel=level)
-    spelled = {"l2_norm_bound": "l2_norm_clip"} if l2_norm_clip is not None else {}
     if method is not None:
         engine_method(strategy=strategy, method=method, stacklevel=level)
         if config is not None:
@@ -236,16 +232,7 @@ def adapter_settings(
 
 def queries_of(variables: Sequence[Any], config: DPConfig) -> GradientQueries:
     """The queries of ``config`` over ``variables`` (see :func:`gradient_queries`)."""
-    return gradient_queries(
-        variables,
-        l2_norm_bound=config.l2_norm_bound,
-        noise_multiplier=config.noise_multiplier,
-        clipping=config.clipping,
-        groups=config.groups,
-        clip_split=config.clip_split,
-        noise_allocation=config.noise_allocation,
-        scales=config.scales,
-    )
+    return gradient_queries(variables, **config.query_arguments())
 
 
 def _path(variable: Any) -> str:

@@ -53,7 +53,7 @@ from dpledger.adapters.torch.virtual_batches import virtual_batches
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
 from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent
-from dpledger.mechanisms.config import DPConfig, deprecated_alias
+from dpledger.mechanisms.config import DPConfig, l2_norm_bound_alias
 from dpledger.sampling.relations import default_relation
 from dpledger.sampling.validation import check_sampling_probability, default_steps
 from dpledger.validation import (
@@ -453,15 +453,13 @@ def make_private(
         check_sampling_probability(sampling_probability)
     if max_physical_batch_size is not None:
         check_positive_int("max_physical_batch_size", max_physical_batch_size)
+    bound, spelled = l2_norm_bound_alias(
+        l2_norm_bound=l2_norm_bound, old="max_grad_norm", old_value=max_grad_norm
+    )
     config = DPConfig.resolve(
         config,
-        spelled={"l2_norm_bound": "max_grad_norm"} if max_grad_norm is not None else None,
-        l2_norm_bound=deprecated_alias(
-            new="l2_norm_bound",
-            new_value=l2_norm_bound,
-            old="max_grad_norm",
-            old_value=max_grad_norm,
-        ),
+        spelled=spelled,
+        l2_norm_bound=bound,
         noise_multiplier=noise_multiplier,
         target_epsilon=target_epsilon,
         delta=delta,
