@@ -6,7 +6,7 @@
 vectorised one), adds Gaussian noise, averages with the fixed denominator of the sampling scheme
 (q·n, b or n/k) and hands the privatised gradient to the optimizer, recording the step's sampling
 event and sum-query events in the ledger (see
-:mod:`~dpledger.adapters.tensorflow.private_gradients` for the stages and their precision). The
+:mod:`~dpledger.adapters.tensorflow.dp_step` for the stages and their precision). The
 optimizer only post-processes privatised gradients, so its choice never changes the accounting.
 
 Why not ``train_step``: Keras runs ``train_step`` inside a ``tf.function`` (and a loop of
