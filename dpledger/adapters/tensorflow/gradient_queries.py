@@ -230,6 +230,41 @@ def adapter_settings(
     )
 
 
+SETTING_KEYWORDS = (
+    "config",
+    "queries",
+    "l2_norm_bound",
+    "l2_norm_clip",
+    "groups",
+    "strategy",
+    "method",
+    "clip_margin",
+    "noise_multiplier",
+    "clipping",
+    "clip_split",
+    "noise_allocation",
+    "scales",
+)
+"""The keyword arguments of the Keras adapters' constructors that make their settings."""
+
+
+def settings_of_arguments(arguments: Mapping[str, Any], *, stacklevel: int = 2) -> AdapterSettings:
+    """:func:`adapter_settings` of a constructor's arguments: the one place where
+    :class:`~dpledger.adapters.tensorflow.DPKerasModel` and
+    :class:`~dpledger.adapters.tensorflow.PrivateGradients` forward their
+    :class:`~dpledger.mechanisms.DPConfig` keywords (:data:`SETTING_KEYWORDS`).
+
+    Args:
+        arguments: the constructor's arguments by name (``locals()``; other names are ignored).
+        stacklevel: as for :func:`warnings.warn`, counted from the caller of this function.
+
+    Raises:
+        InvalidParameterError: as :func:`adapter_settings`.
+    """
+    given = {name: arguments[name] for name in SETTING_KEYWORDS}
+    return adapter_settings(**given, stacklevel=stacklevel + 1)
+
+
 def queries_of(variables: Sequence[Any], config: DPConfig) -> GradientQueries:
     """The queries of ``config`` over ``variables`` (see :func:`gradient_queries`)."""
     return gradient_queries(variables, **config.query_arguments())

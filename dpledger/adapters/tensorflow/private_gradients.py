@@ -21,7 +21,7 @@ from dpledger.adapters.tensorflow.construction_checks import (
 )
 from dpledger.adapters.tensorflow.dp_step import DPStep, default_clip_margin
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
-from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, adapter_settings
+from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, settings_of_arguments
 from dpledger.adapters.tensorflow.record_probe import (
     check_probe_switch,
     probe_record_independence,
@@ -153,21 +153,7 @@ class PrivateGradients:
         events = step_events_of(sampler, sampling_probability, population_size)
         check_probe_switch(check_record_independence)
         self._probed = not check_record_independence
-        settings = adapter_settings(
-            config=config,
-            queries=queries,
-            l2_norm_bound=l2_norm_bound,
-            l2_norm_clip=l2_norm_clip,
-            groups=groups,
-            strategy=strategy,
-            method=method,
-            clip_margin=clip_margin,
-            noise_multiplier=noise_multiplier,
-            clipping=clipping,
-            clip_split=clip_split,
-            noise_allocation=noise_allocation,
-            scales=scales,
-        )
+        settings = settings_of_arguments(locals())
         engine = PerExampleGradientEngine(model, loss, method=settings.method)
         check_built(model)
         self._step = DPStep(
