@@ -1,5 +1,5 @@
 """The checks of the Keras adapters' constructors: the bias callback, the noise generator and
-the ledger (:class:`~dpledger.adapters.tensorflow.DPKerasModel` and
+the ledger with the run's intent (:class:`~dpledger.adapters.tensorflow.DPKerasModel` and
 :class:`~dpledger.adapters.tensorflow.PrivateGradients`).
 """
 
@@ -13,10 +13,13 @@ from dpledger.adapters.tensorflow.backend import make_generator
 from dpledger.adapters.tensorflow.step_events import StepEvents, check_relation
 from dpledger.diagnostics.bias import ClippingBiasCallback
 from dpledger.errors import InvalidParameterError
-from dpledger.ledger import NeighboringRelation, PrivacyLedger
+from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingScheme
+from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent
+from dpledger.mechanisms import DPConfig
 from dpledger.sampling.relations import default_relation
+from dpledger.validation import warn_if_delta_too_large
 
-__all__ = ["check_bias_callback", "generator_of", "ledger_of"]
+__all__ = ["check_bias_callback", "generator_of", "ledger_of", "ledger_with_intent"]
 
 
 def check_bias_callback(callback: Any) -> ClippingBiasCallback | None:
@@ -51,3 +54,37 @@ def ledger_of(ledger: Any, events: StepEvents | None = None) -> PrivacyLedger:
     if events is not None:
         check_relation(events, ledger)
     return ledger
+
+
+def ledger_with_intent(
+    ledger: PrivacyLedger | None,
+    events: StepEvents,
+    config: DPConfig | None,
+    explicit: dict[str, Any] | None,
+) -> PrivacyLedger:
+    """The run's ledger: a new one holds the run's intent in its metadata; a given one is
+    checked, and the intent it lacks is logged. Warns when the config's δ ≥ 1/n."""
+    event = events.event
+    n = event.population_size
+    delta = None if config is None else config.delta
+    if delta is not None:
+        warn_if_delta_too_large(delta=delta, population_size=n, stacklevel=3)
+    z = config.noise_multiplier if config is not None else (explicit or {}).get("noise_multiplier")
+    intent = run_intent(
+        framework="tensorflow",
+        framework_version=tf.__version__,
+        population_size=n,
+        unit=event.unit.value,
+        noise_multiplier=None if z is None else float(z),
+        delta=delta,
+        sampling=event.scheme.value,
+        sampling_probability=(
+            event.sampling_probability if event.scheme is SamplingScheme.POISSON else None
+        ),
+    )
+    if ledger is None:
+        relation = default_relation(event)
+        return ledger_of(PrivacyLedger(neighboring=relation, metadata={INTENT_KEY: intent}), events)
+    checked = ledger_of(ledger, events)
+    note_intent(checked, intent)
+    return checked
