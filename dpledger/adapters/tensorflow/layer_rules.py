@@ -20,32 +20,39 @@ normalised input.
 
 Every rule computes in the dtype of the variable it differentiates, and returns tensors in it.
 
-The rules live in this module (Dense, Embedding, LayerNormalization),
-:mod:`~dpledger.adapters.tensorflow.einsum_rule`, :mod:`~dpledger.adapters.tensorflow.conv_rule`
-and :mod:`~dpledger.adapters.tensorflow.recurrent_rules`; their shared algebra is in
+The rules live in this module (Dense, Conv2D), :mod:`~dpledger.adapters.tensorflow.einsum_rule`,
+:mod:`~dpledger.adapters.tensorflow.embedding_rule`,
+:mod:`~dpledger.adapters.tensorflow.normalization_rule` and
+:mod:`~dpledger.adapters.tensorflow.recurrent_rules`; their shared algebra is in
 :mod:`~dpledger.adapters.tensorflow.rule_algebra`. Importing this module registers them all
 but the recurrent ones.
 """
 
 from __future__ import annotations
 
-import warnings
+from typing import Any
 
 import keras
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.conv_rule import Conv2DRule
+from dpledger.adapters.tensorflow.conv_gradients import (
+    patch_gram,
+    patch_gram_supported,
+    per_example_conv2d_kernel_gradients,
+)
 from dpledger.adapters.tensorflow.einsum_rule import EinsumDenseRule
-from dpledger.adapters.tensorflow.errors import RecordMixingLayerError
+from dpledger.adapters.tensorflow.embedding_rule import EmbeddingRule
+from dpledger.adapters.tensorflow.normalization_rule import LayerNormalizationRule
 from dpledger.adapters.tensorflow.registry import LayerGradientRule, register_layer_rule
 from dpledger.adapters.tensorflow.rule_algebra import (
     _common_unsupported,
     _concat_positions,
     _contract,
     _first_input,
+    _ghost_is_cheaper,
     _LinearKernelRule,
+    _outer_norms,
     _positions,
-    _records,
     _rows_sq,
     _scale_records,
 )
@@ -106,136 +113,146 @@ class DenseRule(_LinearKernelRule):
 # Embedding
 
 
-class EmbeddingRule(LayerGradientRule):
-    """``keras.layers.Embedding``: y = E[ids].
-
-    ∂ℓ_i/∂E adds the output gradients of the positions of record i that hold the same id, so
-    ‖∂ℓ_i/∂E‖² = Σ_v ‖Σ_{t: id_{i,t} = v} G_{i,t}‖², computed over the distinct (i, v) pairs.
-    The clipped sum scatters the rescaled output gradients into a dense table.
-    """
-
-    def unsupported_reason(self, layer: keras.layers.Layer) -> str | None:
-        """See :meth:`LayerGradientRule.unsupported_reason`."""
-        return _common_unsupported(layer)
-
-    def variables(self, layer: keras.layers.Layer) -> tuple[keras.Variable, ...]:
-        """(embeddings,)."""
-        return (layer.embeddings,)
-
-    def forward(self, layer, call, args, kwargs, tap):
-        """See :meth:`LayerGradientRule.forward`."""
-        ids = _first_input(args, kwargs)
-        if ids.dtype not in ("int32", "int64", tf.int32, tf.int64):
-            ids = keras.ops.cast(ids, "int32")
-        out = keras.ops.take(layer.embeddings, ids, axis=0)
-        out = tap(keras.ops.cast(out, layer.compute_dtype))
-        return out, ids
-
-    def squared_norms(self, layer, calls, *, batch_size):
-        """See :meth:`LayerGradientRule.squared_norms`."""
-        dtype = layer.embeddings.dtype
-        dim = layer.embeddings.shape[-1]
-        ids = _concat_positions([_records(tf.cast(c.saved, tf.int64), batch_size) for c in calls])
-        g = _concat_positions([_positions(c.output_gradients[0], batch_size, dtype) for c in calls])
-        if ids.shape[1] == 1:
-            norms = _rows_sq(g)
-        else:
-            vocab = tf.constant(layer.embeddings.shape[0], tf.int64)
-            record = tf.range(tf.cast(batch_size, tf.int64), dtype=tf.int64)[:, None]
-            keys = tf.reshape(record * vocab + ids, [-1])
-            unique, index = tf.unique(keys, out_idx=tf.int64)
-            summed = tf.math.unsorted_segment_sum(
-                tf.reshape(g, [-1, dim]), index, tf.size(unique, out_type=tf.int64)
-            )
-            norms = tf.math.unsorted_segment_sum(
-                tf.reduce_sum(tf.square(summed), axis=1), unique // vocab, batch_size
-            )
-        return (norms,), ((ids, g),)
-
-    def weighted_sums(self, layer, residual, factors):
-        """See :meth:`LayerGradientRule.weighted_sums`."""
-        ids, g = residual[0]
-        dim = layer.embeddings.shape[-1]
-        scaled = _scale_records(g, factors[0])
-        table = tf.math.unsorted_segment_sum(
-            tf.reshape(scaled, [-1, dim]), tf.reshape(ids, [-1]), layer.embeddings.shape[0]
-        )
-        return (table,)
-
-
 # --------------------------------------------------------------------------------------------
 # LayerNormalization
 
 
-class LayerNormalizationRule(LayerGradientRule):
-    """``keras.layers.LayerNormalization``: y = γ ⊙ x̂ + β over ``layer.axis``.
+class Conv2DRule(LayerGradientRule):
+    """``keras.layers.Conv2D`` (groups = 1, padding "valid" or "same", any strides/dilation).
 
-    The forward is Keras's own; x̂ is recomputed from the saved input for the norms with Keras's
-    ``ops.layer_normalization`` without γ and β (x̂ = (x − mean)/√(var + ε), or x/√(var + ε)
-    with the deprecated ``rms_scaling``). Per-example γ and β gradients are materialised: they
-    have the size of the normalised axes only.
+    With T output pixels, K = k_h·k_w·C and F filters, the kernel norms are either ghost norms
+    from the Gram matrices of the input patches (when T·(K + F) < K·F, typical of deep layers
+    with small feature maps; for a kernel that is a multiple of the stride the Gram matrices come
+    from the input's blocks without building the patches,
+    :func:`~dpledger.adapters.tensorflow.conv_gradients.patch_gram`; the clipped sum is then one
+    ``Conv2DBackpropFilter`` on the rescaled output gradients) or the norms of the materialised
+    per-example gradients, computed by one grouped ``Conv2DBackpropFilter`` or from the patch
+    matrices (see :mod:`~dpledger.adapters.tensorflow.conv_gradients`; the clipped sum is then
+    their contraction with the factors).
     """
 
     def unsupported_reason(self, layer: keras.layers.Layer) -> str | None:
         """See :meth:`LayerGradientRule.unsupported_reason`."""
-        return _common_unsupported(layer)
+        reason = _common_unsupported(layer)
+        if reason is not None:
+            return reason
+        if layer.groups != 1:
+            return f"groups={layer.groups}"
+        if layer.padding not in ("valid", "same"):
+            return f"padding={layer.padding!r}"
+        return None
 
     def variables(self, layer: keras.layers.Layer) -> tuple[keras.Variable, ...]:
-        """γ and/or β, those the layer has."""
-        return tuple(v for v in (layer.gamma, layer.beta) if v is not None)
-
-    @staticmethod
-    def _axes(layer: keras.layers.Layer, rank: int) -> list[int]:
-        axes = layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis]
-        axes = sorted(a % rank for a in axes)
-        if 0 in axes:
-            raise RecordMixingLayerError(
-                f"LayerNormalization layer {layer.name!r} normalises over axis 0, the batch, so "
-                "it mixes the records of a batch; normalise over the feature axes (axis=-1)",
-                layer_name=layer.name,
-                layer_type=type(layer).__name__,
-            )
-        return axes
+        """(kernel, bias) or (kernel,)."""
+        return (layer.kernel, layer.bias) if layer.use_bias else (layer.kernel,)
 
     def forward(self, layer, call, args, kwargs, tap):
         """See :meth:`LayerGradientRule.forward`."""
         x = _first_input(args, kwargs)
-        self._axes(layer, len(x.shape))
-        out = tap(call(*args, **kwargs))
-        return out, x
+        z = layer.convolution_op(x, layer.kernel)
+        if layer.use_bias:
+            if layer.data_format == "channels_last":
+                shape = (1,) * (layer.rank + 1) + (layer.filters,)
+            else:
+                shape = (1, layer.filters) + (1,) * layer.rank
+            z = keras.ops.add(z, keras.ops.reshape(layer.bias, shape))
+        z = tap(z)
+        return (layer.activation(z) if layer.activation is not None else z), x
+
+    @staticmethod
+    def _nhwc(layer: keras.layers.Layer, t: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+        t = tf.cast(t, dtype)
+        return tf.transpose(t, [0, 2, 3, 1]) if layer.data_format == "channels_first" else t
+
+    @staticmethod
+    def _patch_ghost_norms(layer, xs, g_flat, batch_size, dtype):
+        """Ghost norms from the input patches of every call (``tf.image.extract_patches``)."""
+        kh, kw = layer.kernel_size
+        patches = _concat_positions(
+            [
+                _positions(
+                    tf.image.extract_patches(
+                        x,
+                        sizes=[1, kh, kw, 1],
+                        strides=[1, *layer.strides, 1],
+                        rates=[1, *layer.dilation_rate, 1],
+                        padding=layer.padding.upper(),
+                    ),
+                    batch_size,
+                    dtype,
+                )
+                for x in xs
+            ]
+        )
+        norms, _ = _outer_norms(patches, g_flat)
+        return norms
 
     def squared_norms(self, layer, calls, *, batch_size):
         """See :meth:`LayerGradientRule.squared_norms`."""
-        variables = self.variables(layer)
-        dtype = variables[0].dtype
-        per_example: list[tf.Tensor | None] = [None] * len(variables)
-        for c in calls:
-            x = c.saved
-            rank = x.shape.rank
-            axes = self._axes(layer, rank)
-            with warnings.catch_warnings():  # rms_scaling's deprecation, already shown by Keras
-                warnings.simplefilter("ignore")
-                # Keras's own formula without γ and β, so that x̂ rounds as in the forward.
-                x_hat = keras.ops.layer_normalization(
-                    x, None, None, axis=axes, epsilon=layer.epsilon, rms_scaling=layer.rms_scaling
+        dtype = layer.kernel.dtype
+        kernel_shape = tuple(layer.kernel.shape)
+        kh, kw, cin, cout = kernel_shape
+        xs = [self._nhwc(layer, c.saved, dtype) for c in calls]
+        gs = [self._nhwc(layer, c.output_gradients[0], dtype) for c in calls]
+        g_flat = _concat_positions([_positions(g, batch_size, dtype) for g in gs])
+        if _ghost_is_cheaper(g_flat.shape[1], kh * kw * cin, cout):
+            kernel_res: dict[str, Any] = {"conv": tuple(zip(xs, gs, strict=True))}
+            if len(xs) == 1 and patch_gram_supported((kh, kw), layer.strides, layer.dilation_rate):
+                gram_a = patch_gram(
+                    xs[0],
+                    kernel_size=(kh, kw),
+                    strides=layer.strides,
+                    padding=layer.padding,
+                    output_size=gs[0].shape[1:3],
                 )
-            x_hat = tf.cast(x_hat, dtype)
-            g = tf.cast(c.output_gradients[0], dtype)
-            reduce = [a for a in range(1, rank) if a not in axes]
-            terms = []
-            if layer.gamma is not None:
-                terms.append(tf.reduce_sum(g * x_hat, axis=reduce) if reduce else g * x_hat)
-            if layer.beta is not None:
-                terms.append(tf.reduce_sum(g, axis=reduce) if reduce else g)
-            for j, t in enumerate(terms):
-                per_example[j] = t if per_example[j] is None else per_example[j] + t
-        return tuple(_rows_sq(t) for t in per_example), tuple(per_example)
+                gram_g = tf.matmul(g_flat, g_flat, transpose_b=True)
+                # ⟨PSD, PSD⟩ ≥ 0; clamp the rounding error of a tiny result.
+                kernel_sq = tf.maximum(tf.reduce_sum(gram_a * gram_g, axis=[1, 2]), 0)
+            else:
+                kernel_sq = self._patch_ghost_norms(layer, xs, g_flat, batch_size, dtype)
+        else:
+            per_example = None
+            for x, g in zip(xs, gs, strict=True):
+                pe = per_example_conv2d_kernel_gradients(
+                    x,
+                    g,
+                    kernel_shape=kernel_shape,
+                    strides=layer.strides,
+                    dilation_rate=layer.dilation_rate,
+                    padding=layer.padding,
+                )
+                per_example = pe if per_example is None else per_example + pe
+            kernel_sq = _rows_sq(per_example)
+            kernel_res = {"per_example": per_example}
+        if not layer.use_bias:
+            return (kernel_sq,), (kernel_res,)
+        bias_pe = tf.reduce_sum(g_flat, axis=1)
+        return (kernel_sq, _rows_sq(bias_pe)), (kernel_res, bias_pe)
 
     def weighted_sums(self, layer, residual, factors):
         """See :meth:`LayerGradientRule.weighted_sums`."""
-        return tuple(_contract(f, pe) for f, pe in zip(factors, residual, strict=True))
+        kernel_res = residual[0]
+        shape = tuple(layer.kernel.shape)
+        if "per_example" in kernel_res:
+            kernel_sum = _contract(factors[0], kernel_res["per_example"])
+        else:
+            kernel_sum = None
+            for x, g in kernel_res["conv"]:
+                part = tf.raw_ops.Conv2DBackpropFilter(
+                    input=x,
+                    filter_sizes=tf.constant(shape, tf.int32),
+                    out_backprop=_scale_records(g, factors[0]),
+                    strides=[1, *layer.strides, 1],
+                    padding=layer.padding.upper(),
+                    dilations=[1, *layer.dilation_rate, 1],
+                    data_format="NHWC",
+                )
+                kernel_sum = part if kernel_sum is None else kernel_sum + part
+        sums = [kernel_sum]
+        if layer.use_bias:
+            sums.append(_contract(factors[1], residual[1]))
+        return tuple(sums)
 
 
 register_layer_rule(keras.layers.Dense, DenseRule(), replace=True)
-register_layer_rule(keras.layers.Embedding, EmbeddingRule(), replace=True)
-register_layer_rule(keras.layers.LayerNormalization, LayerNormalizationRule(), replace=True)
+register_layer_rule(keras.layers.Conv2D, Conv2DRule(), replace=True)
