@@ -1,4 +1,5 @@
-"""Privatised gradients for a custom training loop, and the DP step shared with Keras ``fit``.
+"""The DP step shared by :class:`~dpledger.adapters.tensorflow.PrivateGradients` (custom
+loops) and :class:`~dpledger.adapters.tensorflow.DPKerasModel` (``fit``).
 
 One DP step on a Poisson sample R of the n records (McMahan & Andrew, sections 1–3):
 

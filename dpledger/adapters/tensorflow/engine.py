@@ -70,6 +70,7 @@ from dpledger.adapters.tensorflow.model_plan import (
     refuse_record_mixing,
 )
 from dpledger.adapters.tensorflow.norm_paths import (
+    NormBatch,
     PerExampleNorms,
     fast_norms,
     vectorized_norms,
@@ -423,14 +424,14 @@ class PerExampleGradientEngine:
     def _fast_norms(
         self, analysis: ModelAnalysis, inputs: Any, targets: Any, sample_weight: Any, mask: Any
     ) -> PerExampleNorms:
-        return fast_norms(self._model, self._loss, analysis, inputs, targets, sample_weight, mask)
+        batch = NormBatch(inputs, targets, sample_weight, mask)
+        return fast_norms(self._model, self._loss, analysis, batch)
 
     def _vectorized_norms(
         self, analysis: ModelAnalysis, inputs: Any, targets: Any, sample_weight: Any, mask: Any
     ) -> PerExampleNorms:
-        norms, loops = vectorized_norms(
-            self._model, self._loss, analysis, inputs, targets, sample_weight, mask
-        )
+        batch = NormBatch(inputs, targets, sample_weight, mask)
+        norms, loops = vectorized_norms(self._model, self._loss, analysis, batch)
         if loops and not self._while_loops_logged:
             self._while_loops_logged = True
             _log.warning(

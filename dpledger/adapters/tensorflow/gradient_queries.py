@@ -206,15 +206,8 @@ def adapter_settings(
                 "scales": fields.get("scales"),
             },
         )
-    config = DPConfig.resolve(
-        config,
-        spelled=spelled,
-        l2_norm_bound=bound,
-        groups=groups,
-        strategy=strategy,
-        clip_margin=clip_margin,
-        **fields,
-    )
+    fields.update(l2_norm_bound=bound, groups=groups, strategy=strategy, clip_margin=clip_margin)
+    config = DPConfig.resolve(config, spelled=spelled, **fields)
     if config.noise_multiplier is None:
         raise InvalidParameterError(
             "target_epsilon",

@@ -25,7 +25,13 @@ from dpledger.adapters.tensorflow.model_plan import ModelAnalysis, all_layers
 from dpledger.adapters.tensorflow.registry import LayerCall
 from dpledger.adapters.tensorflow.vectorized import per_example_map
 
-__all__ = ["PerExampleNorms", "fast_norms", "per_example_losses", "vectorized_norms"]
+__all__ = [
+    "NormBatch",
+    "PerExampleNorms",
+    "fast_norms",
+    "per_example_losses",
+    "vectorized_norms",
+]
 
 
 @attrs.frozen
@@ -49,6 +55,17 @@ class PerExampleNorms:
     residual: Any
 
 
+@attrs.frozen
+class NormBatch:
+    """A batch for stage (a): the model's inputs, the loss's targets, the optional per-example
+    loss weights and the optional mask of the records that count (padding rows excluded)."""
+
+    inputs: Any
+    targets: Any
+    sample_weight: Any
+    mask: Any
+
+
 def per_example_losses(
     loss: PerExampleLoss, targets: Any, predictions: Any, sample_weight: Any, mask: Any = None
 ) -> tf.Tensor:
@@ -62,13 +79,7 @@ def per_example_losses(
 
 
 def fast_norms(
-    model: keras.Model,
-    loss: PerExampleLoss,
-    analysis: ModelAnalysis,
-    inputs: Any,
-    targets: Any,
-    sample_weight: Any,
-    mask: Any,
+    model: keras.Model, loss: PerExampleLoss, analysis: ModelAnalysis, batch: NormBatch
 ) -> PerExampleNorms:
     """Stage (a) on the fast path: one forward pass with the planned layers tapped, one
     backward pass to their outputs, and each rule's ghost norms.
@@ -76,6 +87,7 @@ def fast_norms(
     Raises:
         FastPathUnsupportedError: the model needs the vectorised path.
     """
+    inputs, targets, sample_weight, mask = attrs.astuple(batch, recurse=False)
     entries = analysis.entries
     assert entries is not None
     variables = analysis.variables
@@ -133,13 +145,7 @@ def fast_norms(
 
 
 def vectorized_norms(
-    model: keras.Model,
-    loss: PerExampleLoss,
-    analysis: ModelAnalysis,
-    inputs: Any,
-    targets: Any,
-    sample_weight: Any,
-    mask: Any,
+    model: keras.Model, loss: PerExampleLoss, analysis: ModelAnalysis, batch: NormBatch
 ) -> tuple[PerExampleNorms, list[str]]:
     """Stage (a) on the vectorised path: ``tf.vectorized_map`` of a per-example forward and
     backward pass, materialising the B per-example gradients.
@@ -147,6 +153,7 @@ def vectorized_norms(
     Returns:
         The norms, and the ops that ran one example at a time in a ``tf.while_loop``.
     """
+    inputs, targets, sample_weight, mask = attrs.astuple(batch, recurse=False)
     variables = analysis.variables
     elems: dict[str, Any] = {"x": inputs}
     if targets is not None:

@@ -22,18 +22,27 @@ from dpledger.sampling.validation import check_expected_batch_size, check_popula
 __all__ = ["FixedSizeSampler", "PoissonSampler", "TruncatedPoissonSampler"]
 
 
-def _per_epoch(steps_per_epoch: int | None) -> dict[str, Any]:
-    """The scheme's steps per pass, as the ``tf.data`` samplers name and round them (halves
-    up by default)."""
-    return {"steps": steps_per_epoch, "steps_parameter": "steps_per_epoch", "round_half_up": True}
-
-
 class _StepwiseSampler(RecordSampler):
     """A sampler whose every step is an independent draw (Poisson, fixed size, truncated)."""
 
     _steps: int
 
-    def __init__(self, scheme: BatchScheme, *, seed: int | None) -> None:
+    def __init__(
+        self,
+        scheme_type: type[BatchScheme],
+        *,
+        seed: int | None,
+        steps_per_epoch: int | None,
+        **parameters: Any,
+    ) -> None:
+        """Build the scheme of ``scheme_type`` from its ``parameters`` (its steps per pass
+        named and rounded as the ``tf.data`` samplers do: ``steps_per_epoch``, halves up)."""
+        scheme = scheme_type(
+            steps=steps_per_epoch,
+            steps_parameter="steps_per_epoch",
+            round_half_up=True,
+            **parameters,
+        )
         super().__init__(population_size=scheme.population_size, seed=seed)
         self._scheme = scheme
         self._steps = scheme.steps_per_epoch
@@ -81,13 +90,14 @@ class PoissonSampler(_StepwiseSampler):
         steps_per_epoch: int | None = None,
         seed: int | None = None,
     ) -> None:
-        scheme = PoissonScheme(
+        super().__init__(
+            PoissonScheme,
+            seed=seed,
+            steps_per_epoch=steps_per_epoch,
             population_size=population_size,
             sampling_probability=sampling_probability,
-            **_per_epoch(steps_per_epoch),
         )
-        super().__init__(scheme, seed=seed)
-        self._q = scheme.sampling_probability
+        self._q = self.sampling_probability
 
     @classmethod
     def from_expected_batch_size(
@@ -158,13 +168,14 @@ class FixedSizeSampler(_StepwiseSampler):
         steps_per_epoch: int | None = None,
         seed: int | None = None,
     ) -> None:
-        scheme = FixedSizeScheme(
+        super().__init__(
+            FixedSizeScheme,
+            seed=seed,
+            steps_per_epoch=steps_per_epoch,
             population_size=population_size,
             batch_size=batch_size,
-            **_per_epoch(steps_per_epoch),
         )
-        super().__init__(scheme, seed=seed)
-        self._b = scheme.batch_size
+        self._b = self.batch_size
 
     batch_size = scheme_property(FixedSizeScheme.batch_size)
 
@@ -205,16 +216,17 @@ class TruncatedPoissonSampler(_StepwiseSampler):
         steps_per_epoch: int | None = None,
         seed: int | None = None,
     ) -> None:
-        scheme = TruncatedPoissonScheme(
+        super().__init__(
+            TruncatedPoissonScheme,
+            seed=seed,
+            steps_per_epoch=steps_per_epoch,
+            cap_within_population=True,
             population_size=population_size,
             sampling_probability=sampling_probability,
             max_batch_size=max_batch_size,
-            cap_within_population=True,
-            **_per_epoch(steps_per_epoch),
         )
-        super().__init__(scheme, seed=seed)
-        self._q = scheme.sampling_probability
-        self._m = scheme.max_batch_size
+        self._q = self.sampling_probability
+        self._m = self.max_batch_size
 
     max_batch_size = scheme_property(TruncatedPoissonScheme.max_batch_size)
 
