@@ -4,9 +4,11 @@ attach_ledger."""
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 
+import attrs
 import keras
 import numpy as np
 import pytest
@@ -19,8 +21,16 @@ from dpledger.adapters.tensorflow import (
     ShuffleSampler,
     UnrecordedTrainingWarning,
 )
+from dpledger.adapters.tensorflow.model_saving import (
+    RecordedSampling,
+    config_from_json,
+    config_to_json,
+    event_from_json,
+    event_to_json,
+)
 from dpledger.errors import InvalidParameterError
-from dpledger.mechanisms import AutomaticClipping, DPConfig, GaussianSumQuery
+from dpledger.ledger import SamplingEvent
+from dpledger.mechanisms import AutomaticClipping, DPConfig, FlatClipping, GaussianSumQuery
 
 N = 24
 
@@ -85,6 +95,9 @@ def test_round_trip_restores_the_model_its_weights_and_its_dp_configuration(tmp_
     for a, b in zip(saved, restored, strict=True):
         np.testing.assert_array_equal(a, b)
     assert int(loaded.optimizer.iterations.numpy()) == int(dp.optimizer.iterations.numpy()) == 4
+    # the loss as compiled (the DP step uses its per-example values, reduction "none")
+    assert loaded.loss.get_config() == dp.loss.get_config()
+    assert type(loaded.optimizer) is type(dp.optimizer)
     np.testing.assert_array_equal(loaded.predict(x, verbose=0), dp.predict(x, verbose=0))
 
 
@@ -203,3 +216,55 @@ def test_update_queries_is_saved(tmp_path):
     assert dp.dp_config is not None and dp.dp_config.noise_multiplier == 2.5
     dp.save(tmp_path / "model.keras")
     assert keras.models.load_model(tmp_path / "model.keras").dp_config == dp.dp_config
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        CONFIG,
+        DPConfig(
+            l2_norm_bound=1.0,
+            noise_multiplier=0.7,
+            clipping="global",
+            groups={"first": ["dense/kernel", "dense/bias"], "second": ["dense_1/kernel"]},
+            scales={"dense/kernel": 2.0},
+            strategy="generic",
+        ),
+    ],
+)
+def test_the_saved_config_is_json_and_comes_back_equal(config):
+    """Reference: the config itself, after a JSON round trip of what get_config stores."""
+    text = json.dumps(config_to_json(config))
+    assert config_from_json(json.loads(text)) == config
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        SamplingEvent.poisson(0.25, 40),
+        SamplingEvent.fixed_size(8, 40),
+        SamplingEvent.truncated_poisson(0.25, 40, 12),
+        SamplingEvent.balls_in_bins(5, 40),
+        SamplingEvent.shuffle(8, 40),
+    ],
+)
+def test_the_saved_sampling_event_comes_back_equal(event):
+    """Reference: the event itself, and for the epoch-based schemes the scheme's own events."""
+    restored = event_from_json(json.loads(json.dumps(event_to_json(event))))
+    assert restored == event
+    recorded = RecordedSampling(restored)
+    assert recorded.sampling_event == event
+    if recorded.epoch_based:
+        assert recorded.event_for_step(0) == attrs.evolve(event, epoch_start=True)
+        assert recorded.event_for_step(1) == event
+        assert recorded.steps_per_epoch == 5
+    else:
+        assert recorded.event_for_step(3) == event
+
+
+def test_a_custom_clipping_strategy_is_refused_by_name():
+    class HalfClipping(FlatClipping):
+        name = "half"
+
+    with pytest.raises(InvalidParameterError, match="custom ClippingStrategy"):
+        config_to_json(DPConfig(l2_norm_bound=1.0, noise_multiplier=1.0, clipping=HalfClipping()))
