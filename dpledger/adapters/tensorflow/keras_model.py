@@ -282,6 +282,8 @@ class DPKerasModel(SavedDPModel, keras.Model):
                 model whose sampling is not Poisson, ``batch_size`` / len(x) is not the recorded
                 q, or ``batch_size`` is given with a dataset.
             SamplerMismatchError: the model has a sampler and ``x`` is not its draws.
+            LedgerNotAttachedError: the model was loaded from a file and has no ledger yet
+                (:meth:`attach_ledger`).
         """
         self._attached_ledger()
         if not isinstance(x, BATCH_SOURCES):
@@ -330,7 +332,8 @@ class DPKerasModel(SavedDPModel, keras.Model):
         Takes the arguments of :func:`~dpledger.adapters.tensorflow.gradient_queries`
         (``l2_norm_bound``, ``noise_multiplier``, ``clipping``, ``clip_split``,
         ``noise_allocation``, ``scales`` or ``queries``) with the groups fixed at construction;
-        the ledger records the new (S_g, σ̃_g) of every later step (e.g. a noise schedule).
+        the ledger records the new (S_g, σ̃_g) of every later step (e.g. a noise schedule), and
+        :attr:`dp_config` (which a saved model stores) follows them.
 
         Raises:
             InvalidParameterError: for a bad argument, or ``groups`` (fixed).
