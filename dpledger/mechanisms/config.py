@@ -49,6 +49,7 @@ __all__ = [
     "check_groups",
     "check_strategy",
     "deprecated_alias",
+    "l2_norm_bound_alias",
     "warn_deprecated",
 ]
 
@@ -115,6 +116,35 @@ def deprecated_alias(
         )
     warn_deprecated(f"{old}=", f"{new}=", stacklevel=stacklevel + 1)
     return old_value
+
+
+def l2_norm_bound_alias(
+    *, l2_norm_bound: Any, old: str, old_value: Any, stacklevel: int = 2
+) -> tuple[Any, dict[str, str]]:
+    """``l2_norm_bound=`` given under its own name or an adapter's deprecated name for it, and
+    the ``spelled`` map for :meth:`DPConfig.resolve` that names the bound as it was given.
+
+    Args:
+        l2_norm_bound: the value given as ``l2_norm_bound`` (None: not given).
+        old: the adapter's deprecated keyword (``"max_grad_norm"``, ``"l2_norm_clip"``).
+        old_value: the value given as ``old`` (None: not given).
+        stacklevel: as for :func:`warnings.warn`, counted from the caller of this function.
+
+    Returns:
+        The bound (see :func:`deprecated_alias`) and ``{"l2_norm_bound": old}`` when ``old``
+        was given, else ``{}``.
+
+    Raises:
+        InvalidParameterError: both were given.
+    """
+    bound = deprecated_alias(
+        new="l2_norm_bound",
+        new_value=l2_norm_bound,
+        old=old,
+        old_value=old_value,
+        stacklevel=stacklevel + 1,
+    )
+    return bound, ({"l2_norm_bound": old} if old_value is not None else {})
 
 
 def _convert(check: Callable[[str, Any], Any], name: str, default: Any, value: Any) -> Any:
@@ -365,6 +395,21 @@ class DPConfig:
             )
         if self.target_epsilon is not None and self.delta is None:
             raise InvalidParameterError("delta", None, "δ in (0, 1) with target_epsilon=")
+
+    def query_arguments(self) -> dict[str, Any]:
+        """The fields that define the step's sum queries over a model's parameters, as the
+        keyword arguments of the adapters' ``GradientQueries`` / ``gradient_queries``:
+        ``l2_norm_bound``, ``noise_multiplier``, ``clipping``, ``groups``, ``clip_split``,
+        ``noise_allocation`` and ``scales``."""
+        return {
+            "l2_norm_bound": self.l2_norm_bound,
+            "noise_multiplier": self.noise_multiplier,
+            "clipping": self.clipping,
+            "groups": self.groups,
+            "clip_split": self.clip_split,
+            "noise_allocation": self.noise_allocation,
+            "scales": self.scales,
+        }
 
     @classmethod
     def resolve(

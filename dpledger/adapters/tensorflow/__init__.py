@@ -14,8 +14,10 @@ from dpledger.adapters.tensorflow.engine import (
     PerExampleNorms,
 )
 from dpledger.adapters.tensorflow.errors import (
+    LedgerNotAttachedError,
     PerExampleLossError,
     RecordMixingLayerError,
+    UnrecordedTrainingWarning,
     UnsupportedLayerError,
 )
 from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, gradient_queries
@@ -62,6 +64,7 @@ __all__ = [
     "LayerCall",
     "LayerGradientRule",
     "LayerNormalizationRule",
+    "LedgerNotAttachedError",
     "PerExampleGradientEngine",
     "PerExampleLoss",
     "PerExampleLossError",
@@ -74,6 +77,7 @@ __all__ = [
     "SimpleRNNRule",
     "TensorFlowBackend",
     "TruncatedPoissonSampler",
+    "UnrecordedTrainingWarning",
     "UnsupportedLayerError",
     "default_clip_margin",
     "gradient_queries",

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -61,31 +62,46 @@ __all__ = [
 ]
 
 MAX_PATCH_EXPANSION = 4.0
+_Ints = Sequence[int]  # a kernel shape (k_h, k_w, C, F), strides or dilations (h, w)
 _probe_lock = threading.Lock()
 _probed: dict[str, bool] = {}
 
 
-def _grouped(
-    x: tf.Tensor,
-    g: tf.Tensor,
-    kernel_shape: Sequence[int],
-    strides: Sequence[int],
-    dilation_rate: Sequence[int],
-    padding: str,
-) -> tf.Tensor:
-    """(B, k_h, k_w, C, F): one grouped ``Conv2DBackpropFilter`` with B groups."""
+def _sizes(x: tf.Tensor, kernel_shape: _Ints) -> tuple[int, int, int, int, tf.Tensor]:
+    """k_h, k_w, C, F of the kernel and B, the (dynamic) batch size."""
     kh, kw, cin, cout = (int(d) for d in kernel_shape)
-    batch = tf.shape(x)[0]
-    h, w = x.shape[1], x.shape[2]
-    xi = tf.reshape(tf.transpose(x, [1, 2, 0, 3]), [1, h, w, batch * cin])
-    grads = tf.raw_ops.Conv2DBackpropFilter(
-        input=xi,
-        filter_sizes=tf.stack([kh, kw, cin, batch * cout]),
+    return kh, kw, cin, cout, tf.shape(x)[0]
+
+
+def _grouped_filter_gradient(
+    inputs: tf.Tensor, filter_sizes: tf.Tensor, g: tf.Tensor, *, strides: _Ints, **conv: Any
+) -> tf.Tensor:
+    """``Conv2DBackpropFilter`` of ``inputs`` (the records folded into the channels) against
+    the output gradients ``g`` folded the same way: the B per-example gradients as groups."""
+    return tf.raw_ops.Conv2DBackpropFilter(
+        input=inputs,
+        filter_sizes=filter_sizes,
         out_backprop=_grouped_output_gradients(g),
         strides=[1, *strides, 1],
-        padding=padding.upper(),
-        dilations=[1, *dilation_rate, 1],
         data_format="NHWC",
+        **conv,
+    )
+
+
+def _grouped(
+    x: tf.Tensor, g: tf.Tensor, kernel_shape: _Ints, strides: _Ints, dilation: _Ints, padding: str
+) -> tf.Tensor:
+    """(B, k_h, k_w, C, F): one grouped ``Conv2DBackpropFilter`` with B groups."""
+    kh, kw, cin, cout, batch = _sizes(x, kernel_shape)
+    h, w = x.shape[1], x.shape[2]
+    xi = tf.reshape(tf.transpose(x, [1, 2, 0, 3]), [1, h, w, batch * cin])
+    grads = _grouped_filter_gradient(
+        xi,
+        tf.stack([kh, kw, cin, batch * cout]),
+        g,
+        strides=strides,
+        padding=padding.upper(),
+        dilations=[1, *dilation, 1],
     )
     return tf.transpose(tf.reshape(grads, [kh, kw, cin, batch, cout]), [3, 0, 1, 2, 4])
 
@@ -97,30 +113,28 @@ def _grouped_output_gradients(g: tf.Tensor) -> tf.Tensor:
 
 
 def _grouped_blocks(
-    x: tf.Tensor, g: tf.Tensor, kernel_shape: Sequence[int], strides: Sequence[int], padding: str
+    x: tf.Tensor, g: tf.Tensor, kernel_shape: _Ints, strides: _Ints, padding: str
 ) -> tf.Tensor:
     """(B, k_h, k_w, C, F): the grouped op at stride 1 over input blocks.
 
     The op's kernel entry (a, b, (i, j, c)) is block offset (a, b), position (i, j) in the block
     and channel c, i.e. entry (a·s_h + i, b·s_w + j, c) of the convolution's kernel.
     """
-    kh, kw, cin, cout = (int(d) for d in kernel_shape)
+    kh, kw, cin, cout, batch = _sizes(x, kernel_shape)
     sh, sw = (int(v) for v in strides)
-    batch = tf.shape(x)[0]
     y = _blocks(
         x, kernel_size=(kh, kw), strides=(sh, sw), padding=padding, output_size=g.shape[1:3]
     )
     bh, bw = y.shape[1], y.shape[3]
     # (B, bh, s_h, bw, s_w, C) → (bh, bw, B, s_h, s_w, C): block grid outside, records as groups
     yi = tf.reshape(tf.transpose(y, [1, 3, 0, 2, 4, 5]), [1, bh, bw, batch * sh * sw * cin])
-    grads = tf.raw_ops.Conv2DBackpropFilter(
-        input=yi,
-        filter_sizes=tf.stack([kh // sh, kw // sw, sh * sw * cin, batch * cout]),
-        out_backprop=_grouped_output_gradients(g),
-        strides=[1, 1, 1, 1],
+    grads = _grouped_filter_gradient(
+        yi,
+        tf.stack([kh // sh, kw // sw, sh * sw * cin, batch * cout]),
+        g,
+        strides=(1, 1),
         padding="VALID",
         dilations=[1, 1, 1, 1],
-        data_format="NHWC",
     )
     grads = tf.reshape(grads, [kh // sh, kw // sw, sh, sw, cin, batch, cout])
     # (a, b, i, j, C, B, F) → (B, a, i, b, j, C, F) = (B, k_h, k_w, C, F)
@@ -128,20 +142,16 @@ def _grouped_blocks(
 
 
 def _patches(
-    x: tf.Tensor,
-    g: tf.Tensor,
-    kernel_shape: Sequence[int],
-    strides: Sequence[int],
-    dilation_rate: Sequence[int],
-    padding: str,
+    x: tf.Tensor, g: tf.Tensor, kernel_shape: _Ints, strides: _Ints, dilation: _Ints, padding: str
 ) -> tf.Tensor:
-    kh, kw, cin, cout = (int(d) for d in kernel_shape)
-    batch = tf.shape(x)[0]
+    """(B, k_h, k_w, C, F): the per-example products of the patch matrices and the output
+    gradients."""
+    kh, kw, cin, cout, batch = _sizes(x, kernel_shape)
     patches = tf.image.extract_patches(
         x,
         sizes=[1, kh, kw, 1],
         strides=[1, *strides, 1],
-        rates=[1, *dilation_rate, 1],
+        rates=[1, *dilation, 1],
         padding=padding.upper(),
     )
     positions = g.shape[1] * g.shape[2]
@@ -176,12 +186,7 @@ def grouped_convolution_supported(dtype: tf.DType) -> bool:
 
 
 def kernel_gradient_method(
-    x: tf.Tensor,
-    g: tf.Tensor,
-    *,
-    kernel_shape: Sequence[int],
-    strides: Sequence[int],
-    dilation_rate: Sequence[int],
+    x: tf.Tensor, g: tf.Tensor, *, kernel_shape: _Ints, strides: _Ints, dilation_rate: _Ints
 ) -> str:
     """Which implementation :func:`per_example_conv2d_kernel_gradients` uses here:
     ``"patches"``, ``"grouped_blocks"`` or ``"grouped"`` (see the module docstring)."""
@@ -249,12 +254,7 @@ def _same_padding(size: int, out: int, k: int, s: int) -> tuple[int, int]:
 
 
 def _blocks(
-    x: tf.Tensor,
-    *,
-    kernel_size: Sequence[int],
-    strides: Sequence[int],
-    padding: str,
-    output_size: Sequence[int],
+    x: tf.Tensor, *, kernel_size: _Ints, strides: _Ints, padding: str, output_size: _Ints
 ) -> tf.Tensor:
     """The padded input cut into s_h × s_w blocks: (B, b_h, s_h, b_w, s_w, C).
 

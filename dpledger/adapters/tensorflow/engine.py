@@ -48,10 +48,8 @@ Regularisation losses in ``model.losses`` are not per-example terms and are not 
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -59,11 +57,24 @@ import keras
 import tensorflow as tf
 
 from dpledger.adapters.tensorflow import layer_rules as _layer_rules  # noqa: F401 (registers)
-from dpledger.adapters.tensorflow.errors import RecordMixingLayerError, UnsupportedLayerError
+from dpledger.adapters.tensorflow.errors import UnsupportedLayerError
+from dpledger.adapters.tensorflow.layer_taps import (
+    FastPathUnsupportedError,
+    batch_size_of,
+    static_batch_size,
+)
 from dpledger.adapters.tensorflow.losses import PerExampleLoss, per_example_loss
-from dpledger.adapters.tensorflow.recurrent_rules import refuse_unsupported_recurrent
-from dpledger.adapters.tensorflow.registry import LayerCall, LayerGradientRule, layer_rule
-from dpledger.adapters.tensorflow.vectorized import per_example_map
+from dpledger.adapters.tensorflow.model_plan import (
+    ModelAnalysis,
+    fast_path_plan,
+    refuse_record_mixing,
+)
+from dpledger.adapters.tensorflow.norm_paths import (
+    NormBatch,
+    PerExampleNorms,
+    fast_norms,
+    vectorized_norms,
+)
 from dpledger.errors import InvalidParameterError
 
 __all__ = [
@@ -76,27 +87,6 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 _METHODS = ("auto", "fast", "vectorized")
-
-
-@attrs.frozen
-class PerExampleNorms:
-    """Stage (a) of a step: per-example squared norms, losses, predictions and a residual.
-
-    A ``tf.nest`` structure of tensors, so it can be returned from a ``tf.function``.
-
-    Attributes:
-        squared_norms: ‖∂ℓ_i/∂w_j‖² for each trainable variable w_j of the engine, in the order
-            of :attr:`PerExampleGradientEngine.trainable_variables`; shape ``(B,)``, the
-            variable's dtype.
-        losses: the per-example losses ℓ_i (times the sample weights, when given), shape (B,).
-        predictions: the model's outputs for the batch.
-        residual: what :meth:`PerExampleGradientEngine.clipped_sum` needs (opaque).
-    """
-
-    squared_norms: tuple[tf.Tensor, ...]
-    losses: tf.Tensor
-    predictions: Any
-    residual: Any
 
 
 @attrs.frozen
@@ -118,27 +108,6 @@ class ClippedGradients:
     predictions: Any
 
 
-class _FastPathUnsupportedError(Exception):
-    """Raised while tracing the fast path when the model turns out to need the other one."""
-
-
-@attrs.frozen
-class _PlanEntry:
-    layer: keras.layers.Layer
-    rule: LayerGradientRule
-    variables: tuple[Any, ...]
-    # position of each rule variable in the engine's trainable variables, or None if frozen
-    slots: tuple[int | None, ...]
-
-
-@attrs.frozen
-class _Analysis:
-    key: tuple[int, ...]
-    variables: tuple[Any, ...]
-    entries: tuple[_PlanEntry, ...] | None
-    fast_unsupported: str | None
-
-
 def check_built(model: keras.Model) -> None:
     """Refuse a model whose variables do not exist yet (naming the fix)."""
     if not model.built:
@@ -147,190 +116,6 @@ def check_built(model: keras.Model) -> None:
             model.name,
             "a built model: call it on a batch or call model.build(input_shape) first",
         )
-
-
-def _children(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
-    flatten = getattr(layer, "_flatten_layers", None)
-    if flatten is None:  # pragma: no cover - every Keras 3 layer has it
-        return list(getattr(layer, "layers", []))
-    return list(flatten(include_self=False, recursive=False))
-
-
-def _all_layers(model: keras.layers.Layer) -> list[keras.layers.Layer]:
-    return list(model._flatten_layers(include_self=False, recursive=True))
-
-
-def _underlying(variable: Any) -> Any:
-    """The ``tf.Variable`` behind a Keras variable (what a GradientTape reports)."""
-    value = getattr(variable, "value", None)
-    if isinstance(value, tf.Variable):
-        return value
-    return getattr(variable, "_value", variable)
-
-
-def _batch_size(inputs: Any) -> tf.Tensor:
-    for t in tf.nest.flatten(inputs):
-        if t is not None:
-            t = tf.convert_to_tensor(t)
-            if t.shape.rank is None or t.shape.rank >= 1:
-                return tf.shape(t)[0]
-    raise InvalidParameterError("inputs", inputs, "a tensor (or structure) with a batch axis")
-
-
-def _static_batch_size(inputs: Any) -> int | None:
-    for t in tf.nest.flatten(inputs):
-        if t is not None:
-            shape = tf.TensorShape(getattr(t, "shape", None))
-            if shape.rank is not None and shape.rank >= 1:
-                return shape[0]
-    return None
-
-
-def _graph_token() -> Any:
-    return None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-
-
-class _Recorder:
-    """Taps registered layers during one traced forward pass of the fast path."""
-
-    def __init__(
-        self,
-        entries: Sequence[_PlanEntry],
-        tape: tf.GradientTape,
-        probe: tf.GradientTape,
-        batch_size: tf.Tensor,
-        static_batch: int | None,
-    ) -> None:
-        self.entries = entries
-        self.tape = tape
-        self.probe = probe
-        self.batch_size = batch_size
-        self.static_batch = static_batch
-        self.graph = _graph_token()
-        self.taps: list[tf.Tensor] = []
-        self.index_of = {id(entry.layer): i for i, entry in enumerate(entries)}
-        # per entry: list of (saved, [tap indices])
-        self.calls: list[list[tuple[Any, list[int]]]] = [[] for _ in entries]
-
-    def _tap(self, entry: _PlanEntry, indices: list[int]) -> Callable[[tf.Tensor], tf.Tensor]:
-        def tap(z: tf.Tensor) -> tf.Tensor:
-            if _graph_token() is not self.graph:
-                raise _FastPathUnsupportedError(
-                    f"layer {entry.layer.name!r} is called inside a nested function or control "
-                    "flow (tf.cond / tf.while_loop / an inner tf.function)"
-                )
-            z = tf.convert_to_tensor(z)
-            lead = z.shape[0] if z.shape.rank else None
-            if z.shape.rank == 0:
-                raise _FastPathUnsupportedError(f"layer {entry.layer.name!r} returned a scalar")
-            if lead is not None and self.static_batch is not None and lead != self.static_batch:
-                raise _FastPathUnsupportedError(
-                    f"layer {entry.layer.name!r} sees a leading axis of {lead} for a batch of "
-                    f"{self.static_batch} (the model reshapes the batch axis)"
-                )
-            if lead is None or self.static_batch is None:
-                with tf.control_dependencies(
-                    [
-                        tf.debugging.assert_equal(
-                            tf.shape(z)[0],
-                            self.batch_size,
-                            message=(
-                                f"layer {entry.layer.name!r} does not see the batch along axis "
-                                "0; per-example norms of the fast path would be wrong. Use "
-                                "method='vectorized'."
-                            ),
-                        )
-                    ]
-                ):
-                    z = tf.identity(z)
-            self.tape.watch(z)
-            indices.append(len(self.taps))
-            self.taps.append(z)
-            return z
-
-        return tap
-
-    @contextlib.contextmanager
-    def patched(self) -> Iterator[None]:
-        """Route calls of the planned layers, made by this thread, through :meth:`call`."""
-        layers = [entry.layer for entry in self.entries]
-        _CALL_ROUTER.install(layers)
-        stack = _active_recorders()
-        stack.append(self)
-        try:
-            yield
-        finally:
-            stack.pop()
-            _CALL_ROUTER.uninstall(layers)
-
-    def call(self, layer: keras.layers.Layer, original: Callable, args: Any, kwargs: Any) -> Any:
-        """The tapped forward of one call of ``layer``, or its own ``call`` if not planned."""
-        index = self.index_of.get(id(layer))
-        if index is None:
-            return original(*args, **kwargs)
-        entry = self.entries[index]
-        indices: list[int] = []
-        with self.probe.stop_recording():
-            outputs, saved = entry.rule.forward(
-                entry.layer, original, args, kwargs, self._tap(entry, indices)
-            )
-        self.calls[index].append((saved, indices))
-        return outputs
-
-
-_local = threading.local()
-
-
-def _active_recorders() -> list[_Recorder]:
-    stack = getattr(_local, "recorders", None)
-    if stack is None:
-        stack = _local.recorders = []
-    return stack
-
-
-class _CallRouter:
-    """Installs, reference-counted, an instance-level ``call`` on layers that dispatches to the
-    recorder active in the calling thread (``tf.distribute`` traces replicas in threads)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._installed: dict[int, tuple[int, Any]] = {}  # id(layer) -> (count, previous)
-
-    def install(self, layers: Sequence[keras.layers.Layer]) -> None:
-        with self._lock:
-            for layer in layers:
-                count, previous = self._installed.get(id(layer), (0, None))
-                if count == 0:
-                    previous = layer.__dict__.get("call", _MISSING)
-                    object.__setattr__(layer, "call", self._router(layer, layer.call))
-                self._installed[id(layer)] = (count + 1, previous)
-
-    def uninstall(self, layers: Sequence[keras.layers.Layer]) -> None:
-        with self._lock:
-            for layer in layers:
-                count, previous = self._installed[id(layer)]
-                if count > 1:
-                    self._installed[id(layer)] = (count - 1, previous)
-                    continue
-                del self._installed[id(layer)]
-                if previous is _MISSING:
-                    object.__delattr__(layer, "call")
-                else:
-                    object.__setattr__(layer, "call", previous)
-
-    @staticmethod
-    def _router(layer: keras.layers.Layer, original: Callable) -> Callable:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            stack = _active_recorders()
-            if not stack:
-                return original(*args, **kwargs)
-            return stack[-1].call(layer, original, args, kwargs)
-
-        return call
-
-
-_CALL_ROUTER = _CallRouter()
-_MISSING = object()
 
 
 class PerExampleGradientEngine:
@@ -374,12 +159,12 @@ class PerExampleGradientEngine:
         self._model = model
         self._loss = per_example_loss(loss, auto_reduction=auto_reduction)
         self._method = method
-        self._analysis_cache: _Analysis | None = None
+        self._analysis_cache: ModelAnalysis | None = None
         self._fallback_logged = False
         self._while_loops_logged = False
         self._last_path: str | None = None
         self._forced_vectorized: str | None = None
-        self._refuse_record_mixing()
+        refuse_record_mixing(self._model)
         if model.built:
             analysis = self._analysis()
             if method == "fast" and analysis.fast_unsupported is not None:
@@ -414,96 +199,20 @@ class PerExampleGradientEngine:
 
     # ---------------------------------------------------------------- model analysis
 
-    def _analysis(self) -> _Analysis:
+    def _analysis(self) -> ModelAnalysis:
         variables = self.trainable_variables
         key = tuple(id(v) for v in variables)
         cached = self._analysis_cache
         if cached is not None and cached.key == key:
             return cached
         check_built(self._model)
-        self._refuse_record_mixing()
-        entries, reason = self._plan(variables)
-        analysis = _Analysis(key=key, variables=variables, entries=entries, fast_unsupported=reason)
+        refuse_record_mixing(self._model)
+        entries, reason = fast_path_plan(self._model, variables, method=self._method)
+        analysis = ModelAnalysis(
+            key=key, variables=variables, entries=entries, fast_unsupported=reason
+        )
         self._analysis_cache = analysis
         return analysis
-
-    def _refuse_record_mixing(self) -> None:
-        for layer in _all_layers(self._model):
-            refuse_unsupported_recurrent(layer)
-            if isinstance(layer, keras.layers.LayerNormalization):
-                self._refuse_batch_axis_normalization(layer)
-            if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable:
-                raise RecordMixingLayerError(
-                    f"layer {layer.name!r} (BatchNormalization) normalises each example with the "
-                    "statistics of the whole batch in training mode, so per-example gradients "
-                    "are not defined and clipping them would not bound any record's influence. "
-                    "Replace it with keras.layers.GroupNormalization or "
-                    "keras.layers.LayerNormalization, or freeze it (layer.trainable = False "
-                    "runs it in inference mode with its moving statistics).",
-                    layer_name=layer.name,
-                    layer_type=type(layer).__name__,
-                )
-
-    @staticmethod
-    def _refuse_batch_axis_normalization(layer: keras.layers.Layer) -> None:
-        axes = layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis]
-        try:
-            rank: int | None = len(layer.input.shape)
-        except (AttributeError, ValueError):  # not a functional layer: checked when traced
-            rank = None
-        if any(a == 0 or (rank is not None and a % rank == 0) for a in axes):
-            raise RecordMixingLayerError(
-                f"layer {layer.name!r} (LayerNormalization) normalises over axis 0, the batch, "
-                "so it mixes the records of a batch; normalise over the feature axes (axis=-1)",
-                layer_name=layer.name,
-                layer_type=type(layer).__name__,
-            )
-
-    def _plan(self, variables: tuple[Any, ...]) -> tuple[tuple[_PlanEntry, ...] | None, str | None]:
-        if self._method == "vectorized":
-            return None, "method='vectorized' was requested"
-        slot_of = {id(v): i for i, v in enumerate(variables)}
-        entries: list[_PlanEntry] = []
-        covered: dict[int, str] = {}
-        problems: list[str] = []
-        stack = list(reversed(_children(self._model)))
-        while stack:
-            layer = stack.pop()
-            rule = layer_rule(type(layer))
-            has_trainable = bool(layer.trainable_variables)
-            if rule is None or not has_trainable:
-                stack.extend(reversed(_children(layer)))
-                continue
-            reason = rule.unsupported_reason(layer)
-            if reason is not None:
-                problems.append(f"layer {layer.name!r} ({type(layer).__name__}): {reason}")
-                continue
-            rule_vars = tuple(rule.variables(layer))
-            for v in rule_vars:
-                if id(v) in covered:
-                    problems.append(
-                        f"variable {v.path!r} is shared by layers {covered[id(v)]!r} and "
-                        f"{layer.name!r}"
-                    )
-                covered[id(v)] = layer.name
-            entries.append(
-                _PlanEntry(
-                    layer=layer,
-                    rule=rule,
-                    variables=rule_vars,
-                    slots=tuple(slot_of.get(id(v)) for v in rule_vars),
-                )
-            )
-        missing = [v for v in variables if id(v) not in covered]
-        if missing:
-            problems.append(
-                "no fast-path rule covers the trainable variable(s) "
-                + ", ".join(repr(v.path) for v in missing)
-                + " (register a LayerGradientRule for their layer type)"
-            )
-        if problems:
-            return None, "; ".join(problems)
-        return tuple(e for e in entries if any(s is not None for s in e.slots)), None
 
     def _use_vectorized(self, reason: str) -> None:
         if self._method == "fast":
@@ -546,13 +255,13 @@ class PerExampleGradientEngine:
         """
         analysis = self._analysis()
         inputs = tf.nest.map_structure(tf.convert_to_tensor, inputs)
-        static_batch = _static_batch_size(inputs)
+        static_batch = static_batch_size(inputs)
         if static_batch is not None and static_batch > 0:
             return self._dispatch(analysis, inputs, targets, sample_weight, None)
         # The batch may be empty (Poisson sampling). TensorFlow's oneDNN convolutions fail on
         # empty batches, so an empty batch is run as one all-zero record whose loss is masked
         # to 0 (its output gradients are then 0), and the results are cut back to B rows.
-        batch = _batch_size(inputs)
+        batch = batch_size_of(inputs)
         nonempty = batch > 0
 
         def pad(t: Any) -> Any:
@@ -586,14 +295,14 @@ class PerExampleGradientEngine:
         )
 
     def _dispatch(
-        self, analysis: _Analysis, inputs: Any, targets: Any, sample_weight: Any, mask: Any
+        self, analysis: ModelAnalysis, inputs: Any, targets: Any, sample_weight: Any, mask: Any
     ) -> PerExampleNorms:
         if analysis.entries is not None and self._forced_vectorized is None:
             try:
                 result = self._fast_norms(analysis, inputs, targets, sample_weight, mask)
                 self._last_path = "fast"
                 return result
-            except _FastPathUnsupportedError as exc:
+            except FastPathUnsupportedError as exc:
                 self._forced_vectorized = str(exc)
         reason = self._forced_vectorized or analysis.fast_unsupported or "unknown"
         if self._method != "vectorized":
@@ -712,115 +421,17 @@ class PerExampleGradientEngine:
             )
         return tuple(tf.cast(f, v.dtype) for v in variables)
 
-    def _per_example_losses(
-        self, targets: Any, predictions: Any, sample_weight: Any, mask: Any = None
-    ) -> tf.Tensor:
-        losses = self._loss(targets, predictions)
-        if sample_weight is not None:
-            losses = losses * tf.cast(tf.reshape(sample_weight, [-1]), losses.dtype)
-        if mask is not None:
-            losses = tf.where(mask, losses, tf.zeros_like(losses))
-        return losses
-
     def _fast_norms(
-        self, analysis: _Analysis, inputs: Any, targets: Any, sample_weight: Any, mask: Any
+        self, analysis: ModelAnalysis, inputs: Any, targets: Any, sample_weight: Any, mask: Any
     ) -> PerExampleNorms:
-        entries = analysis.entries
-        assert entries is not None
-        variables = analysis.variables
-        batch_size = _batch_size(inputs)
-        with (
-            tf.GradientTape(watch_accessed_variables=False) as tape,
-            tf.GradientTape() as probe,
-        ):
-            recorder = _Recorder(entries, tape, probe, batch_size, _static_batch_size(inputs))
-            with recorder.patched():
-                predictions = self._model(inputs, training=True)
-            losses = self._per_example_losses(targets, predictions, sample_weight, mask)
-            total = tf.reduce_sum(losses)
-        trainable = {id(_underlying(v)): v for v in variables}
-        stray = [trainable[id(w)] for w in probe.watched_variables() if id(w) in trainable]
-        if stray:
-            raise _FastPathUnsupportedError(
-                "the variable(s) "
-                + ", ".join(repr(v.path) for v in stray)
-                + " are used outside the forward pass of the layer that owns them"
-            )
-        if recorder.taps:
-            grads = tape.gradient(
-                total, recorder.taps, unconnected_gradients=tf.UnconnectedGradients.ZERO
-            )
-        else:
-            grads = []
-        norms: list[tf.Tensor | None] = [None] * len(variables)
-        residuals: list[Any] = []
-        for entry, calls in zip(entries, recorder.calls, strict=True):
-            if not calls:
-                residuals.append({})
-                continue
-            layer_calls = [
-                LayerCall(saved=saved, output_gradients=tuple(grads[i] for i in indices))
-                for saved, indices in calls
-            ]
-            layer_norms, layer_residual = entry.rule.squared_norms(
-                entry.layer, layer_calls, batch_size=batch_size
-            )
-            residuals.append({"calls": layer_residual})
-            for slot, n in zip(entry.slots, layer_norms, strict=True):
-                if slot is not None:
-                    norms[slot] = n
-        squared = tuple(
-            tf.zeros(tf.reshape(batch_size, [1]), v.dtype) if n is None else tf.cast(n, v.dtype)
-            for v, n in zip(variables, norms, strict=True)
-        )
-        return PerExampleNorms(
-            squared_norms=squared,
-            losses=losses,
-            predictions=predictions,
-            residual={"fast": tuple(residuals)},
-        )
+        batch = NormBatch(inputs, targets, sample_weight, mask)
+        return fast_norms(self._model, self._loss, analysis, batch)
 
     def _vectorized_norms(
-        self, analysis: _Analysis, inputs: Any, targets: Any, sample_weight: Any, mask: Any
+        self, analysis: ModelAnalysis, inputs: Any, targets: Any, sample_weight: Any, mask: Any
     ) -> PerExampleNorms:
-        variables = analysis.variables
-        elems: dict[str, Any] = {"x": inputs}
-        if targets is not None:
-            elems["y"] = targets
-        if sample_weight is not None:
-            elems["w"] = tf.reshape(sample_weight, [-1])
-        if mask is not None:
-            elems["m"] = mask
-
-        @tf.autograph.experimental.do_not_convert
-        def one(e: dict[str, Any]) -> tuple[Any, ...]:
-            x = tf.nest.map_structure(lambda t: tf.expand_dims(t, 0), e["x"])
-            y = tf.nest.map_structure(lambda t: tf.expand_dims(t, 0), e["y"]) if "y" in e else None
-            with tf.GradientTape() as tape:
-                predictions = self._model(x, training=True)
-                loss = self._per_example_losses(
-                    y,
-                    predictions,
-                    tf.expand_dims(e["w"], 0) if "w" in e else None,
-                    tf.expand_dims(e["m"], 0) if "m" in e else None,
-                )
-                total = tf.reduce_sum(loss)
-            grads = tape.gradient(
-                total, list(variables), unconnected_gradients=tf.UnconnectedGradients.ZERO
-            )
-            squeezed = tf.nest.map_structure(lambda t: tf.squeeze(t, 0), predictions)
-            dense = tuple(tf.convert_to_tensor(g) for g in grads)  # IndexedSlices → dense
-            return dense, tf.reshape(loss, []), squeezed
-
-        recurrent = [
-            layer.name for layer in _all_layers(self._model) if isinstance(layer, keras.layers.RNN)
-        ]
-        in_loop = (
-            f"tf.vectorized_map cannot vectorise the recurrent layer(s) {', '.join(recurrent)}"
-            if recurrent
-            else None
-        )
-        (grads, losses, predictions), loops = per_example_map(one, elems, in_loop=in_loop)
+        batch = NormBatch(inputs, targets, sample_weight, mask)
+        norms, loops = vectorized_norms(self._model, self._loss, analysis, batch)
         if loops and not self._while_loops_logged:
             self._while_loops_logged = True
             _log.warning(
@@ -829,12 +440,4 @@ class PerExampleGradientEngine:
                 self._model.name,
                 "; ".join(loops),
             )
-        squared = tuple(
-            tf.reduce_sum(tf.square(g), axis=list(range(1, g.shape.rank))) for g in grads
-        )
-        return PerExampleNorms(
-            squared_norms=squared,
-            losses=losses,
-            predictions=predictions,
-            residual={"vectorized": tuple(grads)},
-        )
+        return norms

@@ -1,8 +1,10 @@
 """Exceptions of the TensorFlow/Keras adapter.
 
 They extend the hierarchy of :mod:`dpledger.errors`: every one is a
-:class:`dpledger.errors.DPLedgerError`, and each is caused by a model, a loss or an argument the
-caller can change, so each also subclasses :class:`ValueError`.
+:class:`dpledger.errors.DPLedgerError`. Those caused by a model, a loss or an argument the caller
+can change also subclass :class:`ValueError`; :class:`LedgerNotAttachedError` (a loaded model
+without its ledger) is a :class:`RuntimeError`. :class:`UnrecordedTrainingWarning` is the warning
+of training a wrapped model directly.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from __future__ import annotations
 from dpledger.errors import DPLedgerError
 
 __all__ = [
+    "LedgerNotAttachedError",
     "PerExampleLossError",
     "RecordMixingLayerError",
+    "UnrecordedTrainingWarning",
     "UnsupportedLayerError",
 ]
 
@@ -49,3 +53,20 @@ class PerExampleLossError(DPLedgerError, ValueError):
     ``reduction="none"`` (or ``None``), or a callable ``loss(y_true, y_pred)`` returning a tensor
     whose leading axis is the batch.
     """
+
+
+class LedgerNotAttachedError(DPLedgerError, RuntimeError):
+    """A :class:`~dpledger.adapters.tensorflow.DPKerasModel` loaded with
+    ``keras.models.load_model`` was asked to train before it was given a ledger.
+
+    The ledger is a file the user owns, not part of the saved model: a loaded model records
+    nothing until :meth:`~dpledger.adapters.tensorflow.DPKerasModel.attach_ledger` gives it one
+    (``PrivacyLedger(path, resume=True)`` continues the saved run's file; a new ledger starts a
+    new account, which then does not hold the steps taken before the save).
+    """
+
+
+class UnrecordedTrainingWarning(UserWarning):
+    """A model wrapped by :class:`~dpledger.adapters.tensorflow.DPKerasModel` is trained
+    directly (its own ``fit``, ``train_on_batch`` or ``train_step``): those steps are not
+    private and are not recorded in the wrapper's ledger."""

@@ -54,6 +54,7 @@ from dpledger.mechanisms.config import (
     check_groups,
     check_strategy,
     deprecated_alias,
+    l2_norm_bound_alias,
     warn_deprecated,
 )
 from dpledger.validation import check_non_negative_finite, check_positive_finite
@@ -176,15 +177,10 @@ def adapter_settings(
             ``queries``).
     """
     level = stacklevel + 1
-    bound = deprecated_alias(
-        new="l2_norm_bound",
-        new_value=l2_norm_bound,
-        old="l2_norm_clip",
-        old_value=l2_norm_clip,
-        stacklevel=level,
+    bound, spelled = l2_norm_bound_alias(
+        l2_norm_bound=l2_norm_bound, old="l2_norm_clip", old_value=l2_norm_clip, stacklevel=level
     )
     groups = current_groups(groups, stacklevel=level)
-    spelled = {"l2_norm_bound": "l2_norm_clip"} if l2_norm_clip is not None else {}
     if method is not None:
         engine_method(strategy=strategy, method=method, stacklevel=level)
         if config is not None:
@@ -210,15 +206,8 @@ def adapter_settings(
                 "scales": fields.get("scales"),
             },
         )
-    config = DPConfig.resolve(
-        config,
-        spelled=spelled,
-        l2_norm_bound=bound,
-        groups=groups,
-        strategy=strategy,
-        clip_margin=clip_margin,
-        **fields,
-    )
+    fields.update(l2_norm_bound=bound, groups=groups, strategy=strategy, clip_margin=clip_margin)
+    config = DPConfig.resolve(config, spelled=spelled, **fields)
     if config.noise_multiplier is None:
         raise InvalidParameterError(
             "target_epsilon",
@@ -234,18 +223,44 @@ def adapter_settings(
     )
 
 
+SETTING_KEYWORDS = (
+    "config",
+    "queries",
+    "l2_norm_bound",
+    "l2_norm_clip",
+    "groups",
+    "strategy",
+    "method",
+    "clip_margin",
+    "noise_multiplier",
+    "clipping",
+    "clip_split",
+    "noise_allocation",
+    "scales",
+)
+"""The keyword arguments of the Keras adapters' constructors that make their settings."""
+
+
+def settings_of_arguments(arguments: Mapping[str, Any], *, stacklevel: int = 2) -> AdapterSettings:
+    """:func:`adapter_settings` of a constructor's arguments: the one place where
+    :class:`~dpledger.adapters.tensorflow.DPKerasModel` and
+    :class:`~dpledger.adapters.tensorflow.PrivateGradients` forward their
+    :class:`~dpledger.mechanisms.DPConfig` keywords (:data:`SETTING_KEYWORDS`).
+
+    Args:
+        arguments: the constructor's arguments by name (``locals()``; other names are ignored).
+        stacklevel: as for :func:`warnings.warn`, counted from the caller of this function.
+
+    Raises:
+        InvalidParameterError: as :func:`adapter_settings`.
+    """
+    given = {name: arguments[name] for name in SETTING_KEYWORDS}
+    return adapter_settings(**given, stacklevel=stacklevel + 1)
+
+
 def queries_of(variables: Sequence[Any], config: DPConfig) -> GradientQueries:
     """The queries of ``config`` over ``variables`` (see :func:`gradient_queries`)."""
-    return gradient_queries(
-        variables,
-        l2_norm_bound=config.l2_norm_bound,
-        noise_multiplier=config.noise_multiplier,
-        clipping=config.clipping,
-        groups=config.groups,
-        clip_split=config.clip_split,
-        noise_allocation=config.noise_allocation,
-        scales=config.scales,
-    )
+    return gradient_queries(variables, **config.query_arguments())
 
 
 def _path(variable: Any) -> str:

@@ -6,7 +6,7 @@
 vectorised one), adds Gaussian noise, averages with the fixed denominator of the sampling scheme
 (q·n, b or n/k) and hands the privatised gradient to the optimizer, recording the step's sampling
 event and sum-query events in the ledger (see
-:mod:`~dpledger.adapters.tensorflow.private_gradients` for the stages and their precision). The
+:mod:`~dpledger.adapters.tensorflow.dp_step` for the stages and their precision). The
 optimizer only post-processes privatised gradients, so its choice never changes the accounting.
 
 Why not ``train_step``: Keras runs ``train_step`` inside a ``tf.function`` (and a loop of
@@ -21,6 +21,20 @@ Per-example losses are required: a Keras loss passed to :meth:`compile` is used 
 reported in the logs is the mean per-example loss of the step's batch (0 for an empty batch); it
 and the compiled metrics are computed from the training data and are NOT private.
 
+Saving: ``dp_model.save(path)`` and ``keras.models.load_model(path)`` give back a
+:class:`DPKerasModel` (a registered serializable class) with the wrapped model, its weights, the
+compiled loss and optimizer, and the DP configuration (:attr:`DPKerasModel.dp_config`, the
+sampling event); see :mod:`~dpledger.adapters.tensorflow.model_saving`. The ledger is a file the
+user owns and is not saved: the loaded model raises
+:class:`~dpledger.adapters.tensorflow.errors.LedgerNotAttachedError` on training until
+:meth:`DPKerasModel.attach_ledger` gives it one (``PrivacyLedger(path, resume=True)`` continues
+the run's file), so it never starts a new ledger that would pass for the old one.
+
+Training the wrapped model itself (its ``fit``, ``train_on_batch`` or ``train_step``) after
+wrapping warns with :class:`~dpledger.adapters.tensorflow.errors.UnrecordedTrainingWarning`
+(:mod:`~dpledger.adapters.tensorflow.inner_training`): such steps are neither private nor
+recorded.
+
 Under ``tf.distribute.MirroredStrategy`` (create the model and :class:`DPKerasModel` inside
 ``strategy.scope()``), each replica clips its own records, the clipped sums are summed across
 replicas, one noise draw of the full variance is added and the update is applied once to the
@@ -31,61 +45,58 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import keras
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
-from dpledger.adapters.tensorflow.errors import PerExampleLossError, UnsupportedLayerError
-from dpledger.adapters.tensorflow.gradient_queries import (
-    GradientQueries,
-    adapter_settings,
-    gradient_queries,
-)
-from dpledger.adapters.tensorflow.losses import per_example_loss
-from dpledger.adapters.tensorflow.private_gradients import (
-    DPStep,
-    StepEvents,
+from dpledger.adapters.tensorflow.construction_checks import (
     check_bias_callback,
     generator_of,
-    ledger_of,
-    step_events_of,
+    ledger_with_intent,
 )
+from dpledger.adapters.tensorflow.dp_step import DPStep
+from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
+from dpledger.adapters.tensorflow.errors import LedgerNotAttachedError, PerExampleLossError
+from dpledger.adapters.tensorflow.fit_data import (
+    BATCH_SOURCES,
+    check_sampled_batches,
+    poisson_batches,
+    refuse_regularizers,
+)
+from dpledger.adapters.tensorflow.gradient_queries import (
+    GradientQueries,
+    gradient_queries,
+    settings_of_arguments,
+)
+from dpledger.adapters.tensorflow.inner_training import warn_on_direct_training
+from dpledger.adapters.tensorflow.losses import per_example_loss
+from dpledger.adapters.tensorflow.model_saving import SavedDPModel
 from dpledger.adapters.tensorflow.record_probe import (
     check_probe_switch,
     probe_record_independence,
 )
-from dpledger.adapters.tensorflow.sampling import PoissonSampler
+from dpledger.adapters.tensorflow.step_events import StepEvents, step_events_of
+from dpledger.adapters.tensorflow.train_function import dp_train_function
 from dpledger.diagnostics.bias import ClippingBiasCallback
-from dpledger.errors import InvalidParameterError, SamplerMismatchError
-from dpledger.ledger import PrivacyLedger, SamplingEvent, SamplingScheme
-from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent
+from dpledger.errors import InvalidParameterError
+from dpledger.ledger import PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, DPConfig, GaussianSumQuery
-from dpledger.sampling.relations import default_relation
-from dpledger.validation import check_positive_int, warn_if_delta_too_large
 
 __all__ = ["DPKerasModel", "make_private"]
 
 _log = logging.getLogger(__name__)
 
-
-def _refuse_regularizers(model: keras.Model) -> None:
-    for layer in model._flatten_layers(include_self=True, recursive=True):
-        for attribute in ("activity_regularizer", "kernel_regularizer", "bias_regularizer"):
-            if getattr(layer, attribute, None) is not None:
-                raise UnsupportedLayerError(
-                    f"layer {layer.name!r} has a {attribute}; its loss is not a per-example term "
-                    "and is not part of the privatised gradient. Remove it and use the "
-                    "optimizer's weight_decay (e.g. keras.optimizers.AdamW or "
-                    "SGD(weight_decay=...)), which is data-independent and costs no privacy.",
-                    layer_name=layer.name,
-                    layer_type=type(layer).__name__,
-                )
+# The arguments of update_queries that are DPConfig fields (the config follows them).
+_QUERY_FIELDS = frozenset(
+    ("l2_norm_bound", "noise_multiplier", "clipping", "clip_split", "noise_allocation", "scales")
+)
 
 
-class DPKerasModel(keras.Model):
+@keras.saving.register_keras_serializable(package="dpledger")
+class DPKerasModel(SavedDPModel, keras.Model):
     """A Keras model whose ``fit`` trains with DP-SGD (or DP-Adam, …), recording a ledger.
 
     Example::
@@ -187,26 +198,12 @@ class DPKerasModel(keras.Model):
         if not isinstance(model, keras.Model):
             raise InvalidParameterError("model", model, "a keras.Model")
         check_built(model)
-        settings = adapter_settings(
-            config=config,
-            queries=queries,
-            l2_norm_bound=l2_norm_bound,
-            l2_norm_clip=l2_norm_clip,
-            groups=groups,
-            strategy=strategy,
-            method=method,
-            clip_margin=clip_margin,
-            noise_multiplier=noise_multiplier,
-            clipping=clipping,
-            clip_split=clip_split,
-            noise_allocation=noise_allocation,
-            scales=scales,
-        )
+        settings = settings_of_arguments(locals())
         check_probe_switch(check_record_independence)
         super().__init__(name=name or f"dp_{model.name}")
         events = step_events_of(sampler, sampling_probability, population_size)
         self._dp_sampler = sampler
-        _refuse_regularizers(model)
+        refuse_regularizers(model)
         # Built here so that bad clipping arguments fail now, not at the first fit.
         self._dp_queries = settings.queries_for(model.trainable_variables)
         # The engine refuses record-mixing layers now; it gets the loss at compile time.
@@ -216,7 +213,10 @@ class DPKerasModel(keras.Model):
         self.model = model
         self._dp_groups = settings.groups
         self._dp_events: StepEvents = events
-        self._dp_ledger = _ledger_with_intent(ledger, events, settings.config, settings.explicit)
+        self._dp_config = settings.config
+        self._dp_ledger: PrivacyLedger | None = ledger_with_intent(
+            ledger, events, settings.config, settings.explicit
+        )
         self._dp_iterator: Any = None  # the iterator of the current epoch, and the next
         self._dp_position = 0  # step's position in it
         self._dp_generator = generator_of(generator, seed)
@@ -226,7 +226,9 @@ class DPKerasModel(keras.Model):
         self._dp_loss: Any = None
         self._dp_step: DPStep | None = None
         self._dp_probed = not check_record_independence
+        self._dp_check_record_independence = check_record_independence
         self.built = True
+        warn_on_direct_training(model, wrapper_name=self.name)
 
     # ------------------------------------------------------------------ Keras API
     def call(self, inputs: Any, training: bool | None = None) -> Any:
@@ -280,38 +282,16 @@ class DPKerasModel(keras.Model):
                 model whose sampling is not Poisson, ``batch_size`` / len(x) is not the recorded
                 q, or ``batch_size`` is given with a dataset.
             SamplerMismatchError: the model has a sampler and ``x`` is not its draws.
+            LedgerNotAttachedError: the model was loaded from a file and has no ledger yet
+                (:meth:`attach_ledger`).
         """
-        if not isinstance(x, (tf.data.Dataset, keras.utils.PyDataset, Iterator)):
-            x, y, batch_size = self._poisson_batches(x, y, batch_size, kwargs), None, None
-        if batch_size is not None:
-            raise InvalidParameterError(
-                "batch_size",
-                batch_size,
-                "None: the batches come from the sampler (sampler.sample((x, y)) of a "
-                "PoissonSampler, ShuffleSampler, …), which decides their size",
+        self._attached_ledger()
+        if not isinstance(x, BATCH_SOURCES):
+            x = poisson_batches(
+                x, y, batch_size, kwargs, events=self._dp_events, sampler=self._dp_sampler
             )
-        if not isinstance(x, (tf.data.Dataset, keras.utils.PyDataset, Iterator)):
-            raise InvalidParameterError(
-                "x",
-                f"<{type(x).__name__}>",
-                "a dataset of sampled batches (sampler.sample((x, y))), not arrays: Keras would "
-                "shuffle arrays into fixed-size batches, whose sampling is not the one recorded "
-                "in the ledger (for shuffled batches, ShuffleSampler records them as such)",
-            )
-        drew = getattr(self._dp_sampler, "drew", None)
-        if drew is not None and not drew(x):
-            raise SamplerMismatchError(
-                "fit() was given batches that the recorded sampler did not draw: "
-                f"{self._dp_sampler!r} records its sampling event "
-                f"({self._dp_events.event.describe()}) with every step, so the data must be "
-                "sampler.sample((x, y)) itself, optionally followed by .prefetch() or "
-                ".with_options(); a dataset shuffled and batched (or batched, filtered, mapped, "
-                "taken, cached …) after or instead of sampling has other batches. For shuffled "
-                "fixed-size batches like dataset.shuffle(n).batch(b), use "
-                "ShuffleSampler(population_size=n, batch_size=b), recorded truthfully as "
-                "shuffle(b, n) (analysed under neighboring='replace_one', without amplification); "
-                "for amplification by sampling, PoissonSampler. Nothing was recorded"
-            )
+            y, batch_size = None, None
+        check_sampled_batches(x, batch_size, events=self._dp_events, sampler=self._dp_sampler)
         kwargs.setdefault("shuffle", False)  # the batches are already sampled
         if not self._dp_probed and self._dp_loss is not None:
             self._probe_first_batch(x)
@@ -319,61 +299,6 @@ class DPKerasModel(keras.Model):
             return super().fit(x, y, **kwargs)
         finally:
             self._dp_iterator = None
-
-    def _poisson_batches(self, x: Any, y: Any, batch_size: Any, kwargs: dict[str, Any]) -> Any:
-        """Poisson batches of the arrays ``x`` (and ``y``, ``sample_weight``) drawn with the
-        recorded q, or an :class:`InvalidParameterError` naming what does not match."""
-        event = self._dp_events.event
-        if event.scheme is not SamplingScheme.POISSON or event.unit.value != "record":
-            raise InvalidParameterError(
-                "x",
-                f"<{type(x).__name__}>",
-                "a dataset of sampled batches (sampler.sample((x, y))), not arrays: Keras would "
-                "shuffle arrays into fixed-size batches, whose sampling is not the one recorded "
-                f"in the ledger ({event.describe()}; for shuffled batches, ShuffleSampler "
-                "records them as such)",
-            )
-        leaves = tf.nest.flatten(x)
-        shape = getattr(leaves[0], "shape", None) if leaves else None
-        if shape is None or len(shape) == 0 or shape[0] is None:
-            raise InvalidParameterError(
-                "x", f"<{type(x).__name__}>", "arrays or tensors with a leading record axis"
-            )
-        n, q = int(shape[0]), event.sampling_probability
-        if n != event.population_size:
-            raise InvalidParameterError(
-                "x",
-                f"<{n} records>",
-                f"the population of population_size={event.population_size} records that the "
-                "ledger records every step is sampled from",
-            )
-        if batch_size is not None:
-            b = check_positive_int("batch_size", batch_size)
-            if b / n != q:
-                raise InvalidParameterError(
-                    "batch_size",
-                    batch_size,
-                    f"None, or a batch size with batch_size / len(x) = q = {q!r}, the "
-                    f"sampling_probability the ledger records (batch_size / len(x) = {b}/{n} = "
-                    f"{b / n!r}); build the model with sampling_probability=batch_size / len(x) "
-                    "to train at another rate",
-                )
-        sampler = self._dp_sampler
-        if not isinstance(sampler, PoissonSampler):
-            sampler = PoissonSampler(population_size=n, sampling_probability=q)
-        data = x if y is None else (x, y)
-        if kwargs.get("sample_weight") is not None:
-            data = (x, y, kwargs.pop("sample_weight"))
-        _log.info(
-            "fit on arrays: Poisson batches with q = %s = %r (each of the %d records joins "
-            "each batch with probability q; %d batches per epoch, %.4g records expected each)",
-            "the model's sampling_probability" if batch_size is None else f"{b} / {n}",
-            q,
-            n,
-            sampler.steps_per_epoch,
-            q * n,
-        )
-        return sampler.sample(data)
 
     def _probe_first_batch(self, x: Any) -> None:
         if isinstance(x, tf.data.Dataset):
@@ -407,7 +332,8 @@ class DPKerasModel(keras.Model):
         Takes the arguments of :func:`~dpledger.adapters.tensorflow.gradient_queries`
         (``l2_norm_bound``, ``noise_multiplier``, ``clipping``, ``clip_split``,
         ``noise_allocation``, ``scales`` or ``queries``) with the groups fixed at construction;
-        the ledger records the new (S_g, σ̃_g) of every later step (e.g. a noise schedule).
+        the ledger records the new (S_g, σ̃_g) of every later step (e.g. a noise schedule), and
+        :attr:`dp_config` (which a saved model stores) follows them.
 
         Raises:
             InvalidParameterError: for a bad argument, or ``groups`` (fixed).
@@ -422,11 +348,38 @@ class DPKerasModel(keras.Model):
         if self._dp_step is not None:
             self._dp_step.set_queries(queries)
         self._dp_queries = queries
+        if self._dp_config is not None and set(query_arguments) <= _QUERY_FIELDS:
+            self._dp_config = attrs.evolve(self._dp_config, **query_arguments)
+        else:  # explicit queries: no DPConfig describes them
+            self._dp_config = None
         return queries
 
     @property
     def ledger(self) -> PrivacyLedger:
-        """The ledger the training steps are recorded in."""
+        """The ledger the training steps are recorded in.
+
+        Raises:
+            LedgerNotAttachedError: the model was loaded from a file and has not been given its
+                ledger (:meth:`attach_ledger`).
+        """
+        return self._attached_ledger()
+
+    @property
+    def dp_config(self) -> DPConfig | None:
+        """The step's :class:`~dpledger.mechanisms.DPConfig` (with the changes of
+        :meth:`update_queries`); None when the model was given explicit ``queries``."""
+        return self._dp_config
+
+    def _attached_ledger(self) -> PrivacyLedger:
+        if self._dp_ledger is None:
+            raise LedgerNotAttachedError(
+                f"DPKerasModel {self.name!r} was loaded from a file, which does not hold its "
+                "ledger (a file you own): nothing is recorded, and it does not train, until "
+                "you give it one with model.attach_ledger(ledger). To continue the saved run's "
+                "account, reopen its file: attach_ledger(PrivacyLedger(path, resume=True)); a "
+                "new ledger starts a new account that does not hold the steps taken before "
+                "the save"
+            )
         return self._dp_ledger
 
     @property
@@ -457,6 +410,7 @@ class DPKerasModel(keras.Model):
         return self._dp_step
 
     def _make_dp_step(self) -> DPStep:
+        ledger = self._attached_ledger()
         if self._dp_loss is None:
             raise PerExampleLossError("compile the DPKerasModel with a loss before fit")
         engine = PerExampleGradientEngine(self.model, self._dp_loss, method=self._dp_method)
@@ -473,20 +427,11 @@ class DPKerasModel(keras.Model):
             engine,
             queries=queries,
             events=self._dp_events,
-            ledger=self._dp_ledger,
+            ledger=ledger,
             generator=self._dp_generator,
             clip_margin=self._dp_margin,
             bias_callback=self._dp_bias_callback,
         )
-
-    def _replica_logs(self, x: Any, y: Any, sample_weight: Any, out: dict[str, Any]) -> Any:
-        losses = out["losses"]
-        count = tf.cast(tf.shape(losses)[0], losses.dtype)
-        mean = tf.math.divide_no_nan(tf.reduce_sum(losses), count)
-        tracker = getattr(self, "_loss_tracker", None)
-        if tracker is not None:
-            tracker.update_state(mean, sample_weight=count)
-        return self.compute_metrics(x, y, out["predictions"], sample_weight=sample_weight)
 
     def make_train_function(self, force: bool = False) -> Callable[[Any], Any]:
         """The function ``fit`` calls per execution: up to ``steps_per_execution`` DP steps.
@@ -498,53 +443,7 @@ class DPKerasModel(keras.Model):
             return self.train_function
         step = self._make_dp_step()
         self._dp_step = step
-        strategy = self.distribute_strategy
-        with strategy.scope():
-            if not self.optimizer.built:
-                self.optimizer.build(list(step.variables))
-        bias = step.bias_callback is not None
-
-        def replica(data: Any) -> tuple[dict[str, Any], Any]:
-            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-            out = step.clip_replica(x, y, sample_weight)
-            logs = self._replica_logs(x, y, sample_weight, out)
-            kept = {k: v for k, v in out.items() if k not in ("losses", "predictions")}
-            return kept, logs
-
-        def sum_over_replicas(value: Any) -> Any:
-            return strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
-
-        @tf.autograph.experimental.do_not_convert
-        def one_step(data: Any, position: tf.Tensor) -> Any:
-            out, logs = strategy.run(replica, args=(data,))
-            sums = [sum_over_replicas(s) for s in out["sums"]]
-            count = sum_over_replicas(out["num_records"])
-            extras: dict[str, Any] = {}
-            if bias:
-                extras["unclipped"] = [sum_over_replicas(s) for s in out["unclipped"]]
-                extras["norms"] = tf.concat(strategy.experimental_local_results(out["norms"]), 0)
-                extras["num_clipped"] = sum_over_replicas(out["num_clipped"])
-            grads = step.release(sums, count, position=position, **extras)
-            self.optimizer.apply(grads, list(step.variables))
-            return tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], logs)
-
-        compiled = tf.function(one_step, autograph=False, reduce_retracing=True)
-
-        def train_function(iterator: Any) -> Any:
-            logs = None
-            for _ in range(self.steps_per_execution):
-                try:
-                    data = next(iterator)
-                except (StopIteration, tf.errors.OutOfRangeError):
-                    if logs is None:
-                        raise StopIteration from None
-                    break
-                try:
-                    logs = compiled(data, self._position_of(iterator))
-                except tf.errors.OpError as exc:
-                    step.reraise(exc)
-            return logs
-
+        train_function = dp_train_function(self, step, self._position_of)
         self.train_function = train_function
         return train_function
 
@@ -557,40 +456,6 @@ class DPKerasModel(keras.Model):
         position = self._dp_position
         self._dp_position += 1
         return tf.constant(position, tf.int64)
-
-
-def _ledger_with_intent(
-    ledger: PrivacyLedger | None,
-    events: StepEvents,
-    config: DPConfig | None,
-    explicit: dict[str, Any] | None,
-) -> PrivacyLedger:
-    """The run's ledger: a new one holds the run's intent in its metadata; a given one is
-    checked, and the intent it lacks is logged. Warns when the config's δ ≥ 1/n."""
-    event = events.event
-    n = event.population_size
-    delta = None if config is None else config.delta
-    if delta is not None:
-        warn_if_delta_too_large(delta=delta, population_size=n, stacklevel=3)
-    z = config.noise_multiplier if config is not None else (explicit or {}).get("noise_multiplier")
-    intent = run_intent(
-        framework="tensorflow",
-        framework_version=tf.__version__,
-        population_size=n,
-        unit=event.unit.value,
-        noise_multiplier=None if z is None else float(z),
-        delta=delta,
-        sampling=event.scheme.value,
-        sampling_probability=(
-            event.sampling_probability if event.scheme is SamplingScheme.POISSON else None
-        ),
-    )
-    if ledger is None:
-        relation = default_relation(event)
-        return ledger_of(PrivacyLedger(neighboring=relation, metadata={INTENT_KEY: intent}), events)
-    checked = ledger_of(ledger, events)
-    note_intent(checked, intent)
-    return checked
 
 
 def make_private(model: keras.Model, **privacy: Any) -> DPKerasModel:

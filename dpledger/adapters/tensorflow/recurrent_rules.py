@@ -54,7 +54,8 @@ import keras
 import tensorflow as tf
 
 from dpledger.adapters.tensorflow.errors import RecordMixingLayerError, UnsupportedLayerError
-from dpledger.adapters.tensorflow.layer_rules import (
+from dpledger.adapters.tensorflow.registry import register_layer_rule
+from dpledger.adapters.tensorflow.rule_algebra import (
     _common_unsupported,
     _concat_positions,
     _contract,
@@ -62,7 +63,6 @@ from dpledger.adapters.tensorflow.layer_rules import (
     _positions,
     _rows_sq,
 )
-from dpledger.adapters.tensorflow.registry import register_layer_rule
 
 __all__ = [
     "GRURule",

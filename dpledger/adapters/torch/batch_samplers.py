@@ -50,6 +50,7 @@ from dpledger.sampling import (
     ShuffleScheme,
     TruncatedPoissonScheme,
 )
+from dpledger.sampling.sampler_properties import scheme_property
 
 __all__ = [
     "BallsInBinsBatchSampler",
@@ -283,18 +284,10 @@ class ShuffleBatchSampler(EpochBatchSampler):
         super().__init__(population_size=scheme.population_size, generator=generator, seed=seed)
         self._scheme = scheme
         self._b = scheme.batch_size
-        self._drop_last = scheme.drop_last
         self._steps = scheme.steps_per_epoch
 
-    @property
-    def batch_size(self) -> int:
-        """b, the size of every batch (but the last of an epoch when b does not divide n)."""
-        return self._b
-
-    @property
-    def drop_last(self) -> bool:
-        """Whether the last, smaller batch of each epoch is left out."""
-        return self._drop_last
+    batch_size = scheme_property(ShuffleScheme.batch_size)
+    drop_last = scheme_property(ShuffleScheme.drop_last)
 
     def sampling_event(self, *, epoch_start: bool = False) -> SamplingEvent:
         """``SamplingEvent.shuffle(b, n, epoch_start=epoch_start)``."""

@@ -381,14 +381,7 @@ class DPOptimizer(
     def _init_queries(self, config: DPConfig) -> None:
         """The groups and their sum queries, with the layout cache of the clipping."""
         self._queries = GradientQueries(
-            {n: p.numel() for n, p in self._params.items()},
-            l2_norm_bound=config.l2_norm_bound,
-            noise_multiplier=config.noise_multiplier,
-            clipping=config.clipping,
-            groups=config.groups,
-            clip_split=config.clip_split,
-            noise_allocation=config.noise_allocation,
-            scales=config.scales,
+            {n: p.numel() for n, p in self._params.items()}, **config.query_arguments()
         )
         self._query_cache = {
             (self._queries.max_grad_norm, self._queries.noise_multiplier): self._queries

@@ -31,6 +31,7 @@ from torch.utils.data._utils.collate import default_collate
 from dpledger.adapters.torch.sampler_base import StepwiseBatchSampler
 from dpledger.errors import InvalidParameterError
 from dpledger.sampling import PoissonScheme
+from dpledger.sampling.sampler_properties import scheme_property
 
 __all__ = ["EmptyBatchCollate", "PoissonBatchSampler", "poisson_data_loader"]
 
@@ -74,15 +75,8 @@ class PoissonBatchSampler(StepwiseBatchSampler):
         self._use_scheme(scheme)
         self._q = scheme.sampling_probability
 
-    @property
-    def sampling_probability(self) -> float:
-        """q, the probability that a given record is in a given batch."""
-        return self._q
-
-    @property
-    def expected_batch_size(self) -> float:
-        """q·n, the mean batch size (the fixed denominator of DP-SGD's average)."""
-        return self._q * self._n
+    sampling_probability = scheme_property(PoissonScheme.sampling_probability)
+    expected_batch_size = scheme_property(PoissonScheme.expected_batch_size)
 
     def sample(self) -> list[int]:
         """Draw one batch: the indices i with U_i < q for fresh uniforms U_1..U_n.

@@ -46,7 +46,7 @@ from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
 from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent
-from dpledger.mechanisms.config import DPConfig, deprecated_alias
+from dpledger.mechanisms.config import DPConfig, l2_norm_bound_alias
 from dpledger.sampling.relations import default_relation
 from dpledger.sampling.validation import check_sampling_probability
 from dpledger.validation import check_positive_int, warn_if_delta_too_large
@@ -299,15 +299,13 @@ def _resolve_config(
     """The steps' DPConfig, from ``config`` or from the arguments and the DPConfig fields among
     ``options`` (which are taken out of it); refuses the DPOptimizer arguments that
     make_private sets itself."""
+    bound, spelled = l2_norm_bound_alias(
+        l2_norm_bound=l2_norm_bound, old="max_grad_norm", old_value=max_grad_norm, stacklevel=3
+    )
     config = DPConfig.resolve(
         config,
-        spelled={"l2_norm_bound": "max_grad_norm"} if max_grad_norm is not None else None,
-        l2_norm_bound=deprecated_alias(
-            new="l2_norm_bound",
-            new_value=l2_norm_bound,
-            old="max_grad_norm",
-            old_value=max_grad_norm,
-        ),
+        spelled=spelled,
+        l2_norm_bound=bound,
         noise_multiplier=noise_multiplier,
         target_epsilon=target_epsilon,
         delta=delta,

@@ -1,0 +1,90 @@
+"""The checks of the Keras adapters' constructors: the bias callback, the noise generator and
+the ledger with the run's intent (:class:`~dpledger.adapters.tensorflow.DPKerasModel` and
+:class:`~dpledger.adapters.tensorflow.PrivateGradients`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from dpledger.adapters.tensorflow.backend import make_generator
+from dpledger.adapters.tensorflow.step_events import StepEvents, check_relation
+from dpledger.diagnostics.bias import ClippingBiasCallback
+from dpledger.errors import InvalidParameterError
+from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingScheme
+from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent
+from dpledger.mechanisms import DPConfig
+from dpledger.sampling.relations import default_relation
+from dpledger.validation import warn_if_delta_too_large
+
+__all__ = ["check_bias_callback", "generator_of", "ledger_of", "ledger_with_intent"]
+
+
+def check_bias_callback(callback: Any) -> ClippingBiasCallback | None:
+    """None or a callable ``callback(step, metrics)``."""
+    if callback is not None and not callable(callback):
+        raise InvalidParameterError(
+            "bias_callback", callback, "None or a callable callback(step, ClippingBias)"
+        )
+    return callback
+
+
+def generator_of(generator: Any, seed: int | None) -> tf.random.Generator:
+    """The noise generator: the one given, or a Philox generator from ``seed``."""
+    if generator is not None:
+        if seed is not None:
+            raise InvalidParameterError("seed", seed, "None when a generator is given")
+        if not isinstance(generator, tf.random.Generator):
+            raise InvalidParameterError("generator", generator, "a tf.random.Generator")
+        return generator
+    return make_generator(seed)
+
+
+def ledger_of(ledger: Any, events: StepEvents | None = None) -> PrivacyLedger:
+    """The ledger given, or a new in-memory one (add/remove, or the relation the steps' scheme
+    is analysed under when that is not add/remove); checked against the steps' scheme."""
+    if ledger is None:
+        if events is None:
+            return PrivacyLedger(neighboring=NeighboringRelation.ADD_REMOVE)
+        return PrivacyLedger(neighboring=default_relation(events.event))
+    if not isinstance(ledger, PrivacyLedger):
+        raise InvalidParameterError("ledger", ledger, "a dpledger.PrivacyLedger or None")
+    if events is not None:
+        check_relation(events, ledger)
+    return ledger
+
+
+def ledger_with_intent(
+    ledger: PrivacyLedger | None,
+    events: StepEvents,
+    config: DPConfig | None,
+    explicit: dict[str, Any] | None,
+) -> PrivacyLedger:
+    """The run's ledger: a new one holds the run's intent in its metadata; a given one is
+    checked, and the intent it lacks is logged. Warns when the config's δ ≥ 1/n."""
+    event = events.event
+    n = event.population_size
+    delta = None if config is None else config.delta
+    if delta is not None:
+        warn_if_delta_too_large(delta=delta, population_size=n, stacklevel=3)
+    z = config.noise_multiplier if config is not None else (explicit or {}).get("noise_multiplier")
+    intent = run_intent(
+        framework="tensorflow",
+        framework_version=tf.__version__,
+        population_size=n,
+        unit=event.unit.value,
+        noise_multiplier=None if z is None else float(z),
+        delta=delta,
+        sampling=event.scheme.value,
+        sampling_probability=(
+            event.sampling_probability if event.scheme is SamplingScheme.POISSON else None
+        ),
+    )
+    if ledger is None:
+        relation = default_relation(event)
+        return ledger_of(PrivacyLedger(neighboring=relation, metadata={INTENT_KEY: intent}), events)
+    checked = ledger_of(ledger, events)
+    note_intent(checked, intent)
+    return checked
