@@ -1,0 +1,132 @@
+"""Strategy matrices: factorizations of the prefix-sum workload, their errors, their caching.
+
+References: A = B·C checked against an explicit lower-triangular matrix of ones; the inverse of
+C by ``numpy.linalg.inv``; the Honaker root estimate against the generalised-least-squares
+(BLUE) variance 1ᵀ(CᵀC)⁻¹1 of the full-tree sum (Honaker 2015); the BandMF objective against
+explicit matrix products.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dpledger.errors import InvalidParameterError
+from dpledger.mechanisms.correlated import (
+    banded_toeplitz_factorization,
+    blt_factorization,
+    inverse_toeplitz_coefficients,
+    matrix_hash,
+    optimize_banded_toeplitz,
+    prefix_error,
+    prefix_sum_workload,
+    tree_factorization,
+    tree_nodes,
+)
+from dpledger.mechanisms.correlated.strategies import _optimized
+
+
+@pytest.mark.parametrize("num_steps", [1, 2, 7, 16, 21])
+def test_every_factorization_reproduces_prefix_sums(num_steps: int) -> None:
+    """Reference: np.tril(ones) as A; B·C = A to rounding for every strategy."""
+    a = np.tril(np.ones((num_steps, num_steps)))
+    facts = [
+        tree_factorization(num_steps),
+        tree_factorization(num_steps, honaker=True),
+        banded_toeplitz_factorization(num_steps, [1.0, 0.5, 0.25]),
+        blt_factorization(num_steps, omega=[-0.4, -0.1], theta=[0.3, 0.8]),
+        optimize_banded_toeplitz(num_steps=num_steps, bands=min(3, num_steps)),
+    ]
+    for f in facts:
+        np.testing.assert_allclose(f.decoder @ f.strategy, a, atol=1e-12)
+    np.testing.assert_array_equal(prefix_sum_workload(num_steps), a)
+
+
+def test_tree_nodes_are_the_complete_dyadic_intervals() -> None:
+    """Reference: for T = 2^L − 1 … the count of complete dyadic intervals is Σ_h ⌊T / 2^h⌋."""
+    for t in range(1, 40):
+        nodes = tree_nodes(t)
+        assert len(nodes) == sum(t >> h for h in range(t.bit_length()))
+        assert all(start + (1 << h) <= t for h, start in nodes)
+
+
+def test_honaker_lowers_variance_and_matches_blue_at_the_root() -> None:
+    """Reference: Honaker (2015): the bottom-up inverse-variance estimate of a complete subtree's
+    sum is its best linear unbiased estimate, with variance 1ᵀ(CᵀC)⁻¹1 (GLS on the subtree's
+    nodes). Every prefix's variance is at most the standard tree's."""
+    t = 16
+    std = tree_factorization(t)
+    hon = tree_factorization(t, honaker=True)
+    v_std = np.diag(std.noise_covariance())
+    v_hon = np.diag(hon.noise_covariance())
+    assert np.all(v_hon <= v_std + 1e-12)
+    assert np.any(v_hon < v_std - 1e-3)
+    c = hon.strategy
+    ones = np.ones(t)
+    blue = float(ones @ np.linalg.inv(c.T @ c) @ ones)
+    assert v_hon[t - 1] == pytest.approx(blue, rel=1e-12)
+
+
+def test_inverse_toeplitz_coefficients() -> None:
+    """Reference: numpy.linalg.inv of the explicit Toeplitz matrix."""
+    f = banded_toeplitz_factorization(12, [2.0, 0.7, -0.3, 0.1])
+    inv = np.linalg.inv(f.strategy)
+    np.testing.assert_allclose(
+        inverse_toeplitz_coefficients([2.0, 0.7, -0.3, 0.1], 12), inv[:, 0], atol=1e-14
+    )
+
+
+def test_prefix_error_matches_explicit_products() -> None:
+    """Reference: ‖A·C⁻¹‖_F² · max_j ‖C_j‖² from explicit matrices."""
+    coeffs = [1.0, 0.6, 0.45, 0.3]
+    f = banded_toeplitz_factorization(30, coeffs)
+    a = prefix_sum_workload(30)
+    explicit = np.linalg.norm(a @ np.linalg.inv(f.strategy)) ** 2 * max(
+        np.linalg.norm(f.strategy, axis=0) ** 2
+    )
+    assert prefix_error(coeffs, 30) == pytest.approx(float(explicit), rel=1e-12)
+
+
+def test_bandmf_optimisation_improves_on_independent_noise_and_is_cached() -> None:
+    """Reference: b = 1 is DP-SGD (C = I), error Σ_t (t + 1) = T(T + 1)/2 in closed form; the
+    optimum is at least as good as its starting point, the series of 1/√(1 − x) truncated to b
+    bands (coefficients binom(2m, m)/4^m), and below DP-SGD's error."""
+    import math
+
+    t = 128
+    assert prefix_error(
+        optimize_banded_toeplitz(num_steps=t, bands=1).params["coefficients"], t
+    ) == (pytest.approx(t * (t + 1) / 2, rel=1e-15))
+    for b in (2, 4, 8):
+        got = prefix_error(optimize_banded_toeplitz(num_steps=t, bands=b).params["coefficients"], t)
+        start = [math.comb(2 * m, m) / 4**m for m in range(b)]
+        assert got <= prefix_error(start, t)
+        assert got < t * (t + 1) / 2
+    before = _optimized.cache_info().hits
+    optimize_banded_toeplitz(num_steps=t, bands=8)
+    assert _optimized.cache_info().hits == before + 1
+
+
+def test_matrix_hash_names_the_matrix() -> None:
+    """Reference: hashlib over the documented byte layout (shape as int64, entries as float64)."""
+    import hashlib
+
+    c = banded_toeplitz_factorization(5, [1.0, 0.5]).strategy
+    h = hashlib.sha256(np.asarray(c.shape, dtype="<i8").tobytes() + c.astype("<f8").tobytes())
+    assert matrix_hash(c) == h.hexdigest()
+    assert matrix_hash(c) != matrix_hash(banded_toeplitz_factorization(5, [1.0, 0.5001]).strategy)
+
+
+def test_bad_inputs() -> None:
+    with pytest.raises(InvalidParameterError, match="coefficients"):
+        banded_toeplitz_factorization(5, [0.0, 1.0])
+    with pytest.raises(InvalidParameterError, match="coefficients"):
+        banded_toeplitz_factorization(5, [1.0, float("nan")])
+    with pytest.raises(InvalidParameterError, match="theta"):
+        blt_factorization(5, omega=[-0.1], theta=[1.0])
+    with pytest.raises(InvalidParameterError, match="omega"):
+        blt_factorization(5, omega=[-0.1, 0.2], theta=[0.5])
+    with pytest.raises(InvalidParameterError, match="bands"):
+        optimize_banded_toeplitz(num_steps=4, bands=5)
+    with pytest.raises(InvalidParameterError, match="num_steps"):
+        tree_factorization(0)
