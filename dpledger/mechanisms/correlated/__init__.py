@@ -26,6 +26,11 @@ from dpledger.mechanisms.correlated.noise import (
     noise_for,
 )
 from dpledger.mechanisms.correlated.participation import ParticipationKind, ParticipationSchema
+from dpledger.mechanisms.correlated.release import (
+    CorrelatedNoiseRelease,
+    count_bands,
+    release_event,
+)
 from dpledger.mechanisms.correlated.sensitivity import (
     SensitivityResult,
     count_patterns,
@@ -48,6 +53,7 @@ __all__ = [
     "BandedNoise",
     "BltNoise",
     "CorrelatedNoise",
+    "CorrelatedNoiseRelease",
     "MatrixFactorization",
     "ParticipationKind",
     "ParticipationSchema",
@@ -55,6 +61,7 @@ __all__ = [
     "TreeNoise",
     "banded_toeplitz_factorization",
     "blt_factorization",
+    "count_bands",
     "count_patterns",
     "inverse_toeplitz_coefficients",
     "matrix_hash",
@@ -62,6 +69,7 @@ __all__ = [
     "optimize_banded_toeplitz",
     "prefix_error",
     "prefix_sum_workload",
+    "release_event",
     "sensitivity",
     "tree_factorization",
     "tree_nodes",
