@@ -21,6 +21,10 @@ Factorization Mechanisms", section 2; ``docs/correlated-noise.md``):
 * ``min_separation`` when G_ij = 0 for |i − j| ≥ b (columns b or more apart are orthogonal, as
   for a C with at most b bands): the sum is Σ_{j∈Π} G_jj, linear in Π, and a dynamic programme
   over the steps finds the best pattern exactly in O(T·k);
+* ``min_separation`` for a lower-triangular Toeplitz C whose coefficients are non-negative and
+  non-increasing: the worst pattern is {0, b, 2b, …, (k − 1)b} (McKenna et al. 2024, "Scaling up
+  the Banded Matrix Factorization Mechanism for Differentially Private ML", Theorem 2; the
+  worst case JAX Privacy's ``toeplitz.minsep_sensitivity_squared`` computes), exact;
 * otherwise, all patterns are enumerated when there are at most ``max_patterns`` of them
   (exact); beyond that, a sound upper bound: each step i in a pattern contributes at most
   r_i = |G_ii| + the k − 1 largest |G_ij| (j ≠ i), and the dynamic programme maximises Σ r_i.
@@ -71,6 +75,19 @@ def _best_linear_pattern(weights: npt.NDArray[np.float64], k: int, sep: int) -> 
             cur[i] = max(cur[i + 1], weights[i] + prev[i + sep])
         prev = cur
     return float(prev[0])
+
+
+def _monotone_toeplitz(c: npt.NDArray[np.float64]) -> bool:
+    """C is square, lower-triangular Toeplitz, with non-negative non-increasing coefficients."""
+    t = c.shape[1]
+    if c.shape[0] != t:
+        return False
+    coeffs = c[:, 0]
+    if np.any(coeffs < 0.0) or np.any(np.diff(coeffs) > 0.0):
+        return False
+    idx = np.subtract.outer(np.arange(t), np.arange(t))
+    expected = np.where(idx >= 0, coeffs[np.clip(idx, 0, t - 1)], 0.0)
+    return bool(np.array_equal(c, expected))
 
 
 def count_patterns(schema: ParticipationSchema) -> int:
@@ -134,6 +151,9 @@ def sensitivity(
     offsets = np.abs(np.subtract.outer(np.arange(t), np.arange(t)))
     if not np.any(gram[offsets >= b]):
         return SensitivityResult(math.sqrt(_best_linear_pattern(diag, k, b)), True, col)
+    if _monotone_toeplitz(c):
+        pattern = list(range(0, min(k * b, t), b))
+        return SensitivityResult(math.sqrt(float(gram[np.ix_(pattern, pattern)].sum())), True, col)
     if count_patterns(schema) <= max_patterns:
         best = max(float(absg[np.ix_(p, p)].sum()) for p in map(list, schema.patterns()))
         return SensitivityResult(math.sqrt(best), nonneg, col)

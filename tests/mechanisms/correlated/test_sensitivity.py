@@ -156,3 +156,24 @@ def test_bad_inputs() -> None:
         ParticipationSchema(kind="sometimes", num_steps=4, max_participations=1, min_separation=1)
     with pytest.raises(InvalidParameterError, match="num_steps"):
         ParticipationSchema.single(num_steps=0)
+
+
+def test_monotone_toeplitz_closed_form_matches_exhaustive_search() -> None:
+    """Reference: an exhaustive search over every min-separation pattern of Σ_{i,j∈Π} G_ij (the
+    exact value for a non-negative Gram matrix), computed here in the test; the closed form for
+    monotone Toeplitz C (McKenna et al. 2024, Theorem 2) must agree on the same C."""
+    from dpledger.mechanisms.correlated.sensitivity import _monotone_toeplitz
+
+    coeffs = [math.comb(2 * m, m) / 4**m for m in range(14)]  # 1/sqrt(1 - x): decreasing
+    c = banded_toeplitz_factorization(14, coeffs).strategy
+    assert _monotone_toeplitz(c)
+    for k, b in [(2, 3), (3, 4), (4, 2), (5, 3)]:
+        schema = ParticipationSchema.min_separation_schema(
+            num_steps=14, max_participations=k, min_separation=b
+        )
+        closed = sensitivity(c, schema)
+        patterns = schema.patterns()
+        gram = c.T @ c
+        search = max(float(gram[np.ix_(list(p), list(p))].sum()) for p in patterns)
+        assert closed.exact
+        assert closed.value == pytest.approx(math.sqrt(search), rel=1e-13)
