@@ -8,7 +8,7 @@ mechanisms every accountant already analyses:
   whose rows are the record's clipped contributions on one allowed participation pattern, so the
   release C·X + Z moves by C·D with ‖C·D‖_F ≤ Δ = sens(C)·S. It is one Gaussian mechanism with
   sensitivity Δ and noise σ, μ = Δ/σ, and B·(·) is post-processing (Choquette-Choo et al. 2023,
-  "Multi-Epoch Matrix Factorization Mechanisms for Private Machine Learning", Theorem 2.1;
+  "Multi-Epoch Matrix Factorization Mechanisms for Private Machine Learning", section 2;
   Denisov et al. 2022). As a ledger run: one full-batch step (q = 1) with noise multiplier
   z = σ/Δ. Under replace-one the accountants use 2S, as for any step: a replaced record moves
   each contribution by at most 2S.
@@ -18,7 +18,7 @@ mechanisms every accountant already analyses:
   participations touch disjoint blocks of rows, each a Poisson-subsampled Gaussian with
   sensitivity ‖C_j‖·S ≤ max_j ‖C_j‖·S and noise σ, composed adaptively k times
   (Choquette-Choo et al. 2023, "Amplified Banded Matrix Factorization: A unified approach to
-  private training", Theorem 4). As ledger runs: k Poisson steps with rate q and noise
+  private training", section 4). As ledger runs: k Poisson steps with rate q and noise
   multiplier σ/(S·max_j ‖C_j‖). For dp-accounting the same mechanism is the
   ``MixtureOfGaussiansDpEvent`` with sensitivities (0, 1) and probabilities (1 − q, q)
   (Choquette-Choo et al. 2024, "Privacy Amplification for Matrix Mechanisms"), which

@@ -13,11 +13,11 @@ Accounting (``dpledger/accountants/correlated.py``):
 
 * without amplification, the release is one Gaussian mechanism with sensitivity
   Δ = sens(C)·S and noise σ: μ = Δ/σ (Choquette-Choo et al. 2023, "Multi-Epoch Matrix
-  Factorization Mechanisms", Theorem 2.1);
+  Factorization Mechanisms", section 2);
 * with Poisson sampling (rate q) within b cyclic bands of a C with at most b bands, the
   participations of one record touch disjoint row blocks of C, and the release is k
   compositions of the Poisson-subsampled Gaussian with sensitivity max_j ‖C_j‖·S and noise σ
-  (Choquette-Choo et al. 2023, "Amplified Banded Matrix Factorization", Theorem 4; for
+  (Choquette-Choo et al. 2023, "Amplified Banded Matrix Factorization", section 4; for
   dp-accounting a ``MixtureOfGaussiansDpEvent`` with sensitivities (0, ‖C_j‖) and
   probabilities (1 − q, q), Choquette-Choo et al. 2024, "Privacy Amplification for Matrix
   Mechanisms").

@@ -11,7 +11,7 @@ References, each named in its test:
   ``GaussianDpEvent`` or, with amplification, a ``MixtureOfGaussiansDpEvent``
   (Choquette-Choo et al. 2024);
 * dp-accounting's RDP accountant on k Poisson-subsampled Gaussians (Choquette-Choo et al. 2023,
-  "Amplified Banded Matrix Factorization", Theorem 4).
+  "Amplified Banded Matrix Factorization", section 4).
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def test_amplified_release_through_the_mixture_of_gaussians_event() -> None:
 def test_amplified_release_rdp_matches_poisson_subsampled_gaussians() -> None:
     """Reference: dp-accounting's RDP accountant on k compositions of
     PoissonSampled(q, Gaussian(σ / (S·max_j ‖C_j‖))) (Choquette-Choo et al. 2023, Amplified
-    BandMF, Theorem 4)."""
+    BandMF, section 4)."""
     event = amplified_release(q=0.02)
     z = event.noise_stddev / (event.l2_norm_bound * event.max_column_norm)
     oracle = dp_accounting.rdp.RdpAccountant()
