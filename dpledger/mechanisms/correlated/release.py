@@ -16,10 +16,12 @@ import numpy.typing as npt
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger.correlated import CorrelatedReleaseEvent
 from dpledger.ledger.ledger import PrivacyLedger
+from dpledger.mechanisms.clipping import rounding_clip_margin
 from dpledger.mechanisms.correlated.noise import CorrelatedNoise, noise_for
 from dpledger.mechanisms.correlated.participation import ParticipationKind, ParticipationSchema
 from dpledger.mechanisms.correlated.sensitivity import sensitivity
 from dpledger.mechanisms.correlated.strategies import MatrixFactorization
+from dpledger.mechanisms.sum_query import SensitivityCheckError, clip_records
 from dpledger.validation import check_positive_finite, check_probability
 
 __all__ = ["CorrelatedNoiseRelease", "count_bands", "release_event"]
@@ -109,8 +111,9 @@ def release_event(
 class CorrelatedNoiseRelease:
     """Records a correlated-noise release in a ledger, then gives each step's noise.
 
-    The event is recorded on construction, before any noise is handed out. Add
-    :meth:`next_noise` to step t's sum of clipped gradients (every record clipped to S).
+    The event is recorded on construction, before any noise is handed out. Each step, either
+    :meth:`release` the records (clipped, summed, checked and noised here), or add
+    :meth:`next_noise` to the step's sum of contributions clipped to S.
 
     Args:
         ledger: where the release is recorded.
@@ -151,6 +154,38 @@ class CorrelatedNoiseRelease:
     def next_noise(self) -> npt.NDArray[np.float64]:
         """The noise of the next step (float64, shape (d,))."""
         return self.noise.next()
+
+    def release(self, records: npt.ArrayLike) -> npt.NDArray[np.float64]:
+        """One step: clip each record (row) to S, sum, check the sum, add the step's noise.
+
+        The sum of n records clipped to S has L2 norm at most n·S (triangle inequality); a
+        sum beyond it (with the float64 rounding margin of
+        :func:`~dpledger.mechanisms.clipping.rounding_clip_margin`) is refused with
+        :class:`~dpledger.mechanisms.SensitivityCheckError` before the step's noise is drawn, so
+        nothing is released for it.
+
+        Args:
+            records: shape (n, d), one contribution per record, in float64.
+
+        Returns:
+            The noisy sum, float64 of shape (d,).
+        """
+        x = np.asarray(records, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.noise.dim or not np.all(np.isfinite(x)):
+            raise InvalidParameterError(
+                "records",
+                f"an array of shape {x.shape}",
+                f"a finite (n, {self.noise.dim}) array",
+            )
+        s = self.event.l2_norm_bound
+        margin = rounding_clip_margin(float(np.finfo(np.float64).eps))
+        (clipped,) = clip_records(x, l2_norm_bound=s * (1.0 - margin))
+        total = np.asarray(clipped, dtype=np.float64).sum(axis=0)
+        norm = float(np.linalg.norm(total))
+        limit = x.shape[0] * s
+        if norm > limit:
+            raise SensitivityCheckError(norm=norm, limit=limit, num_records=x.shape[0], bound=s)
+        return np.asarray(total + self.noise.next(), dtype=np.float64)
 
     def state_dict(self) -> dict[str, Any]:
         """The noise generator's state (for a checkpoint)."""

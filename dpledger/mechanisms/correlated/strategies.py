@@ -36,11 +36,13 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 import scipy.optimize
+import scipy.signal
 
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import ComputationBudgetError, InvalidParameterError
 from dpledger.validation import check_positive_int
 
 __all__ = [
+    "MAX_MATRIX_BYTES",
     "MatrixFactorization",
     "StrategyKind",
     "banded_toeplitz_factorization",
@@ -58,6 +60,25 @@ StrategyKind = str
 """One of ``"tree"``, ``"tree_honaker"``, ``"banded_toeplitz"``, ``"blt"``."""
 
 Matrix = npt.NDArray[np.float64]
+
+MAX_MATRIX_BYTES = 2**30
+"""The most memory one materialised factorization (C, B and the checks' products) may take:
+1 GiB. C and B are dense, so T is limited to a few thousand steps (docs/correlated-noise.md,
+"Limits"); beyond it the constructors refuse up front with ComputationBudgetError."""
+
+
+def _check_size(num_steps: int, rows: int) -> None:
+    """Refuse, before allocating, factorizations whose dense matrices exceed the budget: C
+    (rows × T), B (T × rows), B·C and A (T × T), in float64."""
+    needed = 8.0 * (2 * rows * num_steps + 2 * num_steps * num_steps)
+    if needed > MAX_MATRIX_BYTES:
+        raise ComputationBudgetError(
+            parameter="num_steps",
+            value=num_steps,
+            estimated_bytes=needed,
+            budget_bytes=MAX_MATRIX_BYTES,
+            suggestion="a factorization is dense (O(T²) memory): use fewer steps per stream",
+        )
 
 
 def prefix_sum_workload(num_steps: int) -> Matrix:
@@ -172,6 +193,7 @@ def tree_factorization(num_steps: int, *, honaker: bool = False) -> MatrixFactor
         honaker: use the variance-reduced estimator.
     """
     t = check_positive_int("num_steps", num_steps)
+    _check_size(t, 2 * t)
     nodes = tree_nodes(t)
     index = {node: i for i, node in enumerate(nodes)}
     m = len(nodes)
@@ -213,13 +235,10 @@ def inverse_toeplitz_coefficients(coeffs: Sequence[float] | Matrix, num_steps: i
     """
     c = np.asarray(coeffs, dtype=np.float64)
     t = check_positive_int("num_steps", num_steps)
-    r = np.zeros(t)
-    r[0] = 1.0 / c[0]
-    for m in range(1, t):
-        n = min(m, c.shape[0] - 1)
-        if n > 0:
-            r[m] = -float(np.dot(c[1 : n + 1], r[m - 1 :: -1][:n])) / c[0]
-    return r
+    impulse = np.zeros(t)
+    impulse[0] = 1.0
+    # the recursion above is the IIR filter 1/c(x) applied to an impulse
+    return np.asarray(scipy.signal.lfilter([1.0], c[:t], impulse), dtype=np.float64)
 
 
 def _check_coefficients(coeffs: Sequence[float] | Matrix) -> Matrix:
@@ -244,6 +263,7 @@ def banded_toeplitz_factorization(
     """
     t = check_positive_int("num_steps", num_steps)
     c = _check_coefficients(coefficients)
+    _check_size(t, t)
     cm = _toeplitz(c, t)
     b = prefix_sum_workload(t) @ _toeplitz(inverse_toeplitz_coefficients(c, t), t)
     params = {"num_steps": t, "coefficients": [float(x) for x in c]}
@@ -271,6 +291,7 @@ def blt_factorization(
         raise InvalidParameterError("omega", omega, "a 1-D sequence as long as theta")
     if not np.all((th >= 0.0) & (th < 1.0)):
         raise InvalidParameterError("theta", theta, "decays in [0, 1)")
+    _check_size(t, t)
     lags = np.arange(t - 1, dtype=np.float64)
     inv = np.concatenate([[1.0], (w[None, :] * th[None, :] ** lags[:, None]).sum(axis=1)])
     c = inverse_toeplitz_coefficients(inv, t)
@@ -325,4 +346,5 @@ def optimize_banded_toeplitz(*, num_steps: int, bands: int) -> MatrixFactorizati
     b = check_positive_int("bands", bands)
     if b > t:
         raise InvalidParameterError("bands", bands, f"at most num_steps={t}")
+    _check_size(t, t)
     return banded_toeplitz_factorization(t, _optimized(t, b))

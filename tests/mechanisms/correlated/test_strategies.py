@@ -117,6 +117,20 @@ def test_matrix_hash_names_the_matrix() -> None:
     assert matrix_hash(c) != matrix_hash(banded_toeplitz_factorization(5, [1.0, 0.5001]).strategy)
 
 
+def test_too_large_factorizations_are_refused_before_allocating() -> None:
+    """Reference: the documented budget (1 GiB of dense float64 matrices): T = 6000 needs
+    8·4·6000² bytes ≈ 1.07 GiB for a square C and more for the tree."""
+    from dpledger.errors import ComputationBudgetError
+
+    for build in (
+        lambda: tree_factorization(6000),
+        lambda: banded_toeplitz_factorization(6000, [1.0, 0.5]),
+        lambda: blt_factorization(6000, omega=[-0.1], theta=[0.5]),
+    ):
+        with pytest.raises(ComputationBudgetError, match="num_steps=6000"):
+            build()
+
+
 def test_bad_inputs() -> None:
     with pytest.raises(InvalidParameterError, match="coefficients"):
         banded_toeplitz_factorization(5, [0.0, 1.0])
