@@ -15,6 +15,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dpledger.errors import InvalidParameterError
 from dpledger.mechanisms.correlated import (
@@ -177,3 +179,38 @@ def test_monotone_toeplitz_closed_form_matches_exhaustive_search() -> None:
         search = max(float(gram[np.ix_(list(p), list(p))].sum()) for p in patterns)
         assert closed.exact
         assert closed.value == pytest.approx(math.sqrt(search), rel=1e-13)
+
+
+@st.composite
+def small_cases(draw: st.DrawFn) -> tuple[np.ndarray, ParticipationSchema]:
+    t = draw(st.integers(min_value=1, max_value=6))
+    rows = draw(st.integers(min_value=1, max_value=7))
+    entries = st.floats(min_value=-2.0, max_value=2.0, allow_nan=False, width=64)
+    c = np.array(draw(st.lists(entries, min_size=rows * t, max_size=rows * t))).reshape(rows, t)
+    c[0, :] = np.where(np.abs(c[0, :]) < 0.1, 1.0, c[0, :])  # no zero column
+    kind = draw(st.sampled_from(["single", "cyclic", "min_separation"]))
+    if kind == "single":
+        return c, ParticipationSchema.single(num_steps=t)
+    b = draw(st.integers(min_value=1, max_value=t))
+    if kind == "cyclic":
+        return c, ParticipationSchema.cyclic(num_steps=t, period=b)
+    k = draw(st.integers(min_value=1, max_value=(t - 1) // b + 1))
+    return c, ParticipationSchema.min_separation_schema(
+        num_steps=t, max_participations=k, min_separation=b
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(small_cases())
+def test_property_never_below_brute_force_and_exact_when_claimed(
+    case: tuple[np.ndarray, ParticipationSchema],
+) -> None:
+    """Reference: the brute force over u ∈ {−1, 0, 1}^T (a lower bound of the vector
+    sensitivity, equal to it for a non-negative Gram matrix and whenever the pattern's columns are
+    orthogonal). Every result is at least the brute force; every result flagged exact equals it."""
+    c, schema = case
+    got = sensitivity(c, schema)
+    brute = brute_force(c, schema)
+    assert got.value >= brute * (1 - 1e-12) - 1e-12
+    if got.exact:
+        assert got.value == pytest.approx(brute, rel=1e-9, abs=1e-12)
