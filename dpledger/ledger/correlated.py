@@ -147,7 +147,7 @@ class CorrelatedReleaseEvent:
     """
 
     strategy: str = attrs.field(converter=_kind)
-    strategy_params: dict[str, Any] = attrs.field(converter=_params, eq=False)
+    strategy_params: dict[str, Any] = attrs.field(converter=_params, hash=False)
     strategy_hash: str = attrs.field(converter=_hash)
     num_steps: int = attrs.field(converter=lambda v: check_positive_int("num_steps", v))
     participation: str = attrs.field(converter=_participation)

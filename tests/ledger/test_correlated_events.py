@@ -269,3 +269,13 @@ def test_info_shows_the_releases(tmp_path: Path, capsys: pytest.CaptureFixture[s
     got = data["correlated_releases"]
     assert [g["strategy_hash"] for g in got] == [a.strategy_hash, b.strategy_hash]
     assert got[1]["sampling"] == "poisson_within_bands" and got[1]["bands"] == 4
+
+
+def test_epsilon_command_names_the_releases(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "c.dpl"
+    write_mixed(path)
+    assert main(["epsilon", str(path), "--delta", "1e-5", "--accountant", "pld"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("2 steps and 2 correlated-noise release(s), δ = 1e-05")
