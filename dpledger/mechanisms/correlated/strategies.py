@@ -67,10 +67,10 @@ MAX_MATRIX_BYTES = 2**30
 "Limits"); beyond it the constructors refuse up front with ComputationBudgetError."""
 
 
-def _check_size(num_steps: int, rows: int) -> None:
+def _check_size(num_steps: int, rows: int, extra_entries: int = 0) -> None:
     """Refuse, before allocating, factorizations whose dense matrices exceed the budget: C
-    (rows × T), B (T × rows), B·C and A (T × T), in float64."""
-    needed = 8.0 * (2 * rows * num_steps + 2 * num_steps * num_steps)
+    (rows × T), B (T × rows), A (T × T) and ``extra_entries`` more, in float64."""
+    needed = 8.0 * (2 * rows * num_steps + num_steps * num_steps + extra_entries)
     if needed > MAX_MATRIX_BYTES:
         raise ComputationBudgetError(
             parameter="num_steps",
@@ -121,9 +121,12 @@ class MatrixFactorization:
             )
         if not (np.all(np.isfinite(c)) and np.all(np.isfinite(b))):
             raise InvalidParameterError("strategy", self.kind, "finite matrices C and B")
-        a = prefix_sum_workload(c.shape[1])
-        err = float(np.max(np.abs(b @ c - a)))
-        if err > 1e-8 * max(1.0, float(np.max(np.abs(a)))):
+        # B·C = A, checked on random vectors (O(m·T) instead of O(m·T²)): B·(C·V) against
+        # the prefix sums of V, within the rounding that |B|·(|C|·|V|) bounds
+        v = np.random.default_rng(0).standard_normal((c.shape[1], 3))
+        err = float(np.max(np.abs(b @ (c @ v) - np.cumsum(v, axis=0))))
+        scale = float(np.max(np.abs(b) @ (np.abs(c) @ np.abs(v))))
+        if not err <= 1e-9 * max(1.0, scale):
             raise InvalidParameterError(
                 "decoder", f"B·C − A off by {err:.3g}", "a factorization B·C = A"
             )
@@ -193,7 +196,7 @@ def tree_factorization(num_steps: int, *, honaker: bool = False) -> MatrixFactor
         honaker: use the variance-reduced estimator.
     """
     t = check_positive_int("num_steps", num_steps)
-    _check_size(t, 2 * t)
+    _check_size(t, 2 * t, extra_entries=4 * t * t)  # the node estimates, m × m with m < 2T
     nodes = tree_nodes(t)
     index = {node: i for i, node in enumerate(nodes)}
     m = len(nodes)

@@ -118,16 +118,17 @@ def test_matrix_hash_names_the_matrix() -> None:
 
 
 def test_too_large_factorizations_are_refused_before_allocating() -> None:
-    """Reference: the documented budget (1 GiB of dense float64 matrices): T = 6000 needs
-    8·4·6000² bytes ≈ 1.07 GiB for a square C and more for the tree."""
+    """Reference: the documented budget (1 GiB of dense float64 matrices): T = 7000 needs
+    8·3·7000² bytes ≈ 1.1 GiB for a square C (C, B, A) and more for the tree."""
     from dpledger.errors import ComputationBudgetError
 
     for build in (
-        lambda: tree_factorization(6000),
-        lambda: banded_toeplitz_factorization(6000, [1.0, 0.5]),
-        lambda: blt_factorization(6000, omega=[-0.1], theta=[0.5]),
+        lambda: tree_factorization(7000),
+        lambda: banded_toeplitz_factorization(7000, [1.0, 0.5]),
+        lambda: blt_factorization(7000, omega=[-0.1], theta=[0.5]),
+        lambda: optimize_banded_toeplitz(num_steps=7000, bands=2),
     ):
-        with pytest.raises(ComputationBudgetError, match="num_steps=6000"):
+        with pytest.raises(ComputationBudgetError, match="num_steps=7000"):
             build()
 
 
@@ -144,3 +145,16 @@ def test_bad_inputs() -> None:
         optimize_banded_toeplitz(num_steps=4, bands=5)
     with pytest.raises(InvalidParameterError, match="num_steps"):
         tree_factorization(0)
+
+
+def test_a_decoder_that_is_not_a_factorization_is_refused() -> None:
+    """Reference: B·C = A fails when one entry of B is changed (checked on random vectors)."""
+    from dpledger.mechanisms.correlated import MatrixFactorization
+
+    f = tree_factorization(8)
+    bad = f.decoder.copy()
+    bad[5, 2] += 1e-3
+    with pytest.raises(InvalidParameterError, match="decoder"):
+        MatrixFactorization("tree", {"num_steps": 8}, f.strategy, bad)
+    with pytest.raises(InvalidParameterError, match="decoder"):
+        MatrixFactorization("tree", {"num_steps": 8}, f.strategy, bad[:, :3])
