@@ -47,9 +47,11 @@ __all__ = [
     "StrategyKind",
     "banded_toeplitz_factorization",
     "blt_factorization",
+    "blt_prefix_error",
     "inverse_toeplitz_coefficients",
     "matrix_hash",
     "optimize_banded_toeplitz",
+    "optimize_blt",
     "prefix_error",
     "prefix_sum_workload",
     "tree_factorization",
@@ -351,3 +353,71 @@ def optimize_banded_toeplitz(*, num_steps: int, bands: int) -> MatrixFactorizati
         raise InvalidParameterError("bands", bands, f"at most num_steps={t}")
     _check_size(t, t)
     return banded_toeplitz_factorization(t, _optimized(t, b))
+
+
+def _blt_inverse_coefficients(omega: Matrix, theta: Matrix, num_steps: int) -> Matrix:
+    """C⁻¹'s Toeplitz coefficients for BLT parameters: 1, then Σ_i ω_i θ_i^{m−1}."""
+    lags = np.arange(num_steps - 1, dtype=np.float64)
+    tail = (omega[None, :] * theta[None, :] ** lags[:, None]).sum(axis=1)
+    return np.concatenate([[1.0], tail])
+
+
+def blt_prefix_error(
+    *, omega: Sequence[float] | Matrix, theta: Sequence[float] | Matrix, num_steps: int
+) -> float:
+    """‖A·C⁻¹‖_F² · max_j ‖C_j‖² for a BLT (single participation; C Toeplitz, so its first
+    column has the largest norm): the objective :func:`optimize_blt` minimises."""
+    inv = _blt_inverse_coefficients(
+        np.asarray(omega, dtype=np.float64), np.asarray(theta, dtype=np.float64), num_steps
+    )
+    c = inverse_toeplitz_coefficients(inv, num_steps)
+    s = np.cumsum(inv)
+    weights = num_steps - np.arange(num_steps, dtype=np.float64)
+    return float(np.dot(weights, s * s) * np.dot(c, c))
+
+
+@functools.lru_cache(maxsize=32)
+def _optimized_blt(num_steps: int, buffers: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    def unpack(x: Matrix) -> tuple[Matrix, Matrix]:
+        # θ_i = 1/(1 + e^{−u_i}) keeps every decay in (0, 1) without bounds
+        return x[:buffers], 1.0 / (1.0 + np.exp(-x[buffers:]))
+
+    def objective(x: Matrix) -> float:
+        omega, theta = unpack(x)
+        value = blt_prefix_error(omega=omega, theta=theta, num_steps=num_steps)
+        return math.log(value) if math.isfinite(value) and value > 0 else 1e300
+
+    # a start whose C stays bounded: 1 + Σ_i ω_i x/(1 − θ_i x) is 1/2 at x = 1 (as √(1 − x),
+    # the optimal single-epoch factor, vanishes there) and positive on [0, 1]
+    theta0 = 1.0 - np.geomspace(0.5, 0.5 / num_steps, buffers)
+    x0 = np.concatenate([-(1.0 - theta0) / (2.0 * buffers), np.log(theta0 / (1.0 - theta0))])
+    best = x0
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for method in ("L-BFGS-B", "Nelder-Mead"):
+            res = scipy.optimize.minimize(
+                objective, best, method=method, options={"maxiter": 400 * buffers}
+            )
+            if objective(res.x) < objective(best):
+                best = res.x
+    omega, theta = unpack(best)
+    return tuple(float(v) for v in omega), tuple(float(v) for v in theta)
+
+
+def optimize_blt(*, num_steps: int, buffers: int) -> MatrixFactorization:
+    """A BLT with ``buffers`` buffers minimising :func:`blt_prefix_error`, cached by (T, buffers).
+
+    The decays start spread geometrically towards 1, with weights −(1 − θ_i)/(2·buffers) that
+    keep C bounded; L-BFGS-B, then Nelder-Mead, refine both on the log of the objective, each
+    decay a logistic function of a free parameter (Dvijotham et al. 2024 optimise the same kind
+    of objective). The
+    noise of one step then costs ``buffers`` vector updates (:class:`.BltNoise`).
+
+    Args:
+        num_steps: T.
+        buffers: the number of buffers, ≥ 1.
+    """
+    t = check_positive_int("num_steps", num_steps)
+    n = check_positive_int("buffers", buffers)
+    _check_size(t, t)
+    omega, theta = _optimized_blt(t, n)
+    return blt_factorization(t, omega=omega, theta=theta)

@@ -158,3 +158,33 @@ def test_a_decoder_that_is_not_a_factorization_is_refused() -> None:
         MatrixFactorization("tree", {"num_steps": 8}, f.strategy, bad)
     with pytest.raises(InvalidParameterError, match="decoder"):
         MatrixFactorization("tree", {"num_steps": 8}, f.strategy, bad[:, :3])
+
+
+def test_blt_optimisation_beats_its_start_and_dp_sgd_and_streams_exactly() -> None:
+    """References: the objective at the documented start (θ_i spread towards 1,
+    ω_i = −(1 − θ_i)/(2·buffers)) and DP-SGD's error T(T + 1)/2; the objective against explicit
+    matrices (‖A·C⁻¹‖_F² · max_j ‖C_j‖²); the stream against ``numpy.linalg.solve(C, Z)``."""
+    from dpledger.mechanisms.correlated import blt_prefix_error, noise_for, optimize_blt
+
+    t, n = 128, 3
+    fact = optimize_blt(num_steps=t, buffers=n)
+    omega, theta = fact.params["omega"], fact.params["theta"]
+    got = blt_prefix_error(omega=omega, theta=theta, num_steps=t)
+    theta0 = 1.0 - np.geomspace(0.5, 0.5 / t, n)
+    start = blt_prefix_error(omega=-(1.0 - theta0) / (2 * n), theta=theta0, num_steps=t)
+    assert got <= start and got < t * (t + 1) / 2
+    a = prefix_sum_workload(t)
+    explicit = np.linalg.norm(a @ np.linalg.inv(fact.strategy)) ** 2 * max(
+        np.linalg.norm(fact.strategy, axis=0) ** 2
+    )
+    assert got == pytest.approx(float(explicit), rel=1e-9)
+    assert all(0.0 < th < 1.0 for th in theta)
+    gen = noise_for(fact, dim=2, noise_stddev=1.0, seed=1)
+    w = np.stack([gen.next() for _ in range(t)])
+    z = np.random.default_rng(1).standard_normal((t, 2))
+    np.testing.assert_allclose(w, np.linalg.solve(fact.strategy, z), atol=1e-10)
+    from dpledger.mechanisms.correlated.strategies import _optimized_blt
+
+    before = _optimized_blt.cache_info().hits
+    assert optimize_blt(num_steps=t, buffers=n).params == fact.params
+    assert _optimized_blt.cache_info().hits == before + 1
