@@ -116,7 +116,8 @@ class BandedNoise(CorrelatedNoise):
 
         w_t = (z_t − Σ_{j=t−b+1}^{t−1} C[t, j] w_j) / C[t, t].
 
-    Only the last b − 1 outputs are kept (a ring of b − 1 vectors of d floats).
+    Only the last b − 1 outputs are kept (a ring of b − 1 vectors of d floats), besides the
+    T·b band coefficients of C, which do not grow with d.
 
     Args:
         factorization: a factorization whose C is lower-triangular with at most ``bands``
