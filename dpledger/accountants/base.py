@@ -53,6 +53,7 @@ from typing import Any, ClassVar, TypeVar
 import attrs
 import numpy as np
 
+from dpledger.accountants.correlated import expand_correlated, refuse_correlated_curve
 from dpledger.accountants.result import (
     Answer,
     PrivacyResult,
@@ -103,11 +104,13 @@ _NUMERICAL_FAILURES = (
 
 
 def as_compressed(ledger: LedgerLike) -> CompressedLedger:
-    """The compressed view of a ledger (a compressed ledger is returned as it is)."""
+    """The compressed view of a ledger (a compressed ledger is returned as it is), with any
+    correlated-noise release replaced by the runs it is equivalent to
+    (:mod:`dpledger.accountants.correlated`)."""
     if isinstance(ledger, CompressedLedger):
-        return ledger
+        return expand_correlated(ledger)
     if isinstance(ledger, PrivacyLedger):
-        return ledger.compressed()
+        return expand_correlated(ledger.compressed())
     raise InvalidParameterError("ledger", ledger, "a PrivacyLedger or a CompressedLedger")
 
 
@@ -314,6 +317,8 @@ class Accountant(abc.ABC):
             or max_curve_points < 1
         ):
             raise InvalidParameterError("max_curve_points", max_curve_points, "an integer >= 1")
+        if isinstance(ledger, (PrivacyLedger, CompressedLedger)):
+            refuse_correlated_curve(ledger)
         comp = as_compressed(ledger)
         self.check_supported(comp)
         warn_if_delta_too_large(delta=delta, population_size=_largest_population(ledger, comp))

@@ -237,6 +237,8 @@ def _epsilon(args: argparse.Namespace) -> int:
         prefix = (
             "" if torn is None else f" (the valid prefix: line {torn.line_number} is cut short)"
         )
+        if ledger.correlated:
+            prefix += f" and {len(ledger.correlated)} correlated-noise release(s)"
         _print_table(rows, ledger.num_steps, delta, prefix)
         for note in sampling_notes:
             print(f"sampling: {note}")

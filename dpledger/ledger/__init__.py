@@ -1,5 +1,6 @@
 """The privacy ledger: events, the append-only ledger, its file format and replay views."""
 
+from dpledger.ledger.correlated import CorrelatedReleaseEvent
 from dpledger.ledger.events import (
     NeighboringRelation,
     PrivacyUnit,
@@ -20,6 +21,7 @@ from dpledger.ledger.verify import VerificationReport, verify_ledger
 
 __all__ = [
     "CompressedLedger",
+    "CorrelatedReleaseEvent",
     "EpochSegment",
     "LedgerHeader",
     "LedgerStep",

@@ -17,6 +17,8 @@ import sys
 import warnings
 from typing import Any
 
+import attrs
+
 from dpledger.ledger.events import SumQueryEvent
 from dpledger.ledger.intent import intent_of
 from dpledger.ledger.ledger import LedgerWarning, PrivacyLedger
@@ -209,6 +211,13 @@ def _info(args: argparse.Namespace) -> int:
             "warnings": notes,
             "queries": queries,
             "intent": intent,
+            "correlated_releases": [
+                {
+                    **{a.name: getattr(c, a.name) for a in attrs.fields(type(c))},
+                    "description": c.describe(),
+                }
+                for c in ledger.correlated_releases
+            ],
         }
         print(json.dumps(out, indent=2))
         return 0
@@ -261,6 +270,12 @@ def _info(args: argparse.Namespace) -> int:
             )
         if len(queries) > _MAX_RUNS_SHOWN:
             print(f"  … {len(queries) - _MAX_RUNS_SHOWN} more (use --json for all)")
+    correlated = ledger.correlated_releases
+    if correlated:
+        print(f"correlated    {len(correlated)} correlated-noise release(s)")
+        for c in correlated:
+            label = "" if c.label is None else f"{one_line(c.label)}: "
+            print(f"  {label}{c.describe()}")
     return 0
 
 

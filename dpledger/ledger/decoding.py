@@ -22,8 +22,10 @@ from typing import Any
 import attrs
 
 from dpledger.errors import InvalidParameterError, LedgerVerificationError, NotALedgerError
+from dpledger.ledger.correlated import CorrelatedReleaseEvent
 from dpledger.ledger.encoding import (
     _SHOWN_CHARS,
+    CORRELATED_SCHEMA,
     FORMAT_VERSION,
     GENESIS_HASH,
     HEADER_MAGIC,
@@ -32,6 +34,8 @@ from dpledger.ledger.encoding import (
     LedgerHeader,
     _nesting_depth,
     _show,
+    correlated_release_body,
+    encode_event,
     encode_header,
     encode_label,
     encode_marker,
@@ -81,6 +85,14 @@ _QUERY_FIELDS = ("seq", "prev", "kind", "l2_norm_bound", "noise_stddev", "label"
 _RESUME_FIELDS = ("seq", "prev", "kind", "time", "library_version", "hash")
 _RESUME_FIELDS_META = ("seq", "prev", "kind", "time", "library_version", "metadata", "hash")
 _CLOSE_FIELDS = ("seq", "prev", "kind", "time", "events", "steps", "hash")
+CORRELATED_FIELDS = (
+    "seq",
+    "prev",
+    "kind",
+    "schema",
+    *(a.name for a in attrs.fields(CorrelatedReleaseEvent)),
+    "hash",
+)
 SAMPLE_FIELDS_EXT = (
     "seq",
     "prev",
@@ -459,6 +471,44 @@ def _decode_sum_query(obj: dict[str, Any], ctx: LineContext) -> tuple[tuple[Any,
     return (float(s), float(sigma), label), expected
 
 
+def _decode_correlated(obj: dict[str, Any], ctx: LineContext) -> tuple[Any, bytes]:
+    if ctx.format_version < 2:
+        raise ctx.fail(
+            "a correlated_release line in a format-version-1 file, which cannot hold one"
+        )
+    if obj.get("schema") != CORRELATED_SCHEMA or type(obj.get("schema")) is not int:
+        raise ctx.fail(
+            f"correlated_release schema {_show(obj.get('schema'))} is not supported (this "
+            f"reader knows schema {CORRELATED_SCHEMA})"
+        )
+    _check_fields(obj, CORRELATED_FIELDS, ctx.fail)
+    problem = _metadata_problem(obj["strategy_params"])
+    if problem is not None:
+        raise ctx.fail(f"strategy_params {problem}")
+    values = {k: obj[k] for k in CORRELATED_FIELDS[4:-1]}
+    for key in (
+        "sampling_probability",
+        "l2_norm_bound",
+        "noise_stddev",
+        "sensitivity",
+        "max_column_norm",
+    ):
+        if not is_number(values[key]) or type(values[key]) is bool:
+            raise ctx.fail(f"{key} {_show(values[key])} is not a finite number")
+        values[key] = float(values[key])
+    for key in ("num_steps", "max_participations", "min_separation"):
+        if type(values[key]) is not int:
+            raise ctx.fail(f"{key} {_show(values[key])} is not an integer")
+    if values["bands"] is not None and type(values["bands"]) is not int:
+        raise ctx.fail(f"bands {_show(values['bands'])} is neither null nor an integer")
+    try:
+        event = CorrelatedReleaseEvent(**values)
+    except InvalidParameterError as exc:
+        raise ctx.fail(f"the correlated release is invalid: {exc}") from None
+    expected, _ = encode_event(ctx.seq + 1, ctx.prev, correlated_release_body(event))
+    return event, expected
+
+
 def _decode_resume(obj: dict[str, Any], ctx: LineContext) -> tuple[dict[str, Any], bytes]:
     has_meta = "metadata" in obj
     _check_fields(obj, _RESUME_FIELDS_META if has_meta else _RESUME_FIELDS, ctx.fail)
@@ -495,6 +545,7 @@ def _decode_close(obj: dict[str, Any], ctx: LineContext) -> tuple[dict[str, Any]
 _DECODERS: dict[str, _Decoder] = {
     "sample": _decode_sample,
     "sum_query": _decode_sum_query,
+    "correlated_release": _decode_correlated,
     "resume": _decode_resume,
     "close": _decode_close,
 }

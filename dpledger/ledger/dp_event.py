@@ -9,12 +9,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from dpledger.ledger.correlated import CorrelatedReleaseEvent
 from dpledger.ledger.steps import CompressedLedger, StepRun
 
 if TYPE_CHECKING:
     import dp_accounting
 
-__all__ = ["compressed_to_dp_event", "run_to_dp_event"]
+__all__ = ["compressed_to_dp_event", "correlated_to_dp_event", "run_to_dp_event"]
 
 
 def run_to_dp_event(run: StepRun) -> dp_accounting.DpEvent:
@@ -74,8 +75,44 @@ def run_to_dp_event(run: StepRun) -> dp_accounting.DpEvent:
     return dp_accounting.SelfComposedDpEvent(event=step, count=run.count)
 
 
-def compressed_to_dp_event(ledger: CompressedLedger) -> dp_accounting.DpEvent:
-    """All runs of a compressed ledger, composed in order, as one dp-accounting event."""
+def correlated_to_dp_event(event: CorrelatedReleaseEvent) -> dp_accounting.DpEvent:
+    """A correlated-noise release as a dp-accounting event (``dpledger/accountants/correlated.py``).
+
+    * without amplification: ``GaussianDpEvent(σ / (sens(C)·S))``, one Gaussian mechanism;
+    * with Poisson sampling (rate q) within cyclic bands: ``SelfComposedDpEvent(
+      MixtureOfGaussiansDpEvent(σ / (S·max_j ‖C_j‖), (0, 1), (1 − q, q)), k)``, the
+      mixture-of-Gaussians reduction of Choquette-Choo et al. 2024 (arXiv:2310.15526) for a
+      banded C (each participation sees one column), which dp-accounting's PLD accountant
+      analyses under add/remove.
+
+    σ = 0 gives ``NonPrivateDpEvent``.
+    """
     import dp_accounting
 
-    return dp_accounting.ComposedDpEvent(events=[run_to_dp_event(r) for r in ledger.runs])
+    if event.noise_stddev == 0.0:
+        return dp_accounting.NonPrivateDpEvent()
+    s = event.l2_norm_bound
+    if not event.amplified:
+        return dp_accounting.GaussianDpEvent(
+            noise_multiplier=event.noise_stddev / (s * event.sensitivity)
+        )
+    q = event.sampling_probability
+    mixture = dp_accounting.dp_event.MixtureOfGaussiansDpEvent(
+        standard_deviation=event.noise_stddev / (s * event.max_column_norm),
+        sensitivities=[0.0, 1.0],
+        sampling_probs=[1.0 - q, q],
+    )
+    if event.max_participations == 1:
+        return mixture
+    return dp_accounting.SelfComposedDpEvent(event=mixture, count=event.max_participations)
+
+
+def compressed_to_dp_event(ledger: CompressedLedger) -> dp_accounting.DpEvent:
+    """All runs of a compressed ledger, composed in order, then its correlated-noise releases
+    (:func:`correlated_to_dp_event`), as one dp-accounting event."""
+    import dp_accounting
+
+    return dp_accounting.ComposedDpEvent(
+        events=[run_to_dp_event(r) for r in ledger.runs]
+        + [correlated_to_dp_event(e) for e in ledger.correlated]
+    )

@@ -17,9 +17,11 @@ from typing import Any
 import attrs
 
 from dpledger.errors import InvalidParameterError
+from dpledger.ledger.correlated import CorrelatedReleaseEvent
 from dpledger.ledger.events import NeighboringRelation, SamplingEvent
 
 __all__ = [
+    "CORRELATED_SCHEMA",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "GENESIS_HASH",
@@ -27,6 +29,7 @@ __all__ = [
     "MAX_METADATA_DEPTH",
     "SUPPORTED_FORMAT_VERSIONS",
     "LedgerHeader",
+    "correlated_release_body",
     "dump_metadata",
     "encode_event",
     "encode_header",
@@ -46,8 +49,13 @@ FORMAT_NAME = "dpledger-ledger"
 FORMAT_VERSION = 2
 """The version this module writes. Version 2 adds sampling events of the schemes beyond Poisson
 and full batch, and of user-level units (the extended ``sample`` line); a version-1 file holds
-only the classic ``sample`` line, which version 2 writes unchanged."""
+only the classic ``sample`` line, which version 2 writes unchanged. A version-2 file may also
+hold ``correlated_release`` lines, which carry their own record schema version
+(:data:`CORRELATED_SCHEMA`): a reader that does not know the kind refuses the file, so it can
+never misread one."""
 SUPPORTED_FORMAT_VERSIONS = (1, 2)
+CORRELATED_SCHEMA = 1
+"""The schema version of the ``correlated_release`` line this module writes and reads."""
 """The versions this module reads."""
 GENESIS_HASH = "0" * 64
 HEADER_MAGIC = b'{"format":"' + FORMAT_NAME.encode() + b'",'
@@ -169,6 +177,29 @@ def sum_query_body(l2_norm_bound: float, noise_stddev: float, label_json: str) -
     return (
         f'sum_query","l2_norm_bound":{l2_norm_bound + 0.0!r},'
         f'"noise_stddev":{noise_stddev + 0.0!r},"label":{label_json}'
+    )
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def correlated_release_body(event: CorrelatedReleaseEvent) -> str:
+    """The part of a ``correlated_release`` line between ``"kind":"`` and ``,"hash":``: the
+    record schema (:data:`CORRELATED_SCHEMA`), then every field of the event in its attribute
+    order, ``strategy_params`` as compact key-sorted JSON."""
+    e = event
+    return (
+        f'correlated_release","schema":{CORRELATED_SCHEMA},"strategy":{json.dumps(e.strategy)},'
+        f'"strategy_params":{_json_text(e.strategy_params)},'
+        f'"strategy_hash":"{e.strategy_hash}","num_steps":{e.num_steps},'
+        f'"participation":"{e.participation}","max_participations":{e.max_participations},'
+        f'"min_separation":{e.min_separation},"sampling":"{e.sampling}",'
+        f'"sampling_probability":{e.sampling_probability + 0.0!r},'
+        f'"bands":{_optional_int(e.bands)},"l2_norm_bound":{e.l2_norm_bound + 0.0!r},'
+        f'"noise_stddev":{e.noise_stddev + 0.0!r},"sensitivity":{e.sensitivity + 0.0!r},'
+        f'"sensitivity_exact":{_bool(e.sensitivity_exact)},'
+        f'"max_column_norm":{e.max_column_norm + 0.0!r},"label":{encode_label(e.label)}'
     )
 
 

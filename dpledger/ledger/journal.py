@@ -31,6 +31,7 @@ from dpledger.errors import (
     MissingHeaderError,
 )
 from dpledger.ledger import fileformat as ff
+from dpledger.ledger.correlated import CorrelatedReleaseEvent
 from dpledger.ledger.events import NeighboringRelation, SamplingEvent
 from dpledger.ledger.fileformat import LedgerHeader
 from dpledger.ledger.store import LedgerColumns
@@ -373,6 +374,10 @@ class LedgerJournal:
         if body is None:
             body = _remember(self._event_bodies, event, ff.sampling_event_body(event))
         self._write_event(body)
+
+    def write_correlated(self, event: CorrelatedReleaseEvent) -> None:
+        """Append a correlated-noise release (a ``correlated_release`` line)."""
+        self._write_event(ff.correlated_release_body(event))
 
     def write_query(self, s: float, sigma: float, label: str | None) -> None:
         """Append a Gaussian sum query (the hot path: :meth:`_write_event` is inlined)."""

@@ -31,6 +31,7 @@ from dpledger.errors import (
     NotALedgerError,
 )
 from dpledger.ledger import fileformat as ff
+from dpledger.ledger.correlated import CorrelatedReleaseEvent
 from dpledger.ledger.events import (
     NeighboringRelation,
     SamplingEvent,
@@ -385,6 +386,38 @@ class PrivacyLedger:
         if journal is not None:
             journal.write_query(s, sigma, label)
 
+    def record_correlated_release(self, event: CorrelatedReleaseEvent) -> None:
+        """Record a correlated-noise (matrix-mechanism) release over a whole stream of steps.
+
+        Record it once, before the first noisy output of the stream is used: it stands for the
+        whole release B·(C·X + Z) (``docs/correlated-noise.md``). It is no step: it ends the
+        open step, and the stream's steps record no sampling or sum-query events of their own.
+        Build the event with :func:`dpledger.mechanisms.correlated.release_event`, which
+        computes C's hash and sensitivity from C itself.
+
+        Raises:
+            InvalidParameterError: ``event`` is not a :class:`CorrelatedReleaseEvent`.
+            LedgerStateError: the ledger is closed or read-only, or its file is of format
+                version 1, which cannot hold the event.
+        """
+        if not self._writable:
+            raise self._not_writable()
+        if not isinstance(event, CorrelatedReleaseEvent):
+            raise InvalidParameterError("event", event, "a CorrelatedReleaseEvent")
+        if self.header.format_version < 2 and self.path is not None:
+            raise LedgerStateError(
+                f"{self.path} is a format-version-1 ledger, which cannot hold a "
+                "correlated-noise release; record this run in a new ledger file"
+            )
+        self._store.add_correlated(event)
+        if self._journal is not None:
+            self._journal.write_correlated(event)
+
+    @property
+    def correlated_releases(self) -> tuple[CorrelatedReleaseEvent, ...]:
+        """The correlated-noise releases recorded, in order."""
+        return tuple(self._store.correlated)
+
     def flush(self) -> None:
         """Write buffered events to the file (and ``fsync`` if the ledger was opened so).
 
@@ -426,7 +459,7 @@ class PrivacyLedger:
 
     @property
     def num_events(self) -> int:
-        """Number of sampling and sum-query events recorded."""
+        """Number of events recorded (sampling, sum-query and correlated-release)."""
         return self._store.num_events
 
     @property
@@ -474,10 +507,12 @@ class PrivacyLedger:
 
     def compressed(self) -> CompressedLedger:
         """The ledger as accountants see it: relation plus runs (see :class:`CompressedLedger`)."""
-        return CompressedLedger(neighboring=self.neighboring, runs=self.runs())
+        return CompressedLedger(
+            neighboring=self.neighboring, runs=self.runs(), correlated=self._store.correlated
+        )
 
-    def events(self) -> Iterator[SamplingEvent | SumQueryEvent]:
-        """All sampling and sum-query events, in the order they were recorded."""
+    def events(self) -> Iterator[SamplingEvent | SumQueryEvent | CorrelatedReleaseEvent]:
+        """All events (sampling, sum-query, correlated-release), in the order recorded."""
         return self._store.events()
 
     def steps(self) -> Iterator[LedgerStep]:

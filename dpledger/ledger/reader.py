@@ -440,6 +440,11 @@ class LedgerReader:
             self.num_events += 1
         elif kind == "header":
             self.header = value
+        elif kind == "correlated_release":
+            # an event that is no step: it ends the open step, as a marker does
+            on_marker(kind, value)
+            self._step_open = False
+            self.num_events += 1
         else:
             on_marker(kind, value)
             self._step_open = False

@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 
 from dpledger.errors import InvalidParameterError, UnsupportedLedgerError
+from dpledger.ledger.correlated import CorrelatedReleaseEvent
 from dpledger.ledger.events import (
     NeighboringRelation,
     PrivacyUnit,
@@ -226,17 +227,27 @@ class CompressedLedger:
         runs: consecutive runs of steps with identical sampling and z_eff, in ledger order.
             Adjacent runs always differ (equal neighbours are merged); runs of different
             sampling schemes are never mixed.
+        correlated: the correlated-noise releases of the ledger, in order
+            (:mod:`dpledger.ledger.correlated`). They are no steps: the accountants turn them
+            into the Gaussian mechanisms they are equivalent to before composing
+            (``dpledger/accountants/correlated.py``).
     """
 
     neighboring: NeighboringRelation = attrs.field(
         default=NeighboringRelation.ADD_REMOVE, converter=_neighboring
     )
     runs: tuple[StepRun, ...] = attrs.field(default=(), converter=_runs_tuple)
+    correlated: tuple[CorrelatedReleaseEvent, ...] = attrs.field(
+        default=(), converter=_runs_tuple, kw_only=True
+    )
 
     def __attrs_post_init__(self) -> None:
         for i, run in enumerate(self.runs):
             if not isinstance(run, StepRun):
                 raise InvalidParameterError(f"runs[{i}]", run, "a StepRun")
+        for i, event in enumerate(self.correlated):
+            if not isinstance(event, CorrelatedReleaseEvent):
+                raise InvalidParameterError(f"correlated[{i}]", event, "a CorrelatedReleaseEvent")
         merged = _merge_adjacent(self.runs)
         if len(merged) != len(self.runs):
             object.__setattr__(self, "runs", merged)

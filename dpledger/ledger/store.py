@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from dpledger.errors import LedgerStateError
+from dpledger.ledger.correlated import CorrelatedReleaseEvent
 from dpledger.ledger.events import SamplingEvent, SamplingScheme, SumQueryEvent
 from dpledger.ledger.steps import LedgerStep, RunCompressor, StepRun
 
@@ -25,6 +26,7 @@ _POISSON_SAMPLE = 0
 _QUERY = 1
 _FULL_SAMPLE = 2
 _EXTENDED_SAMPLE = 3  # any other sampling event; its event is in specs[c[i]]
+_CORRELATED = 4  # a correlated-noise release; its event is in correlated[c[i]]
 
 
 class LedgerColumns:
@@ -55,6 +57,7 @@ class LedgerColumns:
         self.pop_ids: dict[int | None, int] = {}
         self.specs: list[SamplingEvent] = []
         self.spec_ids: dict[SamplingEvent, int] = {}
+        self.correlated: list[CorrelatedReleaseEvent] = []
         self.num_events = 0
         self.compressor = RunCompressor()
 
@@ -127,9 +130,24 @@ class LedgerColumns:
         self.compressor.add_query(s, sigma)
         self.num_events += 1
 
-    def add_marker(self, _kind: str, _fields: dict[str, Any]) -> None:
+    def add_correlated(self, event: CorrelatedReleaseEvent) -> None:
+        """Add a correlated-noise release (an event that is no step; it ends the open step)."""
+        if self.keep_events:
+            self.kind.append(_CORRELATED)
+            self.a.append(0.0)
+            self.b.append(0.0)
+            self.c.append(len(self.correlated))
+        self.correlated.append(event)
+        self.compressor.end_step()
+        self.num_events += 1
+
+    def add_marker(self, kind: str, fields: Any) -> None:
         """A session marker: a resume marker ends the step that was open when the previous
-        session stopped; a close marker ends the last step."""
+        session stopped; a close marker ends the last step. The reader hands correlated-noise
+        releases over the same way (``kind`` ``"correlated_release"``)."""
+        if kind == "correlated_release":
+            self.add_correlated(fields)
+            return
         self.compressor.end_step()
 
     def end_step(self) -> None:
@@ -158,8 +176,8 @@ class LedgerColumns:
                 "to iterate over its events or steps"
             )
 
-    def events(self) -> Iterator[SamplingEvent | SumQueryEvent]:
-        """All sampling and sum-query events, in the order they were added."""
+    def events(self) -> Iterator[SamplingEvent | SumQueryEvent | CorrelatedReleaseEvent]:
+        """All events (sampling, sum-query, correlated-release), in the order they were added."""
         self._require_events()
         labels, pops = self.labels, self.pops
         kinds, a, b, c = self.kind, self.a, self.b, self.c
@@ -172,6 +190,8 @@ class LedgerColumns:
                 yield SumQueryEvent(a[i], b[i], None if lid < 0 else labels[lid])
             elif kind == _EXTENDED_SAMPLE:
                 yield specs[c[i]]
+            elif kind == _CORRELATED:
+                yield self.correlated[c[i]]
             else:
                 yield SamplingEvent(a[i], pops[c[i]], full if kind == _FULL_SAMPLE else poisson)
 
@@ -186,7 +206,7 @@ class LedgerColumns:
                     yield LedgerStep(index, current, tuple(queries))
                     index += 1
                 current, queries = event, []
-            else:
+            elif isinstance(event, SumQueryEvent):
                 queries.append(event)
         if current is not None:
             yield LedgerStep(index, current, tuple(queries))

@@ -1,0 +1,234 @@
+"""The correlated-noise release event: one matrix-mechanism release over a whole stream.
+
+A correlated-noise mechanism (tree aggregation, BandMF, BLT: ``docs/correlated-noise.md``) does
+not add independent noise at every step, so its steps are not the ledger's independent Gaussian
+steps. It is one release, B·(C·X + Z), of the T-step stream X of clipped gradient sums, and the
+ledger records it as such, once, before its first noisy output (a ``correlated_release`` line,
+``docs/ledger-format.md``): what the strategy was (kind, parameters, the SHA-256 of C), how
+records participated (the schema, and Poisson sampling within cyclic bands when it was used for
+amplification), the clip bound S, the noise standard deviation σ, and the sensitivity of C under
+that schema per unit clip as the mechanism computed it from C.
+
+Accounting (``dpledger/accountants/correlated.py``):
+
+* without amplification, the release is one Gaussian mechanism with sensitivity
+  Δ = sens(C)·S and noise σ: μ = Δ/σ (Choquette-Choo et al. 2023, "Multi-Epoch Matrix
+  Factorization Mechanisms", section 2);
+* with Poisson sampling (rate q) within b cyclic bands of a C with at most b bands, the
+  participations of one record touch disjoint row blocks of C, and the release is k
+  compositions of the Poisson-subsampled Gaussian with sensitivity max_j ‖C_j‖·S and noise σ
+  (Choquette-Choo et al. 2023, "Amplified Banded Matrix Factorization", section 4; for
+  dp-accounting a ``MixtureOfGaussiansDpEvent`` with sensitivities (0, ‖C_j‖) and
+  probabilities (1 − q, q), Choquette-Choo et al. 2024, "Privacy Amplification for Matrix
+  Mechanisms").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import attrs
+
+from dpledger.errors import InvalidParameterError
+from dpledger.validation import (
+    check_non_negative_finite,
+    check_positive_finite,
+    check_positive_int,
+    check_probability,
+)
+
+__all__ = [
+    "PARTICIPATION_KINDS",
+    "SAMPLING_KINDS",
+    "CorrelatedReleaseEvent",
+]
+
+PARTICIPATION_KINDS = ("single", "min_separation", "cyclic")
+"""The participation schemas (:mod:`dpledger.mechanisms.correlated.participation`)."""
+
+SAMPLING_KINDS = ("none", "poisson_within_bands")
+"""``none``: every record participates in every step of its pattern (no amplification);
+``poisson_within_bands``: the records are split into ``min_separation`` fixed groups visited
+cyclically, and within its group's steps a record is included with probability q."""
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_KIND = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_RELATIVE_SLACK = 1e-12
+
+
+def _params(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidParameterError("strategy_params", value, "a dict of JSON values")
+    try:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        raise InvalidParameterError(
+            "strategy_params", value, "JSON values (finite numbers, strings, lists, dicts)"
+        ) from None
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
+
+
+def _kind(value: Any) -> str:
+    if not isinstance(value, str) or not _KIND.fullmatch(value):
+        raise InvalidParameterError("strategy", value, "a lower-case name like 'banded_toeplitz'")
+    return str(value)
+
+
+def _hash(value: Any) -> str:
+    if not isinstance(value, str) or not _HEX64.fullmatch(value):
+        raise InvalidParameterError("strategy_hash", value, "64 lower-case hexadecimal digits")
+    return str(value)
+
+
+def _choice(name: str, value: Any, options: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in options:
+        raise InvalidParameterError(name, value, f"one of {', '.join(map(repr, options))}")
+    return str(value)
+
+
+def _participation(value: Any) -> str:
+    return _choice("participation", value, PARTICIPATION_KINDS)
+
+
+def _sampling(value: Any) -> str:
+    return _choice("sampling", value, SAMPLING_KINDS)
+
+
+def _optional_bands(value: Any) -> int | None:
+    return None if value is None else check_positive_int("bands", value)
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidParameterError("sensitivity_exact", value, "True or False")
+    return value
+
+
+def _label(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise InvalidParameterError("label", value, "a string or None")
+    return None if value is None else str(value)
+
+
+@attrs.frozen
+class CorrelatedReleaseEvent:
+    """One correlated-noise (matrix-mechanism) release of a T-step stream.
+
+    Build it with :func:`dpledger.mechanisms.correlated.release_event`, which computes the hash
+    and the sensitivity from C itself; this class checks that the values are consistent.
+
+    Attributes:
+        strategy: the strategy's kind (``"tree"``, ``"tree_honaker"``, ``"banded_toeplitz"``,
+            ``"blt"``, …).
+        strategy_params: the parameters that determine C (JSON values).
+        strategy_hash: SHA-256 of C (:func:`dpledger.mechanisms.correlated.matrix_hash`).
+        num_steps: T.
+        participation: ``"single"``, ``"min_separation"`` or ``"cyclic"``.
+        max_participations: k, the most steps one record contributes to.
+        min_separation: b, the least distance between two participations (the period for
+            ``cyclic``).
+        sampling: ``"none"`` or ``"poisson_within_bands"`` (:data:`SAMPLING_KINDS`).
+        sampling_probability: q; 1.0 for ``"none"``.
+        bands: the number of bands of C (at most ``min_separation``) for
+            ``"poisson_within_bands"``; None otherwise.
+        l2_norm_bound: S > 0, the clip bound of every record's contribution at every step.
+        noise_stddev: σ ≥ 0, the standard deviation of every entry of Z.
+        sensitivity: sens(C) per unit clip under the participation schema, > 0.
+        sensitivity_exact: whether ``sensitivity`` is the maximum or an upper bound of it.
+        max_column_norm: max_j ‖C_j‖, the sensitivity of one participation per unit clip.
+        label: what was released (informational).
+
+    Raises:
+        InvalidParameterError: a value out of range or values that contradict each other.
+    """
+
+    strategy: str = attrs.field(converter=_kind)
+    strategy_params: dict[str, Any] = attrs.field(converter=_params, hash=False)
+    strategy_hash: str = attrs.field(converter=_hash)
+    num_steps: int = attrs.field(converter=lambda v: check_positive_int("num_steps", v))
+    participation: str = attrs.field(converter=_participation)
+    max_participations: int = attrs.field(
+        converter=lambda v: check_positive_int("max_participations", v)
+    )
+    min_separation: int = attrs.field(converter=lambda v: check_positive_int("min_separation", v))
+    sampling: str = attrs.field(converter=_sampling)
+    sampling_probability: float = attrs.field(
+        converter=lambda v: check_probability("sampling_probability", v)
+    )
+    bands: int | None = attrs.field(converter=_optional_bands)
+    l2_norm_bound: float = attrs.field(
+        converter=lambda v: check_positive_finite("l2_norm_bound", v)
+    )
+    noise_stddev: float = attrs.field(
+        converter=lambda v: check_non_negative_finite("noise_stddev", v)
+    )
+    sensitivity: float = attrs.field(converter=lambda v: check_positive_finite("sensitivity", v))
+    sensitivity_exact: bool = attrs.field(converter=_flag)
+    max_column_norm: float = attrs.field(
+        converter=lambda v: check_positive_finite("max_column_norm", v)
+    )
+    label: str | None = attrs.field(default=None, converter=_label)
+
+    def __attrs_post_init__(self) -> None:
+        t, k, b = self.num_steps, self.max_participations, self.min_separation
+        if b > t or (k - 1) * b >= t:
+            raise InvalidParameterError(
+                "max_participations", k, f"(k - 1) * min_separation < num_steps={t}, b <= T"
+            )
+        if self.participation == "single" and (k, b) != (1, 1):
+            raise InvalidParameterError(
+                "participation", "single", "max_participations=1 and min_separation=1"
+            )
+        if self.participation == "cyclic" and k != -(-t // b):
+            raise InvalidParameterError("max_participations", k, f"ceil(T / b) = {-(-t // b)}")
+        col, sens = self.max_column_norm, self.sensitivity
+        if not (col <= sens * (1 + _RELATIVE_SLACK) and sens <= k * col * (1 + _RELATIVE_SLACK)):
+            raise InvalidParameterError(
+                "sensitivity", sens, f"between max_column_norm={col} and k * max_column_norm"
+            )
+        if self.sampling == "none":
+            if self.sampling_probability != 1.0 or self.bands is not None:
+                raise InvalidParameterError(
+                    "sampling_probability",
+                    self.sampling_probability,
+                    "1.0 and bands=None when sampling='none'",
+                )
+        else:
+            if self.participation != "cyclic":
+                raise InvalidParameterError(
+                    "participation", self.participation, "'cyclic' for poisson_within_bands"
+                )
+            if self.bands is None or self.bands > b:
+                raise InvalidParameterError(
+                    "bands", self.bands, f"the bands of C, at most min_separation={b}"
+                )
+
+    @property
+    def amplified(self) -> bool:
+        """True for Poisson sampling within cyclic bands."""
+        return self.sampling == "poisson_within_bands"
+
+    @property
+    def gaussian_mu(self) -> float:
+        """μ = sens(C)·S / σ of the unamplified release (∞ for σ = 0)."""
+        delta = self.sensitivity * self.l2_norm_bound
+        return math.inf if self.noise_stddev == 0.0 else delta / self.noise_stddev
+
+    def describe(self) -> str:
+        """One line for ``dpledger info``."""
+        amp = (
+            f", Poisson q={self.sampling_probability:.6g} within {self.bands} cyclic bands"
+            if self.amplified
+            else ""
+        )
+        return (
+            f"{self.strategy} over T={self.num_steps} steps, {self.participation} participation "
+            f"(k={self.max_participations}, separation {self.min_separation}){amp}, "
+            f"S={self.l2_norm_bound:.6g}, σ={self.noise_stddev:.6g}, "
+            f"sens(C)={self.sensitivity:.6g}{'' if self.sensitivity_exact else ' (bound)'}, "
+            f"C sha256 {self.strategy_hash[:12]}…"
+        )

@@ -1,0 +1,423 @@
+"""Matrix factorizations of the prefix-sum workload: tree aggregation, banded and BLT strategies.
+
+The matrix mechanism (Li et al. 2015; Denisov et al. 2022; Choquette-Choo et al. 2023) releases
+a linear workload A·X of a stream X (row t: the sum of the clipped gradients of step t) through a
+factorization A = B·C: it adds Gaussian noise to C·X and multiplies by B,
+
+    B·(C·X + Z) = A·X + B·Z,        Z ~ N(0, σ² I).
+
+For A the prefix sums (lower-triangular ones; SGD's iterates are prefix sums of gradients) and a
+square invertible C, B = A·C⁻¹ and the released prefix sums are the prefix sums of
+X + C⁻¹·Z: the optimizer adds the noise w_t = (C⁻¹·Z)_t to step t's gradient instead of
+independent noise. That is how the streaming generators of :mod:`.noise` work.
+
+Strategies here (float64 throughout):
+
+* **tree aggregation** (Kairouz et al. 2021, DP-FTRL): C has one row per complete dyadic interval
+  of [0, T) (one per node of a binary tree), B picks the nodes of the binary decomposition of each
+  prefix ("standard") or combines all nodes of each subtree by inverse-variance weights
+  ("honaker", Honaker 2015; the online form of Kairouz et al. 2021, appendix);
+* **banded Toeplitz** (BandMF; McKenna 2024, "Scaling up the Banded Matrix Factorization
+  Mechanism"): C lower-triangular Toeplitz with b bands, coefficients c_0 = 1, c_1, …, c_{b−1};
+  :func:`optimize_banded_toeplitz` chooses them to minimise the prefix-sum error;
+* **BLT** (buffered linear Toeplitz; Dvijotham et al. 2024): C⁻¹ lower-triangular Toeplitz with
+  coefficients 1 and Σ_i ω_i θ_i^{m−1} at lag m ≥ 1, generated with one buffer per (ω_i, θ_i).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import scipy.optimize
+import scipy.signal
+
+from dpledger.errors import ComputationBudgetError, InvalidParameterError
+from dpledger.validation import check_positive_int
+
+__all__ = [
+    "MAX_MATRIX_BYTES",
+    "MatrixFactorization",
+    "StrategyKind",
+    "banded_toeplitz_factorization",
+    "blt_factorization",
+    "blt_prefix_error",
+    "inverse_toeplitz_coefficients",
+    "matrix_hash",
+    "optimize_banded_toeplitz",
+    "optimize_blt",
+    "prefix_error",
+    "prefix_sum_workload",
+    "tree_factorization",
+    "tree_nodes",
+]
+
+StrategyKind = str
+"""One of ``"tree"``, ``"tree_honaker"``, ``"banded_toeplitz"``, ``"blt"``."""
+
+Matrix = npt.NDArray[np.float64]
+
+MAX_MATRIX_BYTES = 2**30
+"""The most memory one materialised factorization (C, B and the checks' products) may take:
+1 GiB. C and B are dense, so T is limited to a few thousand steps (docs/correlated-noise.md,
+"Limits"); beyond it the constructors refuse up front with ComputationBudgetError."""
+
+
+def _check_size(num_steps: int, rows: int, extra_entries: int = 0) -> None:
+    """Refuse, before allocating, factorizations whose dense matrices exceed the budget: C
+    (rows × T), B (T × rows), A (T × T) and ``extra_entries`` more, in float64."""
+    needed = 8.0 * (2 * rows * num_steps + num_steps * num_steps + extra_entries)
+    if needed > MAX_MATRIX_BYTES:
+        raise ComputationBudgetError(
+            parameter="num_steps",
+            value=num_steps,
+            estimated_bytes=needed,
+            budget_bytes=MAX_MATRIX_BYTES,
+            suggestion="a factorization is dense (O(T²) memory): use fewer steps per stream",
+        )
+
+
+def prefix_sum_workload(num_steps: int) -> Matrix:
+    """A: the T×T lower-triangular matrix of ones (row t sums steps 0..t)."""
+    t = check_positive_int("num_steps", num_steps)
+    return np.tril(np.ones((t, t), dtype=np.float64))
+
+
+def matrix_hash(strategy: npt.ArrayLike) -> str:
+    """SHA-256 (hex) of C: its shape as two little-endian int64 then its float64 entries,
+    little-endian, row-major. The ledger records it to name the matrix that was used."""
+    c = np.ascontiguousarray(np.asarray(strategy, dtype="<f8"))
+    h = hashlib.sha256(np.asarray(c.shape, dtype="<i8").tobytes())
+    h.update(c.tobytes())
+    return h.hexdigest()
+
+
+@attrs.frozen(eq=False)
+class MatrixFactorization:
+    """A factorization A = B·C of the prefix-sum workload, with what identifies it.
+
+    Attributes:
+        kind: ``"tree"``, ``"tree_honaker"``, ``"banded_toeplitz"`` or ``"blt"``.
+        params: the parameters that determine C and B (JSON-serialisable; the ledger records
+            them).
+        strategy: C, shape (m, T), float64.
+        decoder: B, shape (T, m), float64, with B·C = A (checked on construction).
+    """
+
+    kind: str
+    params: dict[str, Any]
+    strategy: Matrix
+    decoder: Matrix
+
+    def __attrs_post_init__(self) -> None:
+        c, b = self.strategy, self.decoder
+        if c.ndim != 2 or b.shape != (c.shape[1], c.shape[0]):
+            raise InvalidParameterError(
+                "decoder", f"shape {b.shape}", f"shape (T, m) for C of shape {c.shape}"
+            )
+        if not (np.all(np.isfinite(c)) and np.all(np.isfinite(b))):
+            raise InvalidParameterError("strategy", self.kind, "finite matrices C and B")
+        # B·C = A, checked on random vectors (O(m·T) instead of O(m·T²)): B·(C·V) against
+        # the prefix sums of V, within the rounding that |B|·(|C|·|V|) bounds
+        v = np.random.default_rng(0).standard_normal((c.shape[1], 3))
+        err = float(np.max(np.abs(b @ (c @ v) - np.cumsum(v, axis=0))))
+        scale = float(np.max(np.abs(b) @ (np.abs(c) @ np.abs(v))))
+        if not err <= 1e-9 * max(1.0, scale):
+            raise InvalidParameterError(
+                "decoder", f"B·C − A off by {err:.3g}", "a factorization B·C = A"
+            )
+
+    @property
+    def num_steps(self) -> int:
+        """T, the length of the stream."""
+        return int(self.strategy.shape[1])
+
+    @property
+    def strategy_hash(self) -> str:
+        """:func:`matrix_hash` of C."""
+        return matrix_hash(self.strategy)
+
+    def noise_covariance(self) -> Matrix:
+        """B·Bᵀ: the covariance of the prefix-sum noise B·Z per unit noise variance."""
+        return self.decoder @ self.decoder.T
+
+
+def tree_nodes(num_steps: int) -> list[tuple[int, int]]:
+    """The complete dyadic intervals [start, start + 2^h) of [0, T), as (level h, start), in
+    the order they complete (by their last step; at one step, lower levels first)."""
+    t = check_positive_int("num_steps", num_steps)
+    nodes = []
+    for step in range(t):
+        h = 0
+        while (step + 1) % (1 << h) == 0:
+            nodes.append((h, step + 1 - (1 << h)))
+            h += 1
+    return nodes
+
+
+def _decomposition(prefix_len: int) -> list[tuple[int, int]]:
+    """The dyadic intervals whose disjoint union is [0, prefix_len), largest first."""
+    out, start = [], 0
+    for h in range(prefix_len.bit_length() - 1, -1, -1):
+        if prefix_len & (1 << h):
+            out.append((h, start))
+            start += 1 << h
+    return out
+
+
+def _honaker_weights(levels: int) -> list[tuple[float, float]]:
+    """(weight of the node's own noisy value, weight of its children's estimate sum) by level.
+
+    The inverse-variance combination: V_0 = 1, V_h = 1 / (1 + 1 / (2 V_{h−1})) (unit noise
+    variance), own weight V_h, children's weight V_h / (2 V_{h−1}).
+    """
+    out, v = [(1.0, 0.0)], 1.0
+    for _ in range(1, levels):
+        vn = 1.0 / (1.0 + 1.0 / (2.0 * v))
+        out.append((vn, vn / (2.0 * v)))
+        v = vn
+    return out
+
+
+def tree_factorization(num_steps: int, *, honaker: bool = False) -> MatrixFactorization:
+    """Tree aggregation (DP-FTRL; Kairouz et al. 2021) over T steps.
+
+    C has one 0/1 row per node of :func:`tree_nodes` (the node's interval); row t of B sums the
+    nodes of the binary decomposition of [0, t] ("standard"), or, with ``honaker=True``, the
+    inverse-variance estimates of those nodes built bottom-up from each node and its subtree
+    (Honaker 2015), which lowers the variance and keeps B·C = A.
+
+    Args:
+        num_steps: T.
+        honaker: use the variance-reduced estimator.
+    """
+    t = check_positive_int("num_steps", num_steps)
+    _check_size(t, 2 * t, extra_entries=4 * t * t)  # the node estimates, m × m with m < 2T
+    nodes = tree_nodes(t)
+    index = {node: i for i, node in enumerate(nodes)}
+    m = len(nodes)
+    c = np.zeros((m, t))
+    for i, (h, start) in enumerate(nodes):
+        c[i, start : start + (1 << h)] = 1.0
+    # est[i]: the row vector (over the m node noises) of node i's estimate
+    est = np.eye(m)
+    if honaker:
+        weights = _honaker_weights(t.bit_length() + 1)
+        for i, (h, start) in enumerate(nodes):
+            if h > 0:
+                own, kids = weights[h]
+                left = index[(h - 1, start)]
+                right = index[(h - 1, start + (1 << (h - 1)))]
+                est[i] = own * est[i] + kids * (est[left] + est[right])
+    b = np.zeros((t, m))
+    for step in range(t):
+        for node in _decomposition(step + 1):
+            b[step] += est[index[node]]
+    kind = "tree_honaker" if honaker else "tree"
+    return MatrixFactorization(kind, {"num_steps": t}, c, b)
+
+
+def _toeplitz(coeffs: Matrix, num_steps: int) -> Matrix:
+    col = np.zeros(num_steps)
+    n = min(num_steps, coeffs.shape[0])
+    col[:n] = coeffs[:n]
+    idx = np.subtract.outer(np.arange(num_steps), np.arange(num_steps))
+    out = np.where(idx >= 0, col[np.clip(idx, 0, num_steps - 1)], 0.0)
+    return np.asarray(out, dtype=np.float64)
+
+
+def inverse_toeplitz_coefficients(coeffs: Sequence[float] | Matrix, num_steps: int) -> Matrix:
+    """The first T coefficients of the inverse of a lower-triangular Toeplitz matrix.
+
+    With c_0 ≠ 0: r_0 = 1 / c_0 and r_m = −(Σ_{i=1}^{min(m, len−1)} c_i r_{m−i}) / c_0 (the
+    power series 1 / c(x)).
+    """
+    c = np.asarray(coeffs, dtype=np.float64)
+    t = check_positive_int("num_steps", num_steps)
+    impulse = np.zeros(t)
+    impulse[0] = 1.0
+    # the recursion above is the IIR filter 1/c(x) applied to an impulse
+    return np.asarray(scipy.signal.lfilter([1.0], c[:t], impulse), dtype=np.float64)
+
+
+def _check_coefficients(coeffs: Sequence[float] | Matrix) -> Matrix:
+    c = np.asarray(coeffs, dtype=np.float64)
+    if c.ndim != 1 or c.shape[0] < 1 or not np.all(np.isfinite(c)) or c[0] <= 0.0:
+        raise InvalidParameterError(
+            "coefficients", coeffs, "a 1-D sequence of finite floats with c_0 > 0"
+        )
+    return c
+
+
+def banded_toeplitz_factorization(
+    num_steps: int, coefficients: Sequence[float] | Matrix
+) -> MatrixFactorization:
+    """BandMF with a Toeplitz C of b = len(coefficients) bands (C[t, j] = c_{t−j}, 0 ≤ t−j < b).
+
+    Noise for step t needs only the b − 1 previous noise vectors (:class:`.BandedNoise`).
+
+    Args:
+        num_steps: T.
+        coefficients: c_0 > 0, c_1, …, c_{b−1}.
+    """
+    t = check_positive_int("num_steps", num_steps)
+    c = _check_coefficients(coefficients)
+    _check_size(t, t)
+    cm = _toeplitz(c, t)
+    b = prefix_sum_workload(t) @ _toeplitz(inverse_toeplitz_coefficients(c, t), t)
+    params = {"num_steps": t, "coefficients": [float(x) for x in c]}
+    return MatrixFactorization("banded_toeplitz", params, cm, b)
+
+
+def blt_factorization(
+    num_steps: int, *, omega: Sequence[float], theta: Sequence[float]
+) -> MatrixFactorization:
+    """BLT: C⁻¹ Toeplitz with coefficients 1 and Σ_i ω_i θ_i^{m−1} at lag m ≥ 1.
+
+    The noise of step t is z_t + Σ_i ω_i s_i with buffers s_i ← θ_i s_i + z_t: one vector per
+    buffer (:class:`.BltNoise`; Dvijotham et al. 2024, "Efficient and Near-Optimal Noise
+    Generation for Streaming Differential Privacy").
+
+    Args:
+        num_steps: T.
+        omega: the buffers' output weights ω_i (finite).
+        theta: the buffers' decays θ_i, each in [0, 1).
+    """
+    t = check_positive_int("num_steps", num_steps)
+    w = np.asarray(omega, dtype=np.float64)
+    th = np.asarray(theta, dtype=np.float64)
+    if w.ndim != 1 or w.shape != th.shape or not np.all(np.isfinite(w)):
+        raise InvalidParameterError("omega", omega, "a 1-D sequence as long as theta")
+    if not np.all((th >= 0.0) & (th < 1.0)):
+        raise InvalidParameterError("theta", theta, "decays in [0, 1)")
+    _check_size(t, t)
+    lags = np.arange(t - 1, dtype=np.float64)
+    inv = np.concatenate([[1.0], (w[None, :] * th[None, :] ** lags[:, None]).sum(axis=1)])
+    c = inverse_toeplitz_coefficients(inv, t)
+    b = prefix_sum_workload(t) @ _toeplitz(inv, t)
+    params = {"num_steps": t, "omega": [float(x) for x in w], "theta": [float(x) for x in th]}
+    return MatrixFactorization("blt", params, _toeplitz(c, t), b)
+
+
+def prefix_error(coefficients: Sequence[float] | Matrix, num_steps: int) -> float:
+    """‖A·C⁻¹‖_F² · max_j ‖C_j‖² for banded Toeplitz C: the total squared error of the T prefix
+    sums per unit noise multiplier and participation (the BandMF objective; columns b or more
+    apart are orthogonal, so under b-min-sep with k participations the error is k times this).
+
+    With s the prefix sums of C⁻¹'s coefficients, ‖A·C⁻¹‖_F² = Σ_m (T − m) s_m².
+    """
+    c = _check_coefficients(coefficients)
+    s = np.cumsum(inverse_toeplitz_coefficients(c, num_steps))
+    weights = num_steps - np.arange(num_steps, dtype=np.float64)
+    return float(np.dot(weights, s * s) * np.dot(c, c))
+
+
+@functools.lru_cache(maxsize=32)
+def _optimized(num_steps: int, bands: int) -> tuple[float, ...]:
+    if bands == 1:
+        return (1.0,)
+
+    def objective(x: Matrix) -> float:
+        return math.log(prefix_error(np.concatenate([[1.0], x]), num_steps))
+
+    # start: the coefficients of 1/sqrt(1 − x) truncated (the optimal single-epoch Toeplitz
+    # factor, Fichtenberger et al. 2023), a good and stable start
+    x0 = np.ones(bands)
+    for m in range(1, bands):
+        x0[m] = x0[m - 1] * (2 * m - 1) / (2 * m)
+    res = scipy.optimize.minimize(objective, x0[1:], method="L-BFGS-B")
+    best = res.x if objective(res.x) <= objective(x0[1:]) else x0[1:]
+    return (1.0, *(float(v) for v in best))
+
+
+def optimize_banded_toeplitz(*, num_steps: int, bands: int) -> MatrixFactorization:
+    """BandMF: the b-banded Toeplitz C minimising :func:`prefix_error`, cached by (T, b).
+
+    The coefficients start from the series of 1/√(1 − x) (optimal among Toeplitz factors for a
+    single epoch, Fichtenberger et al. 2023) truncated to b bands and are refined by L-BFGS-B on
+    the log of the objective (McKenna 2024, section 4).
+
+    Args:
+        num_steps: T.
+        bands: b, 1 ≤ b ≤ T (b = 1 is independent noise: DP-SGD).
+    """
+    t = check_positive_int("num_steps", num_steps)
+    b = check_positive_int("bands", bands)
+    if b > t:
+        raise InvalidParameterError("bands", bands, f"at most num_steps={t}")
+    _check_size(t, t)
+    return banded_toeplitz_factorization(t, _optimized(t, b))
+
+
+def _blt_inverse_coefficients(omega: Matrix, theta: Matrix, num_steps: int) -> Matrix:
+    """C⁻¹'s Toeplitz coefficients for BLT parameters: 1, then Σ_i ω_i θ_i^{m−1}."""
+    lags = np.arange(num_steps - 1, dtype=np.float64)
+    tail = (omega[None, :] * theta[None, :] ** lags[:, None]).sum(axis=1)
+    return np.concatenate([[1.0], tail])
+
+
+def blt_prefix_error(
+    *, omega: Sequence[float] | Matrix, theta: Sequence[float] | Matrix, num_steps: int
+) -> float:
+    """‖A·C⁻¹‖_F² · max_j ‖C_j‖² for a BLT (single participation; C Toeplitz, so its first
+    column has the largest norm): the objective :func:`optimize_blt` minimises."""
+    inv = _blt_inverse_coefficients(
+        np.asarray(omega, dtype=np.float64), np.asarray(theta, dtype=np.float64), num_steps
+    )
+    c = inverse_toeplitz_coefficients(inv, num_steps)
+    s = np.cumsum(inv)
+    weights = num_steps - np.arange(num_steps, dtype=np.float64)
+    return float(np.dot(weights, s * s) * np.dot(c, c))
+
+
+@functools.lru_cache(maxsize=32)
+def _optimized_blt(num_steps: int, buffers: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    def unpack(x: Matrix) -> tuple[Matrix, Matrix]:
+        # θ_i = 1/(1 + e^{−u_i}) keeps every decay in (0, 1) without bounds
+        return x[:buffers], 1.0 / (1.0 + np.exp(-x[buffers:]))
+
+    def objective(x: Matrix) -> float:
+        omega, theta = unpack(x)
+        value = blt_prefix_error(omega=omega, theta=theta, num_steps=num_steps)
+        return math.log(value) if math.isfinite(value) and value > 0 else 1e300
+
+    # a start whose C stays bounded: 1 + Σ_i ω_i x/(1 − θ_i x) is 1/2 at x = 1 (as √(1 − x),
+    # the optimal single-epoch factor, vanishes there) and positive on [0, 1]
+    theta0 = 1.0 - np.geomspace(0.5, 0.5 / num_steps, buffers)
+    x0 = np.concatenate([-(1.0 - theta0) / (2.0 * buffers), np.log(theta0 / (1.0 - theta0))])
+    best = x0
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for method in ("L-BFGS-B", "Nelder-Mead"):
+            res = scipy.optimize.minimize(
+                objective, best, method=method, options={"maxiter": 400 * buffers}
+            )
+            if objective(res.x) < objective(best):
+                best = res.x
+    omega, theta = unpack(best)
+    return tuple(float(v) for v in omega), tuple(float(v) for v in theta)
+
+
+def optimize_blt(*, num_steps: int, buffers: int) -> MatrixFactorization:
+    """A BLT with ``buffers`` buffers minimising :func:`blt_prefix_error`, cached by (T, buffers).
+
+    The decays start spread geometrically towards 1, with weights −(1 − θ_i)/(2·buffers) that
+    keep C bounded; L-BFGS-B, then Nelder-Mead, refine both on the log of the objective, each
+    decay a logistic function of a free parameter (Dvijotham et al. 2024 optimise the same kind
+    of objective). The
+    noise of one step then costs ``buffers`` vector updates (:class:`.BltNoise`).
+
+    Args:
+        num_steps: T.
+        buffers: the number of buffers, ≥ 1.
+    """
+    t = check_positive_int("num_steps", num_steps)
+    n = check_positive_int("buffers", buffers)
+    _check_size(t, t)
+    omega, theta = _optimized_blt(t, n)
+    return blt_factorization(t, omega=omega, theta=theta)
