@@ -1,0 +1,163 @@
+"""A griffe extension for the API reference: what static analysis cannot see in dpledger.
+
+The reference is built by static analysis (griffe), so neither PyTorch nor TensorFlow is
+imported. Two things need help there:
+
+* ``@attrs.frozen`` classes have an ``__init__`` that attrs writes at import time. This extension
+  writes the same signature from the class's annotated fields (``attrs.field(init=False)``
+  skipped, ``default=`` / ``factory=`` / ``attrs.Factory`` as the default, ``kw_only``, a leading
+  underscore dropped as attrs does), so the reference shows the real constructor and the
+  ``Args:`` of a config class match its parameters.
+* The docstrings use Sphinx roles (``:class:`~dpledger.ledger.PrivacyLedger```) and ``Example:``
+  headings; the roles become code spans (``PrivacyLedger``) and ``Example:`` becomes the Google
+  style ``Examples:`` section, so that the doctests render as code.
+
+Loaded by ``mkdocs.yml`` (``plugins.mkdocstrings.handlers.python.options.extensions``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import griffe
+
+_ATTRS_DECORATORS = {
+    "attrs.define",
+    "attrs.frozen",
+    "attrs.mutable",
+    "attr.s",
+    "attr.attrs",
+    "attr.define",
+    "attr.frozen",
+    "attr.mutable",
+}
+_FIELD_CALLS = {"attrs.field", "attr.ib", "attr.attrib", "attr.field"}
+_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj|const):`~?([^`]+)`")
+_EXAMPLE_HEADING = re.compile(r"^(\s*)Example:\s*$", re.MULTILINE)
+
+
+def _call_path(value: Any) -> str | None:
+    if isinstance(value, griffe.ExprCall):
+        return value.function.canonical_path  # type: ignore[union-attr]
+    if isinstance(value, griffe.Expr):
+        return value.canonical_path
+    return None
+
+
+def _call_arguments(value: Any) -> dict[str, Any]:
+    if not isinstance(value, griffe.ExprCall):
+        return {}
+    return {
+        argument.name: argument.value
+        for argument in value.arguments
+        if isinstance(argument, griffe.ExprKeyword)
+    }
+
+
+def _attrs_decorator(cls: griffe.Class) -> Any:
+    for decorator in cls.decorators:
+        if _call_path(decorator.value) in _ATTRS_DECORATORS:
+            return decorator.value
+    return None
+
+
+def _fields(cls: griffe.Class, kw_only: bool) -> list[griffe.Parameter]:
+    parameters = []
+    for member in cls.members.values():
+        if member.is_alias or not member.is_attribute or member.annotation is None:
+            continue
+        if "class-attribute" in member.labels and "instance-attribute" not in member.labels:
+            continue  # a ClassVar
+        if str(member.annotation).startswith("ClassVar"):
+            continue
+        value = member.value
+        arguments = _call_arguments(value) if _call_path(value) in _FIELD_CALLS else None
+        default: Any = value
+        field_kw_only = kw_only
+        if arguments is not None:
+            if str(arguments.get("init")) == "False":
+                continue
+            field_kw_only = kw_only or str(arguments.get("kw_only")) == "True"
+            if "default" in arguments:
+                default = arguments["default"]
+            elif "factory" in arguments:
+                default = griffe.ExprCall(function=arguments["factory"], arguments=[])
+            else:
+                default = None
+        if _call_path(default) in {"attrs.Factory", "attr.Factory"} and isinstance(
+            default, griffe.ExprCall
+        ):
+            default = griffe.ExprCall(function=default.arguments[0], arguments=[])
+        name = str(arguments["alias"]).strip("'\"") if arguments and "alias" in arguments else None
+        parameters.append(
+            griffe.Parameter(
+                name or member.name.lstrip("_"),
+                annotation=member.annotation,
+                kind=griffe.ParameterKind.keyword_only
+                if field_kw_only
+                else griffe.ParameterKind.positional_or_keyword,
+                default=default,
+                docstring=member.docstring,
+            )
+        )
+    return parameters
+
+
+def _set_attrs_init(cls: griffe.Class) -> None:
+    decorator = _attrs_decorator(cls)
+    if decorator is None or "__init__" in cls.members:
+        return
+    if str(_call_arguments(decorator).get("init")) == "False":
+        return
+    parameters: list[griffe.Parameter] = []
+    try:
+        mro = cls.mro()
+    except ValueError:
+        mro = []
+    for parent in [*reversed(mro), cls]:
+        parent_decorator = _attrs_decorator(parent)
+        if parent_decorator is not None:
+            kw_only = str(_call_arguments(parent_decorator).get("kw_only")) == "True"
+            parameters.extend(_fields(parent, kw_only))
+    by_name = {parameter.name: parameter for parameter in parameters}
+    ordered = sorted(by_name.values(), key=lambda p: p.kind is griffe.ParameterKind.keyword_only)
+    self_parameter = griffe.Parameter(
+        "self", annotation=None, kind=griffe.ParameterKind.positional_or_keyword
+    )
+    init = griffe.Function(
+        "__init__",
+        lineno=0,
+        endlineno=0,
+        parent=cls,
+        parameters=griffe.Parameters(self_parameter, *ordered),
+        returns="None",
+    )
+    cls.set_member("__init__", init)
+
+
+def _normalise(docstring: griffe.Docstring | None) -> None:
+    if docstring is None:
+        return
+    value = _ROLE.sub(lambda m: f"`{m.group(1)}`", docstring.value)
+    docstring.value = _EXAMPLE_HEADING.sub(r"\1Examples:", value)
+
+
+def _visit(obj: griffe.Object, seen: set[str]) -> None:
+    if obj.path in seen:
+        return
+    seen.add(obj.path)
+    _normalise(obj.docstring)
+    if isinstance(obj, griffe.Class):
+        _set_attrs_init(obj)
+    for member in list(obj.members.values()):
+        if not member.is_alias:
+            _visit(member, seen)  # type: ignore[arg-type]
+
+
+class DpledgerDocs(griffe.Extension):
+    """attrs constructors and Google-style sections for the dpledger API reference."""
+
+    def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
+        """Rewrite every object of the loaded package once it is complete."""
+        _visit(pkg, set())
