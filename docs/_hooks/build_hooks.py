@@ -4,6 +4,9 @@
   ``<!-- dpledger-cli-reference -->`` gets, in its place, every subcommand of ``dpledger`` with
   its usage, description and every argument (flags, metavar, default, choices, whether it is
   required, help), read from :func:`dpledger.cli.build_parser`, so that it never goes stale.
+* **Links to an included file lead to its page.** A docs page that links to
+  ``benchmarks/RESULTS.md`` (as it must, to work on GitHub) links to ``benchmarks.md`` on the
+  site, which includes it (``INCLUDED_FILES``).
 * **Files outside ``docs/`` are included with their links fixed.** A line
   ``<!-- dpledger-include: PATH -->`` is replaced by the file at ``PATH`` (relative to the
   repository root), its relative links rewritten so that they point from the page to the same
@@ -24,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 CLI_MARKER = "<!-- dpledger-cli-reference -->"
+INCLUDED_FILES = {"benchmarks/RESULTS.md": "benchmarks.md"}
+"""Repository files (relative to the root) that a page includes → that page (relative to
+``docs/``)."""
 _INCLUDE = re.compile(r"^<!-- dpledger-include: (\S+) -->$", re.MULTILINE)
 _LINK = re.compile(r"(\]\()([^)\s#]+)(#[^)\s]*)?\)")
 _MARKDOWN_SPECIAL = re.compile(r"([*_>\\`\[\]])")
@@ -54,7 +60,25 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         text = source.read_text(encoding="utf-8")
         return _relink(text, source.parent, page_dir, docs_dir)
 
+    markdown = _relink_included(markdown, page_dir, docs_dir)
     return _INCLUDE.sub(include, markdown)
+
+
+def _relink_included(text: str, page_dir: Path, docs_dir: Path) -> str:
+    """Links of a page to a file that another page includes, pointed at that page."""
+    pages = {(_root / path).resolve(): docs_dir / page for path, page in INCLUDED_FILES.items()}
+
+    def fix(match: re.Match[str]) -> str:
+        target = match.group(2)
+        if "://" in target or target.startswith(("/", "mailto:")):
+            return match.group(0)
+        page = pages.get((page_dir / target).resolve())
+        if page is None:
+            return match.group(0)
+        relative = Path(os.path.relpath(page, page_dir)).as_posix()
+        return f"{match.group(1)}{relative}{match.group(3) or ''})"
+
+    return _LINK.sub(fix, text)
 
 
 def _relink(text: str, source_dir: Path, page_dir: Path, docs_dir: Path) -> str:
