@@ -143,6 +143,37 @@ def test_attrs_classes_show_their_constructor(site: Path) -> None:
         assert parameter in signature
 
 
+def test_docstring_roles_become_links_and_examples_render_as_code(site: Path) -> None:
+    """Sphinx roles in docstrings link to their target's entry (here ``:class:`PrivacyLedger```
+    in the mechanisms, rendered on the ledger page); none is left as raw text; an ``Example:``
+    doctest renders as a code block, not as a paragraph."""
+    api = site / "reference" / "api"
+    mechanisms = _text(api / "mechanisms" / "index.html")
+    assert 'href="../ledger/#dpledger.ledger.PrivacyLedger"' in mechanisms
+    for page in api.glob("*/index.html"):
+        assert ":class:`" not in _text(page) and ":func:`" not in _text(page), page
+    example = mechanisms[mechanisms.index('id="dpledger.mechanisms.GaussianSumQuery"') :]
+    doctest = example[: example.index("Attributes:") if "Attributes:" in example else None]
+    assert "[(3, 2), (2,)]" in re.sub(r"<[^>]+>", "", doctest)
+    assert '<span class="gp">&gt;&gt;&gt; </span>' in doctest  # a highlighted console prompt
+    assert "<p>&gt;&gt;&gt;" not in doctest
+
+
+def test_examples_are_included_from_the_tested_scripts(site: Path) -> None:
+    """The code of ``examples/ledger_demo.py`` and ``examples/numpy_logistic_regression.py`` is
+    included from the files themselves (pymdownx.snippets), not copied."""
+    demo = re.sub(r"<[^>]+>", "", _text(site / "getting-started" / "index.html"))
+    assert "POPULATION = 60_000" in demo and "ledger.record_sum_query" in demo
+    numpy_example = re.sub(r"<[^>]+>", "", _text(site / "concepts" / "mechanisms" / "index.html"))
+    assert "split_clip_by_dimension(total_l2_norm_bound=TOTAL_CLIP" in numpy_example
+
+
+def test_links_to_the_benchmark_results_lead_to_the_benchmarks_page(site: Path) -> None:
+    """``docs/guarantees.md`` links to ``../benchmarks/RESULTS.md`` (right on GitHub); on the site
+    the link leads to the page that includes that file."""
+    assert 'href="../benchmarks/"' in _text(site / "guarantees" / "index.html")
+
+
 def test_the_cli_reference_lists_every_command_and_option(site: Path) -> None:
     """Generated from :func:`dpledger.cli.build_parser` at build time: compared with it here."""
     html = _text(site / "reference" / "cli" / "index.html")

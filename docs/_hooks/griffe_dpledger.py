@@ -9,14 +9,17 @@ imported. Two things need help there:
   underscore dropped as attrs does), so the reference shows the real constructor and the
   ``Args:`` of a config class match its parameters.
 * The docstrings use Sphinx roles (``:class:`~dpledger.ledger.PrivacyLedger```) and ``Example:``
-  headings; the roles become code spans (``PrivacyLedger``) and ``Example:`` becomes the Google
-  style ``Examples:`` section, so that the doctests render as code.
+  headings. A role becomes code that links to its target where the reference renders that
+  target (an optional cross-reference: plain code, without a warning, where it does not), and
+  ``Example:`` becomes the Google-style ``Examples:`` section, so that the doctests render as
+  code.
 
 Loaded by ``mkdocs.yml`` (``plugins.mkdocstrings.handlers.python.options.extensions``).
 """
 
 from __future__ import annotations
 
+import html
 import re
 from typing import Any
 
@@ -33,7 +36,7 @@ _ATTRS_DECORATORS = {
     "attr.mutable",
 }
 _FIELD_CALLS = {"attrs.field", "attr.ib", "attr.attrib", "attr.field"}
-_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj|const):`~?([^`]+)`")
+_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj|const):`(~?)([^`]+)`")
 _EXAMPLE_HEADING = re.compile(r"^(\s*)Example:\s*$", re.MULTILINE)
 
 
@@ -136,10 +139,39 @@ def _set_attrs_init(cls: griffe.Class) -> None:
     cls.set_member("__init__", init)
 
 
-def _normalise(docstring: griffe.Docstring | None) -> None:
+def _resolve(obj: griffe.Object, name: str) -> str | None:
+    """The full path a role's target names in the scope of ``obj`` (None if unknown)."""
+    if name.startswith("dpledger."):
+        return name
+    first, _, rest = name.partition(".")
+    scope: griffe.Object | None = obj
+    while scope is not None:
+        members = scope.all_members if isinstance(scope, griffe.Class) else scope.members
+        if first in members:
+            member = members[first]
+            path = member.target_path if isinstance(member, griffe.Alias) else member.path
+            if isinstance(scope, griffe.Class) and not isinstance(member, griffe.Alias):
+                path = f"{scope.path}.{first}"
+            return f"{path}.{rest}" if rest else path
+        scope = scope.parent
+    return None
+
+
+def _role(obj: griffe.Object, match: re.Match[str]) -> str:
+    """A Sphinx role as code that links to its target where the reference renders it."""
+    name = match.group(2)
+    title = name.rsplit(".", 1)[-1] if match.group(1) else name
+    target = _resolve(obj, name)
+    if target is None:
+        return f"`{title}`"
+    return f'<code><autoref identifier="{target}" optional>{html.escape(title)}</autoref></code>'
+
+
+def _normalise(obj: griffe.Object) -> None:
+    docstring = obj.docstring
     if docstring is None:
         return
-    value = _ROLE.sub(lambda m: f"`{m.group(1)}`", docstring.value)
+    value = _ROLE.sub(lambda match: _role(obj, match), docstring.value)
     docstring.value = _EXAMPLE_HEADING.sub(r"\1Examples:", value)
 
 
@@ -147,7 +179,7 @@ def _visit(obj: griffe.Object, seen: set[str]) -> None:
     if obj.path in seen:
         return
     seen.add(obj.path)
-    _normalise(obj.docstring)
+    _normalise(obj)
     if isinstance(obj, griffe.Class):
         _set_attrs_init(obj)
     for member in list(obj.members.values()):
