@@ -16,6 +16,7 @@ run here, each in a fresh folder holding the ledger files it loads.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import runpy
@@ -312,3 +313,65 @@ def test_documented_example_runs(
         if f'load("{name}")' in code:
             shutil.copy(ledger_files / name, tmp_path / name)
     exec(compile(code, "<documented example>", "exec"), dict(_PLACEHOLDERS))
+
+
+def _quoted_block(page: str, after: str) -> list[str]:
+    """The lines of the first ```text block after ``after`` on a docs page."""
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    start = text.index(after)
+    block = re.search(r"```text\n(.*?)\n```", text[start:], re.S)
+    assert block, f"{page}: no text block after {after!r}"
+    return block.group(1).splitlines()
+
+
+def _numbers_of_rows(lines: list[str]) -> dict[str, list[str]]:
+    """Accountant rows of ``dpledger epsilon``: name → epsilon, kind, lower, upper (the seconds
+    column, which depends on the machine, left out)."""
+    rows = {}
+    for line in lines:
+        fields = line.split()
+        if fields and fields[0] in ("rdp", "prv", "gdp", "pld", "balls_in_bins"):
+            rows[fields[0]] = fields[1:5]
+    return rows
+
+
+DELTA = ("--delta", "1e-5")
+
+
+def test_the_quoted_epsilon_table_is_what_the_command_prints(ledger_files: Path) -> None:
+    """The ε table on the getting-started page is the output of ``dpledger epsilon`` on the demo
+    ledger, every accountant's number, kind and bounds (not the seconds)."""
+    quoted = _numbers_of_rows(
+        _quoted_block("getting-started.md", "dpledger epsilon demo.dpl --delta 1e-5")
+    )
+    assert set(quoted) == {"rdp", "prv", "gdp", "pld"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dpledger", "epsilon", str(ledger_files / "demo.dpl"), *DELTA],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert _numbers_of_rows(proc.stdout.splitlines()) == quoted
+
+
+@pytest.mark.parametrize("accountant", ["prv", "rdp"])
+def test_the_quoted_calibration_is_what_the_accountant_gives(accountant: str) -> None:
+    """The noise multipliers quoted on the calibration page (ε = 1 at δ = 1e-5, q = 0.004,
+    T = 10,000) are what ``calibrate_noise_multiplier`` computes, shown as ``dpledger
+    calibrate`` shows them: six significant digits, rounded up (towards more noise)."""
+    from dpledger.accountants import calibrate_noise_multiplier
+
+    command = "--steps 10000" + ("" if accountant == "prv" else " --accountant rdp") + "\n```"
+    quoted = " ".join(_quoted_block("how-to/calibrate.md", command))
+    assert f"({accountant}, upper_bound)" in quoted
+    shown = float(re.search(r"noise multiplier: ([0-9.]+)", quoted).group(1))  # type: ignore[union-attr]
+    z = calibrate_noise_multiplier(
+        target_epsilon=1.0,
+        delta=1e-5,
+        sampling_probability=0.004,
+        steps=10_000,
+        accountant=accountant,
+    ).value
+    assert z <= shown < z + 10 ** (math.floor(math.log10(z)) - 5)
