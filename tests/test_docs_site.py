@@ -206,6 +206,17 @@ def test_the_benchmarks_page_includes_the_results(site: Path) -> None:
         assert " ".join(words) in html, f"benchmarks page lacks the section {heading!r}"
 
 
+def test_the_docstring_check_covers_every_reference_page() -> None:
+    """``DOCUMENTED_MODULES`` are exactly the modules of the ``:::`` directives of the API pages."""
+    pages = sorted((ROOT / "docs" / "reference" / "api").glob("*.md"))
+    directives = {
+        module
+        for page in pages
+        for module in re.findall(r"^::: (\S+)$", page.read_text(encoding="utf-8"), re.M)
+    }
+    assert directives == set(DOCUMENTED_MODULES)
+
+
 def _undocumented(package: griffe.Module, module_names: tuple[str, ...]) -> tuple[int, list[str]]:
     """How many exported classes and functions were walked, and those (or their public
     methods) without a docstring, by public import path."""
