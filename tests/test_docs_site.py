@@ -153,13 +153,16 @@ def test_attrs_classes_show_their_constructor(site: Path) -> None:
 
 def test_docstring_roles_become_links_and_examples_render_as_code(site: Path) -> None:
     """Sphinx roles in docstrings link to their target's entry (here ``:class:`PrivacyLedger```
-    in the mechanisms, rendered on the ledger page); none is left as raw text; an ``Example:``
-    doctest renders as a code block, not as a paragraph."""
+    in the mechanisms, rendered on the ledger page); none is left as raw text, nor a reST
+    ``text::`` literal block; an ``Example:`` doctest renders as a code block, not as a
+    paragraph."""
     api = site / "reference" / "api"
     mechanisms = _text(api / "mechanisms" / "index.html")
     assert 'href="../ledger/#dpledger.ledger.PrivacyLedger"' in mechanisms
     for page in api.glob("*/index.html"):
-        assert ":class:`" not in _text(page) and ":func:`" not in _text(page), page
+        html = _text(page)
+        assert ":class:`" not in html and ":func:`" not in html, page
+        assert "::</p>" not in html, f"{page}: a reST literal block was left as text"
     example = mechanisms[mechanisms.index('id="dpledger.mechanisms.GaussianSumQuery"') :]
     doctest = example[: example.index("Attributes:") if "Attributes:" in example else None]
     assert "[(3, 2), (2,)]" in re.sub(r"<[^>]+>", "", doctest)

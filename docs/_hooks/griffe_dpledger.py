@@ -12,15 +12,17 @@ imported. Two things need help there:
   headings. A role becomes code that links to its target where the reference renders that
   target (an optional cross-reference: plain code, without a warning, where it does not), and
   ``Example:`` becomes the Google-style ``Examples:`` section, so that the doctests render as
-  code.
+  code. reST literal blocks (``text::`` and an indented block) become fenced code blocks.
 
 Loaded by ``mkdocs.yml`` (``plugins.mkdocstrings.handlers.python.options.extensions``).
 """
 
 from __future__ import annotations
 
+import ast
 import html
 import re
+import textwrap
 from typing import Any
 
 import griffe
@@ -38,6 +40,7 @@ _ATTRS_DECORATORS = {
 _FIELD_CALLS = {"attrs.field", "attr.ib", "attr.attrib", "attr.field"}
 _ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj|const):`(~?)([^`]+)`")
 _EXAMPLE_HEADING = re.compile(r"^(\s*)Example:\s*$", re.MULTILINE)
+_LITERAL_MARKER = re.compile(r"^(\s*)(.*?\S)?(\s)?::\s*$")
 
 
 def _call_path(value: Any) -> str | None:
@@ -167,11 +170,59 @@ def _role(obj: griffe.Object, match: re.Match[str]) -> str:
     return f'<code><autoref identifier="{target}" optional>{html.escape(title)}</autoref></code>'
 
 
+def _fence(block: list[str], indent: str) -> list[str]:
+    """An indented reST literal block as a fenced Markdown block (Python if it parses)."""
+    code = textwrap.dedent("\n".join(block)).strip("\n")
+    try:
+        ast.parse(code)
+        language = "python"
+    except SyntaxError:
+        language = "text"
+    lines = [f"{indent}```{language}"]
+    lines += [f"{indent}{line}" if line else "" for line in code.split("\n")]
+    return [*lines, f"{indent}```"]
+
+
+def _literal_blocks(text: str) -> str:
+    """reST literal blocks (``text::`` then an indented block) as fenced code blocks; the marker
+    becomes ``text:`` (``text ::`` becomes ``text``), as reST renders it."""
+    lines = text.split("\n")
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        match = _LITERAL_MARKER.match(lines[i])
+        if match and i + 1 < len(lines) and not lines[i + 1].strip():
+            indent = match.group(1)
+            block, j = [], i + 1
+            while j < len(lines) and (
+                not lines[j].strip() or len(lines[j]) - len(lines[j].lstrip()) > len(indent)
+            ):
+                block.append(lines[j])
+                j += 1
+            while block and not block[-1].strip():
+                block.pop()
+                j -= 1
+            if any(line.strip() for line in block):
+                lead = match.group(2)
+                if lead in ("Example", "Examples"):  # a Google-style section: body indented
+                    out += [f"{indent}Examples:", *_fence(block, indent + "    ")]
+                else:
+                    if lead:
+                        out.append(f"{indent}{lead}{'' if match.group(3) else ':'}")
+                    out += ["", *_fence(block, indent)]
+                i = j
+                continue
+        out.append(lines[i])
+        i += 1
+    return "\n".join(out)
+
+
 def _normalise(obj: griffe.Object) -> None:
     docstring = obj.docstring
     if docstring is None:
         return
-    value = _ROLE.sub(lambda match: _role(obj, match), docstring.value)
+    value = _literal_blocks(docstring.value)
+    value = _ROLE.sub(lambda match: _role(obj, match), value)
     docstring.value = _EXAMPLE_HEADING.sub(r"\1Examples:", value)
 
 
