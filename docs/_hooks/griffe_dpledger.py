@@ -8,6 +8,9 @@ imported. Two things need help there:
   skipped, ``default=`` / ``factory=`` / ``attrs.Factory`` as the default, ``kw_only``, a leading
   underscore dropped as attrs does), so the reference shows the real constructor and the
   ``Args:`` of a config class match its parameters.
+* ``check_dp_sgd = STEP_CHECKS.check_dp_sgd`` (a public function that is a bound method of a
+  module-level instance) is an attribute to static analysis; it is documented as the function it
+  is at run time, with the method's signature and docstring.
 * The docstrings use Sphinx roles (``:class:`~dpledger.ledger.PrivacyLedger```) and ``Example:``
   headings. A role becomes code that links to its target where the reference renders that
   target (an optional cross-reference: plain code, without a warning, where it does not), and
@@ -226,6 +229,56 @@ def _normalise(obj: griffe.Object) -> None:
     docstring.value = _EXAMPLE_HEADING.sub(r"\1Examples:", value)
 
 
+def _bound_method(module: griffe.Module, attribute: griffe.Attribute) -> griffe.Function | None:
+    """``name = INSTANCE.method`` at module level, where ``INSTANCE = Class(...)`` in the same
+    module: the method as the function it is at run time (its signature without ``self``, its
+    docstring), under the attribute's name."""
+    value = attribute.value
+    if not isinstance(value, griffe.ExprAttribute) or len(value.values) != 2:
+        return None
+    instance_name, method_name = (str(part) for part in value.values)
+    instance = module.members.get(instance_name)
+    if not isinstance(instance, griffe.Attribute) or not isinstance(
+        instance.value, griffe.ExprCall
+    ):
+        return None
+    try:
+        cls = module.modules_collection[instance.value.function.canonical_path]  # type: ignore[union-attr]
+    except (KeyError, AttributeError):
+        return None
+    if isinstance(cls, griffe.Alias):
+        cls = cls.final_target
+    method = cls.all_members.get(method_name) if isinstance(cls, griffe.Class) else None
+    if isinstance(method, griffe.Alias):
+        method = method.final_target
+    if not isinstance(method, griffe.Function):
+        return None
+    parameters = [p for i, p in enumerate(method.parameters) if i > 0 or p.name != "self"]
+    function = griffe.Function(
+        attribute.name,
+        lineno=attribute.lineno,
+        endlineno=attribute.endlineno,
+        parent=module,
+        parameters=griffe.Parameters(*parameters),
+        returns=method.returns,
+        docstring=griffe.Docstring(
+            method.docstring.value if method.docstring else "",
+            parser=method.docstring.parser if method.docstring else None,
+        ),
+    )
+    return function
+
+
+def _bind_methods(module: griffe.Module) -> None:
+    for name in list(module.exports or []):
+        member = module.members.get(str(name))
+        if isinstance(member, griffe.Attribute):
+            function = _bound_method(module, member)
+            if function is not None:
+                function.docstring.parent = function  # type: ignore[union-attr]
+                module.set_member(str(name), function)
+
+
 def _visit(obj: griffe.Object, seen: set[str]) -> None:
     if obj.path in seen:
         return
@@ -233,6 +286,8 @@ def _visit(obj: griffe.Object, seen: set[str]) -> None:
     _normalise(obj)
     if isinstance(obj, griffe.Class):
         _set_attrs_init(obj)
+    if isinstance(obj, griffe.Module):
+        _bind_methods(obj)
     for member in list(obj.members.values()):
         if not member.is_alias:
             _visit(member, seen)  # type: ignore[arg-type]
