@@ -425,3 +425,30 @@ def test_the_quoted_calibration_is_what_the_accountant_gives(accountant: str) ->
         accountant=accountant,
     ).value
     assert z <= shown < z + 10 ** (math.floor(math.log10(z)) - 5)
+
+
+def test_a_bound_method_alias_is_documented_as_a_function(tmp_path: Path) -> None:
+    """``check = CHECKS.check`` with ``CHECKS = Checks(...)``: to static analysis an attribute
+    without a docstring; the extension documents it as the function it is at run time."""
+    package = tmp_path / "bound"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        '"""A package."""\n\n\n'
+        "class Checks:\n"
+        '    """Checks."""\n\n'
+        "    def __init__(self, kind: str) -> None:\n"
+        "        self.kind = kind\n\n"
+        "    def check(self, step: int, *, strict: bool = False) -> str:\n"
+        '        """Check one step."""\n'
+        "        return self.kind\n\n\n"
+        'CHECKS = Checks("plain")\n'
+        "check = CHECKS.check\n"
+        '__all__ = ["check"]\n'
+    )
+    loaded = _load_as_documented("bound", tmp_path)
+    function = loaded["check"]
+    assert function.is_function
+    assert [p.name for p in function.parameters] == ["step", "strict"]
+    assert function.docstring is not None and function.docstring.value == "Check one step."
+    walked, missing = _undocumented(loaded, ("bound",))
+    assert (walked, missing) == (1, [])
