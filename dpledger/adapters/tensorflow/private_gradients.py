@@ -99,9 +99,14 @@ class PrivateGradients:
             batches: ``neighboring="replace_one"``).
         generator: the noise ``tf.random.Generator``; or ``seed`` (None: OS entropy).
         seed: seed of the noise generator.
-        clipping, groups, clip_split, noise_allocation, scales, queries: the queries, as in
+        clipping: the queries' clipping strategy, as in
             :func:`~dpledger.adapters.tensorflow.gradient_queries` (None: the default, or the
-            value of ``config``).
+            value of ``config``); the same holds for the next five.
+        groups: the groups of variables.
+        clip_split: how S* is split over the groups.
+        noise_allocation: how the noise is allocated over the groups.
+        scales: joint scaled clipping, α_j per variable path.
+        queries: explicit queries, one per group.
         strategy: the engine's path: ``"auto"`` (default), ``"ghost"`` (the fast ghost-norm
             path only) or ``"generic"`` (vectorised per-example maps, any model).
         clip_margin: ρ in [0, 0.5): factors clip to S_g·(1 − ρ) (default by dtype, see
