@@ -40,6 +40,7 @@ DOCUMENTED_MODULES = (
     "dpledger.errors",
     "dpledger.ledger",
     "dpledger.mechanisms",
+    "dpledger.mechanisms.correlated",
     "dpledger.sampling",
     "dpledger.accountants",
     "dpledger.accountants.interop",

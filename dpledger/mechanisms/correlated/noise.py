@@ -123,7 +123,10 @@ class BandedNoise(CorrelatedNoise):
         factorization: a factorization whose C is lower-triangular with at most ``bands``
             bands (checked).
         bands: b.
-        dim, noise_stddev, seed: as :class:`CorrelatedNoise`.
+        dim: d, the number of coordinates of each step's noise (as :class:`CorrelatedNoise`).
+        noise_stddev: σ, the standard deviation of the Gaussian entries of Z (as
+            :class:`CorrelatedNoise`).
+        seed: the noise generator's seed (as :class:`CorrelatedNoise`).
     """
 
     def __init__(

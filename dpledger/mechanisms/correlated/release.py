@@ -117,8 +117,16 @@ class CorrelatedNoiseRelease:
 
     Args:
         ledger: where the release is recorded.
-        factorization, schema, l2_norm_bound, noise_stddev, sampling_probability, label: as
-            :func:`release_event`.
+        factorization: the factorization A = B·C (as :func:`release_event`).
+        schema: how often and how far apart a record may participate (as
+            :func:`release_event`).
+        l2_norm_bound: S, the clip bound of each record's contribution (as
+            :func:`release_event`).
+        noise_stddev: σ, the standard deviation of the Gaussian entries of Z (as
+            :func:`release_event`).
+        sampling_probability: q for Poisson sampling within bands, or None (as
+            :func:`release_event`).
+        label: the release's label in the ledger (as :func:`release_event`).
         dim: d, the number of coordinates of a step's sum.
         seed: the noise generator's seed.
     """
