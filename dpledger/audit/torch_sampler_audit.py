@@ -25,23 +25,25 @@ exactly one batch per epoch; with Poisson in each batch independently with proba
 
 Two observations (``observation``):
 
-* ``"last_iterate"``: only the final model, score Σ_t w_t. Shuffled: exactly N(E, T·z²) with the
-  canary and N(0, T·z²) without (T = E·T_e), i.e. μ-GDP with μ = E/(z√T) = √(E·q)/z. Poisson:
-  K + N(0, T·z²), K ~ Binomial(T, q), a mixture that separates worse.
+* ``"last_iterate"``: only the final model, score Σ_t w_t. Shuffled: N(E, T·z²) with the
+  canary and N(0, T·z²) without (T = E·T_e; exactly, up to the float32 rounding of the
+  weights), i.e. μ-GDP with μ = E/(z√T) = √(E·q)/z. Poisson: K + N(0, T·z²),
+  K ~ Binomial(T, q), a mixture that separates worse.
 * ``"every_step"``: every update (the threat model the ledger's ε covers: DP-SGD releases every
   noisy gradient), scored by the log-likelihood ratio of the canary's presence, fixed by the
   configuration before any run: Σ_e log((1/T_e) Σ_t exp((w_{e,t} − ½)/z²)) for shuffled epochs
   and Σ_t log(1 − q + q·exp((w_t − ½)/z²)) for Poisson steps (the Neyman–Pearson tests of the
   two mechanisms' zero-out pairs).
 
-What the game can show. Both mechanisms have the same χ² divergence per epoch,
-(e^{1/z²} − 1)/T_e, so the bulk of their score distributions, which a game of R runs per side
-sees, is nearly the same: the shuffled mechanism is less private in the *tails*, at probabilities
-of order δ, and a Clopper–Pearson bound reaches at most about log(R/3). The shuffled last
-iterate's exact ε (μ-GDP above) lies below the Poisson ledger's ε at every q, E and z we tried,
-and so does the every-step audit's bound even with 10⁴ runs per side at δ = 1e-5
-(``benchmarks/RESULTS.md``): the gap is shown by Chua et al.'s analytic lower bound, which the
-ledger reports, not by the game.
+What the game can show. Per epoch the χ² divergence of the shuffled pair is (e^{1/z²} − 1)/T_e
+and that of the Poisson pair (1 + (e^{1/z²} − 1)/T_e²)^{T_e} − 1, the same to first order, so
+the bulk of their score distributions, which a game of R runs per side sees, is nearly the
+same: the shuffled mechanism is less private in the *tails*, at probabilities of order δ, and a
+Clopper–Pearson bound reaches at most about log(R/3). The shuffled last iterate's exact ε
+(μ-GDP above) lies below the Poisson ledger's ε at every q, E and z we tried, and in the
+benchmark's settings at δ = 1e-5 so does the best bound that an every-step audit of 10⁴ runs per
+side could reach (``benchmarks/RESULTS.md``): the gap is shown by Chua et al.'s analytic lower
+bound, which the ledger reports, not by the game.
 
 :func:`run_sampler_audit` returns the Clopper–Pearson and Gaussian-DP bounds (the latter assumes
 a Gaussian trade-off curve, exact only for the shuffled last iterate) with the run ledger's
@@ -295,8 +297,8 @@ def run_sampler_digits(config: SamplerAudit, *, include_canary: bool, seed: int)
 
     The model is ``nn.Linear(64, 10, bias=False)`` initialised to zero; digits have the
     cross-entropy loss, record N − 1 the loss −o_y (the canary x = M·e_k, or the blank x = 0).
-    Training is :func:`~dpledger.audit.torch_audit_common` 's DP-SGD loop with the configured
-    sampler, E passes.
+    Training is the DP-SGD loop of the other digits audits
+    (:mod:`dpledger.audit.torch_audit_common`) with the configured sampler, E passes.
 
     Raises:
         InvalidParameterError: ``config`` is not a :class:`SamplerAudit`.

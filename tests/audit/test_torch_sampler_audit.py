@@ -157,6 +157,43 @@ def test_the_last_iterate_cannot_show_the_shuffle_gap_but_the_ledger_does():
     assert shuffle.gaussian_dp.assumption is not None
 
 
+@pytest.mark.statistical
+def test_every_step_shuffled_audits_stay_below_the_deterministic_batch_bound():
+    """Every step observed, N = 20, b = 10, E = 2, z = 0.5: with the canary in one batch per
+    epoch the zero-out pair is at most E Gaussian mechanisms of sensitivity C (adaptive
+    composition, Dong et al. 2019), μ = √E/z = 2√2, ε = 7.84 at δ = 1e-2. Five audits of 40 runs
+    per side: the number whose Clopper–Pearson bound exceeds it is at most the 99.9% quantile of
+    Binomial(5, 0.05); the likelihood-ratio scores are higher with the canary on average."""
+    delta = 1e-2
+    config = SamplerAudit(
+        sampler="shuffle", noise_multiplier=0.5, num_records=19, epochs=2,
+        observation="every_step",
+    )  # fmt: skip
+    ceiling = _gdp_epsilon(math.sqrt(config.epochs) / config.noise_multiplier, delta)
+    exceed = 0
+    for seed in range(5):
+        game = run_distinguishing_game(
+            functools.partial(train_sampler_digits, config=config), runs_per_side=40, seed=seed
+        )
+        bound = game.epsilon_lower_bound(
+            delta=delta, confidence=CONFIDENCE, selection=config.preregistered_thresholds()
+        )
+        exceed += bound.epsilon > ceiling
+        assert game.scores_with_canary.mean() > game.scores_without_canary.mean()
+    assert exceed <= binom.ppf(0.999, 5, 1 - CONFIDENCE)
+
+
+def test_claims_of_compressed_ledgers_and_bad_inputs():
+    """ledger_claim takes a compressed ledger too (PRV on the same ledger as reference);
+    run_sampler_audit refuses what is not a SamplerAudit."""
+    ledger = CompressedLedger.from_runs([(0.1, 1.0, 10)])
+    claim = ledger_claim(ledger, delta=1e-5)
+    assert claim.epsilon == make_accountant("prv").epsilon(ledger, delta=1e-5).epsilon
+    assert claim.describe().startswith("ε ≤ ")
+    with pytest.raises(InvalidParameterError):
+        run_sampler_audit("config", runs_per_side=1, seed=0)  # type: ignore[arg-type]
+
+
 def test_every_step_scores_are_the_likelihood_ratios():
     """The every-step score is the log-likelihood ratio of the canary's presence given the
     per-step updates (shuffle: a mixture over the epoch's batches; Poisson: per step)."""
