@@ -103,13 +103,16 @@ OBSERVATIONS = ("last_iterate", "every_step")
 """What the adversary sees: the final model only, or every update."""
 
 
-def _choice(name: str, options: tuple[str, ...]) -> Any:
-    def convert(value: Any) -> str:
-        if value not in options:
-            raise InvalidParameterError(name, value, f"one of {options}")
-        return str(value)
+def _sampler(value: Any) -> str:
+    if value not in SAMPLERS:
+        raise InvalidParameterError("sampler", value, f"one of {SAMPLERS}")
+    return str(value)
 
-    return convert
+
+def _observation(value: Any) -> str:
+    if value not in OBSERVATIONS:
+        raise InvalidParameterError("observation", value, f"one of {OBSERVATIONS}")
+    return str(value)
 
 
 @attrs.frozen(kw_only=True)
@@ -134,7 +137,7 @@ class SamplerAudit:
         InvalidParameterError: a value outside the ranges above, or b not dividing N.
     """
 
-    sampler: str = attrs.field(converter=_choice("sampler", SAMPLERS))
+    sampler: str = attrs.field(converter=_sampler)
     noise_multiplier: float = attrs.field(
         converter=lambda v: check_positive_finite("noise_multiplier", v)
     )
@@ -145,9 +148,7 @@ class SamplerAudit:
     num_records: int = attrs.field(
         default=99, converter=lambda v: check_positive_int("num_records", v)
     )
-    observation: str = attrs.field(
-        default="last_iterate", converter=_choice("observation", OBSERVATIONS)
-    )
+    observation: str = attrs.field(default="last_iterate", converter=_observation)
     max_grad_norm: float = 1.0
     learning_rate: float = 1.0
     canary_norm: float = 10.0
