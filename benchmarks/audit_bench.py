@@ -34,6 +34,15 @@ over all their canaries), i.e. at equal compute. Last, the last-iterate audit
 is run at q = 1 and q = 0.1 for the correct and the under-noised optimizer, against the ledger's
 PRV claim.
 
+With ``--samplers`` only the sampler section runs instead: the white-box gradient canary trained
+with shuffled fixed-size batches and with Poisson batches at the same q = b/N and z
+(``dpledger.audit.torch_sampler_audit``), both observations (last iterate, every step), the
+audited Clopper–Pearson and Gaussian-DP bounds beside each run ledger's claim (Poisson: PRV upper
+bound; shuffled: PRV refuses, the no-amplification RDP bound, the Poisson ε it would be reported
+with, Chua et al.'s lower bound), the exact ε of the shuffled last iterate (μ-GDP), and what
+``--sampler-reach-runs`` runs per side of the every-step shuffled audit could reach at best
+(closed-form scores, no training: the largest log((TPR − δ)/max(FPR, 3/R)) over thresholds).
+
 Run: ``PYTHONPATH=. python benchmarks/audit_bench.py`` (``--help`` for options; ``--quick`` is a
 smoke run of a few runs of each section).
 """
@@ -73,6 +82,7 @@ from dpledger.audit.torch_audit import (
 )
 from dpledger.audit.torch_last_iterate import LastIterateDigitsAudit, train_last_iterate_digits
 from dpledger.audit.torch_one_run import WhiteBoxOneRunAudit, run_white_box_one_run
+from dpledger.audit.torch_sampler_audit import SamplerAudit, run_sampler_audit
 
 DELTA = 1e-5
 CONFIDENCE = 0.95
@@ -275,6 +285,82 @@ def last_iterate(*, runs_per_side: int, workers: int, seed: int) -> None:
             print(f"{setting:30s} {implementation:16s} {claim:12.3f} {b.epsilon:8.3f}  {verdict}")
 
 
+# ---------------------------------------------------------------------------------- samplers
+SAMPLER_SETTINGS = ((10, 1, 1.0), (10, 2, 0.8), (5, 1, 0.6))
+"""(b, E, z) on N = 100 records: q = b/N, T = E·N/b steps."""
+
+
+def _gdp_epsilon(mu: float) -> float:
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    def excess(eps: float) -> float:
+        return norm.cdf(-eps / mu + mu / 2) - np.exp(eps) * norm.cdf(-eps / mu - mu / 2) - DELTA
+
+    return 0.0 if excess(0.0) <= 0 else float(brentq(excess, 0.0, 200.0))
+
+
+def every_step_reach(config: SamplerAudit, runs: int, samples: int, seed: int) -> float:
+    """The best CP-style bound R = ``runs`` runs per side could reach on closed-form scores."""
+    rng = np.random.default_rng(seed)
+    z, shape = config.noise_multiplier, (config.epochs, config.batches_per_epoch)
+    null = np.array([config.score(rng.normal(0.0, z, shape).ravel()) for _ in range(samples)])
+    alt = []
+    for _ in range(samples):
+        w = rng.normal(0.0, z, shape)
+        w[np.arange(config.epochs), rng.integers(shape[1], size=config.epochs)] += 1.0
+        alt.append(config.score(w.ravel()))
+    alt_scores = np.asarray(alt)
+    best = 0.0
+    for k in (3, 5, 10, 20, 40, 80):
+        t = float(np.quantile(null, 1.0 - k / runs))
+        tpr = float((alt_scores >= t).mean())
+        fpr = max(float((null >= t).mean()), 3.0 / runs)
+        if tpr > DELTA:
+            best = max(best, float(np.log((tpr - DELTA) / fpr)))
+    return best
+
+
+def samplers(*, runs_per_side: int, workers: int, seed: int, reach_runs: int, samples: int):
+    """Shuffled vs Poisson batches, same q and z: audited bounds beside the ledgers' claims."""
+    from dpledger.accountants.shuffle_bound import shuffle_epsilon_lower_bound
+
+    print(
+        f"\n## Samplers: shuffled vs Poisson batches, white-box gradient canary, N = 100 "
+        f"({runs_per_side} runs per side, δ = {DELTA:g}, {CONFIDENCE:.0%} confidence)"
+    )
+    print(f"{'setting':26s} {'observed':12s} {'sampler':8s} {'CP':>6s} {'GDP':>6s} {'runs/s':>7s}"
+          "  the run ledger's claim")  # fmt: skip
+    for b, epochs, z in SAMPLER_SETTINGS:
+        setting = f"q = {b / 100:g}, E = {epochs}, z = {z:g}"
+        for observation in ("last_iterate", "every_step"):
+            for sampler in ("poisson", "shuffle"):
+                config = SamplerAudit(
+                    sampler=sampler, noise_multiplier=z, batch_size=b, epochs=epochs,
+                    observation=observation,
+                )  # fmt: skip
+                start = time.perf_counter()
+                r = run_sampler_audit(
+                    config, runs_per_side=runs_per_side, seed=seed, delta=DELTA,
+                    confidence=CONFIDENCE, workers=workers,
+                )  # fmt: skip
+                rate = 2 * runs_per_side / (time.perf_counter() - start)
+                print(f"{setting:26s} {observation:12s} {sampler:8s} "
+                      f"{r.clopper_pearson.epsilon:6.3f} {r.gaussian_dp.epsilon:6.3f} "
+                      f"{rate:7.1f}  {r.claim.describe()}")  # fmt: skip
+        shuffled = attrs.evolve(config, observation="every_step")
+        exact = _gdp_epsilon(shuffled.shuffled_last_iterate_mu())
+        chua = shuffle_epsilon_lower_bound(
+            batches_per_epoch=shuffled.batches_per_epoch, epochs=epochs, noise_multiplier=z,
+            delta=DELTA,
+        )  # fmt: skip
+        reach = every_step_reach(shuffled, reach_runs, samples, seed)
+        print(f"{setting:26s} shuffled: last iterate exactly ε = {exact:.3f} "
+              f"(μ = {shuffled.shuffled_last_iterate_mu():.3f}); Chua et al. ε ≥ {chua:.3f} "
+              f"(add/remove); every-step audit with {reach_runs} runs per side reaches at "
+              f"best ε ≈ {reach:.3f}")  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------- one run, 3 ways
 def _batches(config: BlackBoxDigitsAudit, seed: int) -> tuple[torch.Tensor, torch.Tensor, list]:
     from dpledger.audit.torch_audit import _digits_tensors
@@ -346,13 +432,35 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: a few runs of every section"
     )
+    parser.add_argument(
+        "--samplers", action="store_true", help="run only the sampler section (shuffle vs Poisson)"
+    )
+    parser.add_argument(
+        "--sampler-runs", type=int, default=1000, help="runs per side of each sampler audit"
+    )
+    parser.add_argument(
+        "--sampler-reach-runs", type=int, default=10000, help="R of the every-step reach"
+    )
+    parser.add_argument(
+        "--sampler-samples", type=int, default=200000, help="closed-form scores per side (reach)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.runs, args.repeats, args.no_buggy, args.white_box_runs = 20, 3, True, 10
+        args.sampler_runs, args.sampler_samples = 10, 2000
     torch.set_num_threads(1)
     # Opacus's hooks warn on every backward that the input needs no gradient (it does not).
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     print(machine())
+    if args.samplers:
+        samplers(
+            runs_per_side=args.sampler_runs,
+            workers=args.workers,
+            seed=args.seed,
+            reach_runs=args.sampler_reach_runs,
+            samples=args.sampler_samples,
+        )
+        return
     config = BlackBoxDigitsAudit.for_target_epsilon(target_epsilon=2.0, delta=DELTA)
     claim = make_accountant("prv").epsilon(config.claimed_ledger(), delta=DELTA).epsilon
     print(

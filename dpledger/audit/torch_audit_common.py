@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -19,6 +20,7 @@ from torch import nn
 from dpledger.adapters.torch.backend import TorchBackend
 from dpledger.adapters.torch.optimizer import DPOptimizer
 from dpledger.adapters.torch.poisson import PoissonBatchSampler
+from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.ledger import CompressedLedger, PrivacyLedger
 from dpledger.validation import check_positive_finite, check_positive_int, check_probability
@@ -205,16 +207,30 @@ def _train(
     learning_rate: float,
     implementation: str,
     seed: int,
+    make_sampler: Callable[[int], RecordedBatchSampler] | None = None,
+    passes: int = 1,
+    neighboring: str = "add_remove",
+    on_step: Callable[[list[int]], None] | None = None,
 ) -> PrivacyLedger:
-    """T DP-SGD steps on Poisson samples of (x, y); returns the run's ledger."""
+    """DP-SGD steps on (x, y); returns the run's ledger.
+
+    By default T steps on Poisson samples (one pass of a ``PoissonBatchSampler`` with q and T).
+    ``make_sampler(sampling_seed)`` builds another recorded sampler instead, iterated ``passes``
+    times (epochs) into a ledger of relation ``neighboring``; ``on_step(batch)`` is called after
+    every step (empty ones too).
+    """
     sampling_seed, noise_seed = _seeds(seed)
-    sampler = PoissonBatchSampler(
-        population_size=int(y.shape[0]),
-        sampling_probability=sampling_probability,
-        steps=steps,
-        seed=sampling_seed,
+    sampler = (
+        PoissonBatchSampler(
+            population_size=int(y.shape[0]),
+            sampling_probability=sampling_probability,
+            steps=steps,
+            seed=sampling_seed,
+        )
+        if make_sampler is None
+        else make_sampler(sampling_seed)
     )
-    ledger = PrivacyLedger()
+    ledger = PrivacyLedger(neighboring=neighboring)
     optimizer = _optimizer_class(implementation)(
         torch.optim.SGD(model.parameters(), lr=learning_rate),
         model=model,
@@ -224,13 +240,15 @@ def _train(
         ledger=ledger,
         seed=noise_seed,
     )
-    for indices in sampler:
+    for indices in (i for _ in range(passes) for i in sampler):
         optimizer.zero_grad()
         if not indices:
             optimizer.empty_step()
-            continue
-        batch = torch.tensor(indices, dtype=torch.int64)
-        optimizer.backward(loss_of(model(x[batch]), batch))
-        optimizer.step()
+        else:
+            batch = torch.tensor(indices, dtype=torch.int64)
+            optimizer.backward(loss_of(model(x[batch]), batch))
+            optimizer.step()
+        if on_step is not None:
+            on_step(indices)
     optimizer.detach()
     return ledger
