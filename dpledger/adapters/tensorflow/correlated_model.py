@@ -267,5 +267,6 @@ def attach_release(stream: CorrelatedStream, ledger: PrivacyLedger, sampler: Any
             f"a model saved at the end of a pass (a multiple of period={sampler.period})",
         )
     sampler.seek(stream.step)
+    sampler.drive()
     stream.sampler = sampler
     return sampler

@@ -107,6 +107,7 @@ class CorrelatedStream:
         )
         self.recorded = False
         self._lock = threading.Lock()
+        sampler.drive()
 
     @property
     def step(self) -> int:
@@ -151,13 +152,12 @@ class CorrelatedStream:
         with self._lock:
             self.check_left()
             t = self.noise.step
-            period = self.sampler.period
-            drawn = self.sampler.next_step - period + position
-            if position != t % period or drawn != t:
+            start = self.sampler.next_step
+            if start + position != t:
                 raise SamplerMismatchError(
                     f"the batch at position {position} of a pass starting at stream step "
-                    f"{self.sampler.next_step - period} is not the batch of the stream's step "
-                    f"{t} (group {t % period} of {self.sampler!r}); nothing was released for it"
+                    f"{start} is not the batch of the stream's step {t} (group "
+                    f"{t % self.sampler.period} of {self.sampler!r}); nothing was released for it"
                 )
             check_sensitivity(
                 norm,
@@ -169,7 +169,9 @@ class CorrelatedStream:
             if not self.recorded:
                 ledger.record_correlated_release(self.event)
                 self.recorded = True
-            return self.noise.next()
+            noise = self.noise.next()
+            self.sampler.released(t)
+            return noise
 
     def state(self) -> dict[str, Any]:
         """The generator's state and whether the release is recorded (for a checkpoint)."""

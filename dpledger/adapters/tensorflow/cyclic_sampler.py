@@ -8,9 +8,13 @@ seed and t), run in a ``tf.numpy_function``, so that the batches are exactly the
 participation schema the release records.
 
 One iteration over a dataset made by :meth:`CyclicSampler.sample` is one pass over the groups:
-``period`` batches, for the steps [e·period, (e + 1)·period) of the e-th pass. The sampler
-counts the passes it has started (:attr:`CyclicSampler.next_step`); the model checks at every
-step that the batch it releases is the one drawn for the stream's step.
+``period`` batches, for the steps [s, s + period) from the pass's first step s
+(:attr:`CyclicSampler.next_step`). On its own the sampler moves s on by ``period`` at the start
+of every pass. Once a model drives it (:meth:`CyclicSampler.drive`, done by
+``DPKerasModel(noise=spec)``), s moves on only when the model has released the last step of a
+pass: an iterator that ``tf.distribute`` or a peek creates and abandons draws batches (pure
+functions of the seed and the step) but takes no step of the stream, and the model checks at
+every step that the batch's position in its pass is the stream's step's.
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ class CyclicSampler(RecordSampler):
                 "every group once)",
             )
         self._next_step = 0
+        self._driven = False
         self._count_lock = threading.Lock()
 
     # ------------------------------------------------------------------ description
@@ -155,6 +160,18 @@ class CyclicSampler(RecordSampler):
         with self._count_lock:
             self._next_step = t
 
+    def drive(self) -> None:
+        """Let a model move the passes on (:meth:`released`) instead of every pass started."""
+        with self._count_lock:
+            self._driven = True
+
+    def released(self, step: int) -> None:
+        """The driving model released stream step ``step``: after the last step of a pass, the
+        next pass starts at ``step + 1``."""
+        with self._count_lock:
+            if self._driven and (step + 1) % self.period == 0:
+                self._next_step = step + 1
+
     @contextlib.contextmanager
     def preserved_state(self) -> Iterator[None]:
         """Inside this block, passes started (e.g. peeking at a batch) do not advance the
@@ -170,7 +187,8 @@ class CyclicSampler(RecordSampler):
     def _start_pass(self) -> np.int64:
         with self._count_lock:
             start = self._next_step
-            self._next_step = start + self.period
+            if not self._driven:
+                self._next_step = start + self.period
         return np.int64(start)
 
     def _draw(self, step: np.ndarray) -> np.ndarray:
