@@ -162,6 +162,11 @@ class DPKerasModel(SavedDPModel, keras.Model):
         l2_norm_clip: deprecated name of ``l2_norm_bound`` (a :class:`DeprecationWarning`).
         method: deprecated name of ``strategy``: ``"auto"``, ``"fast"`` (``strategy="ghost"``)
             or ``"vectorized"`` (``strategy="generic"``).
+        noise: ``"independent"`` (DP-SGD, default) or a
+            :class:`~dpledger.mechanisms.correlated.CorrelatedNoiseSpec`: one correlated-noise
+            release over the spec's T steps, with σ = z·S, drawn from a
+            :class:`~dpledger.adapters.tensorflow.CyclicSampler` given as ``sampler``
+            (:mod:`~dpledger.adapters.tensorflow.correlated_model`; one group, no ``generator``).
 
     The fields of :class:`~dpledger.mechanisms.DPConfig` given as None take the defaults above,
     or the values of ``config``. The former ``groups`` values ``"per_variable"`` and lists of

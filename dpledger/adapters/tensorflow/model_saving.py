@@ -8,6 +8,13 @@ ledger (a file the user owns: a loaded model records nothing until it is given o
 :meth:`~dpledger.adapters.tensorflow.DPKerasModel.attach_ledger`), the sampler and its generator
 state, and the noise generator (a loaded model draws fresh noise).
 
+A model trained with a correlated-noise release (``noise=spec``) saves instead of the sampling
+event the spec, its :class:`~dpledger.adapters.tensorflow.CyclicSampler`'s parameters and the
+noise stream's state (generator, step, float64 buffers, whether the release is recorded;
+:func:`~dpledger.adapters.tensorflow.correlated_model.correlated_to_json`): once given the
+ledger that holds its release, the loaded model continues the stream where it was saved and
+never records the release again.
+
 The sampling event is restored as a :class:`RecordedSampling`, which gives the loaded model the
 events of its steps (``epoch_start`` on the first step of an epoch for the epoch-based schemes)
 until the sampler that really draws the batches is attached.
@@ -275,12 +282,16 @@ class SavedDPModel:
 
         Args:
             ledger: the ledger to record into; its neighbouring relation must be one the saved
-                sampling scheme is analysed under.
+                sampling scheme is analysed under. With a correlated-noise release already
+                recorded, the ledger that holds it (``PrivacyLedger(path, resume=True)``).
             sampler: the sampler that draws the batches from now on; its sampling event must
                 be the saved one. Needed unless the saved sampling is record-level Poisson.
+                With correlated noise: None (the saved CyclicSampler) or one drawing the same
+                batches; the stream continues at its saved step (the end of a pass).
             generator: the noise ``tf.random.Generator``; or ``seed`` (None: OS entropy). The
                 saved model's noise generator is not restored.
-            seed: seed of the noise generator.
+            seed: seed of the noise generator (None with correlated noise, whose saved
+                stream continues).
 
         Raises:
             InvalidParameterError: the model already has its ledger, ``ledger`` is not a
