@@ -15,7 +15,7 @@ from dpledger.adapters.tensorflow.engine import (
 )
 from dpledger.adapters.tensorflow.errors import (
     LedgerNotAttachedError,
-    NoiseStreamExhaustedError,
+    NoiseStreamEndError,
     PerExampleLossError,
     RecordMixingLayerError,
     UnrecordedTrainingWarning,
@@ -68,7 +68,7 @@ __all__ = [
     "LayerGradientRule",
     "LayerNormalizationRule",
     "LedgerNotAttachedError",
-    "NoiseStreamExhaustedError",
+    "NoiseStreamEndError",
     "PerExampleGradientEngine",
     "PerExampleLoss",
     "PerExampleLossError",

@@ -10,7 +10,7 @@ The soundness ties (``docs/architecture.md``, "Soundness rules", rules 1 and 6):
   before anything is recorded;
 * the release is recorded once, at the first executed step, after that step's sensitivity check
   and before its noisy output (:mod:`~dpledger.adapters.tensorflow.correlated_step`);
-* a step beyond T is refused (:class:`~dpledger.adapters.tensorflow.NoiseStreamExhaustedError`);
+* a step beyond T is refused (:class:`~dpledger.adapters.tensorflow.NoiseStreamEndError`);
 * a saved model keeps the spec, the sampler's parameters and the noise generator's state; once
   loaded it trains only after ``attach_ledger`` gives it the ledger that holds its release (or,
   if it never trained, any ledger), and continues the stream where it was saved — never
@@ -32,7 +32,7 @@ from dpledger.adapters.tensorflow.correlated_step import (
     state_to_json,
 )
 from dpledger.adapters.tensorflow.cyclic_sampler import CyclicSampler
-from dpledger.adapters.tensorflow.errors import NoiseStreamExhaustedError
+from dpledger.adapters.tensorflow.errors import NoiseStreamEndError
 from dpledger.adapters.tensorflow.fit_data import BATCH_SOURCES
 from dpledger.adapters.tensorflow.gradient_queries import GradientQueries
 from dpledger.errors import InvalidParameterError, SamplerMismatchError
@@ -168,7 +168,7 @@ def correlated_batches(
     ``sample_weight``), or ``x`` itself when it is a dataset the sampler made.
 
     Raises:
-        NoiseStreamExhaustedError: the epochs asked for go beyond the release's T steps.
+        NoiseStreamEndError: the epochs asked for go beyond the release's T steps.
         InvalidParameterError: ``batch_size`` given, ``steps_per_epoch`` other than the period.
         SamplerMismatchError: ``x`` is batches the sampler did not draw.
     """
@@ -189,7 +189,7 @@ def correlated_batches(
     passes = int(kwargs.get("epochs", 1)) - int(kwargs.get("initial_epoch", 0))
     left = stream.num_steps - stream.step
     if passes * sampler.period > left:
-        raise NoiseStreamExhaustedError(
+        raise NoiseStreamEndError(
             f"fit would take {passes} epochs of {sampler.period} steps, but the release has "
             f"{left} of its num_steps={stream.num_steps} steps left; nothing was trained"
         )

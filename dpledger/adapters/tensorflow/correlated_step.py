@@ -31,7 +31,7 @@ from dpledger.adapters.tensorflow.backend import TensorFlowBackend
 from dpledger.adapters.tensorflow.cyclic_sampler import CyclicSampler
 from dpledger.adapters.tensorflow.dp_step import DPStep
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine
-from dpledger.adapters.tensorflow.errors import NoiseStreamExhaustedError
+from dpledger.adapters.tensorflow.errors import NoiseStreamEndError
 from dpledger.adapters.tensorflow.gradient_queries import GradientQueries
 from dpledger.errors import InvalidParameterError, SamplerMismatchError
 from dpledger.ledger import PrivacyLedger
@@ -123,10 +123,10 @@ class CorrelatedStream:
         """Refuse when all T steps were taken.
 
         Raises:
-            NoiseStreamExhaustedError: the stream has no step left.
+            NoiseStreamEndError: the stream has no step left.
         """
         if self.noise.step >= self.noise.num_steps:
-            raise NoiseStreamExhaustedError(
+            raise NoiseStreamEndError(
                 f"the correlated-noise release has num_steps={self.num_steps} steps and all were "
                 "taken: step T + 1 is not part of the release the ledger recorded. Start a new "
                 "release (a new DPKerasModel with its own spec and ledger) to train further"
@@ -145,7 +145,7 @@ class CorrelatedStream:
             eps: machine epsilon of the sums' dtype.
 
         Raises:
-            NoiseStreamExhaustedError: step T + 1.
+            NoiseStreamEndError: step T + 1.
             SamplerMismatchError: the batch was not drawn for the stream's step.
             SensitivityCheckError: the clipped sum is longer than |R|·S.
         """

@@ -13,7 +13,7 @@ from dpledger.errors import DPLedgerError
 
 __all__ = [
     "LedgerNotAttachedError",
-    "NoiseStreamExhaustedError",
+    "NoiseStreamEndError",
     "PerExampleLossError",
     "RecordMixingLayerError",
     "UnrecordedTrainingWarning",
@@ -73,7 +73,7 @@ class UnrecordedTrainingWarning(UserWarning):
     private and are not recorded in the wrapper's ledger."""
 
 
-class NoiseStreamExhaustedError(DPLedgerError, RuntimeError):
+class NoiseStreamEndError(DPLedgerError, RuntimeError):
     """A step beyond the T steps of a correlated-noise release was asked for.
 
     The ledger's ``correlated_release`` stands for exactly T steps of one stream

@@ -32,7 +32,7 @@ from dpledger.adapters.tensorflow import (
     CyclicSampler,
     DPKerasModel,
     LedgerNotAttachedError,
-    NoiseStreamExhaustedError,
+    NoiseStreamEndError,
     PoissonSampler,
 )
 from dpledger.adapters.tensorflow.correlated_step import (
@@ -245,18 +245,18 @@ def test_step_t_plus_one_is_refused_with_a_typed_error():
     x, y = _data()
     ledger = PrivacyLedger()
     dp = _model_for(spec, ledger)
-    with pytest.raises(NoiseStreamExhaustedError, match="3 epochs"):
+    with pytest.raises(NoiseStreamEndError, match="3 epochs"):
         dp.fit(x, y, epochs=3, verbose=0)  # 12 steps of an 8-step release: refused up front
     assert ledger.correlated_releases == ()
     dp.fit(x, y, epochs=2, verbose=0)
     before = [np.asarray(v).copy() for v in dp.model.trainable_variables]
-    with pytest.raises(NoiseStreamExhaustedError, match="num_steps=8"):
+    with pytest.raises(NoiseStreamEndError, match="num_steps=8"):
         dp.fit(x, y, epochs=1, verbose=0)
     after = [np.asarray(v) for v in dp.model.trainable_variables]
     assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
     assert len(ledger.correlated_releases) == 1
     stream = dp._dp_stream
-    with pytest.raises(NoiseStreamExhaustedError):  # the host stage refuses it too
+    with pytest.raises(NoiseStreamEndError):  # the host stage refuses it too
         stream.step_noise(ledger, num_records=1, position=0, norm=0.0, eps=1e-16)
 
 
@@ -375,5 +375,5 @@ def test_save_and_load_continue_the_stream_without_recording_it_again(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     back = PrivacyLedger.load(path)
     assert back.correlated_releases == whole.ledger.correlated_releases  # recorded once
-    with pytest.raises(NoiseStreamExhaustedError):
+    with pytest.raises(NoiseStreamEndError):
         loaded.fit(x, y, epochs=1, verbose=0)
