@@ -34,6 +34,7 @@ from dpledger.adapters.tensorflow import (
     LedgerNotAttachedError,
     NoiseStreamEndError,
     PoissonSampler,
+    PrivateGradients,
 )
 from dpledger.adapters.tensorflow.correlated_step import (
     CorrelatedStream,
@@ -377,3 +378,60 @@ def test_save_and_load_continue_the_stream_without_recording_it_again(tmp_path):
     assert back.correlated_releases == whole.ledger.correlated_releases  # recorded once
     with pytest.raises(NoiseStreamEndError):
         loaded.fit(x, y, epochs=1, verbose=0)
+
+
+def _private(spec: CorrelatedNoiseSpec, z: float, ledger: PrivacyLedger) -> Any:
+    model = _linear_model()
+    sampler = _sampler(spec)
+    private = PrivateGradients(
+        model,
+        _linear_loss,
+        l2_norm_bound=S,
+        noise_multiplier=z,
+        sampler=sampler,
+        ledger=ledger,
+        seed=SEED,
+        noise=spec,
+    )
+    return private, sampler
+
+
+def test_private_gradients_add_the_core_streams_noise_step_by_step():
+    """Reference: the core generator ``noise_for(C, d, σ = z·S, seed)`` built here: each call's
+    gradient minus the σ = 0 call's on the same batch is w_t / denominator."""
+    spec = SPECS["bandmf_amplified"]
+    x, y = _data()
+    ledger = PrivacyLedger()
+    noised, sampler = _private(spec, Z, ledger)
+    plain, plain_sampler = _private(spec, 0.0, PrivacyLedger())
+    generator = noise_for(spec.factorization(), dim=18, noise_stddev=Z * S, seed=SEED)
+    denominator = N / PERIOD * spec.sampling_probability
+    with pytest.raises(InvalidParameterError, match="step_in_epoch"):
+        noised(x[:3], y[:3])
+    for _ in range(T // PERIOD):
+        batches = zip(sampler.sample((x, y)), plain_sampler.sample((x, y)), strict=True)
+        for i, ((xb, yb), (xp, yp)) in enumerate(batches):
+            np.testing.assert_array_equal(xb.numpy(), xp.numpy())
+            got = np.concatenate(
+                [
+                    np.ravel(a - b)
+                    for a, b in zip(
+                        noised(xb, yb, step_in_epoch=i), plain(xp, yp, step_in_epoch=i), strict=True
+                    )
+                ]
+            )
+            w = generator.next() / denominator
+            np.testing.assert_allclose(got, w, rtol=0, atol=1e-12 * np.abs(w).max())
+    assert len(ledger.correlated_releases) == 1 and ledger.num_steps == 0
+    with pytest.raises(NoiseStreamEndError):
+        noised(x[:3], y[:3], step_in_epoch=0)
+
+
+def test_private_gradients_refuse_a_batch_at_another_position():
+    spec = SPECS["tree_honaker"]
+    x, y = _data()
+    ledger = PrivacyLedger()
+    private, _ = _private(spec, Z, ledger)
+    with pytest.raises(SamplerMismatchError, match="stream's step 0"):
+        private(x[:3], y[:3], step_in_epoch=1)
+    assert ledger.correlated_releases == ()
