@@ -22,6 +22,7 @@ resumed run continue the same noise without recording the release again.
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import attrs
@@ -40,7 +41,7 @@ from dpledger.mechanisms.correlated import (
 )
 from dpledger.sampling.cyclic import CyclicScheme
 
-__all__ = ["CorrelatedStream", "check_noise"]
+__all__ = ["CorrelatedNoiseSetup", "CorrelatedStream", "check_noise"]
 
 
 def _to_tensors(value: Any) -> Any:
@@ -167,6 +168,10 @@ class CorrelatedStream:
         self.step += 1
         return torch.from_numpy(np.ascontiguousarray(w)).to(like.device).reshape(like.shape)
 
+    def describe(self) -> str:
+        """The spec and the scheme, e.g. for the optimizer's repr."""
+        return f"noise={self.spec.describe()}, {self.scheme.describe()}"
+
     def buffer_floats(self) -> int:
         """The floats the noise generator holds between steps (0 before the first step)."""
         return 0 if self._noise is None else self._noise.buffer_floats()
@@ -288,3 +293,70 @@ def check_correlated_queries(queries: Any, config: Any) -> None:
         raise InvalidParameterError(
             "scales", dict(config.scales), "None with noise= a CorrelatedNoiseSpec"
         )
+
+
+class CorrelatedNoiseSetup:
+    """The construction of :class:`~dpledger.adapters.torch.DPOptimizer`'s correlated-noise
+    stream (a base class of it): the cyclic sampler, the denominator, the ledger, the checks.
+
+    Without correlated noise (``noise="independent"``) nothing here applies and ``_stream``
+    stays None.
+    """
+
+    _stream: CorrelatedStream | None = None
+    _distributed: bool
+
+    def _init_stream(
+        self,
+        noise: Any,
+        sampler: Any,
+        sampling_probability: float | None,
+        population_size: int | None,
+        ledger: PrivacyLedger | None,
+        seed: int | None,
+    ) -> bool:
+        """Set up the stream of ``noise`` when it is a spec; returns whether it is.
+
+        Raises:
+            InvalidParameterError: a bad ``noise``, a sampler other than the spec's
+                ``CyclicBatchSampler``, ``sampling_probability`` or ``population_size`` given,
+                or ``torch.distributed``.
+        """
+        spec = check_noise(noise)
+        self._stream = None
+        if spec is None:
+            return False
+        if self._distributed:
+            raise InvalidParameterError(
+                "noise",
+                spec.describe(),
+                "'independent' under torch.distributed: dpledger has no distributed cyclic "
+                "sampler, so correlated noise trains in one process only",
+            )
+        source = cyclic_sampler_of(sampler, sampling_probability, population_size)
+        opt: Any = self
+        opt._sampler = source
+        opt._event = None  # the stream records no sampling events
+        scheme = source.cyclic_scheme
+        opt._n = scheme.population_size
+        opt._denominator = scheme.average_denominator
+        opt._q = opt._denominator / opt._n
+        opt._user_level = False
+        opt._ledger = correlated_ledger(ledger)
+        noise_seed = secrets.randbits(62) if seed is None else seed
+        self._stream = CorrelatedStream(spec, scheme=scheme, seed=noise_seed)
+        return True
+
+    def _check_stream_queries(self, config: Any) -> None:
+        """With a stream, refuse several groups and scales (:func:`check_correlated_queries`)."""
+        if self._stream is not None:
+            check_correlated_queries(getattr(self, "_queries"), config)  # noqa: B009
+
+    def _describe_sampling(self) -> str:
+        """The sampling (or the stream) for the optimizer's repr."""
+        opt: Any = self
+        if self._stream is not None:
+            return self._stream.describe()
+        if opt._event.is_classic:
+            return f"q={opt._q!r}, n={opt._n}"
+        return str(opt._event.describe())

@@ -87,7 +87,6 @@ call and can slow the next torch operations on a machine with few cores
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -112,13 +111,7 @@ from dpledger.adapters.torch.construction_checks import (
     sampling_of,
     trainable_parameters,
 )
-from dpledger.adapters.torch.correlated_stream import (
-    CorrelatedStream,
-    check_correlated_queries,
-    check_noise,
-    correlated_ledger,
-    cyclic_sampler_of,
-)
+from dpledger.adapters.torch.correlated_stream import CorrelatedNoiseSetup
 from dpledger.adapters.torch.engine import LossReduction, Strategy
 from dpledger.adapters.torch.errors import EngineStateError
 from dpledger.adapters.torch.gradient_queries import GradientQueries, Grouping
@@ -128,7 +121,7 @@ from dpledger.adapters.torch.optimizer_surface import OptimizerSurface
 from dpledger.adapters.torch.release import NoisyRelease, OptimizerNoiseBackend
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.adapters.torch.user_level import UserPoissonBatchSampler
-from dpledger.errors import InvalidParameterError, LedgerStateError
+from dpledger.errors import LedgerStateError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms import ClippingStrategy
 from dpledger.mechanisms.config import DPConfig
@@ -144,6 +137,7 @@ BiasCallback = Callable[[int, Any], None]
 
 
 class DPOptimizer(
+    CorrelatedNoiseSetup,
     OptimizerSurface,
     GradientSource,
     ClippedSumAccumulation,
@@ -237,13 +231,8 @@ class DPOptimizer(
             rank is initialised).
         process_group: the process group (None: the default group).
         max_grad_norm: deprecated name of ``l2_norm_bound`` (a :class:`DeprecationWarning`).
-        noise: ``"independent"`` (default: DP-SGD, independent Gaussian noise every step) or a
-            :class:`~dpledger.mechanisms.correlated.CorrelatedNoiseSpec`: correlated noise of a
-            matrix mechanism (:mod:`~dpledger.adapters.torch.correlated_stream`), one
-            ``correlated_release`` event for the spec's ``num_steps`` steps. It needs
-            ``sampler=`` a :class:`~dpledger.adapters.torch.CyclicBatchSampler` of the spec
-            (``make_private(..., noise=spec)`` builds one), one group (``groups="all"``, no
-            ``scales``), and one process; ``seed`` then seeds the correlated noise.
+        noise: ``"independent"`` (default, DP-SGD) or a ``CorrelatedNoiseSpec``: correlated
+            noise (:mod:`~dpledger.adapters.torch.correlated_stream`).
 
     The fields of :class:`~dpledger.mechanisms.DPConfig` given as None (``clipping``, ``groups``,
     ``clip_split``, ``noise_allocation``, ``scales``, ``strategy``, ``clip_margin``) take the
@@ -330,24 +319,17 @@ class DPOptimizer(
         self._group = process_group
 
         # ---- sampling: q and n of the sampler actually used; the ledger (rank 0 only)
-        self._correlated = check_noise(noise)
-        self._stream: CorrelatedStream | None = None
-        if self._correlated is None:
-            self._init_sampler(sampler, sampling_probability, population_size)
-            check_user_level(self._user_level, user_gradient, bam_radius, bias_callback)
+        given = (sampler, sampling_probability, population_size)
+        if not self._init_stream(noise, *given, ledger, seed):
+            self._init_sampler(*given)
             self._init_ledger(ledger)
-        else:
-            self._init_correlated_sampling(
-                self._correlated, sampler, sampling_probability, population_size, ledger, seed
-            )
-            check_user_level(False, user_gradient, bam_radius, bias_callback)
+        check_user_level(self._user_level, user_gradient, bam_radius, bias_callback)
         self._user_gradient = user_gradient
 
         # ---- model and optimizer must agree on the parameters
         self._init_parameters(model, optimizer, config.clip_margin)
         self._init_queries(config)
-        if self._correlated is not None:
-            check_correlated_queries(self._queries, config)
+        self._check_stream_queries(config)
         self._init_noise(generator, seed, backend)
         self._init_gradients(model, config, loss_fn, radius, loss_reduction, check_steps)
         if self._engine is not None:
@@ -378,35 +360,6 @@ class DPOptimizer(
         self._q = self._event.sampling_probability
         self._n = self._event.population_size
         self._user_level = isinstance(self._sampler, UserPoissonBatchSampler)
-
-    def _init_correlated_sampling(
-        self,
-        spec: CorrelatedNoiseSpec,
-        sampler: RecordedBatchSampler | DataLoader | None,
-        sampling_probability: float | None,
-        population_size: int | None,
-        ledger: PrivacyLedger | None,
-        seed: int | None,
-    ) -> None:
-        """The cyclic sampler of a correlated-noise stream, its denominator and the ledger."""
-        if self._distributed:
-            raise InvalidParameterError(
-                "noise",
-                spec.describe(),
-                "'independent' under torch.distributed: dpledger has no distributed cyclic "
-                "sampler, so correlated noise trains in one process only",
-            )
-        source = cyclic_sampler_of(sampler, sampling_probability, population_size)
-        self._sampler = source
-        self._event = None  # type: ignore[assignment]  # the stream records no sampling events
-        scheme = source.cyclic_scheme
-        self._n = scheme.population_size
-        self._denominator = scheme.average_denominator
-        self._q = self._denominator / self._n
-        self._user_level = False
-        self._ledger = correlated_ledger(ledger)
-        noise_seed = secrets.randbits(62) if seed is None else seed
-        self._stream = CorrelatedStream(spec, scheme=scheme, seed=noise_seed)
 
     def _init_ledger(self, ledger: PrivacyLedger | None) -> None:
         """The average's fixed denominator (the event's) and the ledger (rank 0 only)."""
@@ -540,10 +493,5 @@ class DPOptimizer(
                     )
 
     def __repr__(self) -> str:
-        if self._stream is not None:
-            sampling = f"noise={self._stream.spec.describe()}, {self._stream.scheme.describe()}"
-        elif self._event.is_classic:
-            sampling = f"q={self._q!r}, n={self._n}"
-        else:
-            sampling = self._event.describe()
+        sampling = self._describe_sampling()
         return f"DPOptimizer({type(self._opt).__name__}, {sampling}, {self._queries!r})"

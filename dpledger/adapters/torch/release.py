@@ -62,8 +62,6 @@ class NoisyRelease:
     """The release of :class:`~dpledger.adapters.torch.optimizer.DPOptimizer` (a base class
     of it): the override points :meth:`release` and :meth:`add_noise`, and the step's end."""
 
-    _stream: Any = None  # the correlated-noise stream (noise= a CorrelatedNoiseSpec), or None
-
     # ------------------------------------------------------------------ override points
     def release(
         self, sums: list[torch.Tensor], *, num_records: int, event: SamplingEvent

@@ -209,7 +209,7 @@ def test_wrong_samplers_and_settings_are_refused_by_name() -> None:
     other = CorrelatedNoiseSpec(strategy="tree", num_steps=8, period=2)
     with pytest.raises(InvalidParameterError, match="same period"):
         build(sampler=cyclic, noise=other)
-    with pytest.raises(InvalidParameterError, match="torch.distributed"):
+    with pytest.raises(InvalidParameterError, match=r"torch\.distributed"):
         build(sampler=cyclic, noise=spec, distributed=True)  # refused, not silently local
 
 
