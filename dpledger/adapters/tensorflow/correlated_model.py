@@ -19,7 +19,9 @@ The soundness ties (``docs/architecture.md``, "Soundness rules", rules 1 and 6):
 
 from __future__ import annotations
 
+import contextlib
 import secrets
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -46,6 +48,7 @@ __all__ = [
     "correlated_batches",
     "correlated_from_json",
     "correlated_to_json",
+    "fit_window",
     "ledger_for_release",
     "refuse_query_changes",
     "stream_of",
@@ -61,6 +64,8 @@ def stream_of(
     generator: Any,
     seed: int | None,
     bias_callback: Any,
+    *,
+    gated: bool = False,
 ) -> CorrelatedStream | None:
     """The release's stream for ``noise=spec`` (None for ``noise="independent"``), after the
     checks that tie it to the sampler.
@@ -74,6 +79,7 @@ def stream_of(
         generator: must be None (the core generator draws the noise).
         seed: the seed of the core noise generator (None: OS entropy).
         bias_callback: must be None.
+        gated: steps only inside :func:`fit_window` (``DPKerasModel``).
 
     Raises:
         InvalidParameterError: ``noise`` is neither ``"independent"`` nor a
@@ -119,7 +125,21 @@ def stream_of(
         dim=dim,
         seed=secrets.randbits(63) if seed is None else seed,
         label=noise.describe(),
+        gated=gated,
     )
+
+
+@contextlib.contextmanager
+def fit_window(stream: CorrelatedStream | None) -> Iterator[None]:
+    """Open a gated stream for the steps of one ``fit`` whose data was checked."""
+    if stream is None:
+        yield
+        return
+    stream.open = True
+    try:
+        yield
+    finally:
+        stream.open = False
 
 
 def refuse_query_changes(stream: CorrelatedStream | None, noise: Any) -> None:

@@ -61,6 +61,8 @@ class CorrelatedStream:
         dim: d, the number of trainable parameters.
         seed: the seed of the core noise generator.
         label: the release's label in the ledger.
+        gated: steps are taken only while :attr:`open` (``DPKerasModel`` opens it during a
+            ``fit`` whose data it checked, so ``train_on_batch`` on other data is refused).
 
     Raises:
         InvalidParameterError: the factorization's T is not the sampler's, or a bad argument.
@@ -76,7 +78,9 @@ class CorrelatedStream:
         dim: int,
         seed: int,
         label: str | None = None,
+        gated: bool = False,
     ) -> None:
+        self.open = not gated
         if not isinstance(sampler, CyclicSampler):
             raise InvalidParameterError(
                 "sampler",
@@ -151,6 +155,12 @@ class CorrelatedStream:
         """
         with self._lock:
             self.check_left()
+            if not self.open:
+                raise SamplerMismatchError(
+                    "a DPKerasModel with correlated noise takes its steps only in fit(), on the "
+                    "batches of its CyclicSampler (train_on_batch and other entry points are "
+                    "refused); nothing was released"
+                )
             t = self.noise.step
             start = self.sampler.next_step
             if start + position != t:

@@ -59,6 +59,7 @@ from dpledger.adapters.tensorflow.construction_checks import (
 )
 from dpledger.adapters.tensorflow.correlated_model import (
     correlated_batches,
+    fit_window,
     ledger_for_release,
     refuse_query_changes,
     stream_of,
@@ -218,8 +219,9 @@ class DPKerasModel(SavedDPModel, keras.Model):
         # Built here so that bad clipping arguments fail now, not at the first fit.
         self._dp_queries = settings.queries_for(model.trainable_variables)
         self._dp_sampler, self._dp_noise = sampler, noise
+        checks = (generator, seed, bias_callback)  # the stream is gated: steps only in fit()
         self._dp_stream: CorrelatedStream | None = stream_of(
-            noise, sampler, self._dp_queries, model, settings.config, generator, seed, bias_callback
+            noise, sampler, self._dp_queries, model, settings.config, *checks, gated=True
         )
         events = None
         if self._dp_stream is None:
@@ -319,7 +321,8 @@ class DPKerasModel(SavedDPModel, keras.Model):
         if not self._dp_probed and self._dp_loss is not None:
             self._probe_first_batch(x)
         try:
-            return super().fit(x, y, **kwargs)
+            with fit_window(self._dp_stream):
+                return super().fit(x, y, **kwargs)
         finally:
             self._dp_iterator = None
 

@@ -236,6 +236,8 @@ def test_batches_the_sampler_did_not_draw_are_refused_before_anything_is_recorde
             dp.fit(data, epochs=1, verbose=0)
     with pytest.raises(InvalidParameterError, match="batch_size"):
         dp.fit(x, y, batch_size=10, verbose=0)
+    with pytest.raises(SamplerMismatchError, match="train_on_batch"):
+        dp.train_on_batch(x[:10], y[:10])  # position 0 of step 0, but not the sampler's batch
     assert ledger.correlated_releases == () and ledger.num_steps == 0
     dp.fit(dp._dp_sampler.sample((x, y)).prefetch(2), epochs=1, verbose=0)
     assert len(ledger.correlated_releases) == 1
