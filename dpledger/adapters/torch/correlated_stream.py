@@ -129,6 +129,24 @@ class CorrelatedStream:
                 "steps; nothing was released or recorded for this one"
             )
 
+    def check_values(self, *, l2_norm_bound: float, noise_stddev: float) -> None:
+        """Refuse, after the first step, a clip bound or noise scale other than the release's.
+
+        Raises:
+            InvalidParameterError: ``max_grad_norm`` or ``noise_multiplier`` changed
+                mid-stream: the recorded release would not describe the step.
+        """
+        if self.event is None:
+            return
+        if (l2_norm_bound, noise_stddev) != (self.event.l2_norm_bound, self.event.noise_stddev):
+            raise InvalidParameterError(
+                "max_grad_norm / noise_multiplier",
+                f"S={l2_norm_bound!r}, sigma={noise_stddev!r}",
+                f"the release's S={self.event.l2_norm_bound!r}, "
+                f"sigma={self.event.noise_stddev!r}: a correlated-noise stream keeps one "
+                "clip bound and noise scale for all its steps; nothing was released",
+            )
+
     def _event(
         self, *, l2_norm_bound: float, noise_stddev: float, label: str | None
     ) -> CorrelatedReleaseEvent:
@@ -151,7 +169,12 @@ class CorrelatedStream:
         dim: int,
         label: str | None,
     ) -> None:
-        """Record the release (first step only) and start the noise generator."""
+        """Record the release (first step only) and start the noise generator.
+
+        Raises:
+            InvalidParameterError: as :meth:`check_values`.
+        """
+        self.check_values(l2_norm_bound=l2_norm_bound, noise_stddev=noise_stddev)
         if self.event is not None:
             return
         event = self._event(l2_norm_bound=l2_norm_bound, noise_stddev=noise_stddev, label=label)

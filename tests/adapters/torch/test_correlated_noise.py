@@ -134,6 +134,23 @@ def test_step_t_plus_one_is_refused_before_anything_happens() -> None:
     assert opt.ledger is not None and len(opt.ledger.correlated_releases) == 1
 
 
+def test_changing_the_clip_bound_or_noise_mid_stream_is_refused() -> None:
+    spec = CorrelatedNoiseSpec(strategy="tree", num_steps=8, period=4)
+    model, opt, loader = _optimizer(spec, lr=0.1)
+    batches = iter(loader)
+    _step(model, opt, *next(batches))
+    before = model.weight.detach().clone()
+    for name, value in (("max_grad_norm", 0.25), ("noise_multiplier", 0.5)):
+        setattr(opt, name, value)
+        with pytest.raises(InvalidParameterError, match=r"one\s+clip bound"):
+            _step(model, opt, *next(batches))  # refused before its draw is claimed
+        setattr(opt, name, {"max_grad_norm": 0.5, "noise_multiplier": 1.3}[name])
+        batches = iter(loader)  # a new pass: step 1's batch again
+    assert torch.equal(model.weight, before)
+    _step(model, opt, *next(batches))  # step 1 with the release's values
+    assert opt.ledger is not None and len(opt.ledger.correlated_releases) == 1
+
+
 def test_the_sensitivity_check_runs_before_the_release_is_recorded() -> None:
     class Inflating(DPOptimizer):
         def clip(self, source, factors):  # type: ignore[no-untyped-def]
