@@ -430,3 +430,29 @@ def test_make_private_refuses_the_arguments_the_spec_replaces() -> None:
                 noise=spec,
                 **kwargs,  # type: ignore[arg-type]
             )
+
+
+def test_noise_independent_is_the_default_step_bit_for_bit() -> None:
+    """``noise="independent"`` is today's DP-SGD: the same parameters and the same ledger
+    events as an optimizer built without ``noise=`` (reference: the default path)."""
+    runs = []
+    for kwargs in ({}, {"noise": "independent"}):
+        model = _model()
+        sampler = PoissonBatchSampler(population_size=N, sampling_probability=0.25, seed=4)
+        loader = private_data_loader(_data(), sampler=sampler)
+        opt = DPOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            model=model,
+            l2_norm_bound=0.5,
+            noise_multiplier=1.3,
+            sampler=loader,
+            seed=9,
+            **kwargs,  # type: ignore[arg-type]
+        )
+        for x, y in loader:
+            _step(model, opt, x, y)
+        assert opt.ledger is not None and not opt.ledger.correlated_releases
+        assert "correlated" in opt.state_dict() and opt.state_dict()["correlated"] is None
+        runs.append((model.weight.detach().clone(), list(opt.ledger.events())))
+    assert torch.equal(runs[0][0], runs[1][0])
+    assert runs[0][1] == runs[1][1] and len(runs[0][1]) > 0
