@@ -15,6 +15,10 @@ trains with a matrix mechanism instead of DP-SGD's independent noise
 * step T + 1 is refused (:class:`~dpledger.adapters.torch.errors.NoiseStreamEndError`)
   before anything is claimed, released or recorded.
 
+The override points keep their contracts: ``clip`` still gives the clipped sums and
+``release`` the whole release; ``add_noise`` (independent noise) is not called on a stream's
+steps, whose noise is the stream's.
+
 :class:`CorrelatedStream` holds the factorization, the event once recorded, the generator and
 the step, and its :meth:`~CorrelatedStream.state_dict` (in the optimizer's checkpoint) lets a
 resumed run continue the same noise without recording the release again.
