@@ -1,6 +1,6 @@
 """Test accuracy at equal ε: DP-SGD against tree aggregation and amplified BandMF (PyTorch).
 
-Run from the repository root (about 10 minutes on a loaded 2-core CPU):
+Run from the repository root (about 3.5 minutes on a loaded 2-core CPU):
 
     PYTHONPATH=. python benchmarks/correlated_accuracy.py                    # 3 seeds
     PYTHONPATH=. python benchmarks/correlated_accuracy.py --seeds 1 --epochs 2   # smoke

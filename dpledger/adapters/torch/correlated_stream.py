@@ -15,6 +15,10 @@ trains with a matrix mechanism instead of DP-SGD's independent noise
 * step T + 1 is refused (:class:`~dpledger.adapters.torch.errors.NoiseStreamEndError`)
   before anything is claimed, released or recorded.
 
+The override points keep their contracts: ``clip`` still gives the clipped sums and
+``release`` the whole release; ``add_noise`` (independent noise) is not called on a stream's
+steps, whose noise is the stream's.
+
 :class:`CorrelatedStream` holds the factorization, the event once recorded, the generator and
 the step, and its :meth:`~CorrelatedStream.state_dict` (in the optimizer's checkpoint) lets a
 resumed run continue the same noise without recording the release again.
@@ -129,6 +133,24 @@ class CorrelatedStream:
                 "steps; nothing was released or recorded for this one"
             )
 
+    def check_values(self, *, l2_norm_bound: float, noise_stddev: float) -> None:
+        """Refuse, after the first step, a clip bound or noise scale other than the release's.
+
+        Raises:
+            InvalidParameterError: ``max_grad_norm`` or ``noise_multiplier`` changed
+                mid-stream: the recorded release would not describe the step.
+        """
+        if self.event is None:
+            return
+        if (l2_norm_bound, noise_stddev) != (self.event.l2_norm_bound, self.event.noise_stddev):
+            raise InvalidParameterError(
+                "max_grad_norm / noise_multiplier",
+                f"S={l2_norm_bound!r}, sigma={noise_stddev!r}",
+                f"the release's S={self.event.l2_norm_bound!r}, "
+                f"sigma={self.event.noise_stddev!r}: a correlated-noise stream keeps one "
+                "clip bound and noise scale for all its steps; nothing was released",
+            )
+
     def _event(
         self, *, l2_norm_bound: float, noise_stddev: float, label: str | None
     ) -> CorrelatedReleaseEvent:
@@ -151,7 +173,12 @@ class CorrelatedStream:
         dim: int,
         label: str | None,
     ) -> None:
-        """Record the release (first step only) and start the noise generator."""
+        """Record the release (first step only) and start the noise generator.
+
+        Raises:
+            InvalidParameterError: as :meth:`check_values`.
+        """
+        self.check_values(l2_norm_bound=l2_norm_bound, noise_stddev=noise_stddev)
         if self.event is not None:
             return
         event = self._event(l2_norm_bound=l2_norm_bound, noise_stddev=noise_stddev, label=label)

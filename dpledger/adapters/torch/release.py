@@ -140,10 +140,14 @@ class NoisyRelease:
         returned with it.
         """
         if self._stream is not None:  # a correlated-noise stream: the draw of its next step
+            (query,) = self._queries.queries
             try:
                 self._stream.check_open()
+                self._stream.check_values(
+                    l2_norm_bound=query.l2_norm_bound, noise_stddev=query.noise_stddev
+                )
                 self._sampler.claim_step(self._acc_count, step=self._stream.step)
-            except (NoiseStreamEndError, SamplerMismatchError):
+            except (NoiseStreamEndError, InvalidParameterError, SamplerMismatchError):
                 self._reset()
                 raise
             return None, self._event
