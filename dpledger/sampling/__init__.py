@@ -13,6 +13,9 @@ sampler of a scheme shares, whatever the framework:
 * :mod:`~dpledger.sampling.draws`: the bookkeeping that ties each step to a draw of the sampler
   whose event it records, and refuses a step whose records the sampler did not draw
   (:class:`PendingDraws`).
+* :mod:`~dpledger.sampling.cyclic`: :class:`CyclicScheme`, the fixed groups visited in turn
+  (whole or Poisson-sampled) that a correlated-noise release is analysed under, and the
+  participation schema it records.
 * :class:`PoissonSampler`: Poisson samples of record indices with NumPy, for the framework-free
   mechanisms (:func:`dpledger.mechanisms.sampled_step`).
 
@@ -31,6 +34,7 @@ Example:
     (True, False)
 """
 
+from dpledger.sampling.cyclic import CyclicParticipation, CyclicScheme
 from dpledger.sampling.draws import Draw, PendingDraws
 from dpledger.sampling.poisson import PoissonSampler
 from dpledger.sampling.schemes import (
@@ -48,6 +52,8 @@ __all__ = [
     "MAX_POPULATION",
     "BallsInBinsScheme",
     "BatchScheme",
+    "CyclicParticipation",
+    "CyclicScheme",
     "Draw",
     "FixedSizeScheme",
     "PendingDraws",

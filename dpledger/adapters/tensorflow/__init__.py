@@ -15,6 +15,7 @@ from dpledger.adapters.tensorflow.engine import (
 )
 from dpledger.adapters.tensorflow.errors import (
     LedgerNotAttachedError,
+    NoiseStreamEndError,
     PerExampleLossError,
     RecordMixingLayerError,
     UnrecordedTrainingWarning,
@@ -42,6 +43,7 @@ from dpledger.adapters.tensorflow.registry import (
 )
 from dpledger.adapters.tensorflow.sampling import (
     BallsInBinsSampler,
+    CyclicSampler,
     FixedSizeSampler,
     PoissonSampler,
     RecordSampler,
@@ -53,6 +55,7 @@ __all__ = [
     "BallsInBinsSampler",
     "ClippedGradients",
     "Conv2DRule",
+    "CyclicSampler",
     "DPKerasModel",
     "DenseRule",
     "EinsumDenseRule",
@@ -65,6 +68,7 @@ __all__ = [
     "LayerGradientRule",
     "LayerNormalizationRule",
     "LedgerNotAttachedError",
+    "NoiseStreamEndError",
     "PerExampleGradientEngine",
     "PerExampleLoss",
     "PerExampleLossError",

@@ -13,6 +13,7 @@ from dpledger.errors import DPLedgerError
 
 __all__ = [
     "LedgerNotAttachedError",
+    "NoiseStreamEndError",
     "PerExampleLossError",
     "RecordMixingLayerError",
     "UnrecordedTrainingWarning",
@@ -70,3 +71,12 @@ class UnrecordedTrainingWarning(UserWarning):
     """A model wrapped by :class:`~dpledger.adapters.tensorflow.DPKerasModel` is trained
     directly (its own ``fit``, ``train_on_batch`` or ``train_step``): those steps are not
     private and are not recorded in the wrapper's ledger."""
+
+
+class NoiseStreamEndError(DPLedgerError, RuntimeError):
+    """A step beyond the T steps of a correlated-noise release was asked for.
+
+    The ledger's ``correlated_release`` stands for exactly T steps of one stream
+    (``docs/correlated-noise.md``); a step T + 1 would release noise the event does not cover, so
+    it is refused before anything is computed or recorded.
+    """

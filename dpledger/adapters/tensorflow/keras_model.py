@@ -57,6 +57,14 @@ from dpledger.adapters.tensorflow.construction_checks import (
     generator_of,
     ledger_with_intent,
 )
+from dpledger.adapters.tensorflow.correlated_model import (
+    correlated_batches,
+    fit_window,
+    ledger_for_release,
+    refuse_query_changes,
+    stream_of,
+)
+from dpledger.adapters.tensorflow.correlated_step import CorrelatedDPStep, CorrelatedStream
 from dpledger.adapters.tensorflow.dp_step import DPStep
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
 from dpledger.adapters.tensorflow.errors import LedgerNotAttachedError, PerExampleLossError
@@ -155,6 +163,11 @@ class DPKerasModel(SavedDPModel, keras.Model):
         l2_norm_clip: deprecated name of ``l2_norm_bound`` (a :class:`DeprecationWarning`).
         method: deprecated name of ``strategy``: ``"auto"``, ``"fast"`` (``strategy="ghost"``)
             or ``"vectorized"`` (``strategy="generic"``).
+        noise: ``"independent"`` (DP-SGD, default) or a
+            :class:`~dpledger.mechanisms.correlated.CorrelatedNoiseSpec`: one correlated-noise
+            release over the spec's T steps, with σ = z·S, drawn from a
+            :class:`~dpledger.adapters.tensorflow.CyclicSampler` given as ``sampler``
+            (:mod:`~dpledger.adapters.tensorflow.correlated_model`; one group, no ``generator``).
 
     The fields of :class:`~dpledger.mechanisms.DPConfig` given as None take the defaults above,
     or the values of ``config``. The former ``groups`` values ``"per_variable"`` and lists of
@@ -194,6 +207,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
         name: str | None = None,
         l2_norm_clip: float | None = None,
         method: str | None = None,
+        noise: Any = "independent",
     ) -> None:
         if not isinstance(model, keras.Model):
             raise InvalidParameterError("model", model, "a keras.Model")
@@ -201,21 +215,29 @@ class DPKerasModel(SavedDPModel, keras.Model):
         settings = settings_of_arguments(locals())
         check_probe_switch(check_record_independence)
         super().__init__(name=name or f"dp_{model.name}")
-        events = step_events_of(sampler, sampling_probability, population_size)
-        self._dp_sampler = sampler
         refuse_regularizers(model)
         # Built here so that bad clipping arguments fail now, not at the first fit.
         self._dp_queries = settings.queries_for(model.trainable_variables)
+        self._dp_sampler, self._dp_noise = sampler, noise
+        checks = (generator, seed, bias_callback)  # the stream is gated: steps only in fit()
+        self._dp_stream: CorrelatedStream | None = stream_of(
+            noise, sampler, self._dp_queries, model, settings.config, *checks, gated=True
+        )
+        events = None
+        if self._dp_stream is None:
+            events = step_events_of(sampler, sampling_probability, population_size)
         # The engine refuses record-mixing layers now; it gets the loss at compile time.
         PerExampleGradientEngine(
             model, lambda y, p: tf.zeros(tf.shape(p)[:1]), method=settings.method
         )
         self.model = model
         self._dp_groups = settings.groups
-        self._dp_events: StepEvents = events
+        self._dp_events: StepEvents = events  # type: ignore[assignment]  # None: correlated
         self._dp_config = settings.config
-        self._dp_ledger: PrivacyLedger | None = ledger_with_intent(
-            ledger, events, settings.config, settings.explicit
+        self._dp_ledger: PrivacyLedger | None = (
+            ledger_with_intent(ledger, events, settings.config, settings.explicit)
+            if self._dp_stream is None
+            else ledger_for_release(ledger, self._dp_stream, settings.config)
         )
         self._dp_iterator: Any = None  # the iterator of the current epoch, and the next
         self._dp_position = 0  # step's position in it
@@ -286,17 +308,21 @@ class DPKerasModel(SavedDPModel, keras.Model):
                 (:meth:`attach_ledger`).
         """
         self._attached_ledger()
-        if not isinstance(x, BATCH_SOURCES):
-            x = poisson_batches(
-                x, y, batch_size, kwargs, events=self._dp_events, sampler=self._dp_sampler
-            )
-            y, batch_size = None, None
-        check_sampled_batches(x, batch_size, events=self._dp_events, sampler=self._dp_sampler)
+        if self._dp_stream is not None:
+            x, y = correlated_batches(x, y, batch_size, kwargs, stream=self._dp_stream), None
+        else:
+            if not isinstance(x, BATCH_SOURCES):
+                x = poisson_batches(
+                    x, y, batch_size, kwargs, events=self._dp_events, sampler=self._dp_sampler
+                )
+                y, batch_size = None, None
+            check_sampled_batches(x, batch_size, events=self._dp_events, sampler=self._dp_sampler)
         kwargs.setdefault("shuffle", False)  # the batches are already sampled
         if not self._dp_probed and self._dp_loss is not None:
             self._probe_first_batch(x)
         try:
-            return super().fit(x, y, **kwargs)
+            with fit_window(self._dp_stream):
+                return super().fit(x, y, **kwargs)
         finally:
             self._dp_iterator = None
 
@@ -338,6 +364,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
         Raises:
             InvalidParameterError: for a bad argument, or ``groups`` (fixed).
         """
+        refuse_query_changes(self._dp_stream, self._dp_noise)
         if "groups" in query_arguments:
             raise InvalidParameterError(
                 "groups", query_arguments["groups"], "unchanged: groups are fixed"
@@ -422,6 +449,10 @@ class DPKerasModel(SavedDPModel, keras.Model):
                 "model",
                 self.model.name,
                 "the same trainable variables as when the DPKerasModel was created",
+            )
+        if self._dp_stream is not None:
+            return CorrelatedDPStep(
+                engine, queries, stream=self._dp_stream, ledger=ledger, clip_margin=self._dp_margin
             )
         return DPStep(
             engine,

@@ -8,6 +8,13 @@ ledger (a file the user owns: a loaded model records nothing until it is given o
 :meth:`~dpledger.adapters.tensorflow.DPKerasModel.attach_ledger`), the sampler and its generator
 state, and the noise generator (a loaded model draws fresh noise).
 
+A model trained with a correlated-noise release (``noise=spec``) saves instead of the sampling
+event the spec, its :class:`~dpledger.adapters.tensorflow.CyclicSampler`'s parameters and the
+noise stream's state (generator, step, float64 buffers, whether the release is recorded;
+:func:`~dpledger.adapters.tensorflow.correlated_model.correlated_to_json`): once given the
+ledger that holds its release, the loaded model continues the stream where it was saved and
+never records the release again.
+
 The sampling event is restored as a :class:`RecordedSampling`, which gives the loaded model the
 events of its steps (``epoch_start`` on the first step of an epoch for the epoch-based schemes)
 until the sampler that really draws the batches is attached.
@@ -24,6 +31,12 @@ import keras
 import tensorflow as tf
 
 from dpledger.adapters.tensorflow.construction_checks import generator_of, ledger_with_intent
+from dpledger.adapters.tensorflow.correlated_model import (
+    attach_release,
+    correlated_from_json,
+    correlated_to_json,
+    ledger_for_release,
+)
 from dpledger.adapters.tensorflow.step_events import StepEvents, step_events_of
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger, SamplingEvent, SamplingScheme
@@ -169,6 +182,8 @@ class SavedDPModel:
     _dp_generator: tf.random.Generator
     _dp_step: Any
     _dp_check_record_independence: bool
+    _dp_stream: Any
+    _dp_noise: Any
 
     def get_compile_config(self) -> dict[str, Any]:
         """Keras's record of :meth:`compile`'s arguments (the optimizer, the loss as given,
@@ -200,12 +215,14 @@ class SavedDPModel:
                 "a DPKerasModel built from DPConfig fields (config= or l2_norm_bound=, "
                 "noise_multiplier=, ...) to be saved: explicit queries cannot be restored",
             )
+        stream = self._dp_stream
         return {
             "name": self.name,
             "model": keras.saving.serialize_keras_object(self.model),
             "dp_config": config_to_json(self._dp_config),
-            "sampling_event": event_to_json(self._dp_events.event),
+            "sampling_event": None if stream else event_to_json(self._dp_events.event),
             "check_record_independence": self._dp_check_record_independence,
+            **({"correlated": correlated_to_json(self._dp_noise, stream)} if stream else {}),
         }
 
     @classmethod
@@ -218,16 +235,29 @@ class SavedDPModel:
         model = keras.saving.deserialize_keras_object(
             config["model"], custom_objects=custom_objects
         )
-        event = event_from_json(config["sampling_event"])
-        restored = cls(
-            model,
-            config=config_from_json(config["dp_config"]),
-            sampler=RecordedSampling(event),
-            check_record_independence=config["check_record_independence"],
-            name=config["name"],
-        )
+        if "correlated" in config:  # a correlated-noise release: its stream continues
+            spec, sampler, state = correlated_from_json(config["correlated"])
+            restored = cls(
+                model,
+                config=config_from_json(config["dp_config"]),
+                sampler=sampler,
+                noise=spec,
+                seed=state["seed"],
+                check_record_independence=config["check_record_independence"],
+                name=config["name"],
+            )
+            restored._dp_stream.load_state(state)
+        else:
+            event = event_from_json(config["sampling_event"])
+            restored = cls(
+                model,
+                config=config_from_json(config["dp_config"]),
+                sampler=RecordedSampling(event),
+                check_record_independence=config["check_record_independence"],
+                name=config["name"],
+            )
+            restored._dp_sampler = None
         restored._dp_ledger = None  # the ledger is the user's file: attach_ledger gives it back
-        restored._dp_sampler = None
         _log.warning(
             "DPKerasModel %r was loaded without a ledger: it records nothing and does not "
             "train until attach_ledger(ledger) is called (PrivacyLedger(path, resume=True) "
@@ -252,12 +282,16 @@ class SavedDPModel:
 
         Args:
             ledger: the ledger to record into; its neighbouring relation must be one the saved
-                sampling scheme is analysed under.
+                sampling scheme is analysed under. With a correlated-noise release already
+                recorded, the ledger that holds it (``PrivacyLedger(path, resume=True)``).
             sampler: the sampler that draws the batches from now on; its sampling event must
                 be the saved one. Needed unless the saved sampling is record-level Poisson.
+                With correlated noise: None (the saved CyclicSampler) or one drawing the same
+                batches; the stream continues at its saved step (the end of a pass).
             generator: the noise ``tf.random.Generator``; or ``seed`` (None: OS entropy). The
                 saved model's noise generator is not restored.
-            seed: seed of the noise generator.
+            seed: seed of the noise generator (None with correlated noise, whose saved
+                stream continues).
 
         Raises:
             InvalidParameterError: the model already has its ledger, ``ledger`` is not a
@@ -273,6 +307,15 @@ class SavedDPModel:
             )
         if not isinstance(ledger, PrivacyLedger):
             raise InvalidParameterError("ledger", ledger, "a dpledger.PrivacyLedger")
+        if self._dp_stream is not None:
+            if generator is not None or seed is not None:
+                raise InvalidParameterError(
+                    "seed", seed, "None: the saved correlated-noise stream continues"
+                )
+            self._dp_sampler = attach_release(self._dp_stream, ledger, sampler)
+            self._dp_ledger = ledger_for_release(ledger, self._dp_stream, self._dp_config)
+            self._dp_step, self.train_function = None, None
+            return
         saved = self._dp_events.event
         if sampler is None:
             if saved.scheme is not SamplingScheme.POISSON or saved.unit.value != "record":

@@ -19,6 +19,8 @@ from dpledger.adapters.tensorflow.construction_checks import (
     generator_of,
     ledger_of,
 )
+from dpledger.adapters.tensorflow.correlated_model import ledger_for_release, stream_of
+from dpledger.adapters.tensorflow.correlated_step import CorrelatedDPStep
 from dpledger.adapters.tensorflow.dp_step import DPStep, default_clip_margin
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
 from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, settings_of_arguments
@@ -119,6 +121,11 @@ class PrivateGradients:
         l2_norm_clip: deprecated name of ``l2_norm_bound`` (a :class:`DeprecationWarning`).
         method: deprecated name of ``strategy``: ``"auto"``, ``"fast"`` (``strategy="ghost"``)
             or ``"vectorized"`` (``strategy="generic"``).
+        noise: ``"independent"`` (default) or a
+            :class:`~dpledger.mechanisms.correlated.CorrelatedNoiseSpec` with a
+            :class:`~dpledger.adapters.tensorflow.CyclicSampler` as ``sampler``: one
+            correlated-noise release (as for ``DPKerasModel(noise=spec)``), each call one step
+            of its stream; ``step_in_epoch`` (the batch's position in its pass) is required.
 
     Raises:
         InvalidParameterError: for a bad argument (naming it), or a ledger whose neighbouring
@@ -154,24 +161,39 @@ class PrivateGradients:
         check_record_independence: bool = True,
         l2_norm_clip: float | None = None,
         method: str | None = None,
+        noise: Any = "independent",
     ) -> None:
-        events = step_events_of(sampler, sampling_probability, population_size)
         check_probe_switch(check_record_independence)
         self._probed = not check_record_independence
         settings = settings_of_arguments(locals())
         engine = PerExampleGradientEngine(model, loss, method=settings.method)
         check_built(model)
+        self._compiled: Callable[..., Any] | None = None
+        self._last_position: int | None = None  # the last eager step_in_epoch that stepped
+        queries = settings.queries_for(engine.trainable_variables)
+        stream = stream_of(
+            noise, sampler, queries, model, settings.config, generator, seed, bias_callback
+        )
+        self._correlated = stream is not None
+        if stream is not None:
+            self._step = CorrelatedDPStep(
+                engine,
+                queries,
+                stream=stream,
+                ledger=ledger_for_release(ledger, stream, settings.config),
+                clip_margin=settings.clip_margin,
+            )
+            return
+        events = step_events_of(sampler, sampling_probability, population_size)
         self._step = DPStep(
             engine,
-            queries=settings.queries_for(engine.trainable_variables),
+            queries=queries,
             events=events,
             ledger=ledger_of(ledger, events),
             generator=generator_of(generator, seed),
             clip_margin=settings.clip_margin,
             bias_callback=check_bias_callback(bias_callback),
         )
-        self._compiled: Callable[..., Any] | None = None
-        self._last_position: int | None = None  # the last eager step_in_epoch that stepped
 
     @property
     def variables(self) -> tuple[Any, ...]:
@@ -235,7 +257,8 @@ class PrivateGradients:
             inputs: the model's inputs for the batch (B records, B may be 0).
             targets: the loss's ``y_true``.
             sample_weight: optional per-example loss weights (B,).
-            step_in_epoch: for an epoch-based sampler (balls-in-bins, shuffle), required: the
+            step_in_epoch: for an epoch-based sampler (balls-in-bins, shuffle) or correlated
+                noise, required: the
                 batch's 0-based position in its iteration over the sampler's dataset
                 (``enumerate``); position 0 is recorded with ``epoch_start=True``. Counting the
                 executed steps instead would merge an epoch the loop left unfinished with the
@@ -247,7 +270,7 @@ class PrivateGradients:
                 after the previous step's: a new epoch must start at 0, or two epochs would be
                 recorded as one.
         """
-        if step_in_epoch is None and self._step.events.epoch_based:
+        if step_in_epoch is None and (self._correlated or self._step.events.epoch_based):
             raise InvalidParameterError(
                 "step_in_epoch",
                 None,
@@ -282,9 +305,9 @@ class PrivateGradients:
     def _checked_position(self, step_in_epoch: Any) -> int | None:
         """An eager ``step_in_epoch`` of an epoch-based sampler, checked (None otherwise: no
         position, or a symbolic one inside the caller's tf.function)."""
-        events = self._step.events
-        if step_in_epoch is None or not events.epoch_based:
+        if step_in_epoch is None or self._correlated or not self._step.events.epoch_based:
             return None
+        events = self._step.events
         if tf.is_tensor(step_in_epoch):
             if not tf.executing_eagerly() or tf.inside_function():
                 return None

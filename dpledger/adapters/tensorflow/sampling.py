@@ -23,6 +23,9 @@ batches):
   batches uniformly at random, independently; the epoch's steps are the k batches in order.
 * :class:`ShuffleSampler`: at the start of each epoch a uniformly random permutation of the n
   records is cut into consecutive batches of b (the last one smaller unless ``drop_last``).
+* :class:`CyclicSampler`: the records split once into ``period`` fixed groups visited in turn,
+  whole or Poisson-sampled (:class:`~dpledger.sampling.CyclicScheme`): the batches of a
+  correlated-noise release (``DPKerasModel(noise=spec)``), which records no per-step event.
 
 The events of the epoch-based schemes (balls-in-bins, shuffle) carry ``epoch_start=True`` on the
 first batch of each iteration: that step's draw made the epoch's allocation or permutation.
@@ -33,6 +36,7 @@ truncated Poisson) and :mod:`~dpledger.adapters.tensorflow.epoch_samplers` (ball
 shuffle); this module gathers them.
 """
 
+from dpledger.adapters.tensorflow.cyclic_sampler import CyclicSampler
 from dpledger.adapters.tensorflow.epoch_samplers import BallsInBinsSampler, ShuffleSampler
 from dpledger.adapters.tensorflow.sampler_base import RecordSampler
 from dpledger.adapters.tensorflow.stepwise_samplers import (
@@ -43,6 +47,7 @@ from dpledger.adapters.tensorflow.stepwise_samplers import (
 
 __all__ = [
     "BallsInBinsSampler",
+    "CyclicSampler",
     "FixedSizeSampler",
     "PoissonSampler",
     "RecordSampler",

@@ -38,10 +38,12 @@ from dpledger.adapters.torch.batch_samplers import (
     TruncatedPoissonBatchSampler,
     private_data_loader,
 )
+from dpledger.adapters.torch.cyclic_sampler import CyclicBatchSampler
 from dpledger.adapters.torch.distributed import DistributedPoissonBatchSampler
 from dpledger.adapters.torch.engine import LossReduction, PerExampleGradientEngine, Strategy
 from dpledger.adapters.torch.errors import (
     EngineStateError,
+    NoiseStreamEndError,
     RecordDependenceError,
     RecordMixingModuleError,
     UnsupportedModuleError,
@@ -90,6 +92,7 @@ from dpledger.adapters.torch.virtual_batches import split_batch, virtual_batches
 
 __all__ = [
     "BallsInBinsBatchSampler",
+    "CyclicBatchSampler",
     "DPOptimizer",
     "DistributedPoissonBatchSampler",
     "EmptyBatchCollate",
@@ -100,6 +103,7 @@ __all__ = [
     "GradSampler",
     "GradientQueries",
     "LossReduction",
+    "NoiseStreamEndError",
     "PerExampleGradientEngine",
     "PoissonBatchSampler",
     "PrivateTraining",

@@ -58,6 +58,7 @@ class OptimizerCheckpoint:
             "ledger": ledger_position,
             "max_grad_norm": self.max_grad_norm,
             "noise_multiplier": self.noise_multiplier,
+            "correlated": None if self._stream is None else self._stream.state_dict(),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -76,6 +77,13 @@ class OptimizerCheckpoint:
           noise while the ledger counts them as independent steps;
         * it holds *fewer* steps: :class:`~dpledger.errors.LedgerStateError`, since ε computed
           from it would leave out steps that were taken.
+
+        With correlated noise (``noise=`` a spec) the checkpoint holds the stream's step, its
+        noise generator and the recorded release: the run continues the same noise stream, and
+        the release, which must be in the ledger, is not recorded again. The ledger records no
+        steps of the stream, so it cannot tell whether training went on past the checkpoint:
+        resume from the *last* checkpoint only (an older one would add the noise of steps
+        already released to other gradients).
 
         Raises:
             InvalidParameterError: not a state dict of this class.
@@ -110,6 +118,16 @@ class OptimizerCheckpoint:
                 process_group=self._group,
             )
             behind = bool(flag.item())
+        if (self._stream is None) != (state_dict.get("correlated") is None):
+            raise InvalidParameterError(
+                "state_dict",
+                "a checkpoint with "
+                + ("independent" if self._stream is not None else "correlated")
+                + " noise",
+                "a checkpoint of an optimizer with the same noise= (independent or correlated)",
+            )
+        if self._stream is not None:
+            self._stream.load_state_dict(state_dict["correlated"], ledger=self._ledger)
         self._opt.load_state_dict(state_dict["optimizer"])
         if behind:
             logger.warning(

@@ -11,6 +11,7 @@ from dpledger.errors import DPLedgerError
 
 __all__ = [
     "EngineStateError",
+    "NoiseStreamEndError",
     "RecordDependenceError",
     "RecordMixingModuleError",
     "UnsupportedModuleError",
@@ -82,6 +83,12 @@ class EngineStateError(DPLedgerError, RuntimeError):
 
     Example: per-example norms asked for before ``loss.backward()`` ran on the last forward.
     """
+
+
+class NoiseStreamEndError(EngineStateError):
+    """A step past the end of a correlated-noise stream: the release recorded in the ledger
+    covers ``num_steps`` steps and no more; nothing was released or recorded for the step.
+    Train a longer stream (a new ``CorrelatedNoiseSpec`` and optimizer, a new release)."""
 
 
 class LossReductionWarning(UserWarning):

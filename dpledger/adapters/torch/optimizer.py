@@ -111,6 +111,7 @@ from dpledger.adapters.torch.construction_checks import (
     sampling_of,
     trainable_parameters,
 )
+from dpledger.adapters.torch.correlated_stream import CorrelatedNoiseSetup
 from dpledger.adapters.torch.engine import LossReduction, Strategy
 from dpledger.adapters.torch.errors import EngineStateError
 from dpledger.adapters.torch.gradient_queries import GradientQueries, Grouping
@@ -124,6 +125,7 @@ from dpledger.errors import LedgerStateError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms import ClippingStrategy
 from dpledger.mechanisms.config import DPConfig
+from dpledger.mechanisms.correlated.spec import CorrelatedNoiseSpec
 
 __all__ = ["BiasCallback", "DPOptimizer"]
 
@@ -135,6 +137,7 @@ BiasCallback = Callable[[int, Any], None]
 
 
 class DPOptimizer(
+    CorrelatedNoiseSetup,
     OptimizerSurface,
     GradientSource,
     ClippedSumAccumulation,
@@ -228,6 +231,8 @@ class DPOptimizer(
             rank is initialised).
         process_group: the process group (None: the default group).
         max_grad_norm: deprecated name of ``l2_norm_bound`` (a :class:`DeprecationWarning`).
+        noise: ``"independent"`` (default, DP-SGD) or a ``CorrelatedNoiseSpec``: correlated
+            noise (:mod:`~dpledger.adapters.torch.correlated_stream`).
 
     The fields of :class:`~dpledger.mechanisms.DPConfig` given as None (``clipping``, ``groups``,
     ``clip_split``, ``noise_allocation``, ``scales``, ``strategy``, ``clip_margin``) take the
@@ -286,6 +291,7 @@ class DPOptimizer(
         distributed: bool | None = None,
         process_group: Any = None,
         max_grad_norm: float | None = None,
+        noise: str | CorrelatedNoiseSpec = "independent",
     ) -> None:
         # ---- arguments that need no model (construction_checks, in this order)
         check_optimizer_and_model(optimizer, model, wrapper=DPOptimizer)
@@ -313,14 +319,17 @@ class DPOptimizer(
         self._group = process_group
 
         # ---- sampling: q and n of the sampler actually used; the ledger (rank 0 only)
-        self._init_sampler(sampler, sampling_probability, population_size)
+        given = (sampler, sampling_probability, population_size)
+        if not self._init_stream(noise, *given, ledger, seed):
+            self._init_sampler(*given)
+            self._init_ledger(ledger)
         check_user_level(self._user_level, user_gradient, bam_radius, bias_callback)
         self._user_gradient = user_gradient
-        self._init_ledger(ledger)
 
         # ---- model and optimizer must agree on the parameters
         self._init_parameters(model, optimizer, config.clip_margin)
         self._init_queries(config)
+        self._check_stream_queries(config)
         self._init_noise(generator, seed, backend)
         self._init_gradients(model, config, loss_fn, radius, loss_reduction, check_steps)
         if self._engine is not None:
@@ -484,8 +493,5 @@ class DPOptimizer(
                     )
 
     def __repr__(self) -> str:
-        if self._event.is_classic:
-            sampling = f"q={self._q!r}, n={self._n}"
-        else:
-            sampling = self._event.describe()
+        sampling = self._describe_sampling()
         return f"DPOptimizer({type(self._opt).__name__}, {sampling}, {self._queries!r})"

@@ -23,6 +23,7 @@ and the recorded batch sampler it builds) and the noise calibration
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -34,6 +35,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from dpledger.accountants import Accountant, CalibrationResult
 from dpledger.adapters.torch.batch_samplers import private_data_loader
+from dpledger.adapters.torch.correlated_stream import check_noise
+from dpledger.adapters.torch.cyclic_sampler import CyclicBatchSampler
 from dpledger.adapters.torch.distributed import distributed_world
 from dpledger.adapters.torch.noise_calibration import (
     _calibration,
@@ -47,6 +50,7 @@ from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
 from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent
 from dpledger.mechanisms.config import DPConfig, l2_norm_bound_alias
+from dpledger.mechanisms.correlated.spec import CorrelatedNoiseSpec
 from dpledger.sampling.relations import default_relation
 from dpledger.sampling.validation import check_sampling_probability
 from dpledger.validation import check_positive_int, warn_if_delta_too_large
@@ -120,6 +124,7 @@ def make_private(
     max_physical_batch_size: int | None = None,
     loss_reduction: str = "mean",
     max_grad_norm: float | None = None,
+    noise: Any = "independent",
     **options: Any,
 ) -> PrivateTraining:
     """Wrap a model, its optimizer and its data for DP training in one call.
@@ -196,6 +201,13 @@ def make_private(
             records (virtual batches; the loop stays the same).
         loss_reduction: ``"mean"`` or ``"sum"``, how the loop's loss combines examples.
         max_grad_norm: deprecated name of ``l2_norm_bound`` (a :class:`DeprecationWarning`).
+        noise: ``"independent"`` (default, DP-SGD) or a
+            :class:`~dpledger.mechanisms.correlated.CorrelatedNoiseSpec`: the returned loader
+            is then a :class:`~dpledger.adapters.torch.CyclicBatchSampler`'s (the spec's
+            ``period`` groups, whole or Poisson-sampled; ``sampling``,
+            ``sampling_probability``, ``batch_size``, ``max_batch_size``, ``num_batches``,
+            ``target_epsilon`` and ``max_physical_batch_size`` are refused) and the optimizer
+            records one correlated-noise release for the spec's ``num_steps`` steps.
         **options: further keyword arguments of :class:`DPOptimizer` (``clipping``,
             ``groups``, ``scales``, ``strategy``, ``loss_fn``, ``bam_radius``,
             ``bias_callback``, …).
@@ -208,6 +220,18 @@ def make_private(
             above), a scheme other than Poisson under ``torch.distributed`` or with
             ``target_epsilon``, or a ledger whose relation the scheme is not analysed under.
     """
+    spec = check_noise(noise)
+    if spec is not None:
+        _check_correlated_arguments(
+            sampling=sampling,
+            sampling_probability=sampling_probability,
+            batch_size=batch_size,
+            max_batch_size=max_batch_size,
+            num_batches=num_batches,
+            target_epsilon=target_epsilon,
+            max_physical_batch_size=max_physical_batch_size,
+            config=config,
+        )
     uses_q = _check_sampling_arguments(sampling, sampling_probability, max_physical_batch_size)
     config = _resolve_config(
         config,
@@ -224,6 +248,10 @@ def make_private(
     n = len(dataset)  # type: ignore[arg-type]
     if config.delta is not None:
         warn_if_delta_too_large(delta=config.delta, population_size=n)
+    if spec is not None:
+        return _make_correlated(
+            model, optimizer, dataset, loader_kwargs, spec, config, ledger, seed, options
+        )
     b = settings.batch_size if batch_size is None else batch_size
     q = _sampling_probability(sampling, sampling_probability, b, n)
     config, calibration = _calibrated(config, sampling, q, steps=steps, epochs=epochs)
@@ -262,6 +290,57 @@ def make_private(
     if max_physical_batch_size is not None:
         data_loader = _VirtualLoader(loader, dp_optimizer, max_physical_batch_size)
     return PrivateTraining(model, dp_optimizer, data_loader)
+
+
+def _check_correlated_arguments(*, config: DPConfig | None, **given: Any) -> None:
+    """Refuse the sampling and calibration arguments that ``noise=`` a spec replaces."""
+    defaults = {"sampling": "poisson"}
+    for name, value in given.items():
+        if value is not None and value != defaults.get(name):
+            raise InvalidParameterError(
+                name,
+                value,
+                "not given with noise= a CorrelatedNoiseSpec (the spec's cyclic sampler draws "
+                "the batches; calibrate its noise multiplier on its release, "
+                "docs/correlated-noise.md)",
+            )
+    if config is not None and config.target_epsilon is not None:
+        raise InvalidParameterError(
+            "config.target_epsilon",
+            config.target_epsilon,
+            "None with noise= a CorrelatedNoiseSpec: give noise_multiplier=",
+        )
+
+
+def _make_correlated(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    dataset: Dataset,
+    loader_kwargs: dict[str, Any],
+    spec: CorrelatedNoiseSpec,
+    config: DPConfig,
+    ledger: PrivacyLedger | None,
+    seed: int | None,
+    options: dict[str, Any],
+) -> PrivateTraining:
+    """make_private with ``noise=`` a spec: the spec's cyclic loader and the optimizer."""
+    n = len(dataset)  # type: ignore[arg-type]
+    sampling_seed, noise_seed = _seeds(seed)
+    if sampling_seed is None:
+        sampling_seed = secrets.randbits(62)
+    sampler = CyclicBatchSampler.for_spec(spec, population_size=n, seed=sampling_seed)
+    loader = private_data_loader(dataset, sampler=sampler, **loader_kwargs)
+    dp_optimizer = DPOptimizer(
+        optimizer,
+        model=model,
+        config=config,
+        ledger=ledger,
+        sampler=loader,
+        seed=noise_seed,
+        noise=spec,
+        **options,
+    )
+    return PrivateTraining(model, dp_optimizer, loader)
 
 
 def _check_sampling_arguments(

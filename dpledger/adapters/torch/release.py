@@ -25,6 +25,7 @@ import torch
 
 from dpledger.adapters.torch.backend import TorchBackend
 from dpledger.adapters.torch.distributed import broadcast_tensors, reduce_tensors, sum_counts
+from dpledger.adapters.torch.errors import NoiseStreamEndError
 from dpledger.adapters.torch.gradient_queries import GradientQueries
 from dpledger.errors import InvalidParameterError, SamplerMismatchError
 from dpledger.ledger import SamplingEvent
@@ -138,6 +139,18 @@ class NoisyRelease:
         or the others would wait in the step's collectives for ever. The event to record is
         returned with it.
         """
+        if self._stream is not None:  # a correlated-noise stream: the draw of its next step
+            (query,) = self._queries.queries
+            try:
+                self._stream.check_open()
+                self._stream.check_values(
+                    l2_norm_bound=query.l2_norm_bound, noise_stddev=query.noise_stddev
+                )
+                self._sampler.claim_step(self._acc_count, step=self._stream.step)
+            except (NoiseStreamEndError, InvalidParameterError, SamplerMismatchError):
+                self._reset()
+                raise
+            return None, self._event
         if self._sampler is None:
             return None, self._event
         if self._claimed_event is not None:
@@ -230,6 +243,8 @@ class NoisyRelease:
         queries = self._queries
         by_name = dict(zip(self._names, sums, strict=True))
         grouped_sums = self._grouped_sums(queries, by_name)
+        if self._stream is not None:
+            return self._release_correlated(queries, by_name, grouped_sums, count)
         # Validation and the sensitivity check of every group (one read-back of the sums'
         # norms) come before the sampling event: a refused step records nothing.
         try:
@@ -246,6 +261,43 @@ class NoisyRelease:
         finally:
             step.end()
         return self._ungroup(queries, by_name, grouped_sums, averaged_groups)
+
+    def _release_correlated(
+        self,
+        queries: GradientQueries,
+        by_name: dict[str, torch.Tensor],
+        grouped_sums: list[list[torch.Tensor]],
+        count: int,
+    ) -> list[torch.Tensor]:
+        """The release of one step of a correlated-noise stream (one group, one vector).
+
+        The sensitivity check of the clipped sum (against |R|·S, as for independent noise)
+        comes first; the stream's release is recorded on its first step, after the check and
+        before any noise is added; then w_t (float64) is added to the sum in float64 and the
+        result, in the sum's dtype, divided by the fixed denominator.
+        """
+        assert self._stream is not None and self._ledger is not None
+        try:
+            queries.grouped.prepare(grouped_sums, num_records=count, backend=self._backend)
+        except InvalidParameterError:
+            self._refuse_non_finite_records()
+            raise
+        (query,) = queries.queries
+        ((flat,),) = grouped_sums
+        self._stream.record(
+            self._ledger,
+            l2_norm_bound=query.l2_norm_bound,
+            noise_stddev=query.noise_stddev,
+            dim=flat.numel(),
+            label=query.label,
+        )
+        t = flat.detach()
+        step = self._stream.step
+        noisy = self._stream.next_noise(t).add_(t)
+        self._sampler.step_released(step)
+        noisy = noisy if t.dtype == torch.float64 else noisy.to(t.dtype)
+        averaged = noisy * (1.0 / self._denominator)
+        return self._ungroup(queries, by_name, grouped_sums, [averaged])
 
     @staticmethod
     def _grouped_sums(

@@ -2,7 +2,8 @@
 
 Framework-neutral (NumPy/SciPy, float64). See ``docs/correlated-noise.md``: the strategies
 (:mod:`.strategies`), their streaming noise generators (:mod:`.noise`), the participation schemas
-(:mod:`.participation`) and the sensitivity of a strategy under a schema (:mod:`.sensitivity`).
+(:mod:`.participation`), what a training run asks for (:mod:`.spec`) and the sensitivity of a
+strategy under a schema (:mod:`.sensitivity`).
 
 Example:
     >>> from dpledger.mechanisms.correlated import (
@@ -36,6 +37,7 @@ from dpledger.mechanisms.correlated.sensitivity import (
     count_patterns,
     sensitivity,
 )
+from dpledger.mechanisms.correlated.spec import CorrelatedNoiseSpec, NoiseStrategy
 from dpledger.mechanisms.correlated.strategies import (
     MatrixFactorization,
     banded_toeplitz_factorization,
@@ -56,7 +58,9 @@ __all__ = [
     "BltNoise",
     "CorrelatedNoise",
     "CorrelatedNoiseRelease",
+    "CorrelatedNoiseSpec",
     "MatrixFactorization",
+    "NoiseStrategy",
     "ParticipationKind",
     "ParticipationSchema",
     "SensitivityResult",

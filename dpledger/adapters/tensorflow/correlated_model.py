@@ -1,0 +1,292 @@
+"""``DPKerasModel(..., noise=spec)``: the model-level set-up of a correlated-noise release
+(``docs/correlated-noise.md``, "Keras"): the checks at construction, the data ``fit`` accepts,
+and what a saved model keeps of the release.
+
+The soundness ties (``docs/architecture.md``, "Soundness rules", rules 1 and 6):
+
+* the batches come from the model's :class:`~dpledger.adapters.tensorflow.CyclicSampler`,
+  whose core :class:`~dpledger.sampling.CyclicScheme` gives the participation schema and q the
+  release records; ``fit`` on arrays draws from it, and a dataset it did not draw is refused
+  before anything is recorded;
+* the release is recorded once, at the first executed step, after that step's sensitivity check
+  and before its noisy output (:mod:`~dpledger.adapters.tensorflow.correlated_step`);
+* a step beyond T is refused (:class:`~dpledger.adapters.tensorflow.NoiseStreamEndError`);
+* a saved model keeps the spec, the sampler's parameters and the noise generator's state; once
+  loaded it trains only after ``attach_ledger`` gives it the ledger that holds its release (or,
+  if it never trained, any ledger), and continues the stream where it was saved — never
+  recording the release twice nor restarting the stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import tensorflow as tf
+
+from dpledger.adapters.tensorflow.correlated_step import (
+    CorrelatedStream,
+    check_one_group,
+    state_from_json,
+    state_to_json,
+)
+from dpledger.adapters.tensorflow.cyclic_sampler import CyclicSampler
+from dpledger.adapters.tensorflow.errors import NoiseStreamEndError
+from dpledger.adapters.tensorflow.fit_data import BATCH_SOURCES
+from dpledger.adapters.tensorflow.gradient_queries import GradientQueries
+from dpledger.errors import InvalidParameterError, SamplerMismatchError
+from dpledger.ledger import NeighboringRelation, PrivacyLedger
+from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent
+from dpledger.mechanisms import DPConfig
+from dpledger.mechanisms.correlated import CorrelatedNoiseSpec
+
+__all__ = [
+    "attach_release",
+    "correlated_batches",
+    "correlated_from_json",
+    "correlated_to_json",
+    "fit_window",
+    "ledger_for_release",
+    "refuse_query_changes",
+    "stream_of",
+]
+
+
+def stream_of(
+    noise: Any,
+    sampler: Any,
+    queries: GradientQueries,
+    model: Any,
+    config: DPConfig | None,
+    generator: Any,
+    seed: int | None,
+    bias_callback: Any,
+    *,
+    gated: bool = False,
+) -> CorrelatedStream | None:
+    """The release's stream for ``noise=spec`` (None for ``noise="independent"``), after the
+    checks that tie it to the sampler.
+
+    Args:
+        noise: ``"independent"`` or a spec.
+        sampler: the model's sampler.
+        queries: the model's queries (one group, no scales).
+        model: the wrapped Keras model (d = its number of trainable parameters).
+        config: the model's DPConfig (its noise multiplier z; σ = z·S).
+        generator: must be None (the core generator draws the noise).
+        seed: the seed of the core noise generator (None: OS entropy).
+        bias_callback: must be None.
+        gated: steps only inside :func:`fit_window` (``DPKerasModel``).
+
+    Raises:
+        InvalidParameterError: ``noise`` is neither ``"independent"`` nor a
+            :class:`~dpledger.mechanisms.correlated.CorrelatedNoiseSpec`; the sampler is not a
+            :class:`CyclicSampler` drawing what the spec asks for; several groups or scales; a
+            noise ``generator`` or a ``bias_callback`` (not supported with correlated noise).
+    """
+    if isinstance(noise, str) and noise == "independent":
+        return None
+    if not isinstance(noise, CorrelatedNoiseSpec):
+        raise InvalidParameterError(
+            "noise", noise, "'independent' or a dpledger.mechanisms.correlated.CorrelatedNoiseSpec"
+        )
+    if not isinstance(sampler, CyclicSampler) or not noise.matches(sampler.cyclic_scheme):
+        raise InvalidParameterError(
+            "sampler",
+            sampler,
+            f"a CyclicSampler drawing what noise={noise.describe()} asks for: "
+            f"CyclicSampler(population_size=n, period={noise.period}, "
+            f"num_steps={noise.num_steps}, sampling_probability="
+            f"{noise.sampling_probability if noise.amplified else None})",
+        )
+    if generator is not None:
+        raise InvalidParameterError(
+            "generator",
+            generator,
+            "None with correlated noise: its Gaussian draws come from the core float64 "
+            "generator, seeded by seed=",
+        )
+    if bias_callback is not None:
+        raise InvalidParameterError("bias_callback", bias_callback, "None with correlated noise")
+    if config is None:
+        raise InvalidParameterError(
+            "queries", queries, "None with correlated noise: give l2_norm_bound, noise_multiplier"
+        )
+    bound = check_one_group(queries)
+    dim = sum(int(tf.size(v)) for v in model.trainable_variables)
+    return CorrelatedStream(
+        noise.factorization(),
+        sampler,
+        l2_norm_bound=bound,
+        noise_multiplier=config.noise_multiplier,
+        dim=dim,
+        seed=secrets.randbits(63) if seed is None else seed,
+        label=noise.describe(),
+        gated=gated,
+    )
+
+
+@contextlib.contextmanager
+def fit_window(stream: CorrelatedStream | None) -> Iterator[None]:
+    """Open a gated stream for the steps of one ``fit`` whose data was checked."""
+    if stream is None:
+        yield
+        return
+    stream.open = True
+    try:
+        yield
+    finally:
+        stream.open = False
+
+
+def refuse_query_changes(stream: CorrelatedStream | None, noise: Any) -> None:
+    """Refuse ``update_queries`` on a model with a release (one S and σ for its stream).
+
+    Raises:
+        InvalidParameterError: ``stream`` is not None.
+    """
+    if stream is not None:
+        raise InvalidParameterError(
+            "noise",
+            noise,
+            "'independent' to change the queries: a correlated-noise release has one S and one "
+            "σ for its whole stream",
+        )
+
+
+def ledger_for_release(
+    ledger: PrivacyLedger | None, stream: CorrelatedStream, config: DPConfig | None
+) -> PrivacyLedger:
+    """The run's ledger: a new in-memory one holding the run's intent, or the one given (its
+    missing intent is logged)."""
+    intent = run_intent(
+        framework="tensorflow",
+        framework_version=tf.__version__,
+        population_size=stream.sampler.population_size,
+        noise_multiplier=stream.event.noise_stddev / stream.event.l2_norm_bound,
+        delta=None if config is None else config.delta,
+        sampling="cyclic",
+        steps=stream.num_steps,
+    )
+    if ledger is None:
+        return PrivacyLedger(
+            neighboring=NeighboringRelation.ADD_REMOVE, metadata={INTENT_KEY: intent}
+        )
+    if not isinstance(ledger, PrivacyLedger):
+        raise InvalidParameterError("ledger", ledger, "a dpledger.PrivacyLedger or None")
+    note_intent(ledger, intent)
+    return ledger
+
+
+def correlated_batches(
+    x: Any, y: Any, batch_size: Any, kwargs: dict[str, Any], *, stream: CorrelatedStream
+) -> Any:
+    """The batches ``fit`` trains on: the sampler's draws of arrays ``x`` (and ``y``,
+    ``sample_weight``), or ``x`` itself when it is a dataset the sampler made.
+
+    Raises:
+        NoiseStreamEndError: the epochs asked for go beyond the release's T steps.
+        InvalidParameterError: ``batch_size`` given, ``steps_per_epoch`` other than the period.
+        SamplerMismatchError: ``x`` is batches the sampler did not draw.
+    """
+    sampler = stream.sampler
+    stream.check_left()
+    if batch_size is not None:
+        raise InvalidParameterError(
+            "batch_size",
+            batch_size,
+            f"None: the batches are the groups of {sampler!r} (about "
+            f"{sampler.average_denominator:.4g} records each)",
+        )
+    steps = kwargs.get("steps_per_epoch")
+    if steps is not None and steps != sampler.period:
+        raise InvalidParameterError(
+            "steps_per_epoch", steps, f"None or the period {sampler.period} (one pass per epoch)"
+        )
+    passes = int(kwargs.get("epochs", 1)) - int(kwargs.get("initial_epoch", 0))
+    left = stream.num_steps - stream.step
+    if passes * sampler.period > left:
+        raise NoiseStreamEndError(
+            f"fit would take {passes} epochs of {sampler.period} steps, but the release has "
+            f"{left} of its num_steps={stream.num_steps} steps left; nothing was trained"
+        )
+    if not isinstance(x, BATCH_SOURCES):
+        data = x if y is None else (x, y)
+        if kwargs.get("sample_weight") is not None:
+            data = (x, y, kwargs.pop("sample_weight"))
+        return sampler.sample(data)
+    if y is not None or not sampler.drew(x):
+        raise SamplerMismatchError(
+            f"fit() was given batches that {sampler!r} did not draw: a correlated-noise release "
+            "records the participation of its cyclic batches, so the data must be "
+            "sampler.sample((x, y)) itself (optionally followed by .prefetch()), or the arrays "
+            "(x, y) for the model to sample. Nothing was recorded"
+        )
+    return x
+
+
+def correlated_to_json(spec: CorrelatedNoiseSpec, stream: CorrelatedStream) -> dict[str, Any]:
+    """What a saved model keeps of its release: the spec, the sampler's parameters, the clip
+    bound and z, and the stream's state (generator, step, buffers, whether it was recorded)."""
+    sampler = stream.sampler
+    return {
+        "spec": {
+            k: (v.value if hasattr(v, "value") else v)
+            for k, v in attrs.asdict(spec, recurse=False).items()
+        },
+        "sampler": {
+            "population_size": sampler.population_size,
+            "period": sampler.period,
+            "num_steps": sampler.num_steps,
+            "sampling_probability": sampler.sampling_probability,
+            "seed": sampler.seed,
+        },
+        "state": state_to_json(stream.state()),
+    }
+
+
+def correlated_from_json(values: dict[str, Any]) -> tuple[CorrelatedNoiseSpec, CyclicSampler, Any]:
+    """The spec, the sampler and the stream state :func:`correlated_to_json` saved."""
+    spec = CorrelatedNoiseSpec(**values["spec"])
+    sampler = CyclicSampler(**values["sampler"])
+    return spec, sampler, state_from_json(values["state"])
+
+
+def attach_release(stream: CorrelatedStream, ledger: PrivacyLedger, sampler: Any) -> CyclicSampler:
+    """Check the ledger and sampler given to a loaded model with a release; position the
+    sampler at the stream's step.
+
+    Raises:
+        InvalidParameterError: the release was recorded but ``ledger`` does not hold it; the
+            sampler draws other batches; the model was saved in the middle of a pass.
+    """
+    if stream.recorded and stream.event not in ledger.correlated_releases:
+        raise InvalidParameterError(
+            "ledger",
+            ledger,
+            "the ledger that holds this model's correlated-noise release (reopen the run's file "
+            "with PrivacyLedger(path, resume=True)): the saved stream continues a release "
+            "recorded there, and a ledger without it would not account for the steps taken",
+        )
+    if sampler is None:
+        sampler = stream.sampler
+    if (
+        not isinstance(sampler, CyclicSampler)
+        or sampler.cyclic_scheme != stream.sampler.cyclic_scheme
+    ):
+        raise InvalidParameterError(
+            "sampler", sampler, f"None or a sampler drawing what {stream.sampler!r} draws"
+        )
+    if stream.step % sampler.period:
+        raise InvalidParameterError(
+            "model",
+            f"saved at stream step {stream.step}",
+            f"a model saved at the end of a pass (a multiple of period={sampler.period})",
+        )
+    sampler.seek(stream.step)
+    sampler.drive()
+    stream.sampler = sampler
+    return sampler

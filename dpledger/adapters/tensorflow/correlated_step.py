@@ -1,0 +1,342 @@
+"""Correlated noise in the Keras DP step: the release recorded once, each step's w_t added to the
+clipped sum (``docs/correlated-noise.md``, "Keras").
+
+:class:`CorrelatedStream` is the host side: at every executed step, in a ``tf.numpy_function``
+(so at execution, never at trace time), it checks that the stream has a step left, that the batch
+is the one the :class:`~dpledger.adapters.tensorflow.CyclicSampler` drew for the stream's step,
+runs the sensitivity check on the clipped sum (‖Σ clipped‖ ≤ |R|·S), records the
+``correlated_release`` event on the first step (before any noisy output) and returns the step's
+float64 noise w_t from the core generator (:func:`~dpledger.mechanisms.correlated.noise_for`).
+:class:`CorrelatedDPStep` adds w_t to the clipped sums in float64 and rounds once to the
+variables' dtype, as the independent path does (:mod:`~dpledger.adapters.tensorflow.dp_step`),
+then averages by the sampler's fixed denominator. Under ``tf.distribute`` the release runs once,
+in cross-replica context, on the sum over the replicas.
+
+One group, isotropic noise: the release records one clip bound S for a record's whole gradient
+and one σ = z·S for every coordinate of Z, so the model's clipping must be one group (the
+default ``groups="all"``) without joint scales.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import threading
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from dpledger.adapters.tensorflow.backend import TensorFlowBackend
+from dpledger.adapters.tensorflow.cyclic_sampler import CyclicSampler
+from dpledger.adapters.tensorflow.dp_step import DPStep
+from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine
+from dpledger.adapters.tensorflow.errors import NoiseStreamEndError
+from dpledger.adapters.tensorflow.gradient_queries import GradientQueries
+from dpledger.errors import InvalidParameterError, SamplerMismatchError
+from dpledger.ledger import PrivacyLedger
+from dpledger.ledger.correlated import CorrelatedReleaseEvent
+from dpledger.mechanisms import ScaledGaussianSumQuery, fixed_denominator_average
+from dpledger.mechanisms.correlated import MatrixFactorization, noise_for, release_event
+from dpledger.mechanisms.sum_query_checks import check_sensitivity
+
+__all__ = [
+    "CorrelatedDPStep",
+    "CorrelatedStream",
+    "check_one_group",
+    "state_from_json",
+    "state_to_json",
+]
+
+
+class CorrelatedStream:
+    """The host side of a correlated-noise release in a Keras run (module docstring).
+
+    Args:
+        factorization: the strategy C (and decoder B).
+        sampler: the :class:`CyclicSampler` that draws the batches; its participation schema and
+            q are what the release records.
+        l2_norm_bound: S, the clip bound of a record's whole gradient.
+        noise_multiplier: z ≥ 0; σ = z·S.
+        dim: d, the number of trainable parameters.
+        seed: the seed of the core noise generator.
+        label: the release's label in the ledger.
+        gated: steps are taken only while :attr:`open` (``DPKerasModel`` opens it during a
+            ``fit`` whose data it checked, so ``train_on_batch`` on other data is refused).
+
+    Raises:
+        InvalidParameterError: the factorization's T is not the sampler's, or a bad argument.
+    """
+
+    def __init__(
+        self,
+        factorization: MatrixFactorization,
+        sampler: CyclicSampler,
+        *,
+        l2_norm_bound: float,
+        noise_multiplier: float,
+        dim: int,
+        seed: int,
+        label: str | None = None,
+        gated: bool = False,
+    ) -> None:
+        self.open = not gated
+        if not isinstance(sampler, CyclicSampler):
+            raise InvalidParameterError(
+                "sampler",
+                sampler,
+                "a CyclicSampler: correlated noise is analysed under the cyclic batches it draws",
+            )
+        if factorization.num_steps != sampler.num_steps:
+            raise InvalidParameterError(
+                "sampler",
+                sampler,
+                f"a CyclicSampler of num_steps={factorization.num_steps} (the strategy's T)",
+            )
+        participation = sampler.cyclic_scheme.participation()
+        s = float(l2_norm_bound)
+        self.event: CorrelatedReleaseEvent = release_event(
+            factorization,
+            participation.schema,
+            l2_norm_bound=s,
+            noise_stddev=float(noise_multiplier) * s,
+            sampling_probability=participation.sampling_probability,
+            label=label,
+        )
+        self.factorization = factorization
+        self.sampler = sampler
+        self.seed = int(seed)
+        self.noise = noise_for(
+            factorization, dim=dim, noise_stddev=self.event.noise_stddev, seed=self.seed
+        )
+        self.recorded = False
+        self._lock = threading.Lock()
+        sampler.drive()
+
+    @property
+    def step(self) -> int:
+        """The stream's next step (the number of noise vectors handed out)."""
+        return self.noise.step
+
+    @property
+    def num_steps(self) -> int:
+        """T."""
+        return self.noise.num_steps
+
+    def check_left(self) -> None:
+        """Refuse when all T steps were taken.
+
+        Raises:
+            NoiseStreamEndError: the stream has no step left.
+        """
+        if self.noise.step >= self.noise.num_steps:
+            raise NoiseStreamEndError(
+                f"the correlated-noise release has num_steps={self.num_steps} steps and all were "
+                "taken: step T + 1 is not part of the release the ledger recorded. Start a new "
+                "release (a new DPKerasModel with its own spec and ledger) to train further"
+            )
+
+    def step_noise(
+        self, ledger: PrivacyLedger, *, num_records: int, position: int, norm: float, eps: float
+    ) -> np.ndarray:
+        """One step: the checks, the release (first step only), then w_t (float64, (d,)).
+
+        Args:
+            ledger: the run's ledger.
+            num_records: |R|, the records summed.
+            position: the batch's position in its pass over the sampler's dataset.
+            norm: the float64 L2 norm of the clipped sum (all variables).
+            eps: machine epsilon of the sums' dtype.
+
+        Raises:
+            NoiseStreamEndError: step T + 1.
+            SamplerMismatchError: the batch was not drawn for the stream's step.
+            SensitivityCheckError: the clipped sum is longer than |R|·S.
+        """
+        with self._lock:
+            self.check_left()
+            if not self.open:
+                raise SamplerMismatchError(
+                    "a DPKerasModel with correlated noise takes its steps only in fit(), on the "
+                    "batches of its CyclicSampler (train_on_batch and other entry points are "
+                    "refused); nothing was released"
+                )
+            t = self.noise.step
+            start = self.sampler.next_step
+            if start + position != t:
+                raise SamplerMismatchError(
+                    f"the batch at position {position} of a pass starting at stream step "
+                    f"{start} is not the batch of the stream's step {t} (group "
+                    f"{t % self.sampler.period} of {self.sampler!r}); nothing was released for it"
+                )
+            check_sensitivity(
+                norm,
+                num_records=num_records,
+                bound=self.event.l2_norm_bound,
+                eps=eps,
+                size=self.noise.dim,
+            )
+            if not self.recorded:
+                ledger.record_correlated_release(self.event)
+                self.recorded = True
+            noise = self.noise.next()
+            self.sampler.released(t)
+            return noise
+
+    def state(self) -> dict[str, Any]:
+        """The generator's state and whether the release is recorded (for a checkpoint)."""
+        return {"noise": self.noise.state_dict(), "recorded": self.recorded, "seed": self.seed}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state` (the release is not recorded again when it was)."""
+        if int(state["seed"]) != self.seed:
+            raise InvalidParameterError("state['seed']", state["seed"], f"the seed {self.seed}")
+        self.noise.load_state_dict(state["noise"])
+        self.recorded = bool(state["recorded"])
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        data = np.ascontiguousarray(value, dtype="<f8")
+        return {
+            "__float64__": base64.b64encode(data.tobytes()).decode("ascii"),
+            "shape": list(data.shape),
+        }
+    if isinstance(value, dict):
+        return {str(k): _encode(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encode(v) for v in value]
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    return value
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "__float64__" in value:
+            raw = base64.b64decode(value["__float64__"])
+            return np.frombuffer(raw, dtype="<f8").reshape(value["shape"]).astype(np.float64)
+        return {k: _decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
+
+
+def state_to_json(state: dict[str, Any]) -> dict[str, Any]:
+    """A :meth:`CorrelatedStream.state` as JSON values (float64 buffers as exact bytes)."""
+    return {str(k): _encode(v) for k, v in state.items()}
+
+
+def state_from_json(values: dict[str, Any]) -> dict[str, Any]:
+    """The state :func:`state_to_json` encoded."""
+    return {k: _decode(v) for k, v in values.items()}
+
+
+class CorrelatedDPStep(DPStep):
+    """The DP step with a correlated-noise release instead of independent noise.
+
+    Not constructed by users: :class:`~dpledger.adapters.tensorflow.DPKerasModel` builds it for
+    ``noise=`` a correlated spec. Stages 1–3 (per-example norms, clip factors, clipped sums) are
+    :class:`DPStep`'s; stage 4 is :meth:`CorrelatedStream.step_noise` and stage 5 adds w_t.
+    """
+
+    def __init__(
+        self,
+        engine: PerExampleGradientEngine,
+        queries: GradientQueries,
+        *,
+        stream: CorrelatedStream,
+        ledger: PrivacyLedger,
+        clip_margin: float | None,
+    ) -> None:
+        self.engine = engine
+        self.stream = stream
+        self.ledger = ledger
+        self.denominator = stream.sampler.average_denominator
+        self.bias_callback = None
+        self.backend = TensorFlowBackend()
+        self._lock = threading.Lock()
+        self._errors: list[BaseException] = []
+        self.variables = engine.trainable_variables
+        self._dtypes = [tf.as_dtype(v.dtype) for v in self.variables]
+        self._shapes = [tuple(int(d) for d in v.shape) for v in self.variables]
+        self._sizes = [int(np.prod(s, dtype=np.int64)) for s in self._shapes]
+        self._clip_margin = clip_margin
+        self.set_queries(queries)
+
+    def set_queries(self, queries: GradientQueries) -> None:
+        """As :meth:`DPStep.set_queries`; the release's S is fixed, so the group's bound must
+        stay the recorded one."""
+        bound = queries.queries[0].l2_norm_bound if len(queries.queries) == 1 else None
+        if bound != self.stream.event.l2_norm_bound:
+            raise InvalidParameterError(
+                "queries",
+                queries,
+                f"one group with the recorded l2_norm_bound={self.stream.event.l2_norm_bound} "
+                "(a correlated-noise release has one S for its whole stream)",
+            )
+        super().set_queries(queries)
+
+    def _host_stream(
+        self, num_records: np.ndarray, position: np.ndarray, *squared: np.ndarray
+    ) -> np.ndarray:
+        try:
+            eps = max(float(np.finfo(d.as_numpy_dtype).eps) for d in self._dtypes)
+            return self.stream.step_noise(
+                self.ledger,
+                num_records=int(num_records),
+                position=int(position),
+                norm=math.sqrt(math.fsum(float(s) for s in squared)),
+                eps=eps,
+            )
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+
+    def release(
+        self,
+        sums: Any,
+        num_records: tf.Tensor,
+        *,
+        unclipped: Any = None,
+        norms: Any = None,
+        num_clipped: Any = None,
+        position: Any = None,
+    ) -> list[tf.Tensor]:
+        """Stages 4–5 (once per step, in cross-replica context): check, record, add w_t,
+        average by the sampler's fixed denominator (``position`` is required)."""
+        if position is None:
+            raise InvalidParameterError(
+                "position", None, "the batch's position in its pass over the sampler's dataset"
+            )
+        squared = [tf.reduce_sum(tf.square(tf.cast(s, tf.float64))) for s in sums]
+        flat = tf.numpy_function(
+            self._host_stream,
+            [tf.cast(num_records, tf.int64), tf.cast(position, tf.int64), *squared],
+            tf.float64,
+            stateful=True,
+            name="dp_correlated_release",
+        )
+        flat.set_shape([sum(self._sizes)])
+        pieces = tf.split(flat, self._sizes)
+        noised = [
+            self.backend.add_scaled_noise(s, tf.reshape(w, shape), stddev=1.0)
+            for s, w, shape in zip(sums, pieces, self._shapes, strict=True)
+        ]
+        return fixed_denominator_average(noised, denominator=self.denominator, backend=self.backend)
+
+
+def check_one_group(queries: GradientQueries) -> float:
+    """S of the single unscaled group a correlated release needs.
+
+    Raises:
+        InvalidParameterError: several groups, or joint scaled clipping.
+    """
+    if len(queries.queries) != 1 or isinstance(queries.queries[0], ScaledGaussianSumQuery):
+        raise InvalidParameterError(
+            "groups",
+            f"{len(queries.queries)} groups",
+            "one group without scales (groups='all'): a correlated-noise release records one "
+            "clip bound S and one σ = z·S for every coordinate",
+        )
+    return float(queries.queries[0].l2_norm_bound)

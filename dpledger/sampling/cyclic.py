@@ -1,0 +1,219 @@
+"""Cyclic batches: the batch selection a correlated-noise release is analysed under.
+
+A matrix-mechanism release (``docs/correlated-noise.md``) is accounted under a participation
+schema (:class:`~dpledger.mechanisms.correlated.ParticipationSchema`); the training data must be
+drawn so that every record's steps are one of the schema's patterns. :class:`CyclicScheme` is
+that draw (Choquette-Choo et al. 2023, "Multi-Epoch Matrix Factorization Mechanisms for Private
+Machine Learning", section 2, and "Amplified Banded Matrix Factorization", section 3):
+
+* the n records are split **once**, by a seeded random permutation, into ``period`` fixed groups
+  (sizes ⌊n / period⌋ or ⌈n / period⌉);
+* step t (0 ≤ t < T) uses group t mod period, either **whole** (participation ``cyclic``: a
+  record of group g takes part in exactly the steps g, g + period, …, k = ⌈T / period⌉ times at
+  most, exactly ``period`` steps apart), or **Poisson-sampled** with rate q within the group
+  (each appearance an independent Bernoulli(q) draw: "Poisson sampling within cyclic bands",
+  the amplified BandMF setting).
+
+:meth:`CyclicScheme.participation` builds the schema (and q) a release of this draw records,
+from the scheme itself, so that an adapter cannot record one schema and sample another.
+
+Every draw is a pure function of (seed, step): a run resumed from a checkpoint, or another
+process of a data-parallel run, draws the same batch for the same step.
+
+Example:
+    >>> from dpledger.sampling import CyclicScheme
+    >>> scheme = CyclicScheme(population_size=10, period=2, num_steps=5, seed=0)
+    >>> sorted(scheme.draw(0).tolist() + scheme.draw(1).tolist())
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    >>> bool((scheme.draw(2) == scheme.draw(0)).all())
+    True
+    >>> schema, q = scheme.participation()
+    >>> schema.kind.value, schema.max_participations, schema.min_separation, q
+    ('cyclic', 3, 2, None)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from dpledger.errors import InvalidParameterError
+from dpledger.sampling.validation import check_population_size, check_sampling_probability
+from dpledger.validation import check_non_negative_int, check_positive_int
+
+if TYPE_CHECKING:
+    from dpledger.mechanisms.correlated.participation import ParticipationSchema
+
+__all__ = ["CyclicParticipation", "CyclicScheme"]
+
+_PARTITION, _POISSON = 0, 1  # the two independent streams spawned from the seed
+
+
+class CyclicParticipation(NamedTuple):
+    """What a correlated-noise release of a cyclic draw records about its participation.
+
+    Attributes:
+        schema: ``ParticipationSchema.cyclic(num_steps=T, period=period)``.
+        sampling_probability: q for Poisson sampling within the groups; None when every
+            step uses its whole group.
+    """
+
+    schema: ParticipationSchema
+    sampling_probability: float | None
+
+
+class CyclicScheme:
+    """``period`` fixed groups of records, visited in turn for ``num_steps`` steps.
+
+    Args:
+        population_size: n, the number of records; at least ``period`` (no empty group).
+        period: the number of groups; step t uses group t mod period. At most ``num_steps``.
+        num_steps: T, the length of the stream; a step beyond it is refused.
+        sampling_probability: q in (0, 1] to Poisson-sample each step's group (each record of
+            the group independently with probability q); None to use the whole group.
+        seed: a non-negative integer; the partition and every Poisson draw derive from it.
+
+    Raises:
+        InvalidParameterError: a value out of range (naming the parameter).
+    """
+
+    __slots__ = ("_group_of", "_groups", "_n", "_period", "_q", "_seed", "_steps")
+
+    def __init__(
+        self,
+        *,
+        population_size: int,
+        period: int,
+        num_steps: int,
+        sampling_probability: float | None = None,
+        seed: int,
+    ) -> None:
+        self._n = check_population_size(population_size)
+        self._period = check_positive_int("period", period)
+        self._steps = check_positive_int("num_steps", num_steps)
+        if self._period > self._steps:
+            raise InvalidParameterError("period", period, f"at most num_steps={self._steps}")
+        if self._period > self._n:
+            raise InvalidParameterError(
+                "period", period, f"at most population_size={self._n} (no empty group)"
+            )
+        self._q = (
+            None
+            if sampling_probability is None
+            else check_sampling_probability(sampling_probability)
+        )
+        self._seed = check_non_negative_int("seed", seed)
+        perm = np.random.default_rng(np.random.SeedSequence([self._seed, _PARTITION])).permutation(
+            self._n
+        )
+        self._groups = tuple(np.sort(part) for part in np.array_split(perm, self._period))
+        self._group_of = np.empty(self._n, dtype=np.int64)
+        for g, members in enumerate(self._groups):
+            self._group_of[members] = g
+
+    # ------------------------------------------------------------------ parameters
+    @property
+    def population_size(self) -> int:
+        """n."""
+        return self._n
+
+    @property
+    def period(self) -> int:
+        """The number of groups, and the distance between two participations of a record."""
+        return self._period
+
+    @property
+    def num_steps(self) -> int:
+        """T, the steps of the stream."""
+        return self._steps
+
+    @property
+    def sampling_probability(self) -> float | None:
+        """q within a group, or None (whole groups)."""
+        return self._q
+
+    @property
+    def seed(self) -> int:
+        """The seed of the partition and of the Poisson draws."""
+        return self._seed
+
+    @property
+    def average_denominator(self) -> float:
+        """The fixed denominator of DP-SGD's average: the expected batch size, (n / period)·q
+        (q = 1 for whole groups)."""
+        return self._n / self._period * (1.0 if self._q is None else self._q)
+
+    @property
+    def group_of(self) -> npt.NDArray[np.int64]:
+        """The group of every record (shape (n,); a copy)."""
+        return self._group_of.copy()
+
+    def group(self, index: int) -> npt.NDArray[np.int64]:
+        """The sorted records of group ``index`` (0 ≤ index < period; a copy)."""
+        g = check_non_negative_int("index", index)
+        if g >= self._period:
+            raise InvalidParameterError("index", index, f"a group in [0, {self._period})")
+        return self._groups[g].copy()
+
+    # ------------------------------------------------------------------ draws
+    def check_step(self, step: Any) -> int:
+        """``step`` as an int in [0, T).
+
+        Raises:
+            InvalidParameterError: ``step`` is not an integer in [0, num_steps).
+        """
+        t = check_non_negative_int("step", step)
+        if t >= self._steps:
+            raise InvalidParameterError(
+                "step", step, f"a step of the stream, in [0, num_steps={self._steps})"
+            )
+        return t
+
+    def draw(self, step: int) -> npt.NDArray[np.int64]:
+        """The sorted record indices of step ``step``: group step mod period, whole or
+        Poisson-sampled with rate q (a draw that depends only on the seed and the step).
+
+        Raises:
+            InvalidParameterError: ``step`` is not in [0, num_steps).
+        """
+        t = self.check_step(step)
+        members = self._groups[t % self._period]
+        if self._q is None or self._q == 1.0:
+            return members.copy()
+        rng = np.random.default_rng(np.random.SeedSequence([self._seed, _POISSON, t]))
+        return members[rng.random(members.shape[0]) < self._q]
+
+    # ------------------------------------------------------------------ what a release records
+    def participation(self) -> CyclicParticipation:
+        """The participation schema and q that a release of this scheme's draws records."""
+        # imported here: dpledger.sampling stays importable where scipy's optimisers are not
+        # (the correlated mechanisms need them)
+        from dpledger.mechanisms.correlated.participation import ParticipationSchema
+
+        return CyclicParticipation(
+            ParticipationSchema.cyclic(num_steps=self._steps, period=self._period), self._q
+        )
+
+    def describe(self) -> str:
+        """The scheme with its parameters, e.g. ``cyclic(period=4, T=16, n=100, q=0.5)``."""
+        q = "" if self._q is None else f", q={self._q!r}"
+        return f"cyclic(period={self._period}, T={self._steps}, n={self._n}{q})"
+
+    def __repr__(self) -> str:
+        return (
+            f"CyclicScheme(population_size={self._n!r}, period={self._period!r}, "
+            f"num_steps={self._steps!r}, sampling_probability={self._q!r}, seed={self._seed!r})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CyclicScheme):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self._n, self._period, self._steps, self._q, self._seed)

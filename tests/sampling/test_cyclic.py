@@ -1,0 +1,211 @@
+"""The cyclic scheme draws exactly the participation pattern its release records.
+
+References: the cyclic participation of Choquette-Choo et al. 2023 ("Multi-Epoch Matrix
+Factorization Mechanisms for Private Machine Learning", section 2) and Poisson sampling within
+cyclic bands ("Amplified Banded Matrix Factorization", section 3), checked by brute force over
+every record and step; the Bernoulli(q) draws against the binomial distribution's moments.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dpledger.errors import InvalidParameterError
+from dpledger.ledger import PrivacyLedger
+from dpledger.mechanisms.correlated import (
+    ParticipationKind,
+    optimize_banded_toeplitz,
+    release_event,
+)
+from dpledger.sampling import CyclicParticipation, CyclicScheme
+
+
+def _steps_of_every_record(scheme: CyclicScheme) -> list[list[int]]:
+    steps: list[list[int]] = [[] for _ in range(scheme.population_size)]
+    for t in range(scheme.num_steps):
+        for i in scheme.draw(t).tolist():
+            steps[i].append(t)
+    return steps
+
+
+def test_the_partition_is_a_seeded_split_into_period_groups_of_near_equal_size() -> None:
+    scheme = CyclicScheme(population_size=103, period=7, num_steps=20, seed=3)
+    groups = [scheme.group(g) for g in range(7)]
+    everyone = np.concatenate(groups)
+    assert sorted(everyone.tolist()) == list(range(103))  # disjoint and covering
+    assert {len(g) for g in groups} == {14, 15}  # ⌊103/7⌋ and ⌈103/7⌉
+    for g, members in enumerate(groups):
+        assert (scheme.group_of[members] == g).all()
+    again = CyclicScheme(population_size=103, period=7, num_steps=20, seed=3)
+    other = CyclicScheme(population_size=103, period=7, num_steps=20, seed=4)
+    assert all(np.array_equal(a, again.group(g)) for g, a in enumerate(groups))
+    assert any(
+        not np.array_equal(a, other.group(g)) for g, a in enumerate(groups)
+    )  # a random partition, not the identity split
+    assert not np.array_equal(groups[0], np.arange(len(groups[0])))
+
+
+@pytest.mark.parametrize(("n", "period", "steps"), [(10, 3, 10), (12, 4, 4), (9, 9, 20), (5, 1, 3)])
+def test_whole_groups_give_exactly_the_cyclic_patterns(n: int, period: int, steps: int) -> None:
+    """Brute force: every record's steps are {g, g + period, …} ∩ [0, T) for its group g."""
+    scheme = CyclicScheme(population_size=n, period=period, num_steps=steps, seed=0)
+    participation = scheme.participation()
+    assert isinstance(participation, CyclicParticipation)
+    schema, q = participation
+    assert q is None
+    assert schema.kind is ParticipationKind.CYCLIC
+    assert (schema.num_steps, schema.min_separation) == (steps, period)
+    assert schema.max_participations == math.ceil(steps / period)
+    allowed = set(schema.patterns())
+    for i, record_steps in enumerate(_steps_of_every_record(scheme)):
+        g = int(scheme.group_of[i])
+        assert record_steps == list(range(g, steps, period))
+        assert tuple(record_steps) in allowed
+        assert all(t % period == g for t in record_steps)
+    assert scheme.average_denominator == n / period
+
+
+def test_poisson_within_groups_keeps_every_step_in_the_records_pattern() -> None:
+    scheme = CyclicScheme(
+        population_size=60, period=4, num_steps=30, sampling_probability=0.3, seed=1
+    )
+    schema, q = scheme.participation()
+    assert q == 0.3 and schema.kind is ParticipationKind.CYCLIC and schema.min_separation == 4
+    for i, record_steps in enumerate(_steps_of_every_record(scheme)):
+        g = int(scheme.group_of[i])
+        assert set(record_steps) <= set(range(g, 30, 4))
+    assert scheme.average_denominator == pytest.approx(60 / 4 * 0.3, rel=1e-15)
+
+
+def test_poisson_within_groups_draws_independent_bernoulli_q() -> None:
+    """Each scheduled appearance of a record is a Bernoulli(q) draw, independent of the others.
+
+    Over N scheduled appearances the count kept is Binomial(N, q): within 4 standard deviations
+    √(N q (1 − q)) of N q. Independence: over the M pairs of consecutive appearances of the same
+    record, both kept is Bernoulli(q²) (within 4 √(M q² (1 − q²))), and the same for a record
+    and its neighbour in the group at one step (no dependence across records).
+    """
+    n, period, steps, q = 400, 5, 100, 0.3
+    scheme = CyclicScheme(
+        population_size=n, period=period, num_steps=steps, sampling_probability=q, seed=7
+    )
+    kept = np.zeros((n, steps), dtype=bool)
+    for t in range(steps):
+        kept[scheme.draw(t), t] = True
+    scheduled = np.zeros((n, steps), dtype=bool)
+    for i in range(n):
+        scheduled[i, int(scheme.group_of[i]) :: period] = True
+    assert not (kept & ~scheduled).any()
+    total = int(scheduled.sum())
+    assert total == n * steps // period
+    count = int(kept.sum())
+    assert abs(count - total * q) <= 4 * math.sqrt(total * q * (1 - q))
+    # consecutive appearances of one record
+    first = kept[:, : steps - period][scheduled[:, : steps - period]]
+    second = kept[:, period:][scheduled[:, period:]]
+    pairs = first.size
+    both = int((first & second).sum())
+    assert abs(both - pairs * q * q) <= 4 * math.sqrt(pairs * q * q * (1 - q * q))
+    # two records of one group at the same step
+    members = [scheme.group(g) for g in range(period)]
+    a = np.concatenate(
+        [kept[m[0::2][: len(m) // 2], g::period].ravel() for g, m in enumerate(members)]
+    )
+    b = np.concatenate(
+        [kept[m[1::2][: len(m) // 2], g::period].ravel() for g, m in enumerate(members)]
+    )
+    together = int((a & b).sum())
+    assert abs(together - a.size * q * q) <= 4 * math.sqrt(a.size * q * q * (1 - q * q))
+
+
+def test_a_draw_depends_only_on_seed_and_step() -> None:
+    """Resumed runs and other processes draw the same batch for the same step."""
+    kwargs = {"population_size": 50, "period": 3, "num_steps": 12, "sampling_probability": 0.5}
+    one = CyclicScheme(**kwargs, seed=11)  # type: ignore[arg-type]
+    two = CyclicScheme(**kwargs, seed=11)  # type: ignore[arg-type]
+    for t in reversed(range(12)):  # any order
+        assert np.array_equal(one.draw(t), two.draw(t))
+    assert one == two and hash(one) == hash(two)
+    other = CyclicScheme(**kwargs, seed=12)  # type: ignore[arg-type]
+    assert other != one
+    assert any(not np.array_equal(one.draw(t), other.draw(t)) for t in range(12))
+
+
+def test_q_equal_one_uses_the_whole_group() -> None:
+    scheme = CyclicScheme(
+        population_size=20, period=4, num_steps=8, sampling_probability=1.0, seed=0
+    )
+    for t in range(8):
+        assert np.array_equal(scheme.draw(t), scheme.group(t % 4))
+
+
+def test_the_release_of_the_participation_is_recorded_amplified() -> None:
+    """The schema and q of the scheme build the ledger event (amplified BandMF, bands ≤
+    period)."""
+    scheme = CyclicScheme(
+        population_size=40, period=4, num_steps=16, sampling_probability=0.25, seed=0
+    )
+    schema, q = scheme.participation()
+    fact = optimize_banded_toeplitz(num_steps=16, bands=4)
+    event = release_event(fact, schema, l2_norm_bound=1.0, noise_stddev=2.0, sampling_probability=q)
+    assert event.sampling == "poisson_within_bands"
+    assert event.sampling_probability == 0.25
+    assert (event.participation, event.min_separation, event.max_participations) == (
+        "cyclic",
+        4,
+        4,
+    )
+    ledger = PrivacyLedger()
+    ledger.record_correlated_release(event)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"population_size": 0, "period": 1, "num_steps": 1, "seed": 0}, "population_size"),
+        ({"population_size": 3, "period": 4, "num_steps": 8, "seed": 0}, "period"),
+        ({"population_size": 10, "period": 5, "num_steps": 4, "seed": 0}, "period"),
+        ({"population_size": 10, "period": 0, "num_steps": 4, "seed": 0}, "period"),
+        ({"population_size": 10, "period": 2, "num_steps": 0, "seed": 0}, "num_steps"),
+        ({"population_size": 10, "period": 2, "num_steps": 4, "seed": -1}, "seed"),
+        ({"population_size": 10, "period": 2, "num_steps": 4, "seed": 1.5}, "seed"),
+        (
+            {
+                "population_size": 10,
+                "period": 2,
+                "num_steps": 4,
+                "seed": 0,
+                "sampling_probability": 0,
+            },
+            "sampling_probability",
+        ),
+        (
+            {
+                "population_size": 10,
+                "period": 2,
+                "num_steps": 4,
+                "seed": 0,
+                "sampling_probability": 1.5,
+            },
+            "sampling_probability",
+        ),
+    ],
+)
+def test_bad_parameters_are_refused_by_name(kwargs: dict[str, object], name: str) -> None:
+    with pytest.raises(InvalidParameterError, match=name):
+        CyclicScheme(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_step_beyond_the_stream_and_a_bad_group_are_refused() -> None:
+    scheme = CyclicScheme(population_size=10, period=2, num_steps=4, seed=0)
+    with pytest.raises(InvalidParameterError, match="step"):
+        scheme.draw(4)
+    with pytest.raises(InvalidParameterError, match="step"):
+        scheme.draw(-1)
+    with pytest.raises(InvalidParameterError, match="index"):
+        scheme.group(2)
+    assert scheme.describe() == "cyclic(period=2, T=4, n=10)"
+    assert "seed=0" in repr(scheme)
