@@ -376,11 +376,18 @@ def blt_prefix_error(
     return float(np.dot(weights, s * s) * np.dot(c, c))
 
 
+_MAX_LOGIT = 30.0
+"""Largest |u| of the decays' logistic parametrisation in :func:`optimize_blt` (θ < 1 − 9e-14)."""
+
+
 @functools.lru_cache(maxsize=32)
 def _optimized_blt(num_steps: int, buffers: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     def unpack(x: Matrix) -> tuple[Matrix, Matrix]:
-        # θ_i = 1/(1 + e^{−u_i}) keeps every decay in (0, 1) without bounds
-        return x[:buffers], 1.0 / (1.0 + np.exp(-x[buffers:]))
+        # θ_i = 1/(1 + e^{−u_i}) keeps every decay in (0, 1) without bounds; u_i is capped at
+        # ±30 because for u_i above about 37 the logistic rounds to exactly 1.0 in float64 (a
+        # decay of 1 is no BLT), and θ = 1/(1 + e^{−30}) ≈ 1 − 9.4e-14 is as close to 1 as needed
+        u = np.clip(x[buffers:], -_MAX_LOGIT, _MAX_LOGIT)
+        return x[:buffers], 1.0 / (1.0 + np.exp(-u))
 
     def objective(x: Matrix) -> float:
         omega, theta = unpack(x)

@@ -188,3 +188,19 @@ def test_blt_optimisation_beats_its_start_and_dp_sgd_and_streams_exactly() -> No
     before = _optimized_blt.cache_info().hits
     assert optimize_blt(num_steps=t, buffers=n).params == fact.params
     assert _optimized_blt.cache_info().hits == before + 1
+
+
+@pytest.mark.parametrize(("t", "n"), [(31, 4), (16, 4), (64, 2)])
+def test_blt_optimisation_keeps_every_decay_below_one(t: int, n: int) -> None:
+    """Regression: at T = 31 with 4 buffers the optimiser drove a decay's logit so high that the
+    logistic rounded to exactly 1.0 and ``blt_factorization`` refused it. Reference: the
+    objective at the documented start (the result may not be worse) and θ_i < 1 for every i."""
+    from dpledger.mechanisms.correlated import blt_prefix_error, optimize_blt
+
+    fact = optimize_blt(num_steps=t, buffers=n)
+    theta = fact.params["theta"]
+    assert all(0.0 < th < 1.0 for th in theta)
+    theta0 = 1.0 - np.geomspace(0.5, 0.5 / t, n)
+    start = blt_prefix_error(omega=-(1.0 - theta0) / (2 * n), theta=theta0, num_steps=t)
+    got = blt_prefix_error(omega=fact.params["omega"], theta=theta, num_steps=t)
+    assert got <= start
