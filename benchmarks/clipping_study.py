@@ -25,9 +25,10 @@ A non-private reference (plain SGD on the same Poisson batches, no clipping, no 
 alongside; it has no ε.
 
 Model: an MLP 64 → 64 (ReLU) → 10 (4,810 parameters) on the 8×8 images flattened and scaled to
-[0, 1]. The images are too small for convolutions to pay for themselves, and an MLP step with
-per-example gradients costs about 3 ms on one thread (BAM about 8 ms), which is what lets five
-seeds per method and a twelve-point grid per method run in a few minutes.
+[0, 1]. The images are too small for convolutions to pay for themselves, and an MLP run of 600 steps
+with per-example gradients takes about 1.6 s on average over the methods (167 s for the 102
+tuning runs, benchmarks/RESULTS.md), which is what lets five seeds per method and a twelve-point
+grid per method run in a few minutes.
 
 Data: the 1,797 digits split once, stratified with ``random_state=0``: 20% test (360), then 20% of
 the rest validation (288), the other 1,149 training records (n of the ledger). Hyperparameters are

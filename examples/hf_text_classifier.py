@@ -6,7 +6,8 @@ majority of "positive" or "negative" words among filler words, and its label say
 ``make_private`` wraps the model, AdamW and the data set in one call; every step draws a Poisson
 sample, clips each sentence's gradient (per-layer rules for every BERT module, including its
 position embeddings of shape (1, T) broadcast over the batch), adds Gaussian noise and records
-the step in a ledger file. Well under a minute on a laptop CPU.
+the step in a ledger file. About 8 s on a 2-core x86_64 CPU
+(``benchmarks/examples_wall_time.py``).
 
     python examples/hf_text_classifier.py [--ledger bert.dpl] [--epochs 3]
     dpledger epsilon bert.dpl --delta 1e-5
