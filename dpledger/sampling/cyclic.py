@@ -6,8 +6,14 @@ drawn so that every record's steps are one of the schema's patterns. :class:`Cyc
 that draw (Choquette-Choo et al. 2023, "Multi-Epoch Matrix Factorization Mechanisms for Private
 Machine Learning", section 2, and "Amplified Banded Matrix Factorization", section 3):
 
-* the n records are split **once**, by a seeded random permutation, into ``period`` fixed groups
-  (sizes ⌊n / period⌋ or ⌈n / period⌉);
+* the n records are assigned **once** to ``period`` fixed groups, each record to a group drawn
+  uniformly and independently of the others (seeded; the group sizes are Binomial(n, 1/period),
+  so a group can be empty when n is small). Independent assignment, not an equal split, is what
+  makes the analysis hold under add/remove as well as replace-one: adding or removing a record
+  leaves the distribution of every other record's group unchanged, whereas with equal-size
+  groups a record added to one group shifts the boundaries and moves other records between
+  groups, so the neighbouring runs would differ in more than the one record's participations
+  (JAX Privacy refuses its equal split under add/remove for the same reason);
 * step t (0 ≤ t < T) uses group t mod period, either **whole** (participation ``cyclic``: a
   record of group g takes part in exactly the steps g, g + period, …, k = ⌈T / period⌉ times at
   most, exactly ``period`` steps apart), or **Poisson-sampled** with rate q within the group
@@ -68,12 +74,12 @@ class CyclicScheme:
     """``period`` fixed groups of records, visited in turn for ``num_steps`` steps.
 
     Args:
-        population_size: n, the number of records; at least ``period`` (no empty group).
+        population_size: n, the number of records; at least ``period``.
         period: the number of groups; step t uses group t mod period. At most ``num_steps``.
         num_steps: T, the length of the stream; a step beyond it is refused.
         sampling_probability: q in (0, 1] to Poisson-sample each step's group (each record of
             the group independently with probability q); None to use the whole group.
-        seed: a non-negative integer; the partition and every Poisson draw derive from it.
+        seed: a non-negative integer; the groups and every Poisson draw derive from it.
 
     Raises:
         InvalidParameterError: a value out of range (naming the parameter).
@@ -96,22 +102,19 @@ class CyclicScheme:
         if self._period > self._steps:
             raise InvalidParameterError("period", period, f"at most num_steps={self._steps}")
         if self._period > self._n:
-            raise InvalidParameterError(
-                "period", period, f"at most population_size={self._n} (no empty group)"
-            )
+            raise InvalidParameterError("period", period, f"at most population_size={self._n}")
         self._q = (
             None
             if sampling_probability is None
             else check_sampling_probability(sampling_probability)
         )
         self._seed = check_non_negative_int("seed", seed)
-        perm = np.random.default_rng(np.random.SeedSequence([self._seed, _PARTITION])).permutation(
-            self._n
+        # each record's group uniform and independent of the others' (see the module docstring)
+        rng = np.random.default_rng(np.random.SeedSequence([self._seed, _PARTITION]))
+        self._group_of = rng.integers(0, self._period, size=self._n, dtype=np.int64)
+        self._groups = tuple(
+            np.flatnonzero(self._group_of == g).astype(np.int64) for g in range(self._period)
         )
-        self._groups = tuple(np.sort(part) for part in np.array_split(perm, self._period))
-        self._group_of = np.empty(self._n, dtype=np.int64)
-        for g, members in enumerate(self._groups):
-            self._group_of[members] = g
 
     # ------------------------------------------------------------------ parameters
     @property

@@ -31,21 +31,51 @@ def _steps_of_every_record(scheme: CyclicScheme) -> list[list[int]]:
     return steps
 
 
-def test_the_partition_is_a_seeded_split_into_period_groups_of_near_equal_size() -> None:
+def test_the_groups_are_a_seeded_partition() -> None:
     scheme = CyclicScheme(population_size=103, period=7, num_steps=20, seed=3)
     groups = [scheme.group(g) for g in range(7)]
     everyone = np.concatenate(groups)
     assert sorted(everyone.tolist()) == list(range(103))  # disjoint and covering
-    assert {len(g) for g in groups} == {14, 15}  # ⌊103/7⌋ and ⌈103/7⌉
     for g, members in enumerate(groups):
         assert (scheme.group_of[members] == g).all()
     again = CyclicScheme(population_size=103, period=7, num_steps=20, seed=3)
     other = CyclicScheme(population_size=103, period=7, num_steps=20, seed=4)
     assert all(np.array_equal(a, again.group(g)) for g, a in enumerate(groups))
-    assert any(
-        not np.array_equal(a, other.group(g)) for g, a in enumerate(groups)
-    )  # a random partition, not the identity split
-    assert not np.array_equal(groups[0], np.arange(len(groups[0])))
+    assert any(not np.array_equal(a, other.group(g)) for g, a in enumerate(groups))
+
+
+@pytest.mark.statistical
+def test_each_record_joins_a_group_uniformly_and_independently() -> None:
+    """Reference: independent uniform assignment. Group sizes are Binomial(n, 1/period): each
+    within 5 standard deviations of n/period (a two-sided tail of about 6e-7 per group), and
+    the pair counts of two records' groups follow a uniform distribution on period² cells
+    (chi-square over 1,000 seeds against its 99.99% quantile)."""
+    from scipy import stats
+
+    n, period = 20_000, 7
+    sizes = np.bincount(
+        CyclicScheme(population_size=n, period=period, num_steps=7, seed=11).group_of,
+        minlength=period,
+    )
+    sd = math.sqrt(n * (1 / period) * (1 - 1 / period))
+    assert np.all(np.abs(sizes - n / period) < 5 * sd)
+    seeds = 1_000
+    pairs = np.zeros((period, period))
+    for seed in range(seeds):
+        g = CyclicScheme(population_size=10, period=period, num_steps=7, seed=seed).group_of
+        pairs[g[0], g[1]] += 1
+    chi2 = float(((pairs - seeds / period**2) ** 2 / (seeds / period**2)).sum())
+    assert chi2 < stats.chi2.ppf(0.9999, period**2 - 1)
+
+
+@pytest.mark.parametrize(("n", "period"), [(5, 2), (103, 7), (1000, 3)])
+def test_adding_a_record_moves_no_other_record_to_another_group(n: int, period: int) -> None:
+    """The add/remove coupling the analysis rests on: with the same seed, the first n records
+    keep their groups when an (n + 1)-th record is added (an equal-size split would move
+    some of them)."""
+    small = CyclicScheme(population_size=n, period=period, num_steps=period, seed=5)
+    large = CyclicScheme(population_size=n + 1, period=period, num_steps=period, seed=5)
+    assert np.array_equal(small.group_of, large.group_of[:n])
 
 
 @pytest.mark.parametrize(("n", "period", "steps"), [(10, 3, 10), (12, 4, 4), (9, 9, 20), (5, 1, 3)])
