@@ -1,6 +1,10 @@
 """The privacy ledger: events, the append-only ledger, its file format and replay views."""
 
-from dpledger.ledger.correlated import CorrelatedReleaseEvent
+from dpledger.ledger.correlated import (
+    CorrelatedReleaseEvent,
+    NoiseStreamRollbackError,
+    StreamStepEvent,
+)
 from dpledger.ledger.events import (
     NeighboringRelation,
     PrivacyUnit,
@@ -27,11 +31,13 @@ __all__ = [
     "LedgerStep",
     "LedgerWarning",
     "NeighboringRelation",
+    "NoiseStreamRollbackError",
     "PrivacyLedger",
     "PrivacyUnit",
     "SamplingEvent",
     "SamplingScheme",
     "StepRun",
+    "StreamStepEvent",
     "SumQueryEvent",
     "VerificationReport",
     "noise_multiplier_from_inverse_square_sum",

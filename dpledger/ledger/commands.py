@@ -215,8 +215,9 @@ def _info(args: argparse.Namespace) -> int:
                 {
                     **{a.name: getattr(c, a.name) for a in attrs.fields(type(c))},
                     "description": c.describe(),
+                    "steps_taken": ledger.stream_progress(i),
                 }
-                for c in ledger.correlated_releases
+                for i, c in enumerate(ledger.correlated_releases)
             ],
         }
         print(json.dumps(out, indent=2))
@@ -273,9 +274,10 @@ def _info(args: argparse.Namespace) -> int:
     correlated = ledger.correlated_releases
     if correlated:
         print(f"correlated    {len(correlated)} correlated-noise release(s)")
-        for c in correlated:
+        for i, c in enumerate(correlated):
             label = "" if c.label is None else f"{one_line(c.label)}: "
             print(f"  {label}{c.describe()}")
+            print(f"    {ledger.stream_progress(i)} of {c.num_steps} steps taken")
     return 0
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import attrs
 
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.validation import (
     check_non_negative_finite,
     check_positive_finite,
@@ -44,6 +44,9 @@ __all__ = [
     "PARTICIPATION_KINDS",
     "SAMPLING_KINDS",
     "CorrelatedReleaseEvent",
+    "NoiseStreamRollbackError",
+    "StreamStepEvent",
+    "check_stream_resume",
 ]
 
 PARTICIPATION_KINDS = ("single", "min_separation", "cyclic")
@@ -231,4 +234,107 @@ class CorrelatedReleaseEvent:
             f"S={self.l2_norm_bound:.6g}, σ={self.noise_stddev:.6g}, "
             f"sens(C)={self.sensitivity:.6g}{'' if self.sensitivity_exact else ' (bound)'}, "
             f"C sha256 {self.strategy_hash[:12]}…"
+        )
+
+
+def _index(name: str, value: Any) -> int:
+    if type(value) is not int or value < 0:
+        raise InvalidParameterError(name, value, "an integer >= 0")
+    return int(value)
+
+
+def _release_index(value: Any) -> int:
+    return _index("release", value)
+
+
+def _step_index(value: Any) -> int:
+    return _index("step", value)
+
+
+@attrs.frozen
+class StreamStepEvent:
+    """Step t of a correlated-noise release's stream was taken: its noise w_t was used.
+
+    A release (:class:`CorrelatedReleaseEvent`) already accounts for all T steps of its stream,
+    so a stream step changes no ε. It records how far the stream went: the noise of step t is a
+    deterministic function of the generator's state, and a run resumed from an older checkpoint
+    would add w_t again to other gradients, which reveals their difference without noise. The
+    ledger therefore keeps each release's steps in order (0, 1, 2, …, never repeated, fewer
+    than T), and the adapters refuse to resume a stream behind its recorded progress
+    (``docs/correlated-noise.md``).
+
+    Attributes:
+        release: 0-based index of the release in the ledger (its ``correlated_release`` lines
+            in file order).
+        step: 0-based index t of the step in the release's stream.
+    """
+
+    release: int = attrs.field(converter=_release_index)
+    step: int = attrs.field(converter=_step_index)
+
+    def describe(self) -> str:
+        """One line, e.g. for logs."""
+        return f"step {self.step} of correlated-noise release {self.release}"
+
+
+class NoiseStreamRollbackError(LedgerStateError):
+    """A checkpoint of a correlated-noise stream is behind the stream's progress in the ledger.
+
+    The noise w_t of step t is a deterministic function of the stream's generator state. The
+    ledger records every step of the stream (:class:`StreamStepEvent`); a checkpoint taken at
+    step p when the ledger already records steps 0 .. q − 1 with q > p would add w_p .. w_{q−1}
+    again to other gradients, and two outputs with the same noise reveal the difference of their
+    gradients without noise. Loading it is refused before anything is recorded: resume from the
+    checkpoint taken at step q, or start a new release (a new stream with its own seed), which
+    the ledger accounts separately. Both adapters raise it (and re-export it from their
+    ``errors`` modules).
+
+    Attributes:
+        release: the release's index in the ledger.
+        checkpoint_step: p, the stream step the checkpoint continues at.
+        ledger_step: q, the stream steps the ledger records for the release.
+    """
+
+    def __init__(
+        self, message: str, *, release: int, checkpoint_step: int, ledger_step: int
+    ) -> None:
+        self.release = release
+        self.checkpoint_step = checkpoint_step
+        self.ledger_step = ledger_step
+        super().__init__(message)
+
+
+def check_stream_resume(*, release: int, checkpoint_step: int, ledger_step: int) -> None:
+    """Refuse to continue a stream at a step other than the ledger's progress.
+
+    Args:
+        release: the release's index in the ledger.
+        checkpoint_step: p, the step the checkpoint continues at.
+        ledger_step: q, the steps the ledger records for the release
+            (:meth:`~dpledger.ledger.PrivacyLedger.stream_progress`).
+
+    Raises:
+        NoiseStreamRollbackError: q > p: the noise of steps p .. q − 1 was already used.
+        LedgerStateError: q < p: the ledger records fewer steps than the checkpoint took, so it
+            is not the ledger the stream recorded into.
+    """
+    p, q = checkpoint_step, ledger_step
+    if q > p:
+        raise NoiseStreamRollbackError(
+            f"the checkpoint continues correlated-noise release {release} at step {p}, but the "
+            f"ledger records that steps {p}..{q - 1} of its stream were already taken: their "
+            "noise was already used, and adding it again to other gradients would reveal the "
+            f"difference of the gradients without noise. Resume from the checkpoint taken at "
+            f"step {q}, or start a new release (a new stream with its own seed), which the "
+            "ledger accounts separately; nothing was recorded",
+            release=release,
+            checkpoint_step=p,
+            ledger_step=q,
+        )
+    if q < p:
+        raise LedgerStateError(
+            f"the checkpoint continues correlated-noise release {release} at step {p}, but the "
+            f"ledger records only {q} steps of its stream: it is not the ledger the stream "
+            "recorded into (continue the run's own file with PrivacyLedger(path, resume=True)); "
+            "nothing was recorded"
         )

@@ -3,11 +3,15 @@
 :func:`decode_line` verifies one complete line the slow, thorough way: its hash suffix, that it
 is an ASCII JSON object without duplicate keys, its sequence number and its link to the previous
 line, then hands it to the decoder of its record kind (:data:`_DECODERS`: the header, a sampling
-event, classic or extended, a sum query, a resume or a close marker), which checks its fields
+event, classic or extended, a sum query, a correlated-noise release or one of its stream's
+steps, a resume or a close marker), which checks its fields
 and values and re-encodes them. A line is accepted only if that re-encoding gives it back byte
 for byte, so there are no two readings of one verified file; otherwise the error names what is
 wrong. The reader's fast path (:mod:`dpledger.ledger.reader`) uses this for every line that is
 not an ordinary event line.
+
+This module is a little over 500 lines because it holds one decoder per record kind, each with
+the checks whose messages name the line, the field and the value that is wrong.
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ from typing import Any
 import attrs
 
 from dpledger.errors import InvalidParameterError, LedgerVerificationError, NotALedgerError
-from dpledger.ledger.correlated import CorrelatedReleaseEvent
+from dpledger.ledger.correlated import CorrelatedReleaseEvent, StreamStepEvent
 from dpledger.ledger.encoding import (
     CORRELATED_SCHEMA,
     FORMAT_VERSION,
     GENESIS_HASH,
     HEADER_MAGIC,
     MAX_METADATA_DEPTH,
+    STREAM_STEP_SCHEMA,
     SUPPORTED_FORMAT_VERSIONS,
     LedgerHeader,
     _show,
@@ -39,6 +44,7 @@ from dpledger.ledger.encoding import (
     encode_sample,
     encode_sampling_event,
     encode_sum_query,
+    stream_step_body,
 )
 from dpledger.ledger.events import NeighboringRelation, SamplingEvent
 from dpledger.ledger.json_values import (
@@ -90,6 +96,7 @@ _QUERY_FIELDS = ("seq", "prev", "kind", "l2_norm_bound", "noise_stddev", "label"
 _RESUME_FIELDS = ("seq", "prev", "kind", "time", "library_version", "hash")
 _RESUME_FIELDS_META = ("seq", "prev", "kind", "time", "library_version", "metadata", "hash")
 _CLOSE_FIELDS = ("seq", "prev", "kind", "time", "events", "steps", "hash")
+STREAM_STEP_FIELDS = ("seq", "prev", "kind", "schema", "release", "step", "hash")
 CORRELATED_FIELDS = (
     "seq",
     "prev",
@@ -182,6 +189,8 @@ class LineContext:
         num_events: events before the line.
         num_steps: sampling events before the line.
         format_version: the file's format version (from its header).
+        releases: T (``num_steps``) of each correlated-noise release before the line, in order.
+        stream_progress: the stream steps recorded for each of those releases.
     """
 
     path: str | None
@@ -193,6 +202,8 @@ class LineContext:
     num_events: int
     num_steps: int
     format_version: int
+    releases: tuple[int, ...] = ()
+    stream_progress: tuple[int, ...] = ()
 
     def fail(self, reason: str) -> LedgerVerificationError:
         """The error that names this line and what is wrong with it."""
@@ -218,8 +229,9 @@ def decode_line(raw: bytes, ctx: LineContext) -> tuple[str, Any, bytes]:
     Returns:
         ``(kind, value, hash)`` where value is a :class:`LedgerHeader` for the header, ``(q, n,
         scheme)`` for a classic sampling event (``(q, n, scheme, event)`` for an extended one),
-        ``(S, sigma, label)`` for a sum query, and the marker's fields (a dict without seq,
-        prev, kind and hash) for a marker.
+        ``(S, sigma, label)`` for a sum query, the event for a correlated-noise release
+        (:class:`CorrelatedReleaseEvent`) or stream step (:class:`StreamStepEvent`), and the
+        marker's fields (a dict without seq, prev, kind and hash) for a marker.
 
     Raises:
         NotALedgerError: line 1 does not start like a ledger header.
@@ -447,6 +459,42 @@ def _decode_correlated(obj: dict[str, Any], ctx: LineContext) -> tuple[Any, byte
     return event, expected
 
 
+def _decode_stream_step(obj: dict[str, Any], ctx: LineContext) -> tuple[Any, bytes]:
+    if ctx.format_version < 2:
+        raise ctx.fail("a stream_step line in a format-version-1 file, which cannot hold one")
+    if obj.get("schema") != STREAM_STEP_SCHEMA or type(obj.get("schema")) is not int:
+        raise ctx.fail(
+            f"stream_step schema {_show(obj.get('schema'))} is not supported (this reader "
+            f"knows schema {STREAM_STEP_SCHEMA})"
+        )
+    _check_fields(obj, STREAM_STEP_FIELDS, ctx.fail)
+    release, step = obj["release"], obj["step"]
+    for key, value in (("release", release), ("step", step)):
+        if type(value) is not int or value < 0:
+            raise ctx.fail(f"{key} {_show(value)} is not an integer >= 0")
+    if release >= len(ctx.releases):
+        raise ctx.fail(
+            f"a stream step of correlated-noise release {release}, but the lines before it "
+            f"hold {len(ctx.releases)} release(s)"
+        )
+    taken, num_steps = ctx.stream_progress[release], ctx.releases[release]
+    if step != taken:
+        raise ctx.fail(
+            f"step {step} of release {release}, whose steps so far are 0..{taken - 1}: its "
+            f"steps must be 0, 1, 2, ... in order, none repeated or skipped (expected {taken})"
+            if taken
+            else f"step {step} of release {release}, whose first step must be 0"
+        )
+    if step >= num_steps:
+        raise ctx.fail(
+            f"step {step} of release {release}, which has num_steps={num_steps} (steps 0.."
+            f"{num_steps - 1})"
+        )
+    event = StreamStepEvent(release, step)
+    expected, _ = encode_event(ctx.seq + 1, ctx.prev, stream_step_body(event))
+    return event, expected
+
+
 def _decode_resume(obj: dict[str, Any], ctx: LineContext) -> tuple[dict[str, Any], bytes]:
     has_meta = "metadata" in obj
     _check_fields(obj, _RESUME_FIELDS_META if has_meta else _RESUME_FIELDS, ctx.fail)
@@ -484,6 +532,7 @@ _DECODERS: dict[str, _Decoder] = {
     "sample": _decode_sample,
     "sum_query": _decode_sum_query,
     "correlated_release": _decode_correlated,
+    "stream_step": _decode_stream_step,
     "resume": _decode_resume,
     "close": _decode_close,
 }

@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from dpledger.errors import InvalidParameterError
-from dpledger.ledger.correlated import CorrelatedReleaseEvent
+from dpledger.ledger.correlated import CorrelatedReleaseEvent, StreamStepEvent
 from dpledger.ledger.events import NeighboringRelation, SamplingEvent
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "GENESIS_HASH",
     "HEADER_MAGIC",
     "MAX_METADATA_DEPTH",
+    "STREAM_STEP_SCHEMA",
     "SUPPORTED_FORMAT_VERSIONS",
     "LedgerHeader",
     "correlated_release_body",
@@ -41,6 +42,7 @@ __all__ = [
     "line_hash",
     "sample_body",
     "sampling_event_body",
+    "stream_step_body",
     "sum_query_body",
     "utc_timestamp",
 ]
@@ -50,13 +52,15 @@ FORMAT_VERSION = 2
 """The version this module writes. Version 2 adds sampling events of the schemes beyond Poisson
 and full batch, and of user-level units (the extended ``sample`` line); a version-1 file holds
 only the classic ``sample`` line, which version 2 writes unchanged. A version-2 file may also
-hold ``correlated_release`` lines, which carry their own record schema version
-(:data:`CORRELATED_SCHEMA`): a reader that does not know the kind refuses the file, so it can
-never misread one."""
+hold ``correlated_release`` and ``stream_step`` lines, which carry their own record schema
+versions (:data:`CORRELATED_SCHEMA`, :data:`STREAM_STEP_SCHEMA`): a reader that does not know
+the kind refuses the file, so it can never misread one."""
 SUPPORTED_FORMAT_VERSIONS = (1, 2)
+"""The versions this module reads."""
 CORRELATED_SCHEMA = 1
 """The schema version of the ``correlated_release`` line this module writes and reads."""
-"""The versions this module reads."""
+STREAM_STEP_SCHEMA = 1
+"""The schema version of the ``stream_step`` line this module writes and reads."""
 GENESIS_HASH = "0" * 64
 HEADER_MAGIC = b'{"format":"' + FORMAT_NAME.encode() + b'",'
 MAX_METADATA_DEPTH = 64  # nesting levels of metadata, the dict itself included
@@ -200,6 +204,14 @@ def correlated_release_body(event: CorrelatedReleaseEvent) -> str:
         f'"noise_stddev":{e.noise_stddev + 0.0!r},"sensitivity":{e.sensitivity + 0.0!r},'
         f'"sensitivity_exact":{_bool(e.sensitivity_exact)},'
         f'"max_column_norm":{e.max_column_norm + 0.0!r},"label":{encode_label(e.label)}'
+    )
+
+
+def stream_step_body(event: StreamStepEvent) -> str:
+    """The part of a ``stream_step`` line between ``"kind":"`` and ``,"hash":``: the record
+    schema (:data:`STREAM_STEP_SCHEMA`), the release's index and the step's index."""
+    return (
+        f'stream_step","schema":{STREAM_STEP_SCHEMA},"release":{event.release},"step":{event.step}'
     )
 
 

@@ -31,6 +31,7 @@ from dpledger.ledger.encoding import (
     GENESIS_HASH,
     HEADER_MAGIC,
     MAX_METADATA_DEPTH,
+    STREAM_STEP_SCHEMA,
     SUPPORTED_FORMAT_VERSIONS,
     LedgerHeader,
     correlated_release_body,
@@ -45,6 +46,7 @@ from dpledger.ledger.encoding import (
     line_hash,
     sample_body,
     sampling_event_body,
+    stream_step_body,
     sum_query_body,
     utc_timestamp,
 )
@@ -56,6 +58,7 @@ __all__ = [
     "GENESIS_HASH",
     "HEADER_MAGIC",
     "MAX_METADATA_DEPTH",
+    "STREAM_STEP_SCHEMA",
     "SUPPORTED_FORMAT_VERSIONS",
     "LedgerHeader",
     "LedgerReader",
@@ -72,6 +75,7 @@ __all__ = [
     "line_hash",
     "sample_body",
     "sampling_event_body",
+    "stream_step_body",
     "sum_query_body",
     "utc_timestamp",
 ]

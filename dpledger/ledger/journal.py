@@ -31,7 +31,7 @@ from dpledger.errors import (
     MissingHeaderError,
 )
 from dpledger.ledger import fileformat as ff
-from dpledger.ledger.correlated import CorrelatedReleaseEvent
+from dpledger.ledger.correlated import CorrelatedReleaseEvent, StreamStepEvent
 from dpledger.ledger.events import NeighboringRelation, SamplingEvent
 from dpledger.ledger.fileformat import LedgerHeader
 from dpledger.ledger.store import LedgerColumns
@@ -378,6 +378,10 @@ class LedgerJournal:
     def write_correlated(self, event: CorrelatedReleaseEvent) -> None:
         """Append a correlated-noise release (a ``correlated_release`` line)."""
         self._write_event(ff.correlated_release_body(event))
+
+    def write_stream_step(self, event: StreamStepEvent) -> None:
+        """Append a step of a correlated-noise release's stream (a ``stream_step`` line)."""
+        self._write_event(ff.stream_step_body(event))
 
     def write_query(self, s: float, sigma: float, label: str | None) -> None:
         """Append a Gaussian sum query (the hot path: :meth:`_write_event` is inlined)."""

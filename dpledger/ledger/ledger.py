@@ -31,7 +31,7 @@ from dpledger.errors import (
     NotALedgerError,
 )
 from dpledger.ledger import fileformat as ff
-from dpledger.ledger.correlated import CorrelatedReleaseEvent
+from dpledger.ledger.correlated import CorrelatedReleaseEvent, StreamStepEvent
 from dpledger.ledger.events import (
     NeighboringRelation,
     SamplingEvent,
@@ -391,7 +391,8 @@ class PrivacyLedger:
 
         Record it once, before the first noisy output of the stream is used: it stands for the
         whole release B·(C·X + Z) (``docs/correlated-noise.md``). It is no step: it ends the
-        open step, and the stream's steps record no sampling or sum-query events of their own.
+        open step, and the stream's steps record no sampling or sum-query events of their own:
+        each records one stream step (:meth:`record_stream_step`), which changes no ε.
         Build the event with :func:`dpledger.mechanisms.correlated.release_event`, which
         computes C's hash and sensitivity from C itself.
 
@@ -412,6 +413,85 @@ class PrivacyLedger:
         self._store.add_correlated(event)
         if self._journal is not None:
             self._journal.write_correlated(event)
+
+    def record_stream_step(self, *, release: int, step: int) -> None:
+        """Record that step ``step`` of a correlated-noise release's stream was taken.
+
+        Record it at every step of the stream, after the step's sensitivity check and before
+        its noisy output is used (the first step: the release, then step 0). It changes no ε
+        (the release accounts for all T steps of its stream); it keeps how far the stream went,
+        so that a run resumed from an older checkpoint, which would add the noise of steps
+        already taken to other gradients, can be refused (``docs/correlated-noise.md``). A
+        release's steps are 0, 1, 2, … in order, none repeated or skipped, each below its T.
+
+        Args:
+            release: 0-based index of the release in :attr:`correlated_releases`.
+            step: 0-based index of the step; must equal :meth:`stream_progress` of the release.
+
+        Raises:
+            InvalidParameterError: ``release`` is not the index of a recorded release, or
+                ``step`` is not its next step (a repeat, a gap, or T or beyond); the ledger is
+                unchanged.
+            LedgerStateError: the ledger is closed or read-only, or its file is of format
+                version 1, which cannot hold the event.
+        """
+        if not self._writable:
+            raise self._not_writable()
+        if self.header.format_version < 2 and self.path is not None:
+            raise LedgerStateError(
+                f"{self.path} is a format-version-1 ledger, which cannot hold a "
+                "correlated-noise stream step; record this run in a new ledger file"
+            )
+        event = StreamStepEvent(release, step)
+        store = self._store
+        if event.release >= len(store.correlated):
+            raise InvalidParameterError(
+                "release",
+                release,
+                f"the index of a recorded correlated-noise release (0 to "
+                f"{len(store.correlated) - 1})"
+                if store.correlated
+                else "the index of a recorded correlated-noise release (none is recorded: "
+                "record_correlated_release first)",
+            )
+        taken = store.stream_progress[event.release]
+        num_steps = store.correlated[event.release].num_steps
+        if taken >= num_steps:
+            raise InvalidParameterError(
+                "step",
+                step,
+                f"nothing: all num_steps={num_steps} steps of release {event.release} were taken",
+            )
+        if event.step != taken:
+            raise InvalidParameterError(
+                "step",
+                step,
+                f"{taken}, the next step of release {event.release} (its steps are recorded "
+                "0, 1, 2, ... in order; a repeated step would reuse noise already released)",
+            )
+        store.add_stream_step(event)
+        if self._journal is not None:
+            self._journal.write_stream_step(event)
+
+    def stream_progress(self, release: int) -> int:
+        """The number of steps recorded for a correlated-noise release's stream.
+
+        Its steps 0 .. ``stream_progress(release) - 1`` were taken; the next is that number.
+
+        Args:
+            release: 0-based index of the release in :attr:`correlated_releases`.
+
+        Raises:
+            InvalidParameterError: no release has that index.
+        """
+        progress = self._store.stream_progress
+        if type(release) is not int or not 0 <= release < len(progress):
+            raise InvalidParameterError(
+                "release",
+                release,
+                f"the index of a recorded correlated-noise release ({len(progress)} recorded)",
+            )
+        return progress[release]
 
     @property
     def correlated_releases(self) -> tuple[CorrelatedReleaseEvent, ...]:
@@ -459,7 +539,7 @@ class PrivacyLedger:
 
     @property
     def num_events(self) -> int:
-        """Number of events recorded (sampling, sum-query and correlated-release)."""
+        """Number of events recorded (sampling, sum-query, correlated release, stream step)."""
         return self._store.num_events
 
     @property
@@ -511,8 +591,11 @@ class PrivacyLedger:
             neighboring=self.neighboring, runs=self.runs(), correlated=self._store.correlated
         )
 
-    def events(self) -> Iterator[SamplingEvent | SumQueryEvent | CorrelatedReleaseEvent]:
-        """All events (sampling, sum-query, correlated-release), in the order recorded."""
+    def events(
+        self,
+    ) -> Iterator[SamplingEvent | SumQueryEvent | CorrelatedReleaseEvent | StreamStepEvent]:
+        """All events (sampling, sum-query, correlated release, stream step), in the order
+        recorded."""
         return self._store.events()
 
     def steps(self) -> Iterator[LedgerStep]:

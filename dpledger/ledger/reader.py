@@ -192,10 +192,12 @@ class LedgerReader:
 
     :meth:`read` goes through the file once, in blocks, and checks every line as it comes: its
     hash, its sequence number, its link to the previous line, its values, the order rules
-    (a sum query needs a sampling event in the same session; after a close marker only a resume
-    marker may follow) and its layout. The first line that fails raises
-    :class:`~dpledger.errors.LedgerVerificationError` naming it; a file whose first line is not a
-    dpledger header raises :class:`~dpledger.errors.NotALedgerError`.
+    (a sum query needs a sampling event in the same session; a stream step belongs to a release
+    before it and continues its steps 0, 1, 2, … below its T; after a close marker only a
+    resume marker may follow) and its layout. Correlated-noise lines (a release, a stream step)
+    always take the thorough path of :func:`~dpledger.ledger.decoding.decode_line`. The first
+    line that fails raises :class:`~dpledger.errors.LedgerVerificationError` naming it; a file
+    whose first line is not a dpledger header raises :class:`~dpledger.errors.NotALedgerError`.
 
     An incomplete final line (no newline, no matching hash) that is the beginning of the line the
     writer would have written next is a torn tail: it is not used and is reported in
@@ -210,7 +212,7 @@ class LedgerReader:
         last_seq: sequence number of the last verified line (-1 if none).
         last_kind: kind of the last verified line (None if none).
         missing_newline: the last verified line has no final newline.
-        num_events: sampling and sum-query events in the verified prefix.
+        num_events: events (sampling, sum-query, correlated-noise) in the verified prefix.
         num_steps: sampling events in the verified prefix.
     """
 
@@ -230,6 +232,9 @@ class LedgerReader:
         self.num_steps = 0
         self._step_open = False
         self._line_number = 0
+        # T of each correlated-noise release, and the stream steps recorded for it so far.
+        self._release_steps: list[int] = []
+        self._stream_progress: list[int] = []
         # Parses of event bodies and of their numbers and labels, by their bytes.
         self._numbers: dict[bytes, float] = {}
         self._labels: dict[bytes, Any] = {}
@@ -424,6 +429,8 @@ class LedgerReader:
                 num_events=self.num_events,
                 num_steps=self.num_steps,
                 format_version=FORMAT_VERSION if header is None else header.format_version,
+                releases=tuple(self._release_steps),
+                stream_progress=tuple(self._stream_progress),
             ),
         )
 
@@ -445,6 +452,14 @@ class LedgerReader:
             on_marker(kind, value)
             self._step_open = False
             self.num_events += 1
+            self._release_steps.append(value.num_steps)
+            self._stream_progress.append(0)
+        elif kind == "stream_step":
+            # a step of a release's stream: an event that is no step of the ledger's either
+            on_marker(kind, value)
+            self._step_open = False
+            self.num_events += 1
+            self._stream_progress[value.release] += 1
         else:
             on_marker(kind, value)
             self._step_open = False

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from dpledger.errors import LedgerStateError
-from dpledger.ledger.correlated import CorrelatedReleaseEvent
+from dpledger.ledger.correlated import CorrelatedReleaseEvent, StreamStepEvent
 from dpledger.ledger.events import SamplingEvent, SamplingScheme, SumQueryEvent
 from dpledger.ledger.steps import LedgerStep, RunCompressor, StepRun
 
@@ -27,6 +27,7 @@ _QUERY = 1
 _FULL_SAMPLE = 2
 _EXTENDED_SAMPLE = 3  # any other sampling event; its event is in specs[c[i]]
 _CORRELATED = 4  # a correlated-noise release; its event is in correlated[c[i]]
+_STREAM_STEP = 5  # step int(a[i]) of the stream of release c[i]
 
 
 class LedgerColumns:
@@ -42,7 +43,9 @@ class LedgerColumns:
 
     Attributes:
         compressor: the run-length view, fed while events are added.
-        num_events: sampling and sum-query events added.
+        num_events: events added (sampling, sum-query, correlated release, stream step).
+        stream_progress: for each correlated-noise release, the stream steps added (its steps
+            0 .. progress - 1 were taken).
     """
 
     def __init__(self, *, keep_events: bool = True) -> None:
@@ -58,6 +61,7 @@ class LedgerColumns:
         self.specs: list[SamplingEvent] = []
         self.spec_ids: dict[SamplingEvent, int] = {}
         self.correlated: list[CorrelatedReleaseEvent] = []
+        self.stream_progress: list[int] = []
         self.num_events = 0
         self.compressor = RunCompressor()
 
@@ -138,15 +142,32 @@ class LedgerColumns:
             self.b.append(0.0)
             self.c.append(len(self.correlated))
         self.correlated.append(event)
+        self.stream_progress.append(0)
+        self.compressor.end_step()
+        self.num_events += 1
+
+    def add_stream_step(self, event: StreamStepEvent) -> None:
+        """Add a step of a correlated-noise release's stream (no step of the ledger; it ends
+        the open step, as the release does). The ledger and the reader checked its order."""
+        if self.keep_events:
+            self.kind.append(_STREAM_STEP)
+            self.a.append(float(event.step))
+            self.b.append(0.0)
+            self.c.append(event.release)
+        self.stream_progress[event.release] += 1
         self.compressor.end_step()
         self.num_events += 1
 
     def add_marker(self, kind: str, fields: Any) -> None:
         """A session marker: a resume marker ends the step that was open when the previous
         session stopped; a close marker ends the last step. The reader hands correlated-noise
-        releases over the same way (``kind`` ``"correlated_release"``)."""
+        releases and their stream steps over the same way (``kind`` ``"correlated_release"``
+        and ``"stream_step"``)."""
         if kind == "correlated_release":
             self.add_correlated(fields)
+            return
+        if kind == "stream_step":
+            self.add_stream_step(fields)
             return
         self.compressor.end_step()
 
@@ -176,8 +197,11 @@ class LedgerColumns:
                 "to iterate over its events or steps"
             )
 
-    def events(self) -> Iterator[SamplingEvent | SumQueryEvent | CorrelatedReleaseEvent]:
-        """All events (sampling, sum-query, correlated-release), in the order they were added."""
+    def events(
+        self,
+    ) -> Iterator[SamplingEvent | SumQueryEvent | CorrelatedReleaseEvent | StreamStepEvent]:
+        """All events (sampling, sum-query, correlated release, stream step), in the order they
+        were added."""
         self._require_events()
         labels, pops = self.labels, self.pops
         kinds, a, b, c = self.kind, self.a, self.b, self.c
@@ -192,6 +216,8 @@ class LedgerColumns:
                 yield specs[c[i]]
             elif kind == _CORRELATED:
                 yield self.correlated[c[i]]
+            elif kind == _STREAM_STEP:
+                yield StreamStepEvent(c[i], int(a[i]))
             else:
                 yield SamplingEvent(a[i], pops[c[i]], full if kind == _FULL_SAMPLE else poisson)
 

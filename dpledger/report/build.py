@@ -11,8 +11,9 @@ re-exports them. The report states, in this order:
    (stated first, as a warning, before any number), the head hash and the ``--expect-head``
    comparison;
 2. the run: the header's relation, metadata, creation time and writer;
-3. the samplers and the sum queries (S and σ̃ per query label, with their z = σ̃ / S), and the
-   runs of identical steps (q, z_eff, count);
+3. the samplers and the sum queries (S and σ̃ per query label, with their z = σ̃ / S), the
+   correlated-noise releases (kind, T, participation schema, S, σ, sensitivity, and how many of
+   their stream's steps were taken), and the runs of identical steps (q, z_eff, count);
 4. ε at δ by every accountant that supports the ledger, with what kind of number it is and its
    certified interval where it has one; the accountants that refused, and why;
 5. ε against steps for each accountant;
@@ -217,6 +218,7 @@ def build_report(
         header=_header(ledger),
         samplers=tuple(_samplers(comp)),
         sum_queries=tuple(_sum_queries(full)),
+        correlated_releases=tuple(_correlated_releases(full)),
         runs=tuple(_runs(ledger)),
         accountants=rows,
         tradeoff=view,
@@ -322,6 +324,29 @@ def _samplers(comp: CompressedLedger) -> list[dict[str, Any]]:
             entry["sampling_probabilities"].append(run.sampling_probability)
         entry["steps"] += run.count
     return list(out.values())
+
+
+def _correlated_releases(ledger: PrivacyLedger) -> list[dict[str, Any]]:
+    """One entry per correlated-noise release, in order, with its stream's progress."""
+    return [
+        {
+            "release": i,
+            "strategy": c.strategy,
+            "num_steps": c.num_steps,
+            "participation": c.participation,
+            "max_participations": c.max_participations,
+            "min_separation": c.min_separation,
+            "sampling": c.sampling,
+            "sampling_probability": c.sampling_probability,
+            "l2_norm_bound": c.l2_norm_bound,
+            "noise_stddev": c.noise_stddev,
+            "sensitivity": c.sensitivity,
+            "sensitivity_exact": c.sensitivity_exact,
+            "label": c.label,
+            "steps_taken": ledger.stream_progress(i),
+        }
+        for i, c in enumerate(ledger.correlated_releases)
+    ]
 
 
 def _sum_queries(ledger: PrivacyLedger) -> list[dict[str, Any]]:

@@ -137,6 +137,9 @@ class PrivacyReport:
         header: the run's header (relation, metadata, created, writer, format version).
         samplers: one entry per kind of sampling, with its steps.
         sum_queries: one entry per (label, S, σ̃), with its count and z = σ̃ / S.
+        correlated_releases: one entry per correlated-noise release (kind, T, participation
+            schema, S, σ, sensitivity per unit clip), with ``steps_taken``, its stream's steps
+            recorded so far.
         runs: the runs of identical steps (q, z_eff, count, scheme).
         accountants: the accountants' answers and refusals, in the order asked for.
         tradeoff: the hypothesis-testing view.
@@ -148,6 +151,7 @@ class PrivacyReport:
     header: dict[str, Any] = field(default_factory=dict)
     samplers: tuple[dict[str, Any], ...] = ()
     sum_queries: tuple[dict[str, Any], ...] = ()
+    correlated_releases: tuple[dict[str, Any], ...] = ()
     runs: tuple[dict[str, Any], ...] = ()
     accountants: tuple[AccountantRow, ...] = ()
     tradeoff: TradeoffView | None = None

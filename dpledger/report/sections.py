@@ -212,16 +212,62 @@ def _mechanism(report: PrivacyReport) -> Section:
             for r in report.runs
         ),
     )
+    paragraphs: tuple[str, ...] = (
+        "Each step draws a sample and computes Gaussian sum queries on it; a query clips "
+        "every record's contribution to L2 norm ≤ C and adds N(0, σ̃²) noise to the sum. A "
+        "step's effective noise multiplier is z_eff = (Σ (C/σ̃)²)^(-1/2). Runs are "
+        "consecutive steps with identical sampling and z_eff.",
+    )
+    tables: tuple[Table, ...] = (samplers, queries, runs)
+    if report.correlated_releases:
+        paragraphs += (
+            "A correlated-noise release adds the noise of one matrix mechanism to a stream of "
+            "T steps, each record clipped to C; it is accounted once, for its whole stream, "
+            "from its sensitivity per unit clip under its participation schema. Its progress "
+            "counts the stream's steps taken so far.",
+        )
+        tables += (_releases_table(report),)
     return Section(
         key="mechanism",
         title="Samplers, sum queries and runs",
-        paragraphs=(
-            "Each step draws a sample and computes Gaussian sum queries on it; a query clips "
-            "every record's contribution to L2 norm ≤ C and adds N(0, σ̃²) noise to the sum. A "
-            "step's effective noise multiplier is z_eff = (Σ (C/σ̃)²)^(-1/2). Runs are "
-            "consecutive steps with identical sampling and z_eff.",
+        paragraphs=paragraphs,
+        tables=tables,
+    )
+
+
+def _releases_table(report: PrivacyReport) -> Table:
+    """The correlated-noise releases: kind, T, participation schema, C, σ, sensitivity,
+    progress."""
+    rows = []
+    for c in report.correlated_releases:
+        schema = (
+            f"{c['participation']} (k={c['max_participations']}, separation {c['min_separation']})"
+        )
+        if c["sampling"] != "none":
+            schema += f", Poisson q={c['sampling_probability']:.6g} within bands"
+        bound = "" if c["sensitivity_exact"] else " (bound)"
+        rows.append(
+            (
+                c["strategy"] if c["label"] is None else f"{c['strategy']} ({c['label']})",
+                str(c["num_steps"]),
+                schema,
+                f"{c['l2_norm_bound']:.6g}",
+                f"{c['noise_stddev']:.6g}",
+                f"{c['sensitivity']:.6g}{bound}",
+                f"{c['steps_taken']} of {c['num_steps']} steps taken",
+            )
+        )
+    return Table(
+        (
+            "correlated release",
+            "T",
+            "participation",
+            "C (L2 clipping bound)",
+            "σ (noise std)",
+            "sensitivity per unit C",
+            "progress",
         ),
-        tables=(samplers, queries, runs),
+        tuple(rows),
     )
 
 

@@ -141,6 +141,7 @@ def test_json_keys_are_stable(report: PrivacyReport) -> None:
         "accountants",
         "audit",
         "claim",
+        "correlated_releases",
         "delta",
         "format",
         "format_version",
@@ -284,3 +285,47 @@ def test_a_non_private_run_has_infinite_epsilon_and_no_tradeoff(tmp_path: Path) 
     assert report.to_dict()["accountants"][0]["epsilon"] == "inf"
     markdown = render_markdown(report)
     assert "NOT differentially private: ε = inf" in markdown and "Claim:" not in markdown
+
+
+def test_correlated_releases_are_listed_with_their_progress(tmp_path: Path) -> None:
+    """Reference: the release as recorded (its fields come back as they are) and the stream
+    steps recorded for it; a ledger without a release lists none and renders no release
+    table."""
+    from dpledger.mechanisms.correlated import (
+        ParticipationSchema,
+        release_event,
+        tree_factorization,
+    )
+
+    event = release_event(
+        tree_factorization(16),
+        ParticipationSchema.single(num_steps=16),
+        l2_norm_bound=0.5,
+        noise_stddev=2.0,
+        label="model",
+    )
+    path = tmp_path / "c.dpl"
+    with PrivacyLedger(path) as ledger:
+        ledger.record_correlated_release(event)
+        for t in range(5):
+            ledger.record_stream_step(release=0, step=t)
+    report = build_report(path, delta=DELTA, curve_points=2, accountants=["rdp"])
+    (got,) = report.correlated_releases
+    assert got["strategy"] == event.strategy and got["num_steps"] == 16
+    assert got["participation"] == "single" and got["max_participations"] == 1
+    assert (got["l2_norm_bound"], got["noise_stddev"]) == (0.5, 2.0)
+    assert got["sensitivity"] == event.sensitivity and got["steps_taken"] == 5
+    assert report.verification.num_events == 6 and report.verification.num_steps == 0
+    assert json.loads(json.dumps(report.to_dict()))["correlated_releases"][0]["steps_taken"] == 5
+    bound = "" if event.sensitivity_exact else " (bound)"
+    row = (
+        f"| {event.strategy} (model) | 16 | single (k=1, separation 1) | 0.5 | 2 | "
+        f"{event.sensitivity:.6g}{bound} | 5 of 16 steps taken |"
+    )
+    assert row in render_markdown(report)
+    assert "<td>5 of 16 steps taken</td>" in render_html(report)
+
+
+def test_no_release_table_without_releases(report: PrivacyReport) -> None:
+    assert report.correlated_releases == ()
+    assert "correlated release" not in render_markdown(report)

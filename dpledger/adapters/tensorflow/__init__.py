@@ -16,6 +16,7 @@ from dpledger.adapters.tensorflow.engine import (
 from dpledger.adapters.tensorflow.errors import (
     LedgerNotAttachedError,
     NoiseStreamEndError,
+    NoiseStreamRollbackError,
     PerExampleLossError,
     RecordMixingLayerError,
     UnrecordedTrainingWarning,
@@ -69,6 +70,7 @@ __all__ = [
     "LayerNormalizationRule",
     "LedgerNotAttachedError",
     "NoiseStreamEndError",
+    "NoiseStreamRollbackError",
     "PerExampleGradientEngine",
     "PerExampleLoss",
     "PerExampleLossError",

@@ -11,10 +11,13 @@ The soundness ties (``docs/architecture.md``, "Soundness rules", rules 1 and 6):
 * the release is recorded once, at the first executed step, after that step's sensitivity check
   and before its noisy output (:mod:`~dpledger.adapters.tensorflow.correlated_step`);
 * a step beyond T is refused (:class:`~dpledger.adapters.tensorflow.NoiseStreamEndError`);
+* every step records ``stream_step t`` after the release, before its noisy output;
 * a saved model keeps the spec, the sampler's parameters and the noise generator's state; once
   loaded it trains only after ``attach_ledger`` gives it the ledger that holds its release (or,
-  if it never trained, any ledger), and continues the stream where it was saved — never
-  recording the release twice nor restarting the stream.
+  if it never trained, any ledger) with exactly the saved stream's steps recorded, and continues
+  the stream where it was saved — never recording the release twice nor restarting the stream,
+  and never continuing from a save older than the ledger's progress
+  (:class:`~dpledger.ledger.NoiseStreamRollbackError`: that would reuse noise).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from dpledger.adapters.tensorflow.fit_data import BATCH_SOURCES
 from dpledger.adapters.tensorflow.gradient_queries import GradientQueries
 from dpledger.errors import InvalidParameterError, SamplerMismatchError
 from dpledger.ledger import NeighboringRelation, PrivacyLedger
+from dpledger.ledger.correlated import check_stream_resume
 from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent
 from dpledger.mechanisms import DPConfig
 from dpledger.mechanisms.correlated import CorrelatedNoiseSpec
@@ -50,6 +54,7 @@ __all__ = [
     "correlated_to_json",
     "fit_window",
     "ledger_for_release",
+    "no_sampling_event",
     "refuse_query_changes",
     "stream_of",
 ]
@@ -140,6 +145,19 @@ def fit_window(stream: CorrelatedStream | None) -> Iterator[None]:
         yield
     finally:
         stream.open = False
+
+
+def no_sampling_event(stream: CorrelatedStream) -> InvalidParameterError:
+    """The error for the sampling event of a model or ``PrivateGradients`` with correlated
+    noise: its steps record no sampling event, one release stands for the stream."""
+    return InvalidParameterError(
+        "sampling_event",
+        None,
+        "a per-step sampling event, which only independent noise records: with noise= a "
+        "correlated spec the ledger records one correlated-noise release for the whole stream "
+        f"({stream.event.describe()}); see .sampling_probability and .population_size, or the "
+        "release in ledger.correlated_releases",
+    )
 
 
 def refuse_query_changes(stream: CorrelatedStream | None, noise: Any) -> None:
@@ -259,17 +277,36 @@ def attach_release(stream: CorrelatedStream, ledger: PrivacyLedger, sampler: Any
     """Check the ledger and sampler given to a loaded model with a release; position the
     sampler at the stream's step.
 
+    The saved stream's step p must be the ledger's progress q for the release: a save behind it
+    (q > p, training went on past the save) would add the noise of steps p .. q − 1 again to
+    other gradients. Everything is checked before anything changes.
+
     Raises:
         InvalidParameterError: the release was recorded but ``ledger`` does not hold it; the
             sampler draws other batches; the model was saved in the middle of a pass.
+        NoiseStreamRollbackError: the ledger records more steps of the release than the saved
+            stream took (load the latest save, or start a new release).
+        LedgerStateError: the ledger records fewer steps of the release than the saved stream
+            took (it is not the run's ledger).
     """
-    if stream.recorded and stream.event not in ledger.correlated_releases:
-        raise InvalidParameterError(
-            "ledger",
-            ledger,
-            "the ledger that holds this model's correlated-noise release (reopen the run's file "
-            "with PrivacyLedger(path, resume=True)): the saved stream continues a release "
-            "recorded there, and a ledger without it would not account for the steps taken",
+    release = None
+    if stream.recorded:
+        releases = ledger.correlated_releases
+        matching = [i for i, e in enumerate(releases) if e == stream.event]
+        if not matching:
+            raise InvalidParameterError(
+                "ledger",
+                ledger,
+                "the ledger that holds this model's correlated-noise release (reopen the run's "
+                "file with PrivacyLedger(path, resume=True)): the saved stream continues a "
+                "release recorded there, and a ledger without it would not account for the "
+                "steps taken",
+            )
+        release = stream.release if stream.release in matching else matching[-1]
+        check_stream_resume(
+            release=release,
+            checkpoint_step=stream.step,
+            ledger_step=ledger.stream_progress(release),
         )
     if sampler is None:
         sampler = stream.sampler
@@ -289,4 +326,5 @@ def attach_release(stream: CorrelatedStream, ledger: PrivacyLedger, sampler: Any
     sampler.seek(stream.step)
     sampler.drive()
     stream.sampler = sampler
+    stream.release = release
     return sampler

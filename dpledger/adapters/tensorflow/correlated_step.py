@@ -5,8 +5,9 @@ clipped sum (``docs/correlated-noise.md``, "Keras").
 (so at execution, never at trace time), it checks that the stream has a step left, that the batch
 is the one the :class:`~dpledger.adapters.tensorflow.CyclicSampler` drew for the stream's step,
 runs the sensitivity check on the clipped sum (‖Σ clipped‖ ≤ |R|·S), records the
-``correlated_release`` event on the first step (before any noisy output) and returns the step's
-float64 noise w_t from the core generator (:func:`~dpledger.mechanisms.correlated.noise_for`).
+``correlated_release`` event on the first step, then ``stream_step t`` (both before any noisy
+output of the step) and returns the step's float64 noise w_t from the core generator
+(:func:`~dpledger.mechanisms.correlated.noise_for`).
 :class:`CorrelatedDPStep` adds w_t to the clipped sums in float64 and rounds once to the
 variables' dtype, as the independent path does (:mod:`~dpledger.adapters.tensorflow.dp_step`),
 then averages by the sampler's fixed denominator. Under ``tf.distribute`` the release runs once,
@@ -110,6 +111,7 @@ class CorrelatedStream:
             factorization, dim=dim, noise_stddev=self.event.noise_stddev, seed=self.seed
         )
         self.recorded = False
+        self.release: int | None = None  # the release's index in the ledger, once recorded
         self._lock = threading.Lock()
         sampler.drive()
 
@@ -139,7 +141,8 @@ class CorrelatedStream:
     def step_noise(
         self, ledger: PrivacyLedger, *, num_records: int, position: int, norm: float, eps: float
     ) -> np.ndarray:
-        """One step: the checks, the release (first step only), then w_t (float64, (d,)).
+        """One step: the checks, the release (first step only) and the stream step, then w_t
+        (float64, (d,)).
 
         Args:
             ledger: the run's ledger.
@@ -177,15 +180,24 @@ class CorrelatedStream:
                 size=self.noise.dim,
             )
             if not self.recorded:
+                release = len(ledger.correlated_releases)
                 ledger.record_correlated_release(self.event)
-                self.recorded = True
+                self.recorded, self.release = True, release
+            assert self.release is not None
+            ledger.record_stream_step(release=self.release, step=t)
             noise = self.noise.next()
             self.sampler.released(t)
             return noise
 
     def state(self) -> dict[str, Any]:
-        """The generator's state and whether the release is recorded (for a checkpoint)."""
-        return {"noise": self.noise.state_dict(), "recorded": self.recorded, "seed": self.seed}
+        """The generator's state, whether the release is recorded and its index in the ledger
+        (for a checkpoint)."""
+        return {
+            "noise": self.noise.state_dict(),
+            "recorded": self.recorded,
+            "seed": self.seed,
+            "release": self.release,
+        }
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state` (the release is not recorded again when it was)."""
@@ -193,6 +205,8 @@ class CorrelatedStream:
             raise InvalidParameterError("state['seed']", state["seed"], f"the seed {self.seed}")
         self.noise.load_state_dict(state["noise"])
         self.recorded = bool(state["recorded"])
+        release = state.get("release")
+        self.release = None if release is None else int(release)
 
 
 def _encode(value: Any) -> Any:

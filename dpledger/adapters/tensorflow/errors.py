@@ -10,10 +10,12 @@ of training a wrapped model directly.
 from __future__ import annotations
 
 from dpledger.errors import DPLedgerError
+from dpledger.ledger.correlated import NoiseStreamRollbackError
 
 __all__ = [
     "LedgerNotAttachedError",
     "NoiseStreamEndError",
+    "NoiseStreamRollbackError",
     "PerExampleLossError",
     "RecordMixingLayerError",
     "UnrecordedTrainingWarning",

@@ -61,6 +61,7 @@ from dpledger.adapters.tensorflow.correlated_model import (
     correlated_batches,
     fit_window,
     ledger_for_release,
+    no_sampling_event,
     refuse_query_changes,
     stream_of,
 )
@@ -416,20 +417,25 @@ class DPKerasModel(SavedDPModel, keras.Model):
 
     @property
     def sampling_event(self) -> SamplingEvent:
-        """The sampling event recorded with every step (``epoch_start`` aside)."""
+        """The sampling event recorded with every step (``epoch_start`` aside); correlated
+        noise records none (:class:`~dpledger.errors.InvalidParameterError`)."""
+        if self._dp_stream is not None:
+            raise no_sampling_event(self._dp_stream)
         return self._dp_events.event
 
     @property
     def sampling_probability(self) -> float:
-        """q recorded for every step."""
-        return self._dp_events.event.sampling_probability
+        """q of every step; with correlated noise the release's (q within a group, or 1.0)."""
+        stream = self._dp_stream
+        return (self._dp_events.event if stream is None else stream.event).sampling_probability
 
     @property
     def population_size(self) -> int:
-        """n recorded for every step."""
-        n = self._dp_events.event.population_size
+        """n of every step; with correlated noise the cyclic sampler's."""
+        stream = self._dp_stream
+        n = (self._dp_events.event if stream is None else stream.sampler).population_size
         assert n is not None
-        return n
+        return int(n)
 
     @property
     def dp_step(self) -> DPStep | None:

@@ -297,6 +297,12 @@ class SavedDPModel:
             InvalidParameterError: the model already has its ledger, ``ledger`` is not a
                 :class:`~dpledger.ledger.PrivacyLedger` or has a relation the scheme is not
                 analysed under, or ``sampler`` is missing or records another event.
+            NoiseStreamRollbackError: with correlated noise, the ledger records more steps of
+                the release than the saved stream took (training went on past this save:
+                continuing would reuse their noise); load the latest save, or start a new
+                release.
+            LedgerStateError: with correlated noise, the ledger records fewer steps of the
+                release than the saved stream took (it is not the run's ledger).
         """
         if self._dp_ledger is not None:
             raise InvalidParameterError(

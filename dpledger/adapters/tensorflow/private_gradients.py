@@ -19,7 +19,11 @@ from dpledger.adapters.tensorflow.construction_checks import (
     generator_of,
     ledger_of,
 )
-from dpledger.adapters.tensorflow.correlated_model import ledger_for_release, stream_of
+from dpledger.adapters.tensorflow.correlated_model import (
+    ledger_for_release,
+    no_sampling_event,
+    stream_of,
+)
 from dpledger.adapters.tensorflow.correlated_step import CorrelatedDPStep
 from dpledger.adapters.tensorflow.dp_step import DPStep, default_clip_margin
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
@@ -236,7 +240,10 @@ class PrivateGradients:
 
     @property
     def sampling_event(self) -> SamplingEvent:
-        """The sampling event recorded with every step (``epoch_start`` aside)."""
+        """The sampling event recorded with every step (``epoch_start`` aside); correlated
+        noise records none (:class:`~dpledger.errors.InvalidParameterError`)."""
+        if isinstance(self._step, CorrelatedDPStep):
+            raise no_sampling_event(self._step.stream)
         return self._step.events.event
 
     def _raw(self, inputs: Any, targets: Any, sample_weight: Any, position: Any) -> list[tf.Tensor]:

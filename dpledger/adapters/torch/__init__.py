@@ -44,6 +44,7 @@ from dpledger.adapters.torch.engine import LossReduction, PerExampleGradientEngi
 from dpledger.adapters.torch.errors import (
     EngineStateError,
     NoiseStreamEndError,
+    NoiseStreamRollbackError,
     RecordDependenceError,
     RecordMixingModuleError,
     UnsupportedModuleError,
@@ -104,6 +105,7 @@ __all__ = [
     "GradientQueries",
     "LossReduction",
     "NoiseStreamEndError",
+    "NoiseStreamRollbackError",
     "PerExampleGradientEngine",
     "PoissonBatchSampler",
     "PrivateTraining",

@@ -78,16 +78,19 @@ class OptimizerCheckpoint:
         * it holds *fewer* steps: :class:`~dpledger.errors.LedgerStateError`, since ε computed
           from it would leave out steps that were taken.
 
-        With correlated noise (``noise=`` a spec) the checkpoint holds the stream's step, its
+        With correlated noise (``noise=`` a spec) the checkpoint holds the stream's step p, its
         noise generator and the recorded release: the run continues the same noise stream, and
-        the release, which must be in the ledger, is not recorded again. The ledger records no
-        steps of the stream, so it cannot tell whether training went on past the checkpoint:
-        resume from the *last* checkpoint only (an older one would add the noise of steps
-        already released to other gradients).
+        the release, which must be in the ledger, is not recorded again. The ledger records
+        every step of the stream, and its progress q for the release must equal p: a checkpoint
+        behind it (q > p: training went on past the checkpoint, and continuing would add the
+        noise of steps p .. q − 1 again to other gradients) is refused with
+        :class:`~dpledger.ledger.NoiseStreamRollbackError`, a ledger behind it (q < p) with
+        :class:`~dpledger.errors.LedgerStateError`, both before anything is restored.
 
         Raises:
             InvalidParameterError: not a state dict of this class.
             LedgerStateError: the ledger holds fewer steps than the checkpoint.
+            NoiseStreamRollbackError: a correlated-noise checkpoint behind the ledger's progress.
         """
         if not isinstance(state_dict, Mapping) or state_dict.get("version") != _STATE_VERSION:
             raise InvalidParameterError(

@@ -9,7 +9,8 @@ trains with a matrix mechanism instead of DP-SGD's independent noise
   participation schema and q of the cyclic sampler that draws the batches
   (:meth:`~dpledger.sampling.CyclicScheme.participation`, never the spec's), S the clip bound
   and σ = z·S;
-* each step t adds w_t, the stream's noise (float64 from the seeded generator of
+* each step t records ``stream_step t`` (after the sensitivity check, before its noisy output
+  is used) and adds w_t, the stream's noise (float64 from the seeded generator of
   :func:`~dpledger.mechanisms.correlated.noise_for`), to the clipped sum instead of
   independent noise;
 * step T + 1 is refused (:class:`~dpledger.adapters.torch.errors.NoiseStreamEndError`)
@@ -21,7 +22,10 @@ steps, whose noise is the stream's.
 
 :class:`CorrelatedStream` holds the factorization, the event once recorded, the generator and
 the step, and its :meth:`~CorrelatedStream.state_dict` (in the optimizer's checkpoint) lets a
-resumed run continue the same noise without recording the release again.
+resumed run continue the same noise without recording the release again. Loading one whose step
+p is behind the ledger's progress q for the release (training went on past the checkpoint) is
+refused with :class:`~dpledger.ledger.NoiseStreamRollbackError`: it would add the noise of steps
+p .. q − 1 again to other gradients; a ledger behind the checkpoint (q < p) is refused too.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import torch
 from dpledger.adapters.torch.errors import NoiseStreamEndError
 from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.ledger import PrivacyLedger
-from dpledger.ledger.correlated import CorrelatedReleaseEvent
+from dpledger.ledger.correlated import CorrelatedReleaseEvent, check_stream_resume
 from dpledger.mechanisms.correlated import (
     CorrelatedNoise,
     CorrelatedNoiseSpec,
@@ -112,6 +116,7 @@ class CorrelatedStream:
         self.seed = int(seed)
         self.factorization = spec.factorization()
         self.event: CorrelatedReleaseEvent | None = None
+        self.release: int | None = None  # the release's index in the ledger, once recorded
         self._noise: CorrelatedNoise | None = None
         self.step = 0
 
@@ -173,20 +178,23 @@ class CorrelatedStream:
         dim: int,
         label: str | None,
     ) -> None:
-        """Record the release (first step only) and start the noise generator.
+        """Record the release and start the noise generator (first step only), then record
+        this step of the stream (``stream_step``), before its noise is used.
 
         Raises:
             InvalidParameterError: as :meth:`check_values`.
         """
         self.check_values(l2_norm_bound=l2_norm_bound, noise_stddev=noise_stddev)
-        if self.event is not None:
-            return
-        event = self._event(l2_norm_bound=l2_norm_bound, noise_stddev=noise_stddev, label=label)
-        noise = noise_for(
-            self.factorization, dim=dim, noise_stddev=event.noise_stddev, seed=self.seed
-        )
-        ledger.record_correlated_release(event)
-        self.event, self._noise = event, noise
+        if self.event is None:
+            event = self._event(l2_norm_bound=l2_norm_bound, noise_stddev=noise_stddev, label=label)
+            noise = noise_for(
+                self.factorization, dim=dim, noise_stddev=event.noise_stddev, seed=self.seed
+            )
+            release = len(ledger.correlated_releases)
+            ledger.record_correlated_release(event)
+            self.event, self._noise, self.release = event, noise, release
+        assert self.release is not None
+        ledger.record_stream_step(release=self.release, step=self.step)
 
     def next_noise(self, like: torch.Tensor) -> torch.Tensor:
         """w_t as a float64 tensor of ``like``'s shape on its device; the stream advances."""
@@ -210,6 +218,7 @@ class CorrelatedStream:
             "seed": self.seed,
             "spec": self.spec.describe(),
             "event": None if self.event is None else attrs.asdict(self.event),
+            "release": self.release,
             "noise": None if self._noise is None else _to_tensors(self._noise.state_dict()),
             "dim": None if self._noise is None else self._noise.dim,
         }
@@ -217,35 +226,72 @@ class CorrelatedStream:
     def load_state_dict(self, state: dict[str, Any], *, ledger: PrivacyLedger | None) -> None:
         """Continue the stream of a checkpoint; the release is not recorded again.
 
+        The checkpoint's step p must be the ledger's progress q for the release: q > p means
+        training went on past the checkpoint, and continuing would add the noise of steps
+        p .. q − 1 again to other gradients. Everything is checked before anything changes.
+
         Raises:
             InvalidParameterError: a state of another spec.
             LedgerStateError: the checkpoint's release is not in ``ledger`` (continue the run's
-                own ledger file).
+                own ledger file), or the ledger records fewer of its steps than the checkpoint
+                took.
+            NoiseStreamRollbackError: the ledger records more of its steps than the checkpoint
+                took (resume from the latest checkpoint, or start a new release).
         """
         if state.get("spec") != self.spec.describe():
             raise InvalidParameterError("state['spec']", state.get("spec"), self.spec.describe())
         recorded = state.get("event")
         if recorded is None:
-            self.event, self._noise, self.step = None, None, 0
+            self.event, self._noise, self.step, self.release = None, None, 0, None
             self.seed = int(state["seed"])
             return
         event = CorrelatedReleaseEvent(**recorded)
-        if ledger is not None and not any(
-            (e.strategy_hash, e.l2_norm_bound, e.noise_stddev, e.sensitivity)
-            == (event.strategy_hash, event.l2_norm_bound, event.noise_stddev, event.sensitivity)
-            for e in ledger.correlated_releases
-        ):
-            raise LedgerStateError(
-                "the checkpoint's correlated-noise release is not in the ledger: continue the "
-                "run's own ledger file (PrivacyLedger(path, resume=True)); a ledger without it "
-                "would understate epsilon"
+        step = int(state["step"])
+        release = state.get("release")
+        if ledger is not None:
+            release = _release_index(ledger, event, release)
+            check_stream_resume(
+                release=release, checkpoint_step=step, ledger_step=ledger.stream_progress(release)
             )
         self.seed = int(state["seed"])
         noise = noise_for(
             self.factorization, dim=int(state["dim"]), noise_stddev=event.noise_stddev, seed=0
         )
         noise.load_state_dict(_to_arrays(state["noise"]))
-        self.event, self._noise, self.step = event, noise, int(state["step"])
+        self.event, self._noise, self.step = event, noise, step
+        self.release = None if release is None else int(release)
+
+
+def _same_release(a: CorrelatedReleaseEvent, b: CorrelatedReleaseEvent) -> bool:
+    return (a.strategy_hash, a.l2_norm_bound, a.noise_stddev, a.sensitivity) == (
+        b.strategy_hash,
+        b.l2_norm_bound,
+        b.noise_stddev,
+        b.sensitivity,
+    )
+
+
+def _release_index(ledger: PrivacyLedger, event: CorrelatedReleaseEvent, saved: Any) -> int:
+    """The index in ``ledger`` of a checkpoint's release: the saved index when the release
+    there is the checkpoint's, else (a checkpoint without one) the last matching release.
+
+    Raises:
+        LedgerStateError: the ledger holds no such release.
+    """
+    releases = ledger.correlated_releases
+    if saved is None:
+        matching = [i for i, e in enumerate(releases) if _same_release(e, event)]
+        if matching:
+            return matching[-1]
+    elif (
+        type(saved) is int and 0 <= saved < len(releases) and _same_release(releases[saved], event)
+    ):
+        return saved
+    raise LedgerStateError(
+        "the checkpoint's correlated-noise release is not in the ledger: continue the "
+        "run's own ledger file (PrivacyLedger(path, resume=True)); a ledger without it "
+        "would understate epsilon"
+    )
 
 
 def cyclic_sampler_of(

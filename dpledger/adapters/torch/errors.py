@@ -8,10 +8,12 @@ change also subclass :class:`ValueError`.
 from __future__ import annotations
 
 from dpledger.errors import DPLedgerError
+from dpledger.ledger.correlated import NoiseStreamRollbackError
 
 __all__ = [
     "EngineStateError",
     "NoiseStreamEndError",
+    "NoiseStreamRollbackError",
     "RecordDependenceError",
     "RecordMixingModuleError",
     "UnsupportedModuleError",

@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 
 from dpledger import PrivacyLedger  # noqa: E402
 from dpledger.adapters.tensorflow import CyclicSampler, DPKerasModel  # noqa: E402
+from dpledger.ledger import StreamStepEvent  # noqa: E402
 from dpledger.mechanisms.correlated import CorrelatedNoiseSpec  # noqa: E402
 
 N, PERIOD, T = 12, 2, 4
@@ -82,6 +83,10 @@ def main() -> None:
         "releases": len(ledger.correlated_releases),
         "same_release": ledger.correlated_releases == single_ledger.correlated_releases,
         "ledger_steps": ledger.num_steps,
+        "stream_steps": [
+            [e.release, e.step] for e in ledger.events() if isinstance(e, StreamStepEvent)
+        ],
+        "single_stream_steps": single_ledger.stream_progress(0),
         "iterations": iterations,
     }
     json.dump(out, sys.stdout)

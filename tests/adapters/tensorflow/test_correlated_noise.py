@@ -33,6 +33,7 @@ from dpledger.adapters.tensorflow import (
     DPKerasModel,
     LedgerNotAttachedError,
     NoiseStreamEndError,
+    NoiseStreamRollbackError,
     PoissonSampler,
     PrivateGradients,
 )
@@ -41,7 +42,8 @@ from dpledger.adapters.tensorflow.correlated_step import (
     state_from_json,
     state_to_json,
 )
-from dpledger.errors import InvalidParameterError, SamplerMismatchError
+from dpledger.errors import InvalidParameterError, LedgerStateError, SamplerMismatchError
+from dpledger.ledger import StreamStepEvent
 from dpledger.mechanisms import SensitivityCheckError
 from dpledger.mechanisms.correlated import CorrelatedNoiseSpec, noise_for
 
@@ -134,6 +136,8 @@ def test_each_step_adds_the_core_streams_noise_and_the_release_is_recorded_once(
     loaded = PrivacyLedger.load(path)
     (event,) = loaded.correlated_releases
     assert loaded.num_steps == 0  # the stream's steps record no sampling or sum-query events
+    assert loaded.stream_progress(0) == T  # but each records its stream step, after the release
+    assert list(loaded.events()) == [event, *(StreamStepEvent(0, t) for t in range(T))]
     assert (event.l2_norm_bound, event.noise_stddev, event.num_steps) == (S, Z * S, T)
     assert (event.participation, event.min_separation, event.max_participations) == (
         "cyclic",
@@ -380,6 +384,76 @@ def test_save_and_load_continue_the_stream_without_recording_it_again(tmp_path):
     assert back.correlated_releases == whole.ledger.correlated_releases  # recorded once
     with pytest.raises(NoiseStreamEndError):
         loaded.fit(x, y, epochs=1, verbose=0)
+
+
+def _weights(dp: Any) -> np.ndarray:
+    return np.concatenate([np.asarray(v).ravel() for v in dp.model.trainable_variables])
+
+
+def test_an_older_save_is_refused_and_the_latest_continues(tmp_path):
+    """Reference: an uninterrupted run of the same spec, seeds and batches (same tolerance as
+    the save-and-load test above), and the ledger's progress: a save at p = 4 attached to the
+    ledger after it recorded q = 8 steps would reuse w_4..w_7, so it is refused before anything
+    is recorded; the save at 8 continues."""
+    spec = CorrelatedNoiseSpec(strategy="tree_honaker", num_steps=12, period=PERIOD)
+    x, y = _data()
+    x = x.astype(np.float32)
+    whole = _keras_model_for(spec, PrivacyLedger())
+    whole.fit(x, y, epochs=3, verbose=0)
+    path = tmp_path / "run.ledger"
+    first = _keras_model_for(spec, PrivacyLedger(path))
+    first.fit(x, y, epochs=1, verbose=0)
+    first.save(tmp_path / "old.keras")
+    first.fit(x, y, epochs=1, verbose=0)
+    first.save(tmp_path / "latest.keras")
+    first.ledger.close()
+    ledger = PrivacyLedger(path, resume=True)
+    events = list(ledger.events())
+    assert ledger.stream_progress(0) == 8
+    old = keras.models.load_model(tmp_path / "old.keras")
+    with pytest.raises(NoiseStreamRollbackError, match=r"steps 4\.\.7 .* step 8") as info:
+        old.attach_ledger(ledger)
+    assert (info.value.checkpoint_step, info.value.ledger_step) == (4, 8)
+    assert list(ledger.events()) == events
+    with pytest.raises(LedgerNotAttachedError):
+        old.fit(x, y, epochs=1, verbose=0)
+    latest = keras.models.load_model(tmp_path / "latest.keras")
+    latest.attach_ledger(ledger)
+    latest.fit(x, y, epochs=1, verbose=0)
+    ledger.close()
+    np.testing.assert_allclose(_weights(latest), _weights(whole), rtol=1e-6, atol=1e-7)
+    back = PrivacyLedger.load(path)
+    assert back.stream_progress(0) == 12 and len(back.correlated_releases) == 1
+
+
+def test_a_ledger_behind_the_save_is_refused(tmp_path):
+    """A ledger holding the release but fewer of its steps than the save took is not the run's
+    ledger."""
+    spec = SPECS["tree_honaker"]
+    x, y = _data()
+    first = _keras_model_for(spec, PrivacyLedger())
+    first.fit(x.astype(np.float32), y, epochs=1, verbose=0)
+    first.save(tmp_path / "model.keras")
+    other = PrivacyLedger()
+    other.record_correlated_release(first.ledger.correlated_releases[0])
+    other.record_stream_step(release=0, step=0)
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    with pytest.raises(LedgerStateError, match="records only 1 steps") as info:
+        loaded.attach_ledger(other)
+    assert not isinstance(info.value, NoiseStreamRollbackError)
+
+
+def test_sampling_properties_of_a_correlated_model():
+    """The cyclic sampler's n and the release's q; no per-step sampling event."""
+    amplified = _keras_model_for(SPECS["bandmf_amplified"], PrivacyLedger())
+    assert amplified.sampling_probability == 0.5 and amplified.population_size == N
+    whole_groups = _keras_model_for(SPECS["tree_honaker"], PrivacyLedger())
+    assert whole_groups.sampling_probability == 1.0 and whole_groups.population_size == N
+    with pytest.raises(InvalidParameterError, match="correlated-noise release"):
+        whole_groups.sampling_event  # noqa: B018
+    private, _ = _private(SPECS["tree_honaker"], Z, PrivacyLedger())
+    with pytest.raises(InvalidParameterError, match="correlated-noise release"):
+        private.sampling_event  # noqa: B018
 
 
 def _private(spec: CorrelatedNoiseSpec, z: float, ledger: PrivacyLedger) -> Any:

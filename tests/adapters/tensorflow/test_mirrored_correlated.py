@@ -45,4 +45,7 @@ def test_mirrored_run_matches_the_single_device_run_with_the_same_noise(results)
 def test_one_release_in_the_ledger_and_one_update_per_step(results):
     assert results["releases"] == 1 and results["same_release"]
     assert results["ledger_steps"] == 0
+    # one stream step per step, recorded on the chief as the release is, as in one process
+    assert results["stream_steps"] == [[0, t] for t in range(4)]
+    assert results["single_stream_steps"] == 4
     assert results["iterations"] == 4

@@ -26,12 +26,13 @@ from dpledger.adapters.torch import (
     CyclicBatchSampler,
     DPOptimizer,
     NoiseStreamEndError,
+    NoiseStreamRollbackError,
     PoissonBatchSampler,
     make_private,
     private_data_loader,
 )
-from dpledger.errors import InvalidParameterError, SamplerMismatchError
-from dpledger.ledger import PrivacyLedger
+from dpledger.errors import InvalidParameterError, LedgerStateError, SamplerMismatchError
+from dpledger.ledger import PrivacyLedger, StreamStepEvent
 from dpledger.mechanisms import SensitivityCheckError
 from dpledger.mechanisms.correlated import CorrelatedNoiseSpec, noise_for
 
@@ -106,7 +107,9 @@ def test_each_step_adds_the_streams_noise_to_the_clipped_sum(spec: CorrelatedNoi
             taken += 1
             # recorded once, on the first step, with the sampler's own participation
             (event,) = opt.ledger.correlated_releases
-            assert opt.ledger.num_steps == 0  # the stream's steps record no events
+            assert opt.ledger.num_steps == 0  # no sampling or sum-query events: stream steps
+            assert opt.ledger.stream_progress(0) == taken
+            assert list(opt.ledger.events())[1:] == [StreamStepEvent(0, t) for t in range(taken)]
     assert taken == 8
     schema, q = loader.batch_sampler.cyclic_scheme.participation()  # type: ignore[union-attr]
     assert (event.participation, event.min_separation, event.max_participations) == (
@@ -314,6 +317,105 @@ def test_a_checkpoint_is_refused_with_a_ledger_without_its_release() -> None:
     fresh._ledger = fresh_ledger  # another run's ledger
     with pytest.raises(Exception, match="not in the ledger"):
         fresh.load_state_dict(state)
+
+
+def _checkpoint(model: nn.Module, opt: DPOptimizer) -> dict:
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def _restored(
+    spec: CorrelatedNoiseSpec, state: dict, ledger: PrivacyLedger
+) -> tuple[nn.Module, DPOptimizer, DataLoader]:
+    """A fresh model, optimizer (another seed) and loader on ``ledger``, loaded from
+    ``state``."""
+    model = _model()
+    sampler = CyclicBatchSampler.for_spec(spec, population_size=N, seed=1)
+    loader = private_data_loader(_data(), sampler=sampler)
+    opt = DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        model=model,
+        l2_norm_bound=0.5,
+        noise_multiplier=1.3,
+        sampler=loader,
+        ledger=ledger,
+        seed=103,
+        noise=spec,
+    )
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    return model, opt, loader
+
+
+def _train(model: nn.Module, opt: DPOptimizer, loader: DataLoader, steps: int) -> None:
+    taken = 0
+    while taken < steps:
+        for x, y in loader:
+            _step(model, opt, x, y)
+            taken += 1
+            if taken == steps:
+                return
+
+
+def test_an_older_checkpoint_is_refused_and_the_latest_continues_bitwise() -> None:
+    """Reference: the same stream trained without interruption (weights bit for bit) and the
+    ledger's progress; a checkpoint at p = 2 loaded after the ledger recorded q = 5 steps would
+    reuse w_2..w_4, so it is refused before anything is restored or recorded."""
+    spec = CorrelatedNoiseSpec(strategy="tree_honaker", num_steps=8, period=4)
+    whole, _ = _run(spec, None)
+    model, opt, loader = _optimizer(spec, seed=3, lr=0.05)
+    ledger = opt.ledger
+    assert ledger is not None
+    _train(model, opt, loader, 2)
+    old = _checkpoint(model, opt)
+    _train(model, opt, loader, 3)
+    latest = _checkpoint(model, opt)
+    assert ledger.stream_progress(0) == 5 and latest["opt"]["correlated"]["step"] == 5
+    events = list(ledger.events())
+    with pytest.raises(NoiseStreamRollbackError, match=r"steps 2\.\.4 .* step 5") as info:
+        _restored(spec, old, ledger)
+    assert (info.value.checkpoint_step, info.value.ledger_step, info.value.release) == (2, 5, 0)
+    assert isinstance(info.value, LedgerStateError)
+    assert list(ledger.events()) == events  # nothing recorded
+    model, opt, loader = _restored(spec, latest, ledger)
+    _train(model, opt, loader, 3)
+    assert torch.equal(model.weight.detach(), whole)
+    assert ledger.stream_progress(0) == 8 and len(ledger.correlated_releases) == 1
+
+
+def test_a_checkpoint_without_the_release_index_is_checked_against_its_release() -> None:
+    """A checkpoint written before the release's index was saved finds its release by its
+    values (the last match) and gets the same progress check."""
+    spec = CorrelatedNoiseSpec(strategy="tree", num_steps=4, period=2)
+    model, opt, loader = _optimizer(spec)
+    _train(model, opt, loader, 2)
+    state = _checkpoint(model, opt)
+    del state["opt"]["correlated"]["release"]
+    _train(model, opt, loader, 1)
+    assert opt.ledger is not None
+    with pytest.raises(NoiseStreamRollbackError, match=r"steps 2\.\.2 "):
+        _restored(spec, state, opt.ledger)
+    _, resumed, _ = _restored(spec, _checkpoint(model, opt), opt.ledger)
+    assert resumed.state_dict()["correlated"]["release"] == 0
+
+
+def test_a_ledger_behind_the_checkpoint_is_refused() -> None:
+    """A ledger that holds the release but fewer of its steps than the checkpoint took is not
+    the ledger the stream recorded into."""
+    spec = CorrelatedNoiseSpec(strategy="tree", num_steps=4, period=2)
+    model, opt, loader = _optimizer(spec)
+    _train(model, opt, loader, 3)
+    state = _checkpoint(model, opt)
+    other = PrivacyLedger()
+    assert opt.ledger is not None
+    other.record_correlated_release(opt.ledger.correlated_releases[0])
+    other.record_stream_step(release=0, step=0)
+    with pytest.raises(LedgerStateError, match="records only 1 steps") as info:
+        _restored(spec, state, other)
+    assert not isinstance(info.value, NoiseStreamRollbackError)
+    assert other.stream_progress(0) == 1
 
 
 def _gdp_epsilon(mu: float, delta: float) -> float:
