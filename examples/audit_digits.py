@@ -19,7 +19,7 @@ Runs go to JSON Lines files in ``--out`` as they finish: interrupt the script an
 with the same arguments, and it continues where it stopped. Figures are written there too.
 
     python examples/audit_digits.py [--runs 250] [--white-box-runs 2000] [--workers 2]
-    python examples/audit_digits.py --quick       # 100 and 500 runs per side (43 s on a 2-core x86_64 CPU)
+    python examples/audit_digits.py --quick       # 100 and 500 runs per side (43 s, 2-core x86_64)
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from dpledger.ledger.correlated import (
     CorrelatedReleaseEvent,
+    NoiseSeedReuseError,
     NoiseStreamRollbackError,
     StreamStepEvent,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "LedgerStep",
     "LedgerWarning",
     "NeighboringRelation",
+    "NoiseSeedReuseError",
     "NoiseStreamRollbackError",
     "PrivacyLedger",
     "PrivacyUnit",

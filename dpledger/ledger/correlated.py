@@ -44,8 +44,10 @@ __all__ = [
     "PARTICIPATION_KINDS",
     "SAMPLING_KINDS",
     "CorrelatedReleaseEvent",
+    "NoiseSeedReuseError",
     "NoiseStreamRollbackError",
     "StreamStepEvent",
+    "check_new_release_seed",
     "check_stream_resume",
 ]
 
@@ -337,4 +339,39 @@ def check_stream_resume(*, release: int, checkpoint_step: int, ledger_step: int)
             f"ledger records only {q} steps of its stream: it is not the ledger the stream "
             "recorded into (continue the run's own file with PrivacyLedger(path, resume=True)); "
             "nothing was recorded"
+        )
+
+
+class NoiseSeedReuseError(LedgerStateError):
+    """A new correlated-noise release whose noise could repeat an earlier release's.
+
+    A stream's noise is a deterministic function of its seed. Two releases of one ledger with
+    the same seed would add the same noise to different gradients, revealing their difference
+    without noise, while the ledger accounts them as independent mechanisms. The ledger does
+    not record seeds, so a ledger that already holds a release takes another only from a
+    stream whose seed was drawn afresh from the operating system's entropy in this process
+    (``seed=None``, the default), never from an explicit seed or a seed restored from a
+    checkpoint. Both adapters raise it (and re-export it from their ``errors`` modules).
+    """
+
+
+def check_new_release_seed(ledger_releases: int, *, fresh_seed: bool) -> None:
+    """Refuse a new release into a ledger that already holds one unless its seed is fresh.
+
+    Args:
+        ledger_releases: the correlated-noise releases the ledger already holds.
+        fresh_seed: whether the stream's seed was drawn from the operating system's entropy in
+            this process (not given by the user, not restored from a checkpoint).
+
+    Raises:
+        NoiseSeedReuseError: the ledger holds a release and the seed is not fresh.
+    """
+    if ledger_releases and not fresh_seed:
+        raise NoiseSeedReuseError(
+            f"the ledger already holds {ledger_releases} correlated-noise release(s), and this "
+            "stream's seed was given (or restored from a checkpoint taken before its first "
+            "step): if it is the seed of an earlier release, the same noise would be added to "
+            "other gradients, and the ledger, which records no seeds, could not tell. Use "
+            "seed=None (fresh noise from the operating system) for a further release in this "
+            "ledger, or record the run in a new ledger; nothing was recorded"
         )

@@ -17,12 +17,12 @@ deviation z·S·‖c‖₂, ‖c‖₂ being C's largest column norm. In dpledge
 S = 1, σ = z·‖c‖₂, and ``sampling_probability=q`` for q < 1, none for q = 1. JAX Privacy's
 default relation is zero-out (``REPLACE_SPECIAL``); the file also holds ε under add-or-remove,
 the relation of dpledger's ledger, which dp-accounting computes from the same PLD (equal).
-(JAX Privacy itself refuses add-or-remove with its equal-split groups, which dpledger's
-``CyclicScheme`` also draws, and asks for independent group assignment there; the file records
-that refusal. This test compares ε of the same PLD, not that choice of relation.)
+(JAX Privacy itself refuses add-or-remove with its equal-split groups and asks for
+independent group assignment there, which is what dpledger's ``CyclicScheme`` draws; the file
+records that refusal. This test compares ε of the same PLD, not that choice of relation.)
 JAX Privacy's optimised strategies have ‖c‖₂ = 1, where σ = z; the file also holds two of them
-rescaled to c_0 = 1 (‖c‖₂ ≈ 1.55 and 1.57), same ε in JAX Privacy, so that dpledger's division by its
-own largest column norm is tested too.
+rescaled to c_0 = 1 (‖c‖₂ ≈ 1.55 and 1.57), same ε in JAX Privacy, so that dpledger's division
+by its own largest column norm is tested too.
 
 Tolerance. Both sides discretise a PLD pessimistically with interval h = 1e-4: each of the k
 composed losses is rounded up by less than h, so each reported ε lies in

@@ -15,6 +15,7 @@ from dpledger.adapters.tensorflow.engine import (
 )
 from dpledger.adapters.tensorflow.errors import (
     LedgerNotAttachedError,
+    NoiseSeedReuseError,
     NoiseStreamEndError,
     NoiseStreamRollbackError,
     PerExampleLossError,
@@ -69,6 +70,7 @@ __all__ = [
     "LayerGradientRule",
     "LayerNormalizationRule",
     "LedgerNotAttachedError",
+    "NoiseSeedReuseError",
     "NoiseStreamEndError",
     "NoiseStreamRollbackError",
     "PerExampleGradientEngine",

@@ -131,6 +131,7 @@ def stream_of(
         seed=secrets.randbits(63) if seed is None else seed,
         label=noise.describe(),
         gated=gated,
+        fresh_seed=seed is None,
     )
 
 

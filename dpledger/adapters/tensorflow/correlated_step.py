@@ -36,7 +36,7 @@ from dpledger.adapters.tensorflow.errors import NoiseStreamEndError
 from dpledger.adapters.tensorflow.gradient_queries import GradientQueries
 from dpledger.errors import InvalidParameterError, SamplerMismatchError
 from dpledger.ledger import PrivacyLedger
-from dpledger.ledger.correlated import CorrelatedReleaseEvent
+from dpledger.ledger.correlated import CorrelatedReleaseEvent, check_new_release_seed
 from dpledger.mechanisms import ScaledGaussianSumQuery, fixed_denominator_average
 from dpledger.mechanisms.correlated import MatrixFactorization, noise_for, release_event
 from dpledger.mechanisms.sum_query_checks import check_sensitivity
@@ -64,6 +64,9 @@ class CorrelatedStream:
         label: the release's label in the ledger.
         gated: steps are taken only while :attr:`open` (``DPKerasModel`` opens it during a
             ``fit`` whose data it checked, so ``train_on_batch`` on other data is refused).
+        fresh_seed: whether ``seed`` was drawn from the operating system's entropy in this
+            process; only such a stream may record a release into a ledger that already holds
+            one (:func:`~dpledger.ledger.correlated.check_new_release_seed`).
 
     Raises:
         InvalidParameterError: the factorization's T is not the sampler's, or a bad argument.
@@ -80,6 +83,7 @@ class CorrelatedStream:
         seed: int,
         label: str | None = None,
         gated: bool = False,
+        fresh_seed: bool = False,
     ) -> None:
         self.open = not gated
         if not isinstance(sampler, CyclicSampler):
@@ -107,6 +111,7 @@ class CorrelatedStream:
         self.factorization = factorization
         self.sampler = sampler
         self.seed = int(seed)
+        self.fresh_seed = bool(fresh_seed)
         self.noise = noise_for(
             factorization, dim=dim, noise_stddev=self.event.noise_stddev, seed=self.seed
         )
@@ -181,6 +186,7 @@ class CorrelatedStream:
             )
             if not self.recorded:
                 release = len(ledger.correlated_releases)
+                check_new_release_seed(release, fresh_seed=self.fresh_seed)
                 ledger.record_correlated_release(self.event)
                 self.recorded, self.release = True, release
             assert self.release is not None
@@ -205,6 +211,8 @@ class CorrelatedStream:
             raise InvalidParameterError("state['seed']", state["seed"], f"the seed {self.seed}")
         self.noise.load_state_dict(state["noise"])
         self.recorded = bool(state["recorded"])
+        if not self.recorded:
+            self.fresh_seed = False  # restored: an earlier process may have released with it
         release = state.get("release")
         self.release = None if release is None else int(release)
 

@@ -10,10 +10,11 @@ of training a wrapped model directly.
 from __future__ import annotations
 
 from dpledger.errors import DPLedgerError
-from dpledger.ledger.correlated import NoiseStreamRollbackError
+from dpledger.ledger.correlated import NoiseSeedReuseError, NoiseStreamRollbackError
 
 __all__ = [
     "LedgerNotAttachedError",
+    "NoiseSeedReuseError",
     "NoiseStreamEndError",
     "NoiseStreamRollbackError",
     "PerExampleLossError",

@@ -43,6 +43,7 @@ from dpledger.adapters.torch.distributed import DistributedPoissonBatchSampler
 from dpledger.adapters.torch.engine import LossReduction, PerExampleGradientEngine, Strategy
 from dpledger.adapters.torch.errors import (
     EngineStateError,
+    NoiseSeedReuseError,
     NoiseStreamEndError,
     NoiseStreamRollbackError,
     RecordDependenceError,
@@ -104,6 +105,7 @@ __all__ = [
     "GradSampler",
     "GradientQueries",
     "LossReduction",
+    "NoiseSeedReuseError",
     "NoiseStreamEndError",
     "NoiseStreamRollbackError",
     "PerExampleGradientEngine",

@@ -40,7 +40,11 @@ import torch
 from dpledger.adapters.torch.errors import NoiseStreamEndError
 from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.ledger import PrivacyLedger
-from dpledger.ledger.correlated import CorrelatedReleaseEvent, check_stream_resume
+from dpledger.ledger.correlated import (
+    CorrelatedReleaseEvent,
+    check_new_release_seed,
+    check_stream_resume,
+)
 from dpledger.mechanisms.correlated import (
     CorrelatedNoise,
     CorrelatedNoiseSpec,
@@ -98,12 +102,22 @@ class CorrelatedStream:
         spec: the mechanism asked for.
         scheme: the cyclic scheme of the sampler that draws the batches (checked to match).
         seed: the noise generator's seed.
+        fresh_seed: whether ``seed`` was drawn from the operating system's entropy in this
+            process; only such a stream may record a release into a ledger that already holds
+            one (:func:`~dpledger.ledger.correlated.check_new_release_seed`).
 
     Raises:
         InvalidParameterError: the scheme draws something else than the spec asks for.
     """
 
-    def __init__(self, spec: CorrelatedNoiseSpec, *, scheme: CyclicScheme, seed: int) -> None:
+    def __init__(
+        self,
+        spec: CorrelatedNoiseSpec,
+        *,
+        scheme: CyclicScheme,
+        seed: int,
+        fresh_seed: bool = False,
+    ) -> None:
         if not spec.matches(scheme):
             raise InvalidParameterError(
                 "sampler",
@@ -114,6 +128,7 @@ class CorrelatedStream:
         self.spec = spec
         self.scheme = scheme
         self.seed = int(seed)
+        self.fresh_seed = bool(fresh_seed)
         self.factorization = spec.factorization()
         self.event: CorrelatedReleaseEvent | None = None
         self.release: int | None = None  # the release's index in the ledger, once recorded
@@ -186,6 +201,7 @@ class CorrelatedStream:
         """
         self.check_values(l2_norm_bound=l2_norm_bound, noise_stddev=noise_stddev)
         if self.event is None:
+            check_new_release_seed(len(ledger.correlated_releases), fresh_seed=self.fresh_seed)
             event = self._event(l2_norm_bound=l2_norm_bound, noise_stddev=noise_stddev, label=label)
             noise = noise_for(
                 self.factorization, dim=dim, noise_stddev=event.noise_stddev, seed=self.seed
@@ -244,6 +260,7 @@ class CorrelatedStream:
         if recorded is None:
             self.event, self._noise, self.step, self.release = None, None, 0, None
             self.seed = int(state["seed"])
+            self.fresh_seed = False  # restored: an earlier process may have released with it
             return
         event = CorrelatedReleaseEvent(**recorded)
         step = int(state["step"])
@@ -417,7 +434,9 @@ class CorrelatedNoiseSetup:
         opt._user_level = False
         opt._ledger = correlated_ledger(ledger)
         noise_seed = secrets.randbits(62) if seed is None else seed
-        self._stream = CorrelatedStream(spec, scheme=scheme, seed=noise_seed)
+        self._stream = CorrelatedStream(
+            spec, scheme=scheme, seed=noise_seed, fresh_seed=seed is None
+        )
         return True
 
     def _check_stream_queries(self, config: Any) -> None:

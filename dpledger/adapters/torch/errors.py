@@ -8,10 +8,11 @@ change also subclass :class:`ValueError`.
 from __future__ import annotations
 
 from dpledger.errors import DPLedgerError
-from dpledger.ledger.correlated import NoiseStreamRollbackError
+from dpledger.ledger.correlated import NoiseSeedReuseError, NoiseStreamRollbackError
 
 __all__ = [
     "EngineStateError",
+    "NoiseSeedReuseError",
     "NoiseStreamEndError",
     "NoiseStreamRollbackError",
     "RecordDependenceError",

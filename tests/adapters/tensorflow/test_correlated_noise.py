@@ -32,6 +32,7 @@ from dpledger.adapters.tensorflow import (
     CyclicSampler,
     DPKerasModel,
     LedgerNotAttachedError,
+    NoiseSeedReuseError,
     NoiseStreamEndError,
     NoiseStreamRollbackError,
     PoissonSampler,
@@ -511,3 +512,29 @@ def test_private_gradients_refuse_a_batch_at_another_position():
     with pytest.raises(SamplerMismatchError, match="stream's step 0"):
         private(x[:3], y[:3], step_in_epoch=1)
     assert ledger.correlated_releases == ()
+
+
+def test_a_second_release_with_a_given_seed_is_refused_before_anything_is_recorded():
+    """Two releases of one ledger with the same seed would add the same noise to different
+    gradients; the ledger records no seeds, so a ledger that holds a release takes another
+    only from a freshly drawn seed (seed=None)."""
+    spec = SPECS["tree_honaker"]
+    x, y = _data()
+    ledger = PrivacyLedger()
+    _train(spec, Z, ledger, epochs=1)
+    events = list(ledger.events())
+    again = _model_for(spec, ledger)  # seed=SEED again
+    with pytest.raises(NoiseSeedReuseError, match="seed=None"):
+        again.fit(again._dp_sampler.sample((x, y)), epochs=1, verbose=0)
+    assert list(ledger.events()) == events  # nothing recorded
+    fresh = DPKerasModel(
+        _linear_model(),
+        l2_norm_bound=S,
+        noise_multiplier=Z,
+        sampler=_sampler(spec),
+        ledger=ledger,
+        noise=spec,
+    )  # seed=None: drawn afresh
+    fresh.compile(optimizer=keras.optimizers.SGD(LR), loss=_linear_loss)
+    fresh.fit(fresh._dp_sampler.sample((x, y)), epochs=1, verbose=0)
+    assert len(ledger.correlated_releases) == 2 and ledger.stream_progress(1) == PERIOD

@@ -25,6 +25,7 @@ from dpledger.accountants import make_accountant
 from dpledger.adapters.torch import (
     CyclicBatchSampler,
     DPOptimizer,
+    NoiseSeedReuseError,
     NoiseStreamEndError,
     NoiseStreamRollbackError,
     PoissonBatchSampler,
@@ -558,3 +559,72 @@ def test_noise_independent_is_the_default_step_bit_for_bit() -> None:
         runs.append((model.weight.detach().clone(), list(opt.ledger.events())))
     assert torch.equal(runs[0][0], runs[1][0])
     assert runs[0][1] == runs[1][1] and len(runs[0][1]) > 0
+
+
+def _second_run(
+    spec: CorrelatedNoiseSpec, ledger: PrivacyLedger, seed: int | None
+) -> tuple[nn.Module, DPOptimizer, DataLoader]:
+    model = _model()
+    sampler = CyclicBatchSampler.for_spec(spec, population_size=N, seed=1)
+    loader = private_data_loader(_data(), sampler=sampler)
+    opt = DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        model=model,
+        l2_norm_bound=0.5,
+        noise_multiplier=1.3,
+        sampler=loader,
+        ledger=ledger,
+        seed=seed,
+        noise=spec,
+    )
+    return model, opt, loader
+
+
+def test_a_second_release_with_a_given_seed_is_refused_before_anything_is_recorded() -> None:
+    """Two releases of one ledger with the same seed would add the same noise to different
+    gradients; the ledger records no seeds, so a ledger that holds a release takes another
+    only from a freshly drawn seed (seed=None)."""
+    spec = CorrelatedNoiseSpec(strategy="tree", num_steps=4, period=2)
+    model, opt, loader = _optimizer(spec, seed=7, lr=0.05)
+    _train(model, opt, loader, 2)
+    ledger = opt.ledger
+    assert ledger is not None
+    events = list(ledger.events())
+    again, opt2, loader2 = _second_run(spec, ledger, seed=7)
+    x, y = next(iter(loader2))
+    with pytest.raises(NoiseSeedReuseError, match="seed=None") as info:
+        _step(again, opt2, x, y)
+    assert isinstance(info.value, LedgerStateError)
+    assert list(ledger.events()) == events  # nothing recorded
+    fresh, opt3, loader3 = _second_run(spec, ledger, seed=None)
+    _train(fresh, opt3, loader3, 2)
+    assert len(ledger.correlated_releases) == 2 and ledger.stream_progress(1) == 2
+
+
+def test_a_checkpoint_from_before_the_first_step_cannot_start_a_second_release() -> None:
+    """A checkpoint taken before the stream's first step holds its seed; loaded after that seed
+    was used for a release in the ledger, it would repeat the release's noise, so its first
+    step is refused (even though the run drew the seed itself)."""
+    spec = CorrelatedNoiseSpec(strategy="tree", num_steps=4, period=2)
+    model = _model()
+    sampler = CyclicBatchSampler.for_spec(spec, population_size=N, seed=1)
+    loader = private_data_loader(_data(), sampler=sampler)
+    opt = DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        model=model,
+        l2_norm_bound=0.5,
+        noise_multiplier=1.3,
+        sampler=loader,
+        noise=spec,
+    )  # seed=None: drawn afresh
+    before = _checkpoint(model, opt)
+    _train(model, opt, loader, 2)
+    ledger = opt.ledger
+    assert ledger is not None and len(ledger.correlated_releases) == 1
+    restored, opt2, loader2 = _second_run(spec, ledger, seed=None)  # a fresh seed, then
+    restored.load_state_dict(before["model"])
+    opt2.load_state_dict(before["opt"])  # replaced by the checkpoint's
+    x, y = next(iter(loader2))
+    with pytest.raises(NoiseSeedReuseError):
+        _step(restored, opt2, x, y)
+    assert len(ledger.correlated_releases) == 1 and ledger.stream_progress(0) == 2
