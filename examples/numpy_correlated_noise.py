@@ -1,8 +1,10 @@
 """BandMF (correlated noise) for logistic regression in plain NumPy, with a ledger and ε.
 
-The training set is cut into fixed batches visited in the same order every epoch (cyclic
-participation: a record takes part once every ``BATCHES`` steps). The noise comes from a banded
-Toeplitz factorization with at most ``BATCHES`` bands (BandMF, Choquette-Choo et al. 2023),
+Every record joins one of ``BATCHES`` fixed groups, uniformly and independently of the others
+(``dpledger.sampling.CyclicScheme``), and the groups are visited in the same order every epoch
+(cyclic participation: a record takes part once every ``BATCHES`` steps; independent assignment,
+not an equal split of the data, is what keeps this valid under add/remove). The noise comes from
+a banded Toeplitz factorization with at most ``BATCHES`` bands (BandMF, Choquette-Choo et al. 2023),
 optimised for the stream's T steps: the noise of step t is (C⁻¹·Z)_t, which cancels in the
 running sum of updates that SGD follows. The release is recorded once in the ledger (strategy,
 hash of C, participation, clip, noise, sensitivity) and the accountants turn it into the Gaussian
@@ -18,11 +20,8 @@ from sklearn.datasets import load_breast_cancer
 
 from dpledger import PrivacyLedger
 from dpledger.accountants.base import make_accountant
-from dpledger.mechanisms.correlated import (
-    CorrelatedNoiseRelease,
-    ParticipationSchema,
-    optimize_banded_toeplitz,
-)
+from dpledger.mechanisms.correlated import CorrelatedNoiseRelease, optimize_banded_toeplitz
+from dpledger.sampling import CyclicScheme
 
 SEED = 0
 BATCHES = 7  # fixed batches per epoch: the period of the cyclic participation
@@ -61,11 +60,11 @@ def main() -> None:
     x_train = np.hstack([x_train, np.ones((len(x_train), 1))])
     x_test = np.hstack([x_test, np.ones((len(x_test), 1))])
     n, d = x_train.shape
-    batches = np.array_split(np.arange(n), BATCHES)
     steps = BATCHES * EPOCHS
+    scheme = CyclicScheme(population_size=n, period=BATCHES, num_steps=steps, seed=SEED)
 
     factorization = optimize_banded_toeplitz(num_steps=steps, bands=BANDS)
-    schema = ParticipationSchema.cyclic(num_steps=steps, period=BATCHES)
+    schema = scheme.participation().schema
     ledger = PrivacyLedger(metadata={"example": "numpy_correlated_noise"})
     release = CorrelatedNoiseRelease(
         ledger,
@@ -81,9 +80,9 @@ def main() -> None:
     w = np.zeros(d)
     print(f"test accuracy before training: {accuracy(w, x_test, y_test):.3f}")
     for t in range(steps):
-        idx = batches[t % BATCHES]
+        idx = scheme.draw(t)
         noisy_sum = release.release(per_example_gradients(w, x_train[idx], y_train[idx]))
-        w -= LEARNING_RATE * noisy_sum / len(idx)
+        w -= LEARNING_RATE * noisy_sum / scheme.average_denominator  # a fixed denominator
     print(f"test accuracy after {steps} BandMF steps: {accuracy(w, x_test, y_test):.3f}")
 
     (event,) = ledger.correlated_releases

@@ -8,13 +8,13 @@ ledger cannot drift from what was used (``docs/architecture.md``, "Soundness rul
 
 from __future__ import annotations
 
-from typing import Any
+import secrets
 
 import numpy as np
 import numpy.typing as npt
 
 from dpledger.errors import InvalidParameterError
-from dpledger.ledger.correlated import CorrelatedReleaseEvent
+from dpledger.ledger.correlated import CorrelatedReleaseEvent, check_new_release_seed
 from dpledger.ledger.ledger import PrivacyLedger
 from dpledger.mechanisms.clipping import rounding_clip_margin
 from dpledger.mechanisms.correlated.noise import CorrelatedNoise, noise_for
@@ -113,7 +113,14 @@ class CorrelatedNoiseRelease:
 
     The event is recorded on construction, before any noise is handed out. Each step, either
     :meth:`release` the records (clipped, summed, checked and noised here), or add
-    :meth:`next_noise` to the step's sum of contributions clipped to S.
+    :meth:`next_noise` to the step's sum of contributions clipped to S; either records the
+    step (``stream_step``) before its noise is handed out.
+
+    The batches must follow ``schema`` (e.g. the draws of :class:`dpledger.sampling.CyclicScheme`,
+    whose groups are assigned independently, as the analysis under add/remove needs). There is
+    no resumption: a stream's noise is a function of its seed, so a second release in a ledger
+    that already holds one must draw its seed afresh (``seed=None``); the adapters' checkpoints
+    are the way to continue a stream.
 
     Args:
         ledger: where the release is recorded.
@@ -128,7 +135,9 @@ class CorrelatedNoiseRelease:
             :func:`release_event`).
         label: the release's label in the ledger (as :func:`release_event`).
         dim: d, the number of coordinates of a step's sum.
-        seed: the noise generator's seed.
+        seed: the noise generator's seed; None (the default) draws one from the operating
+            system's entropy. A given seed is refused when the ledger already holds a release
+            (:class:`~dpledger.ledger.correlated.NoiseSeedReuseError`).
     """
 
     def __init__(
@@ -140,7 +149,7 @@ class CorrelatedNoiseRelease:
         l2_norm_bound: float,
         noise_stddev: float,
         dim: int,
-        seed: int,
+        seed: int | None = None,
         sampling_probability: float | None = None,
         label: str | None = None,
     ) -> None:
@@ -153,14 +162,25 @@ class CorrelatedNoiseRelease:
             label=label,
         )
         self.noise: CorrelatedNoise = noise_for(
-            factorization, dim=dim, noise_stddev=self.event.noise_stddev, seed=seed
+            factorization,
+            dim=dim,
+            noise_stddev=self.event.noise_stddev,
+            seed=secrets.randbits(63) if seed is None else seed,
         )
         if not isinstance(ledger, PrivacyLedger):
             raise InvalidParameterError("ledger", ledger, "a PrivacyLedger")
+        self.index = len(ledger.correlated_releases)
+        check_new_release_seed(self.index, fresh_seed=seed is None)
+        self._ledger = ledger
         ledger.record_correlated_release(self.event)
 
+    def _record_step(self) -> None:
+        if self.noise.step < self.noise.num_steps:  # the generator refuses step T + 1 itself
+            self._ledger.record_stream_step(release=self.index, step=self.noise.step)
+
     def next_noise(self) -> npt.NDArray[np.float64]:
-        """The noise of the next step (float64, shape (d,))."""
+        """The noise of the next step (float64, shape (d,)), recorded as a stream step first."""
+        self._record_step()
         return self.noise.next()
 
     def release(self, records: npt.ArrayLike) -> npt.NDArray[np.float64]:
@@ -193,12 +213,4 @@ class CorrelatedNoiseRelease:
         limit = x.shape[0] * s
         if norm > limit:
             raise SensitivityCheckError(norm=norm, limit=limit, num_records=x.shape[0], bound=s)
-        return np.asarray(total + self.noise.next(), dtype=np.float64)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The noise generator's state (for a checkpoint)."""
-        return self.noise.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue the stream from a checkpoint (the event is not recorded again)."""
-        self.noise.load_state_dict(state)
+        return np.asarray(total + self.next_noise(), dtype=np.float64)

@@ -91,18 +91,26 @@ def test_sensitivity_check_refuses_an_unclipped_sum(monkeypatch: pytest.MonkeyPa
     assert rel.noise.step == 0
 
 
-def test_checkpoint_round_trip_does_not_record_again() -> None:
+def test_each_step_is_recorded_before_its_noise_and_a_given_seed_is_not_reused() -> None:
+    """A stream step is recorded for every noise vector handed out (release or next_noise);
+    a second release in the same ledger is refused with a given seed (its noise could repeat
+    the first one's) and taken with a fresh one (seed=None)."""
+    from dpledger.ledger import NoiseSeedReuseError, StreamStepEvent
+
     led = PrivacyLedger()
     fact, rel = make(led)
     rel.next_noise()
-    state = rel.state_dict()
-    expected = rel.next_noise()
-    other = CorrelatedNoiseRelease.__new__(CorrelatedNoiseRelease)
-    other.event = rel.event
-    other.noise = noise_for(fact, dim=4, noise_stddev=2.0, seed=123)
-    other.load_state_dict(state)
-    np.testing.assert_array_equal(other.next_noise(), expected)
-    assert len(led.correlated_releases) == 1
+    rel.release(np.ones((2, 4)) * 0.1)
+    assert led.stream_progress(0) == 2
+    assert list(led.events())[1:] == [StreamStepEvent(0, 0), StreamStepEvent(0, 1)]
+    events = list(led.events())
+    with pytest.raises(NoiseSeedReuseError):
+        make(led)  # seed=5 again
+    assert list(led.events()) == events
+    schema = ParticipationSchema.cyclic(num_steps=20, period=5)
+    second = CorrelatedNoiseRelease(led, fact, schema, l2_norm_bound=1.5, noise_stddev=2.0, dim=4)
+    second.next_noise()
+    assert second.index == 1 and led.stream_progress(1) == 1
 
 
 def test_bad_arguments() -> None:
