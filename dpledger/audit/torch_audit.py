@@ -74,6 +74,8 @@ from dpledger.audit.torch_audit_common import (
     _sampling_probability,
     _set_threads,
     _train,
+    _train_with_canaries,
+    _zero_linear,
     digits_records,
 )
 from dpledger.errors import InvalidParameterError
@@ -404,30 +406,10 @@ def run_white_box_digits(
         x = torch.cat([x, xc])
         y = torch.cat([y, torch.tensor([config.canary_label], dtype=torch.int64)])
     is_canary = torch.arange(int(y.shape[0])) >= n
-    model = nn.Linear(_NUM_FEATURES, _NUM_CLASSES, bias=False)
-    with torch.no_grad():
-        model.weight.zero_()
+    model = _zero_linear()
     initial = model.weight.detach().double().reshape(-1).numpy().copy()
-    labels = y
-
-    def loss_of(output: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
-        target = labels[batch]
-        ce = F.cross_entropy(output, target, reduction="none")
-        canary_loss = -output.gather(1, target.unsqueeze(1)).squeeze(1)
-        return torch.where(is_canary[batch], canary_loss, ce).mean()
-
-    ledger = _train(
-        model=model,
-        x=x,
-        y=y,
-        loss_of=loss_of,
-        sampling_probability=1.0,
-        steps=config.steps,
-        noise_multiplier=config.noise_multiplier,
-        max_grad_norm=config.max_grad_norm,
-        learning_rate=config.learning_rate,
-        implementation=config.implementation,
-        seed=seed,
+    ledger = _train_with_canaries(
+        config, model, x=x, y=y, is_canary=is_canary, sampling_probability=1.0, seed=seed
     )
     _check_claim(ledger, config.claimed_ledger(), seed)
     final = model.weight.detach().double().reshape(-1).numpy()

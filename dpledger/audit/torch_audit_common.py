@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
+import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from dpledger.adapters.torch.backend import TorchBackend
@@ -252,3 +253,58 @@ def _train(
             on_step(indices)
     optimizer.detach()
     return ledger
+
+
+def _zero_linear(width: int = _NUM_FEATURES) -> nn.Linear:
+    """The audits' model: a linear map of ``width`` features to the 10 classes, no bias, all
+    weights zero (so the final weights are the sum of the updates)."""
+    model = nn.Linear(width, _NUM_CLASSES, bias=False)
+    with torch.no_grad():
+        model.weight.zero_()
+    return model
+
+
+def _canary_loss(
+    labels: torch.Tensor, is_canary: torch.Tensor
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The audits' loss of a batch (record indices): cross-entropy for the data, and for a
+    gradient canary minus its label's logit, whose gradient is the canary's input in its
+    label's row whatever the weights (the crafted gradient of the white-box audits)."""
+
+    def loss_of(output: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+        target = labels[batch]
+        ce = F.cross_entropy(output, target, reduction="none")
+        canary_loss = -output.gather(1, target.unsqueeze(1)).squeeze(1)
+        return torch.where(is_canary[batch], canary_loss, ce).mean()
+
+    return loss_of
+
+
+def _train_with_canaries(
+    config: Any,
+    model: nn.Module,
+    *,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    is_canary: torch.Tensor,
+    sampling_probability: float,
+    seed: int,
+    **options: Any,
+) -> PrivacyLedger:
+    """:func:`_train` with the :func:`_canary_loss` and the audit configuration's noise
+    multiplier, clip bound, learning rate, implementation and (unless ``options`` give
+    ``steps``) steps; ``options`` are passed on."""
+    options.setdefault("steps", config.steps)
+    return _train(
+        model=model,
+        x=x,
+        y=y,
+        loss_of=_canary_loss(y, is_canary),
+        sampling_probability=sampling_probability,
+        noise_multiplier=config.noise_multiplier,
+        max_grad_norm=config.max_grad_norm,
+        learning_rate=config.learning_rate,
+        implementation=config.implementation,
+        seed=seed,
+        **options,
+    )

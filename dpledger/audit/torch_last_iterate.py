@@ -32,8 +32,6 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
-import torch.nn.functional as F  # noqa: N812
-from torch import nn
 
 from dpledger.adapters.torch.private import calibrated_noise_multiplier
 from dpledger.audit.canaries import GradientCanary, dirac_gradient_canary
@@ -50,7 +48,8 @@ from dpledger.audit.torch_audit_common import (
     _optional_threads,
     _sampling_probability,
     _set_threads,
-    _train,
+    _train_with_canaries,
+    _zero_linear,
     digits_records,
 )
 from dpledger.errors import InvalidParameterError
@@ -183,29 +182,15 @@ def run_last_iterate_digits(
         x = torch.cat([x, xc])
         y = torch.cat([y, torch.tensor([config.canary_label], dtype=torch.int64)])
     is_canary = torch.arange(int(y.shape[0])) >= n
-    model = nn.Linear(_NUM_FEATURES, _NUM_CLASSES, bias=False)
-    with torch.no_grad():
-        model.weight.zero_()
+    model = _zero_linear()
     initial = model.weight.detach().double().reshape(-1).numpy().copy()
-    labels = y
-
-    def loss_of(output: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
-        target = labels[batch]
-        ce = F.cross_entropy(output, target, reduction="none")
-        canary_loss = -output.gather(1, target.unsqueeze(1)).squeeze(1)
-        return torch.where(is_canary[batch], canary_loss, ce).mean()
-
-    ledger = _train(
-        model=model,
+    ledger = _train_with_canaries(
+        config,
+        model,
         x=x,
         y=y,
-        loss_of=loss_of,
+        is_canary=is_canary,
         sampling_probability=config.sampling_probability,
-        steps=config.steps,
-        noise_multiplier=config.noise_multiplier,
-        max_grad_norm=config.max_grad_norm,
-        learning_rate=config.learning_rate,
-        implementation=config.implementation,
         seed=seed,
     )
     _check_claim(ledger, config.claimed_ledger(), seed)

@@ -26,8 +26,6 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
-import torch.nn.functional as F  # noqa: N812
-from torch import nn
 
 from dpledger.adapters.torch.private import calibrated_noise_multiplier
 from dpledger.audit.privacy_bounds import BoundMethod, EpsilonLowerBound
@@ -42,7 +40,8 @@ from dpledger.audit.torch_audit_common import (
     _optional_records,
     _optional_threads,
     _set_threads,
-    _train,
+    _train_with_canaries,
+    _zero_linear,
 )
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import CompressedLedger, PrivacyLedger
@@ -177,29 +176,9 @@ def run_white_box_one_run(config: WhiteBoxOneRunAudit, *, seed: int) -> OneRunRe
     x = torch.cat([torch.nn.functional.pad(x_digits, (0, k)), xc])
     y = torch.cat([y_digits, torch.as_tensor(labels_c, dtype=torch.int64)])
     is_canary = torch.arange(int(y.shape[0])) >= n
-    model = nn.Linear(width, _NUM_CLASSES, bias=False)
-    with torch.no_grad():
-        model.weight.zero_()
-    labels = y
-
-    def loss_of(output: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
-        target = labels[batch]
-        ce = F.cross_entropy(output, target, reduction="none")
-        canary_loss = -output.gather(1, target.unsqueeze(1)).squeeze(1)
-        return torch.where(is_canary[batch], canary_loss, ce).mean()
-
-    ledger = _train(
-        model=model,
-        x=x,
-        y=y,
-        loss_of=loss_of,
-        sampling_probability=1.0,
-        steps=config.steps,
-        noise_multiplier=config.noise_multiplier,
-        max_grad_norm=config.max_grad_norm,
-        learning_rate=config.learning_rate,
-        implementation=config.implementation,
-        seed=train_seed,
+    model = _zero_linear(width)
+    ledger = _train_with_canaries(
+        config, model, x=x, y=y, is_canary=is_canary, sampling_probability=1.0, seed=train_seed
     )
     _check_claim(ledger, config.claimed_ledger(), seed)
     weight = model.weight.detach().double().numpy()  # initial weights are zero

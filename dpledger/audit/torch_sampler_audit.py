@@ -61,9 +61,7 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
-import torch.nn.functional as F  # noqa: N812
 from scipy.special import logsumexp
-from torch import nn
 
 from dpledger.adapters.torch.batch_samplers import ShuffleBatchSampler
 from dpledger.adapters.torch.poisson import PoissonBatchSampler
@@ -72,11 +70,11 @@ from dpledger.audit.privacy_bounds import BoundMethod, EpsilonLowerBound
 from dpledger.audit.sampler_claims import LedgerClaim, ledger_claim
 from dpledger.audit.threshold_selection import BonferroniThresholds
 from dpledger.audit.torch_audit_common import (
-    _NUM_CLASSES,
     _NUM_FEATURES,
     _digits_tensors,
     _set_threads,
-    _train,
+    _train_with_canaries,
+    _zero_linear,
 )
 from dpledger.audit.torch_last_iterate import LastIterateDigitsAudit
 from dpledger.errors import InvalidParameterError, LedgerStateError
@@ -317,9 +315,7 @@ def run_sampler_digits(config: SamplerAudit, *, include_canary: bool, seed: int)
     y = torch.cat([y, torch.tensor([config.canary_label], dtype=torch.int64)])
     special = config.population_size - 1
     is_special = torch.arange(config.population_size) == special
-    model = nn.Linear(_NUM_FEATURES, _NUM_CLASSES, bias=False)
-    with torch.no_grad():
-        model.weight.zero_()
+    model = _zero_linear()
     gradient = canary.gradient_canary()
     unit = config.score_unit()
     previous = [model.weight.detach().double().reshape(-1).numpy().copy()]
@@ -332,24 +328,15 @@ def run_sampler_digits(config: SamplerAudit, *, include_canary: bool, seed: int)
         previous[0] = current
         hits.append(int(special in batch))
 
-    def loss_of(output: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
-        target = y[batch]
-        ce = F.cross_entropy(output, target, reduction="none")
-        canary_loss = -output.gather(1, target.unsqueeze(1)).squeeze(1)
-        return torch.where(is_special[batch], canary_loss, ce).mean()
-
-    ledger = _train(
-        model=model,
+    ledger = _train_with_canaries(
+        config,
+        model,
         x=x,
         y=y,
-        loss_of=loss_of,
+        is_canary=is_special,
         sampling_probability=config.sampling_probability,
-        steps=config.batches_per_epoch,
-        noise_multiplier=config.noise_multiplier,
-        max_grad_norm=config.max_grad_norm,
-        learning_rate=config.learning_rate,
-        implementation=config.implementation,
         seed=seed,
+        steps=config.batches_per_epoch,
         make_sampler=functools.partial(_make_sampler, config),
         passes=config.epochs,
         neighboring=config.neighboring,
