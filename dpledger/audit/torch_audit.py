@@ -50,7 +50,6 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from dpledger.adapters.torch.private import calibrated_noise_multiplier
 from dpledger.audit.canaries import (
     GradientCanary,
     InputCanary,
@@ -64,6 +63,7 @@ from dpledger.audit.torch_audit_common import (
     _NUM_FEATURES,
     IMPLEMENTATIONS,
     UndernoisedDPOptimizer,
+    _calibrated_config,
     _check_claim,
     _class_label,
     _digits_tensors,
@@ -150,19 +150,14 @@ class BlackBoxDigitsAudit:
         z comes from :func:`~dpledger.adapters.torch.calibrated_noise_multiplier` for the
         configuration's q and T; ``settings`` are the other attributes.
         """
-        if "noise_multiplier" in settings:
-            raise InvalidParameterError(
-                "noise_multiplier", settings["noise_multiplier"], "not given with target_epsilon"
-            )
-        probe = cls(noise_multiplier=1.0, **settings)
-        z = calibrated_noise_multiplier(
+        return _calibrated_config(
+            cls,
             target_epsilon=target_epsilon,
             delta=delta,
-            sampling_probability=probe.sampling_probability,
-            steps=probe.steps,
             accountant=accountant,
+            settings=settings,
+            full_batch=False,
         )
-        return attrs.evolve(probe, noise_multiplier=z)
 
     def canary(self) -> InputCanary:
         """The out-of-distribution canary: the always-blank pixels set to ``canary_magnitude``."""
@@ -237,19 +232,14 @@ class WhiteBoxDigitsAudit:
         **settings: Any,
     ) -> WhiteBoxDigitsAudit:
         """The configuration whose z is the smallest that keeps the run within (ε, δ)."""
-        if "noise_multiplier" in settings:
-            raise InvalidParameterError(
-                "noise_multiplier", settings["noise_multiplier"], "not given with target_epsilon"
-            )
-        probe = cls(noise_multiplier=1.0, **settings)
-        z = calibrated_noise_multiplier(
+        return _calibrated_config(
+            cls,
             target_epsilon=target_epsilon,
             delta=delta,
-            sampling_probability=1.0,
-            steps=probe.steps,
             accountant=accountant,
+            settings=settings,
+            full_batch=True,
         )
-        return attrs.evolve(probe, noise_multiplier=z)
 
     @property
     def canary_feature(self) -> int:

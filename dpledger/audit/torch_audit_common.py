@@ -19,6 +19,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from dpledger.adapters.torch.backend import TorchBackend
+from dpledger.adapters.torch.noise_calibration import calibrated_noise_multiplier
 from dpledger.adapters.torch.optimizer import DPOptimizer
 from dpledger.adapters.torch.poisson import PoissonBatchSampler
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
@@ -308,3 +309,34 @@ def _train_with_canaries(
         seed=seed,
         **options,
     )
+
+
+def _calibrated_config(
+    cls: Any,
+    *,
+    target_epsilon: float,
+    delta: float,
+    accountant: str,
+    settings: dict[str, Any],
+    full_batch: bool = False,
+) -> Any:
+    """``cls(**settings)`` with the smallest z that keeps its run within (ε, δ), from
+    :func:`~dpledger.adapters.torch.calibrated_noise_multiplier` for the configuration's T and
+    q (q = 1 with ``full_batch``): the audits' ``for_target_epsilon``.
+
+    Raises:
+        InvalidParameterError: ``settings`` hold a ``noise_multiplier``.
+    """
+    if "noise_multiplier" in settings:
+        raise InvalidParameterError(
+            "noise_multiplier", settings["noise_multiplier"], "not given with target_epsilon"
+        )
+    probe = cls(noise_multiplier=1.0, **settings)
+    z = calibrated_noise_multiplier(
+        target_epsilon=target_epsilon,
+        delta=delta,
+        sampling_probability=1.0 if full_batch else probe.sampling_probability,
+        steps=probe.steps,
+        accountant=accountant,
+    )
+    return attrs.evolve(probe, noise_multiplier=z)

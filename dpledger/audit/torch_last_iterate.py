@@ -33,12 +33,12 @@ import attrs
 import numpy as np
 import torch
 
-from dpledger.adapters.torch.private import calibrated_noise_multiplier
 from dpledger.audit.canaries import GradientCanary, dirac_gradient_canary
 from dpledger.audit.threshold_selection import BonferroniThresholds
 from dpledger.audit.torch_audit_common import (
     _NUM_CLASSES,
     _NUM_FEATURES,
+    _calibrated_config,
     _check_claim,
     _class_label,
     _digits_tensors,
@@ -104,19 +104,14 @@ class LastIterateDigitsAudit:
         cls, *, target_epsilon: float, delta: float, accountant: str = "rdp", **settings: Any
     ) -> LastIterateDigitsAudit:
         """The configuration whose z is the smallest that keeps the run within (ε, δ)."""
-        if "noise_multiplier" in settings:
-            raise InvalidParameterError(
-                "noise_multiplier", settings["noise_multiplier"], "not given with target_epsilon"
-            )
-        probe = cls(noise_multiplier=1.0, **settings)
-        z = calibrated_noise_multiplier(
+        return _calibrated_config(
+            cls,
             target_epsilon=target_epsilon,
             delta=delta,
-            sampling_probability=probe.sampling_probability,
-            steps=probe.steps,
             accountant=accountant,
+            settings=settings,
+            full_batch=False,
         )
-        return attrs.evolve(probe, noise_multiplier=z)
 
     @property
     def canary_feature(self) -> int:

@@ -27,12 +27,12 @@ import attrs
 import numpy as np
 import torch
 
-from dpledger.adapters.torch.private import calibrated_noise_multiplier
 from dpledger.audit.privacy_bounds import BoundMethod, EpsilonLowerBound
 from dpledger.audit.threshold_selection import one_run_epsilon_bound_from_scores
 from dpledger.audit.torch_audit_common import (
     _NUM_CLASSES,
     _NUM_FEATURES,
+    _calibrated_config,
     _check_claim,
     _digits_tensors,
     _implementation,
@@ -101,19 +101,14 @@ class WhiteBoxOneRunAudit:
         cls, *, target_epsilon: float, delta: float, accountant: str = "rdp", **settings: Any
     ) -> WhiteBoxOneRunAudit:
         """The configuration whose z is the smallest that keeps the run within (ε, δ)."""
-        if "noise_multiplier" in settings:
-            raise InvalidParameterError(
-                "noise_multiplier", settings["noise_multiplier"], "not given with target_epsilon"
-            )
-        probe = cls(noise_multiplier=1.0, **settings)
-        z = calibrated_noise_multiplier(
+        return _calibrated_config(
+            cls,
             target_epsilon=target_epsilon,
             delta=delta,
-            sampling_probability=1.0,
-            steps=probe.steps,
             accountant=accountant,
+            settings=settings,
+            full_batch=True,
         )
-        return attrs.evolve(probe, noise_multiplier=z)
 
     @property
     def extra_features(self) -> int:
