@@ -170,6 +170,15 @@ class CorrelatedStream:
                     "refused); nothing was released"
                 )
             t = self.noise.step
+            stale = self.sampler.take_stale_draws()
+            if stale:
+                raise SamplerMismatchError(
+                    f"the CyclicSampler drew stream steps {stale} again after they were released "
+                    "(a pass over its dataset started before the previous one ended): such a "
+                    "batch repeats an earlier draw instead of the fresh one the release's "
+                    f"analysis assumes; step {t} was not released. Iterate the sampler's dataset "
+                    "one pass at a time, as fit does"
+                )
             start = self.sampler.next_step
             if start + position != t:
                 raise SamplerMismatchError(

@@ -1,11 +1,11 @@
 """The ``tf.data`` sampler of a correlated-noise release: cyclic batches of the core
 :class:`~dpledger.sampling.CyclicScheme` (``docs/correlated-noise.md``).
 
-The n records are split once, by a seeded permutation, into ``period`` fixed groups; step t uses
-group t mod period, whole or Poisson-sampled with rate q. Every draw is the scheme's own
-:meth:`~dpledger.sampling.CyclicScheme.draw` of the stream's step t (a pure function of the
-seed and t), run in a ``tf.numpy_function``, so that the batches are exactly the ones whose
-participation schema the release records.
+Each of the n records joins one of ``period`` fixed groups once, uniformly and independently
+(seeded); step t uses group t mod period, whole or Poisson-sampled with rate q. Every draw is the
+scheme's own :meth:`~dpledger.sampling.CyclicScheme.draw` of the stream's step t (a pure
+function of the seed and t), run in a ``tf.numpy_function``, so that the batches are exactly the
+ones whose participation schema the release records.
 
 One iteration over a dataset made by :meth:`CyclicSampler.sample` is one pass over the groups:
 ``period`` batches, for the steps [s, s + period) from the pass's first step s
@@ -14,7 +14,9 @@ of every pass. Once a model drives it (:meth:`CyclicSampler.drive`, done by
 ``DPKerasModel(noise=spec)``), s moves on only when the model has released the last step of a
 pass: an iterator that ``tf.distribute`` or a peek creates and abandons draws batches (pure
 functions of the seed and the step) but takes no step of the stream, and the model checks at
-every step that the batch's position in its pass is the stream's step's.
+every step that the batch's position in its pass is the stream's step's. A step drawn after the
+model released it (a pass started before the previous one ended, whose Poisson draws would
+repeat) is noted, and the model refuses its next step (:meth:`CyclicSampler.take_stale_draws`).
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ class CyclicSampler(RecordSampler):
                 "every group once)",
             )
         self._next_step = 0
+        self._released = 0  # stream steps released by the driving model
+        self._stale: list[int] = []  # steps drawn after they were released
         self._driven = False
         self._count_lock = threading.Lock()
 
@@ -159,6 +163,8 @@ class CyclicSampler(RecordSampler):
             )
         with self._count_lock:
             self._next_step = t
+            self._released = t
+            self._stale.clear()
 
     def drive(self) -> None:
         """Let a model move the passes on (:meth:`released`) instead of every pass started."""
@@ -169,8 +175,18 @@ class CyclicSampler(RecordSampler):
         """The driving model released stream step ``step``: after the last step of a pass, the
         next pass starts at ``step + 1``."""
         with self._count_lock:
+            self._released = max(self._released, step + 1)
             if self._driven and (step + 1) % self.period == 0:
                 self._next_step = step + 1
+
+    def take_stale_draws(self) -> list[int]:
+        """The stream steps drawn (since the last call) after the driving model had released
+        them, emptied. A batch of the current pass is drawn before its step is released; a
+        draw of a released step comes from a pass started before the previous one ended, whose
+        Poisson draws would repeat that pass's (the same records again, not a fresh draw)."""
+        with self._count_lock:
+            stale, self._stale = self._stale, []
+        return stale
 
     @contextlib.contextmanager
     def preserved_state(self) -> Iterator[None]:
@@ -192,7 +208,11 @@ class CyclicSampler(RecordSampler):
         return np.int64(start)
 
     def _draw(self, step: np.ndarray) -> np.ndarray:
-        return np.asarray(self._cyclic.draw(int(step)), dtype=np.int64)
+        t = int(step)
+        with self._count_lock:
+            if self._driven and t < self._released:
+                self._stale.append(t)
+        return np.asarray(self._cyclic.draw(t), dtype=np.int64)
 
     def index_dataset(self) -> tf.data.Dataset:
         """A dataset of ``period`` sorted int64 vectors: the records of the steps of the next

@@ -538,3 +538,29 @@ def test_a_second_release_with_a_given_seed_is_refused_before_anything_is_record
     fresh.compile(optimizer=keras.optimizers.SGD(LR), loss=_linear_loss)
     fresh.fit(fresh._dp_sampler.sample((x, y)), epochs=1, verbose=0)
     assert len(ledger.correlated_releases) == 2 and ledger.stream_progress(1) == PERIOD
+
+
+def test_a_pass_started_before_the_previous_one_ended_is_refused():
+    """A batch drawn for a stream step the model already released repeats that step's Poisson
+    draw (the same records, not a fresh Bernoulli(q) draw); the position check alone cannot
+    see it, so the sampler notes such draws and the next step is refused, nothing recorded."""
+    spec = SPECS["bandmf_amplified"]
+    ledger = PrivacyLedger()
+    sampler = _sampler(spec)
+    stream = CorrelatedStream(
+        spec.factorization(), sampler, l2_norm_bound=S, noise_multiplier=Z, dim=3, seed=0
+    )
+    first = iter(sampler.index_dataset())
+    for j in range(PERIOD - 1):
+        next(first)
+        stream.step_noise(ledger, num_records=1, position=j, norm=0.0, eps=1e-16)
+    next(first)  # the batch of the pass's last step, drawn before its release
+    assert sampler.take_stale_draws() == []
+    early = iter(sampler.index_dataset())
+    next(early)  # a second pass, started at the same first step, draws step 0 again
+    events = list(ledger.events())
+    with pytest.raises(SamplerMismatchError, match=r"drew stream steps \[0\] again"):
+        stream.step_noise(ledger, num_records=1, position=PERIOD - 1, norm=0.0, eps=1e-16)
+    assert list(ledger.events()) == events and stream.step == PERIOD - 1
+    stream.step_noise(ledger, num_records=1, position=PERIOD - 1, norm=0.0, eps=1e-16)
+    assert ledger.stream_progress(0) == PERIOD
