@@ -261,25 +261,8 @@ def _run(spec: CorrelatedNoiseSpec, steps_before_save: int | None, *, seed: int 
             _step(model, opt, x, y)
             taken += 1
             if taken == steps_before_save:
-                buffer = io.BytesIO()
-                torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buffer)
-                buffer.seek(0)
-                state = torch.load(buffer, weights_only=True)
-                model = _model()
-                sampler = CyclicBatchSampler.for_spec(spec, population_size=N, seed=1)
-                loader = private_data_loader(_data(), sampler=sampler)
-                opt = DPOptimizer(
-                    torch.optim.SGD(model.parameters(), lr=0.05),
-                    model=model,
-                    l2_norm_bound=0.5,
-                    noise_multiplier=1.3,
-                    sampler=loader,
-                    ledger=ledger,
-                    seed=seed + 100,  # a fresh seed: the checkpoint's stream must win
-                    noise=spec,
-                )
-                model.load_state_dict(state["model"])
-                opt.load_state_dict(state["opt"])
+                # a fresh seed for the new optimizer: the checkpoint's stream must win
+                model, opt, loader = _restored(spec, _checkpoint(model, opt), ledger, seed + 100)
                 break
     return model.weight.detach().clone(), ledger
 
@@ -328,23 +311,11 @@ def _checkpoint(model: nn.Module, opt: DPOptimizer) -> dict:
 
 
 def _restored(
-    spec: CorrelatedNoiseSpec, state: dict, ledger: PrivacyLedger
+    spec: CorrelatedNoiseSpec, state: dict, ledger: PrivacyLedger, seed: int | None = 103
 ) -> tuple[nn.Module, DPOptimizer, DataLoader]:
     """A fresh model, optimizer (another seed) and loader on ``ledger``, loaded from
     ``state``."""
-    model = _model()
-    sampler = CyclicBatchSampler.for_spec(spec, population_size=N, seed=1)
-    loader = private_data_loader(_data(), sampler=sampler)
-    opt = DPOptimizer(
-        torch.optim.SGD(model.parameters(), lr=0.05),
-        model=model,
-        l2_norm_bound=0.5,
-        noise_multiplier=1.3,
-        sampler=loader,
-        ledger=ledger,
-        seed=103,
-        noise=spec,
-    )
+    model, opt, loader = _second_run(spec, ledger, seed=seed)
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
     return model, opt, loader
@@ -564,6 +535,7 @@ def test_noise_independent_is_the_default_step_bit_for_bit() -> None:
 def _second_run(
     spec: CorrelatedNoiseSpec, ledger: PrivacyLedger, seed: int | None
 ) -> tuple[nn.Module, DPOptimizer, DataLoader]:
+    """A fresh model, optimizer (noise seed ``seed``; None draws one) and loader on ``ledger``."""
     model = _model()
     sampler = CyclicBatchSampler.for_spec(spec, population_size=N, seed=1)
     loader = private_data_loader(_data(), sampler=sampler)
@@ -621,9 +593,8 @@ def test_a_checkpoint_from_before_the_first_step_cannot_start_a_second_release()
     _train(model, opt, loader, 2)
     ledger = opt.ledger
     assert ledger is not None and len(ledger.correlated_releases) == 1
-    restored, opt2, loader2 = _second_run(spec, ledger, seed=None)  # a fresh seed, then
-    restored.load_state_dict(before["model"])
-    opt2.load_state_dict(before["opt"])  # replaced by the checkpoint's
+    # a seed drawn afresh, then replaced by the checkpoint's
+    restored, opt2, loader2 = _restored(spec, before, ledger, seed=None)
     x, y = next(iter(loader2))
     with pytest.raises(NoiseSeedReuseError):
         _step(restored, opt2, x, y)
