@@ -24,7 +24,14 @@ from dpledger.ledger.intent import intent_of
 from dpledger.ledger.ledger import LedgerWarning, PrivacyLedger
 from dpledger.ledger.verify import verify_ledger
 
-__all__ = ["add_ledger_checks", "load_for_command", "one_line", "print_warnings", "register"]
+__all__ = [
+    "add_ledger_checks",
+    "load_for_command",
+    "one_line",
+    "print_warnings",
+    "register",
+    "sum_query_summary",
+]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -143,10 +150,10 @@ def _json_number(x: float) -> float | str:
     return x if math.isfinite(x) else ("inf" if x > 0 else "-inf")
 
 
-def _query_summary(ledger: PrivacyLedger) -> list[dict[str, Any]]:
+def sum_query_summary(ledger: PrivacyLedger) -> list[dict[str, Any]]:
     """One entry per query label and distinct (S, σ̃): the clip bound C (S), the noise standard
     deviation σ̃, their ratio z = σ̃ / S and the number of such queries, in order of first
-    appearance."""
+    appearance (``dpledger info`` and ``dpledger report`` show them)."""
     counts: dict[tuple[str | None, float, float], int] = {}
     for event in ledger.events():
         if isinstance(event, SumQueryEvent):
@@ -157,10 +164,18 @@ def _query_summary(ledger: PrivacyLedger) -> list[dict[str, Any]]:
             "label": label,
             "l2_norm_bound": bound,
             "noise_stddev": sigma,
-            "noise_multiplier": _json_number(sigma / bound),
+            "noise_multiplier": sigma / bound,
             "count": count,
         }
         for (label, bound, sigma), count in counts.items()
+    ]
+
+
+def _query_summary(ledger: PrivacyLedger) -> list[dict[str, Any]]:
+    """:func:`sum_query_summary` with every ratio as a JSON value."""
+    return [
+        {**entry, "noise_multiplier": _json_number(entry["noise_multiplier"])}
+        for entry in sum_query_summary(ledger)
     ]
 
 

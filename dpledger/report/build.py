@@ -45,8 +45,7 @@ from dpledger.errors import (
     LedgerVerificationError,
     UnsupportedLedgerError,
 )
-from dpledger.ledger.commands import load_for_command
-from dpledger.ledger.events import SumQueryEvent
+from dpledger.ledger.commands import load_for_command, sum_query_summary
 from dpledger.ledger.ledger import LedgerWarning, PrivacyLedger
 from dpledger.ledger.steps import CompressedLedger
 from dpledger.ledger.verify import verify_ledger
@@ -217,7 +216,7 @@ def build_report(
         verification=verification,
         header=_header(ledger),
         samplers=tuple(_samplers(comp)),
-        sum_queries=tuple(_sum_queries(full)),
+        sum_queries=tuple(sum_query_summary(full)),
         correlated_releases=tuple(_correlated_releases(full)),
         runs=tuple(_runs(ledger)),
         accountants=rows,
@@ -346,24 +345,6 @@ def _correlated_releases(ledger: PrivacyLedger) -> list[dict[str, Any]]:
             "steps_taken": ledger.stream_progress(i),
         }
         for i, c in enumerate(ledger.correlated_releases)
-    ]
-
-
-def _sum_queries(ledger: PrivacyLedger) -> list[dict[str, Any]]:
-    counts: dict[tuple[str | None, float, float], int] = {}
-    for event in ledger.events():
-        if isinstance(event, SumQueryEvent):
-            key = (event.label, event.l2_norm_bound, event.noise_stddev)
-            counts[key] = counts.get(key, 0) + 1
-    return [
-        {
-            "label": label,
-            "l2_norm_bound": s,
-            "noise_stddev": sigma,
-            "noise_multiplier": sigma / s,
-            "count": count,
-        }
-        for (label, s, sigma), count in counts.items()
     ]
 
 
