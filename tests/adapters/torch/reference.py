@@ -1,11 +1,25 @@
-"""Independent references for the engine tests: gradients of one example at a time."""
+"""Independent references for the engine tests: gradients of one example at a time.
+
+The references always run on the CPU in float64. Tests parametrized over ``DEVICES`` run the code
+under test on each device torch sees (the CPU always; CUDA where it is available, as on a GPU
+machine) and compare it with the CPU reference, so the same assertions check the device path.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
+
+DEVICES: tuple[str, ...] = ("cpu",) + (("cuda",) if torch.cuda.is_available() else ())
+
+
+def to_device(tree: Any, device: str | torch.device) -> Any:
+    """``tree`` (tensors in tuples, lists and dicts) with every tensor moved to ``device``."""
+    return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, tree)
 
 
 def loop_per_example_grads(
@@ -35,10 +49,12 @@ def squared_norms(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def weighted_sum(grads: dict[str, torch.Tensor], f: torch.Tensor) -> dict[str, torch.Tensor]:
-    return {n: torch.einsum("b,b...->...", f.to(g.dtype), g) for n, g in grads.items()}
+    return {n: torch.einsum("b,b...->...", f.to(g), g) for n, g in grads.items()}
 
 
 def assert_close_dicts(got: dict, want: dict, **tol) -> None:
     assert list(got) == list(want)
     for n in want:
-        torch.testing.assert_close(got[n], want[n], msg=lambda m, n=n: f"{n}: {m}", **tol)
+        torch.testing.assert_close(
+            got[n].to(want[n].device), want[n], msg=lambda m, n=n: f"{n}: {m}", **tol
+        )

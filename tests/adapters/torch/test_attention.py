@@ -16,9 +16,11 @@ from dpledger.adapters.torch import (
 from dpledger.adapters.torch.layer_rules.attention import attention_prefers_per_example
 from tests.adapters.torch.dp_helpers import assert_dp_step_equals_clipped_loop
 from tests.adapters.torch.reference import (
+    DEVICES,
     assert_close_dicts,
     loop_per_example_grads,
     squared_norms,
+    to_device,
     weighted_sum,
 )
 
@@ -134,10 +136,14 @@ def test_attention_is_registered_and_not_generic(caplog):
 
 @pytest.mark.parametrize("strategy", ["auto", "ghost", "per_example"])
 @pytest.mark.parametrize("config", list(CONFIGS))
-def test_per_example_quantities_match_a_float64_loop(config, strategy):
+@pytest.mark.parametrize("device", DEVICES)
+def test_per_example_quantities_match_a_float64_loop(device, config, strategy):
+    """On each device against the CPU loop in float64."""
     model, inputs, target = _setup(config)
     want = loop_per_example_grads(model, _mean_loss, inputs, target)
     f = torch.rand(B, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    model = model.to(device)
+    inputs, target, f = to_device((inputs, target, f), device)
 
     engine = PerExampleGradientEngine(model, loss_reduction="mean", strategy=strategy)
     _mean_loss(model(*inputs), target).backward()

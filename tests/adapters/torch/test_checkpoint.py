@@ -16,12 +16,13 @@ from dpledger.accountants import RdpAccountant
 from dpledger.adapters.torch import make_private
 from dpledger.errors import InvalidParameterError, LedgerStateError
 from tests.adapters.torch.dp_helpers import batch, small_cnn
+from tests.adapters.torch.reference import DEVICES
 
 DATA = TensorDataset(*batch(60, seed=2))
 
 
-def setup(ledger: PrivacyLedger, seed: int):
-    model = small_cnn()
+def setup(ledger: PrivacyLedger, seed: int, device: str = "cpu"):
+    model = small_cnn().to(device)
     return make_private(
         model,
         torch.optim.Adam(model.parameters(), lr=0.01),
@@ -34,11 +35,11 @@ def setup(ledger: PrivacyLedger, seed: int):
     )
 
 
-def train(model, optimizer, loader, steps: int) -> None:
+def train(model, optimizer, loader, steps: int, device: str = "cpu") -> None:
     batches = itertools.chain.from_iterable(itertools.repeat(loader))
     for x, y in itertools.islice(batches, steps):
         optimizer.zero_grad()
-        F.cross_entropy(model(x), y).backward()
+        F.cross_entropy(model(x.to(device)), y.to(device)).backward()
         optimizer.step()
 
 
@@ -46,33 +47,37 @@ def save(path, model, optimizer) -> None:
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
 
 
-def resume(ledger_path, checkpoint):
+def resume(ledger_path, checkpoint, device: str = "cpu"):
     ledger = PrivacyLedger(ledger_path, resume=True)
-    model, optimizer, loader = setup(ledger, seed=999)  # a different seed: state overrides it
+    # a different seed: the state overrides it
+    model, optimizer, loader = setup(ledger, seed=999, device=device)
     state = torch.load(checkpoint, weights_only=False)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     return ledger, model, optimizer, loader
 
 
-def test_resumed_run_continues_the_ledger_and_spends_the_same_epsilon(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_resumed_run_continues_the_ledger_and_spends_the_same_epsilon(tmp_path, device):
+    """Bit for bit on each device: the noise generator's state (a CUDA generator on CUDA)
+    travels in the optimizer's state dict."""
     full_ledger = PrivacyLedger(tmp_path / "full.dpl")
-    model, optimizer, loader = setup(full_ledger, seed=5)
-    train(model, optimizer, loader, 8)
+    model, optimizer, loader = setup(full_ledger, seed=5, device=device)
+    train(model, optimizer, loader, 8, device)
     full_ledger.close()
     reference = {n: p.detach().clone() for n, p in model.named_parameters()}
 
     path = tmp_path / "run.dpl"
     ledger = PrivacyLedger(path)
-    model, optimizer, loader = setup(ledger, seed=5)
-    train(model, optimizer, loader, 3)
+    model, optimizer, loader = setup(ledger, seed=5, device=device)
+    train(model, optimizer, loader, 3, device)
     save(tmp_path / "ckpt.pt", model, optimizer)
     del model, optimizer, loader, ledger  # the process ends (no close marker)
     gc.collect()
 
-    ledger, model, optimizer, loader = resume(path, tmp_path / "ckpt.pt")
+    ledger, model, optimizer, loader = resume(path, tmp_path / "ckpt.pt", device)
     assert optimizer.steps_taken == 3 and ledger.num_steps == 3
-    train(model, optimizer, loader, 5)
+    train(model, optimizer, loader, 5, device)
     ledger.close()
 
     for n, p in model.named_parameters():

@@ -36,6 +36,7 @@ from dpledger.errors import InvalidParameterError, LedgerStateError, SamplerMism
 from dpledger.ledger import PrivacyLedger, StreamStepEvent
 from dpledger.mechanisms import SensitivityCheckError
 from dpledger.mechanisms.correlated import CorrelatedNoiseSpec, noise_for
+from tests.adapters.torch.reference import DEVICES
 
 N, D = 24, 3
 
@@ -53,10 +54,15 @@ def _model() -> nn.Module:
 
 
 def _optimizer(
-    spec: CorrelatedNoiseSpec, *, seed: int = 5, lr: float = 0.0, **kwargs: object
+    spec: CorrelatedNoiseSpec,
+    *,
+    seed: int = 5,
+    lr: float = 0.0,
+    device: str = "cpu",
+    **kwargs: object,
 ) -> tuple[nn.Module, DPOptimizer, DataLoader]:
     data = _data()
-    model = _model()
+    model = _model().to(device)
     sampler = CyclicBatchSampler.for_spec(spec, population_size=N, seed=1)
     loader = private_data_loader(data, sampler=sampler)
     opt = DPOptimizer(
@@ -86,24 +92,28 @@ def _step(model: nn.Module, opt: DPOptimizer, x: torch.Tensor, y: torch.Tensor) 
         CorrelatedNoiseSpec(strategy="blt", num_steps=8, period=4, buffers=2),
     ],
 )
-def test_each_step_adds_the_streams_noise_to_the_clipped_sum(spec: CorrelatedNoiseSpec) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_each_step_adds_the_streams_noise_to_the_clipped_sum(
+    spec: CorrelatedNoiseSpec, device: str
+) -> None:
     """p.grad = (Σ_i clip_S(g_i) + w_t) / (n / period), against a float64 per-example loop
-    and an independent generator of the same factorization and seed."""
-    model, opt, loader = _optimizer(spec)
+    and an independent generator of the same factorization and seed (the model on each device
+    of ``DEVICES``, the reference on the CPU)."""
+    model, opt, loader = _optimizer(spec, device=device)
     assert opt.ledger is not None and opt.ledger.num_events == 0
     reference = noise_for(spec.factorization(), dim=D, noise_stddev=1.3 * 0.5, seed=5)
-    w = model.weight.detach().clone().reshape(-1)
+    w = model.weight.detach().clone().reshape(-1).cpu()
     taken = 0
     for _ in range(2):
         for x, y in loader:
-            _step(model, opt, x, y)
+            _step(model, opt, x.to(device), y.to(device))
             clipped = torch.zeros(D, dtype=torch.float64)
             for xi, yi in zip(x, y, strict=True):
                 g = 2.0 * (xi @ w - yi) * xi
                 clipped += g * min(1.0, 0.5 / float(g.norm()))
             expected = (clipped.numpy() + reference.next()) / (N / 4)
             np.testing.assert_allclose(
-                model.weight.grad.reshape(-1).numpy(), expected, rtol=1e-9, atol=1e-12
+                model.weight.grad.reshape(-1).cpu().numpy(), expected, rtol=1e-9, atol=1e-12
             )
             taken += 1
             # recorded once, on the first step, with the sampler's own participation

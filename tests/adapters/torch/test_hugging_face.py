@@ -20,8 +20,10 @@ from dpledger.adapters.torch.layer_rules.hugging_face import (  # noqa: E402
 )
 from dpledger.adapters.torch.registry import get_grad_sampler  # noqa: E402
 from tests.adapters.torch.reference import (  # noqa: E402
+    DEVICES,
     assert_close_dicts,
     squared_norms,
+    to_device,
     weighted_sum,
 )
 
@@ -137,27 +139,31 @@ def _loop(model, loss, x, y):
     return {n: torch.stack([r[k] for r in rows]) for k, n in enumerate(params)}
 
 
-def _check_against_loop(model, loss, x, y, expected_generic=()):
+def _check_against_loop(model, loss, x, y, expected_generic=(), device="cpu"):
+    """The engine on ``device`` against the loop on the CPU."""
     want = _loop(model, loss, x, y)
+    f = torch.rand(B, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    model = model.to(device)
+    x, y, f = to_device((x, y, f), device)
     engine = PerExampleGradientEngine(model, loss_reduction="mean")
     assert engine.generic_modules == expected_generic
     loss(model, x, y).backward()
-    f = torch.rand(B, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
     assert_close_dicts(engine.squared_norms(), squared_norms(want))
     assert_close_dicts(engine.clipped_sum(f), weighted_sum(want, f))
     assert_close_dicts(engine.per_example_gradients(), want)
     engine.remove()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_family_matches_a_per_example_loop_in_float64(family):
+def test_family_matches_a_per_example_loop_in_float64(family, device):
     build, inputs, targets, loss = FAMILIES[family]
     torch.manual_seed(0)
     model = build().double().train()
     # ViT's embeddings own the class token and position embeddings: only that module takes
     # the generic path (for those two tensors); its patch convolution keeps the fast path.
     generic = ("vit.embeddings",) if family == "vit" else ()
-    _check_against_loop(model, loss, inputs(), targets(), generic)
+    _check_against_loop(model, loss, inputs(), targets(), generic, device)
 
 
 def test_gpt2_registers_conv1d_and_ties_lm_head_to_the_token_embedding():
@@ -285,17 +291,19 @@ def test_dropout_in_training_uses_the_batch_masks(family):
     assert_close_dicts(engine.per_example_gradients(), want)
 
 
-def test_gpt2_under_bf16_autocast_keeps_the_clip_bound():
+@pytest.mark.parametrize("device", DEVICES)
+def test_gpt2_under_bf16_autocast_keeps_the_clip_bound(device):
     # Under autocast the stored activations and output gradients are bfloat16; per-example
     # norms and the clipped sum are formed in float32 from those same values, so clipping to
     # C(1 - ρ) with the float32 margin bounds every contribution by C (checked in float64).
+    # On CUDA, autocast runs the matrix products in bfloat16 on the tensor cores.
     from dpledger.mechanisms.clipping import rounding_clip_margin
 
     torch.manual_seed(0)
-    model = _gpt2().train()
-    x, y = {"input_ids": _ids(6)}, _ids(6)
+    model = _gpt2().train().to(device)
+    x, y = to_device(({"input_ids": _ids(6)}, _ids(6)), device)
     engine = PerExampleGradientEngine(model, loss_reduction="mean")
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=torch.bfloat16):
         loss = _lm(model, x, y)
     loss.backward()  # the consistency check (Σ g_i against autograd) runs on this step
     c = 1e-3  # far below every record's norm: every record is clipped

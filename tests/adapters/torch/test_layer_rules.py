@@ -11,6 +11,7 @@ from dpledger.adapters.torch import PerExampleGradientEngine, registered_module_
 from dpledger.adapters.torch.layer_rules.conv import conv_norms
 from dpledger.errors import InvalidParameterError
 from tests.adapters.torch.reference import (
+    DEVICES,
     assert_close_dicts,
     loop_per_example_grads,
     squared_norms,
@@ -109,12 +110,15 @@ def test_every_registered_type_has_a_case():
     assert set(registered_module_types()) <= covered
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("strategy", ["auto", "ghost", "per_example", "generic"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_layer_matches_explicit_loop(name, strategy):
+def test_layer_matches_explicit_loop(name, strategy, device):
+    """On each device against the CPU loop in float64."""
     layer, x, target = _setup(name)
     want = loop_per_example_grads(layer, _mean_loss, (x,), target)
     f = torch.rand(B, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    layer, x, target, f = layer.to(device), x.to(device), target.to(device), f.to(device)
 
     engine = PerExampleGradientEngine(layer, loss_reduction="mean", strategy=strategy)
     _mean_loss(layer(x), target).backward()
@@ -136,19 +140,23 @@ def test_conv_norm_methods(name, method):
     assert_close_dicts({n: got[n] for n in want}, want)
 
 
-def test_conv_norms_chunked(monkeypatch):
+@pytest.mark.parametrize("device", DEVICES)
+def test_conv_norms_chunked(monkeypatch, device):
+    """One example per chunk."""
     from dpledger.adapters.torch.layer_rules import conv
 
     layer, x, target = _setup("conv2d-stride")
     want = squared_norms(loop_per_example_grads(layer, _mean_loss, (x,), target))
-    monkeypatch.setattr(conv, "_MAX_CHUNK_ELEMENTS", 1)  # one example per chunk
+    layer, x, target = layer.to(device), x.to(device), target.to(device)
+    monkeypatch.setattr(conv, "_MAX_CHUNK_ELEMENTS", 1)
     for method in ("ghost", "per_example"):
         out = layer(x)
         (b,) = torch.autograd.grad(_mean_loss(out, target) * B, out)
         got = conv.conv_norms(layer, (x,), b, method=method)
-        torch.testing.assert_close(got["weight"], want["weight"])
+        torch.testing.assert_close(got["weight"].cpu(), want["weight"])
         pe = conv.conv_per_example(layer, (x,), b)
-        torch.testing.assert_close(pe["weight"].flatten(1).square().sum(1), want["weight"])
+        norms = pe["weight"].flatten(1).square().sum(1)
+        torch.testing.assert_close(norms.cpu(), want["weight"])
 
 
 def test_conv_norms_rejects_unknown_method():
@@ -158,13 +166,15 @@ def test_conv_norms_rejects_unknown_method():
         conv_norms(layer, (x,), layer(x), method="fast")
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("method", ["ghost", "per_example"])
 @pytest.mark.parametrize("name", [n for n in CASES if n.startswith("linear")])
-def test_linear_norm_methods(name, method, monkeypatch):
+def test_linear_norm_methods(name, method, monkeypatch, device):
     from dpledger.adapters.torch.layer_rules import linear
 
     layer, x, target = _setup(name)
     want = squared_norms(loop_per_example_grads(layer, _mean_loss, (x,), target))
+    layer, x, target = layer.to(device), x.to(device), target.to(device)
     for budget in (1 << 20, 1):  # one chunk, then one example per chunk
         monkeypatch.setattr(linear, "_MAX_CHUNK_ELEMENTS", budget)
         out = layer(x)

@@ -19,6 +19,7 @@ from torch import nn
 
 from dpledger import PrivacyLedger
 from dpledger.adapters.torch import DPOptimizer
+from tests.adapters.torch.reference import DEVICES
 
 Q, N, LR = 0.02, 1000, 0.5  # q·n = 20
 
@@ -28,8 +29,10 @@ def mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(60, 60), nn.Tanh(), nn.Linear(60, 40)).double()
 
 
-def updates(sigma: float, seed: int, **kwargs) -> tuple[dict[str, torch.Tensor], DPOptimizer]:
-    model = mlp()
+def updates(
+    sigma: float, seed: int, device: str = "cpu", **kwargs
+) -> tuple[dict[str, torch.Tensor], DPOptimizer]:
+    model = mlp().to(device)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     dp = DPOptimizer(
         torch.optim.SGD(model.parameters(), lr=LR),
@@ -45,9 +48,9 @@ def updates(sigma: float, seed: int, **kwargs) -> tuple[dict[str, torch.Tensor],
     g = torch.Generator().manual_seed(11)
     x = torch.randn(23, 60, generator=g, dtype=torch.float64)
     y = torch.randint(0, 40, (23,), generator=g)
-    F.cross_entropy(model(x), y).backward()
+    F.cross_entropy(model(x.to(device)), y.to(device)).backward()
     dp.step()
-    return {n: p.detach() - before[n] for n, p in model.named_parameters()}, dp
+    return {n: (p.detach() - before[n]).cpu() for n, p in model.named_parameters()}, dp
 
 
 def _chi2_two_sided(z: np.ndarray) -> float:
@@ -70,10 +73,12 @@ def _chi2_two_sided(z: np.ndarray) -> float:
     ],
     ids=["flat", "per_layer_dimension_scaled"],
 )
-def test_update_noise_has_standard_deviation_sigma_c_over_qn(kwargs):
+@pytest.mark.parametrize("device", DEVICES)
+def test_update_noise_has_standard_deviation_sigma_c_over_qn(kwargs, device):
+    """On each device: CUDA draws its noise from its own generator (Philox), not the CPU's."""
     sigma = 1.3
-    noisy, dp = updates(sigma, seed=123, **kwargs)
-    clean, _ = updates(0.0, seed=123, **kwargs)
+    noisy, dp = updates(sigma, seed=123, device=device, **kwargs)
+    clean, _ = updates(0.0, seed=123, device=device, **kwargs)
     zs = []
     for query, members in zip(dp.queries.queries, dp.queries.members, strict=True):
         for name in members:

@@ -20,9 +20,11 @@ from dpledger.adapters.torch import (
 from dpledger.adapters.torch.layer_rules.recurrent import recurrent_prefers_per_example
 from tests.adapters.torch.dp_helpers import assert_dp_step_equals_clipped_loop
 from tests.adapters.torch.reference import (
+    DEVICES,
     assert_close_dicts,
     loop_per_example_grads,
     squared_norms,
+    to_device,
     weighted_sum,
 )
 
@@ -68,7 +70,12 @@ class Probe(nn.Module):
             x = x.transpose(0, 1)
         hx = None
         if state:
-            hx = tuple(s.transpose(0, 1) for s in state) if lstm else state[0].transpose(0, 1)
+            # contiguous: cuDNN (CUDA) refuses a strided initial state
+            hx = (
+                tuple(s.transpose(0, 1).contiguous() for s in state)
+                if lstm
+                else state[0].transpose(0, 1).contiguous()
+            )
         out, h_n = self.rnn(x, hx)
         h_n, c_n = h_n if lstm else (h_n, None)
         if not self.rnn.batch_first:
@@ -115,10 +122,14 @@ def test_the_recurrent_types_are_registered_and_not_generic(caplog):
 @pytest.mark.parametrize("strategy", ["auto", "ghost", "per_example"])
 @pytest.mark.parametrize("config", list(CONFIGS))
 @pytest.mark.parametrize("mode", list(MODES))
-def test_per_example_quantities_match_a_float64_loop(mode, config, strategy):
+@pytest.mark.parametrize("device", DEVICES)
+def test_per_example_quantities_match_a_float64_loop(device, mode, config, strategy):
+    """On each device (cuDNN's recurrent kernels on CUDA) against the CPU loop in float64."""
     model, inputs, target = _setup(mode, config)
     want = loop_per_example_grads(model, _mean_loss, inputs, target)
     f = torch.rand(B, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    model = model.to(device)
+    inputs, target, f = to_device((inputs, target, f), device)
 
     engine = PerExampleGradientEngine(model, loss_reduction="mean", strategy=strategy)
     _mean_loss(model(*inputs), target).backward()

@@ -37,6 +37,7 @@ from dpledger.adapters.torch import (
 )
 from dpledger.errors import InvalidParameterError, SamplerMismatchError
 from dpledger.ledger import SamplingEvent, SamplingScheme
+from tests.adapters.torch.reference import DEVICES
 
 
 def _claim_all(sampler: RecordedBatchSampler, batches: list[list[int]]) -> list[SamplingEvent]:
@@ -361,24 +362,25 @@ def _epsilon(ledger: PrivacyLedger) -> float:
     return make_accountant(CERTIFIED_BY[scheme.value]).epsilon(ledger, delta=1e-5).epsilon
 
 
-def _train(model, dp, loader, epochs):
+def _train(model, dp, loader, epochs, device="cpu"):
     for _ in range(epochs):
         for x, y in loader:
             dp.zero_grad()
             if len(x) == 0:
                 dp.empty_step()
                 continue
-            F.cross_entropy(model(x), y).backward()
+            F.cross_entropy(model(x.to(device)), y.to(device)).backward()
             dp.step()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", sorted(SAMPLERS))
-def test_training_with_each_sampler_records_its_scheme_and_epochs(kind):
+def test_training_with_each_sampler_records_its_scheme_and_epochs(kind, device):
     sampler = SAMPLERS[kind]()
     event = sampler.sampling_event()
     relation = "add_remove" if "add_remove" in [r.value for r in event.relations] else "replace_one"
     ledger = PrivacyLedger(neighboring=relation)
-    model = _model()
+    model = _model().to(device)
     loader = private_data_loader(_data(), sampler=sampler)
     dp = DPOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1),
@@ -391,7 +393,7 @@ def test_training_with_each_sampler_records_its_scheme_and_epochs(kind):
     )
     assert dp.denominator == event.average_denominator
     assert dp.sampling_event == event
-    _train(model, dp, loader, epochs=2)
+    _train(model, dp, loader, epochs=2, device=device)
     per_epoch = len(sampler)
     steps = list(ledger.steps())
     assert len(steps) == 2 * per_epoch == ledger.num_steps
@@ -410,12 +412,13 @@ def test_training_with_each_sampler_records_its_scheme_and_epochs(kind):
     ("kind", "denominator"),
     [("fixed_size", 12.0), ("shuffle", 10.0), ("balls_in_bins", 12.0), ("poisson", 12.0)],
 )
-def test_the_average_divides_by_the_schemes_denominator(kind, denominator):
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_average_divides_by_the_schemes_denominator(kind, denominator, device):
     """Noise-free, unclipped steps equal plain SGD on (sum of losses) / denominator, computed
-    in float64 on a second model: b for fixed-size and shuffled batches (the last, smaller
-    shuffled batch too), n / k for balls-in-bins, q·n for Poisson."""
+    in float64 on a second model on the CPU: b for fixed-size and shuffled batches (the last,
+    smaller shuffled batch too), n / k for balls-in-bins, q·n for Poisson."""
     data = _data()
-    model, plain = _model(), _model()
+    model, plain = _model().to(device), _model()
     loader = private_data_loader(data, sampler=SAMPLERS[kind]())
     dp = DPOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1),
@@ -431,7 +434,7 @@ def test_the_average_divides_by_the_schemes_denominator(kind, denominator):
     for x, y in loader:
         sizes.append(len(x))
         dp.zero_grad()
-        F.cross_entropy(model(x), y).backward()
+        F.cross_entropy(model(x.to(device)), y.to(device)).backward()
         dp.step()
         opt.zero_grad()
         (F.cross_entropy(plain(x), y, reduction="sum") / denominator).backward()
@@ -439,7 +442,7 @@ def test_the_average_divides_by_the_schemes_denominator(kind, denominator):
     if kind == "shuffle":
         assert sizes == [10, 10, 10, 10, 8]
     for (name, p), q in zip(model.named_parameters(), plain.parameters(), strict=True):
-        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14, msg=name)
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-12, atol=1e-14, msg=name)
 
 
 def test_bias_metrics_use_the_schemes_denominator():

@@ -28,6 +28,7 @@ from dpledger.adapters.torch import (
 )
 from dpledger.errors import InvalidParameterError, SamplerMismatchError, UnsupportedSamplingError
 from dpledger.ledger import PrivacyUnit, SamplingEvent, SamplingScheme
+from tests.adapters.torch.reference import DEVICES
 
 # 12 users owning 1..9 records; labels are strings, in a shuffled order of records
 _COUNTS = [1, 3, 9, 2, 7, 4, 1, 6, 9, 5, 2, 8]
@@ -197,12 +198,16 @@ def _indexed(ids, **data_kwargs):
 
 @pytest.mark.parametrize("user_gradient", ["sum", "mean"])
 @pytest.mark.parametrize("groups", ["all", "per_layer"])
-def test_the_released_sum_is_the_per_user_clipped_sum_of_a_loop_reference(user_gradient, groups):
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_released_sum_is_the_per_user_clipped_sum_of_a_loop_reference(
+    user_gradient, groups, device
+):
+    """The optimizer on each device; the reference on the CPU."""
     ids = _user_ids()
     dataset, _, _ = _indexed(ids, scale=3.0)
     sampler = UserPoissonBatchSampler(ids, 0.6, 5, seed=2, steps=4)
     loader = private_data_loader(dataset, sampler=sampler)
-    model = _model()
+    model = _model().to(device)
     dp = _optimizer(model, loader, groups=groups, user_gradient=user_gradient, l2_norm_bound=0.3)
     members = [tuple(m) for m in dp.queries.members]
     bounds = [q.l2_norm_bound * (1 - dp._clip_margin) for q in dp.queries.queries]
@@ -210,13 +215,14 @@ def test_the_released_sum_is_the_per_user_clipped_sum_of_a_loop_reference(user_g
     for x, y, idx in loader:
         labels = [ids[i] for i in idx.tolist()]
         dp.zero_grad()
-        F.cross_entropy(model(x), y).backward()
+        F.cross_entropy(model(x.to(device)), y.to(device)).backward()
         dp.step()
         want = _reference_sum(
             model, x, y, labels, groups=members, bounds=bounds, mean=user_gradient == "mean"
         )
         for n, p in model.named_parameters():
-            torch.testing.assert_close(p.grad * dp.denominator, want[n], rtol=1e-9, atol=1e-12)
+            got = p.grad.cpu() * dp.denominator
+            torch.testing.assert_close(got, want[n], rtol=1e-9, atol=1e-12)
         # the reference clipped some users and left others: both branches were compared
         whole = _reference_sum(
             model, x, y, labels, groups=members, bounds=[1e9] * len(bounds), mean=False

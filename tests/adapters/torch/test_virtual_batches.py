@@ -18,6 +18,7 @@ from dpledger.adapters.torch import (
 )
 from dpledger.errors import InvalidParameterError
 from tests.adapters.torch.dp_helpers import batch, small_cnn
+from tests.adapters.torch.reference import DEVICES
 
 
 def _dp(model, ledger, **kwargs):
@@ -32,9 +33,10 @@ def _dp(model, ledger, **kwargs):
     )
 
 
-def test_chunks_with_virtual_step_equal_the_whole_logical_step():
-    x, y = batch(10)
-    whole, chunked = small_cnn(), small_cnn()
+@pytest.mark.parametrize("device", DEVICES)
+def test_chunks_with_virtual_step_equal_the_whole_logical_step(device):
+    x, y = (t.to(device) for t in batch(10))
+    whole, chunked = small_cnn().to(device), small_cnn().to(device)
     led_whole, led_chunked = PrivacyLedger(), PrivacyLedger()
     dp_whole = _dp(whole, led_whole, sampling_probability=0.1, population_size=100)
     dp_chunked = _dp(chunked, led_chunked, sampling_probability=0.1, population_size=100)
