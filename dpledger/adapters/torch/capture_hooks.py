@@ -19,6 +19,7 @@ per record.
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any
 
 import torch
@@ -36,6 +37,56 @@ from dpledger.adapters.torch.engine_state import (
 from dpledger.adapters.torch.errors import UnsupportedModuleError
 
 __all__: list[str] = []  # internal to the engine
+
+
+class _OutputGradHook:
+    """The hook on a unit output's autograd node (or on the output, if it is a leaf): hands the
+    gradient with respect to output k to the engine's capture.
+
+    It refers to the engine and the capture weakly. The capture keeps the node (its gradient
+    edge) and the engine keeps the capture, so strong references back would form a cycle
+    through the C++ node, which Python's garbage collector cannot see through: a step that
+    never finished (an exception, e.g. out of memory, between the forward and ``step()``)
+    would keep the engine, the model, the optimizer and the step's activations alive after
+    the user dropped them. Once the engine is gone the hook does nothing.
+    """
+
+    __slots__ = ("_capture", "_engine", "_k", "_output_nr")
+
+    def __init__(
+        self, engine: CaptureHooks, capture: _Capture, k: int, output_nr: int | None
+    ) -> None:
+        self._engine = weakref.ref(engine)
+        self._capture = weakref.ref(capture)
+        self._k = k
+        self._output_nr = output_nr
+
+    def __call__(self, grads: Any) -> None:
+        engine, capture = self._engine(), self._capture()
+        if engine is None or capture is None:
+            return
+        grad = grads if self._output_nr is None else grads[self._output_nr]
+        engine._on_hooked_grad(capture, self._k, grad)
+
+
+class _ParamGradHook:
+    """The hook on a trainable parameter: notes that it received gradient.
+
+    Weak for the same reason as :class:`_OutputGradHook`: a parameter's Python object is kept
+    alive by the C++ autograd graph of a step that never finished, which the engine's captures
+    keep in turn.
+    """
+
+    __slots__ = ("_engine", "_name")
+
+    def __init__(self, engine: CaptureHooks, name: str) -> None:
+        self._engine = weakref.ref(engine)
+        self._name = name
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        engine = self._engine()
+        if engine is not None:
+            engine._on_param_grad(self._name, grad)
 
 
 class CaptureHooks:
@@ -73,7 +124,7 @@ class CaptureHooks:
                     module.register_forward_pre_hook(functools.partial(_refuse_batch_stats, name))
                 )
         for name, p in self._params.items():
-            self._handles.append(p.register_hook(functools.partial(self._on_param_grad, name)))
+            self._handles.append(p.register_hook(_ParamGradHook(self, name)))
 
     def _on_model_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self._recomputing or not torch.is_grad_enabled():
@@ -167,11 +218,9 @@ class CaptureHooks:
         for k, i in enumerate(indices):
             t = leaves[i]
             if t.grad_fn is None:  # the output is a leaf tensor (e.g. a parameter returned)
-                t.register_hook(functools.partial(self._on_hooked_grad, capture, k))
+                t.register_hook(_OutputGradHook(self, capture, k, None))
             else:
-                t.grad_fn.register_prehook(
-                    functools.partial(self._on_node_grads, capture, k, t.output_nr)
-                )
+                t.grad_fn.register_prehook(_OutputGradHook(self, capture, k, t.output_nr))
             capture.edges.append(get_gradient_edge(t))
         unit.captures.append(capture)
         self._mark_changed()
@@ -180,9 +229,6 @@ class CaptureHooks:
     def _mark_changed(self) -> None:
         if self._state is not None:
             self._stale = True
-
-    def _on_node_grads(self, capture: _Capture, k: int, output_nr: int, grads: tuple) -> None:
-        self._on_hooked_grad(capture, k, grads[output_nr])
 
     def _on_hooked_grad(self, capture: _Capture, k: int, grad: torch.Tensor | None) -> None:
         """An output gradient delivered by autograd during a backward (not engine.backward's

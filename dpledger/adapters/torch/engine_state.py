@@ -30,7 +30,16 @@ __all__: list[str] = []  # internal to the engine
 class _Capture:
     """One observed forward call of a unit and the gradients with respect to its outputs."""
 
-    __slots__ = ("args", "edges", "grads", "kwargs", "out_indices", "record_dims", "rng_state")
+    __slots__ = (
+        "__weakref__",
+        "args",
+        "edges",
+        "grads",
+        "kwargs",
+        "out_indices",
+        "record_dims",
+        "rng_state",
+    )
 
     def __init__(
         self,
@@ -62,12 +71,12 @@ class _Capture:
         self.grads[k] = grad if self.grads[k] is None else self.grads[k] + grad
 
     def release(self) -> None:
-        """Drop the stored tensors and edges.
+        """Drop the stored tensors and edges (they are the largest part of a step's memory).
 
-        The autograd node of the unit's output holds a hook that refers to this capture, and
-        the capture's edges refer to that node: a cycle through a C++ object that Python's
-        garbage collector cannot see through, which would keep the engine, the model and
-        everything they refer to alive forever. Emptying the capture breaks it.
+        The hook on the autograd node of the unit's output refers to this capture and to the
+        engine only weakly (``capture_hooks._OutputGradHook``): the capture's edges refer to
+        that node, and strong references back would make a cycle through a C++ object that
+        Python's garbage collector cannot see through.
         """
         self.args = ()
         self.kwargs = {}
