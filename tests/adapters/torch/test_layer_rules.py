@@ -142,13 +142,14 @@ def test_conv_norm_methods(name, method):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_conv_norms_chunked(monkeypatch, device):
-    """One example per chunk."""
+    """One example per chunk, with the budget of the device (CPU or accelerator)."""
     from dpledger.adapters.torch.layer_rules import conv
 
     layer, x, target = _setup("conv2d-stride")
     want = squared_norms(loop_per_example_grads(layer, _mean_loss, (x,), target))
     layer, x, target = layer.to(device), x.to(device), target.to(device)
     monkeypatch.setattr(conv, "_MAX_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(conv, "_MAX_CHUNK_ELEMENTS_ACCELERATOR", 1)
     for method in ("ghost", "per_example"):
         out = layer(x)
         (b,) = torch.autograd.grad(_mean_loss(out, target) * B, out)
@@ -177,6 +178,7 @@ def test_linear_norm_methods(name, method, monkeypatch, device):
     layer, x, target = layer.to(device), x.to(device), target.to(device)
     for budget in (1 << 20, 1):  # one chunk, then one example per chunk
         monkeypatch.setattr(linear, "_MAX_CHUNK_ELEMENTS", budget)
+        monkeypatch.setattr(linear, "_MAX_CHUNK_ELEMENTS_ACCELERATOR", budget)
         out = layer(x)
         (b,) = torch.autograd.grad(_mean_loss(out, target) * B, out)
         got = linear.linear_norms(layer, (x,), b, method=method)

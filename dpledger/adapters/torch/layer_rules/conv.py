@@ -38,8 +38,12 @@ __all__ = ["conv_clipped_sum", "conv_norms", "conv_per_example", "conv_prefers_p
 
 Conv = nn.Conv1d | nn.Conv2d
 
-# The batch is processed in chunks whose unfolded input has at most this many elements.
+# The batch is processed in chunks whose unfolded input has at most this many elements: on the
+# CPU few enough to stay in cache; on an accelerator many more, since there each chunk costs a
+# few kernel launches (the unfolding copy, a batched product, a norm), and for the small
+# convolutions of a CNN the launches, not the arithmetic, take the time.
 _MAX_CHUNK_ELEMENTS = 1 << 21
+_MAX_CHUNK_ELEMENTS_ACCELERATOR = 1 << 26
 
 
 def _padding_amounts(module: Conv) -> tuple[int, ...]:
@@ -134,7 +138,10 @@ def _positions(module: Conv, backprops: torch.Tensor) -> int:
 def _chunks(module: Conv, backprops: torch.Tensor) -> list[tuple[int, int]]:
     batch = backprops.shape[0]
     per_example = module.in_channels * math.prod(module.kernel_size) * _positions(module, backprops)
-    step = max(1, _MAX_CHUNK_ELEMENTS // max(per_example, 1))
+    budget = (
+        _MAX_CHUNK_ELEMENTS if backprops.device.type == "cpu" else _MAX_CHUNK_ELEMENTS_ACCELERATOR
+    )
+    step = max(1, budget // max(per_example, 1))
     return [(i, min(i + step, batch)) for i in range(0, batch, step)] or [(0, 0)]
 
 

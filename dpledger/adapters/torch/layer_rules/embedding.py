@@ -33,7 +33,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from dpledger.adapters.torch.layer_rules.linear import _MAX_CHUNK_ELEMENTS
+from dpledger.adapters.torch.layer_rules.linear import chunk_budget
 from dpledger.adapters.torch.registry import register_cross_term, register_grad_sampler
 
 __all__ = [
@@ -145,7 +145,7 @@ def embedding_linear_cross_term(
     a = a.reshape(batch, -1, linear.in_features)
     c = linear_backprops.reshape(batch, -1, linear.out_features)
     t_emb, t_lin = idx.shape[1], a.shape[1]
-    step = max(1, _MAX_CHUNK_ELEMENTS // max(t_emb * t_lin, 1))
+    step = max(1, chunk_budget(a.device) // max(t_emb * t_lin, 1))
     out = torch.empty(batch, dtype=torch.float64, device=a.device)
     for lo in range(0, batch, step):
         hi = min(lo + step, batch)

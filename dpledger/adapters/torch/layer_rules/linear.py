@@ -58,8 +58,17 @@ def _flatten(module: nn.Linear, activations: tuple, backprops: torch.Tensor):
 
 
 # The batch is processed in chunks whose largest transient tensor (Gram matrices or
-# materialised gradients) has at most this many elements.
+# materialised gradients) has at most this many elements: on the CPU few enough to stay in
+# cache; on an accelerator many more, since there each chunk costs a few kernel launches, and
+# for a small layer the launches, not the arithmetic, take the time (64 Mi elements are 256 MB
+# of float32).
 _MAX_CHUNK_ELEMENTS = 1 << 20
+_MAX_CHUNK_ELEMENTS_ACCELERATOR = 1 << 26
+
+
+def chunk_budget(device: torch.device) -> int:
+    """The most elements a chunk's transient tensor may have on ``device``."""
+    return _MAX_CHUNK_ELEMENTS if device.type == "cpu" else _MAX_CHUNK_ELEMENTS_ACCELERATOR
 
 
 def _sizes(module: nn.Linear, activations: tuple) -> tuple[int, int, int]:
@@ -92,8 +101,8 @@ def linear_prefers_per_example(
     return keeping_per_example_is_cheaper(*_sizes(module, activations))
 
 
-def _chunks(batch: int, per_example: int) -> list[tuple[int, int]]:
-    step = max(1, _MAX_CHUNK_ELEMENTS // max(per_example, 1))
+def _chunks(batch: int, per_example: int, device: torch.device) -> list[tuple[int, int]]:
+    step = max(1, chunk_budget(device) // max(per_example, 1))
     return [(i, min(i + step, batch)) for i in range(0, batch, step)] or [(0, 0)]
 
 
@@ -122,7 +131,7 @@ def affine_weight_norms(
     ghost = method == "ghost" or (method == "auto" and ghost_norm_is_cheaper(t, d_in, d_out))
     per_example = t * t if ghost else d_in * d_out
     parts = []
-    for lo, hi in _chunks(batch, per_example):
+    for lo, hi in _chunks(batch, per_example, a.device):
         ac, bc = a[lo:hi], b[lo:hi]
         if ghost:
             gram_a = torch.bmm(ac, ac.transpose(1, 2))
