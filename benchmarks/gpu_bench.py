@@ -557,7 +557,10 @@ def main() -> None:
         f"{'full' if full else 'tiny'} sizes"
     )
     for key in keys:
-        run_row(key, rows[key], args, device)
+        try:
+            run_row(key, rows[key], args, device)
+        except Exception as err:  # report the row and go on with the next
+            print(f"\n## {key}: failed: {_first_line(err)}")
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
