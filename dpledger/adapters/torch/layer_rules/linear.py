@@ -39,6 +39,7 @@ __all__ = [
     "affine_weight_clipped_sum",
     "affine_weight_norms",
     "affine_weight_per_example",
+    "chunk_budget",
     "ghost_norm_is_cheaper",
     "keeping_per_example_is_cheaper",
     "linear_clipped_sum",
