@@ -20,8 +20,6 @@ import math
 
 import dp_accounting
 import pytest
-import scipy.optimize
-import scipy.stats
 
 from dpledger import PrivacyLedger
 from dpledger.accountants.base import ResultKind, make_accountant
@@ -34,22 +32,10 @@ from dpledger.mechanisms.correlated import (
     release_event,
     tree_factorization,
 )
+from tests.gdp_oracle import gaussian_epsilon
 
 DELTA = 1e-5
 PLD_GRID = 1e-4  # dp-accounting's default value_discretization_interval
-
-
-def gdp_epsilon(mu: float, delta: float) -> float:
-    """Closed form of μ-GDP (Dong, Roth & Su 2019, Corollary 2.13), solved for ε."""
-
-    def excess(eps: float) -> float:
-        return (
-            scipy.stats.norm.cdf(-eps / mu + mu / 2)
-            - math.exp(eps) * scipy.stats.norm.cdf(-eps / mu - mu / 2)
-            - delta
-        )
-
-    return float(scipy.optimize.brentq(excess, 0.0, 200.0, xtol=1e-14, rtol=1e-14))
 
 
 def ledger_with(*events, neighboring: str = "add_remove") -> PrivacyLedger:  # type: ignore[no-untyped-def]
@@ -82,7 +68,7 @@ def test_unamplified_release_is_one_gaussian(name: str) -> None:
     event = tree_release(100, sigma=4.0, clip=2.0)
     mu = math.sqrt(math.ceil(math.log2(101))) * 2.0 / 4.0
     assert event.gaussian_mu == pytest.approx(mu, rel=1e-15)
-    exact = gdp_epsilon(mu, DELTA)
+    exact = gaussian_epsilon(mu, DELTA)
     result = make_accountant(name).epsilon(ledger_with(event), delta=DELTA)
     assert result.kind is ResultKind.UPPER_BOUND
     if name in ("gdp", "pld"):
@@ -165,7 +151,7 @@ def test_replace_one_doubles_the_sensitivity() -> None:
     result = make_accountant("pld").epsilon(
         ledger_with(event, neighboring="replace_one"), delta=DELTA
     )
-    assert result.value == pytest.approx(gdp_epsilon(2 * event.gaussian_mu, DELTA), rel=1e-9)
+    assert result.value == pytest.approx(gaussian_epsilon(2 * event.gaussian_mu, DELTA), rel=1e-9)
 
 
 def test_no_noise_is_not_private() -> None:

@@ -46,8 +46,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import scipy.optimize
-import scipy.stats
 
 from dpledger import PrivacyLedger
 from dpledger.accountants.base import make_accountant
@@ -57,6 +55,7 @@ from dpledger.mechanisms.correlated import (
     banded_toeplitz_factorization,
     release_event,
 )
+from tests.gdp_oracle import gaussian_epsilon
 
 DATA = json.loads((Path(__file__).parent / "data" / "jax_privacy_bandmf.json").read_text())
 DELTA: float = DATA["delta"]
@@ -72,19 +71,6 @@ def case_id(case: dict[str, Any]) -> str:
     )
     scaled = "-c0is1" if case["max_column_norm"] > 1.5 else ""
     return f"T{case['iterations']}-b{case['num_bands']}-q{case['sampling_prob']}-{tail}{scaled}"
-
-
-def gdp_epsilon(mu: float, delta: float) -> float:
-    """Closed form of μ-GDP (Dong, Roth & Su 2019, Corollary 2.13), solved for ε."""
-
-    def excess(eps: float) -> float:
-        return (
-            scipy.stats.norm.cdf(-eps / mu + mu / 2)
-            - math.exp(eps) * scipy.stats.norm.cdf(-eps / mu - mu / 2)
-            - delta
-        )
-
-    return float(scipy.optimize.brentq(excess, 0.0, 200.0, xtol=1e-14, rtol=1e-14))
 
 
 def dpledger_release(case: dict[str, Any]) -> CorrelatedReleaseEvent:
@@ -181,10 +167,10 @@ def test_unamplified_bandmf_epsilon_matches_jax_privacy(case: dict[str, Any]) ->
     reference = case["epsilon_pld_add_or_remove_one"]
     jax_mu = math.sqrt(k) / case["noise_multiplier"]
     # JAX Privacy's value is its pessimistic PLD of μ-GDP at its μ
-    exact_at_jax_mu = gdp_epsilon(jax_mu, DELTA)
+    exact_at_jax_mu = gaussian_epsilon(jax_mu, DELTA)
     assert exact_at_jax_mu - ROUNDING <= reference < exact_at_jax_mu + k * GRID
     pld = make_accountant("pld").epsilon(led, delta=DELTA).value
-    assert pld == pytest.approx(gdp_epsilon(event.gaussian_mu, DELTA), rel=1e-9)
+    assert pld == pytest.approx(gaussian_epsilon(event.gaussian_mu, DELTA), rel=1e-9)
     if t % b == 0:
         assert event.gaussian_mu == pytest.approx(jax_mu, rel=1e-12)
         assert pld - ROUNDING <= reference < pld + k * GRID

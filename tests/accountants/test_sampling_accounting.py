@@ -8,13 +8,12 @@ from pathlib import Path
 
 import dp_accounting
 import pytest
-from scipy.optimize import brentq
-from scipy.stats import norm
 
 from dpledger import PrivacyLedger, SamplingEvent
 from dpledger.accountants import make_accountant
 from dpledger.errors import UnsupportedSamplingError
 from dpledger.ledger.steps import CompressedLedger, StepRun
+from tests.gdp_oracle import gaussian_epsilon
 
 N = 60_000
 DELTA = 1e-5
@@ -32,15 +31,6 @@ def ledger_of(events, *, sigma: float = 1.1, neighboring: str = "add_remove") ->
 def epochs_of(build, per_epoch: int, epochs: int, steps: int | None = None):
     total = per_epoch * epochs if steps is None else steps
     return [build(epoch_start=t % per_epoch == 0) for t in range(total)]
-
-
-def gaussian_epsilon(mu: float, delta: float) -> float:
-    """ε of μ-GDP at δ from the Balle & Wang (2018) closed form, solved with brentq."""
-
-    def excess(eps: float) -> float:
-        return norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2) - delta
-
-    return brentq(excess, 0.0, 500.0, xtol=1e-12)
 
 
 # ------------------------------------------------------------------ epoch-based schemes

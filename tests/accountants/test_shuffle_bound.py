@@ -21,8 +21,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy.optimize import brentq
-from scipy.special import log_ndtr, ndtr
 from scipy.stats import norm
 
 from dpledger.accountants.shuffle_bound import (
@@ -33,20 +31,7 @@ from dpledger.accountants.shuffle_bound import (
     shuffle_epsilon_lower_bound,
 )
 from dpledger.errors import InvalidParameterError
-
-
-def _gaussian_delta(mu: float, epsilon: float) -> float:
-    """Balle & Wang (2018), Theorem 8: exact δ(ε) of a Gaussian mechanism with ratio μ."""
-    second = math.exp(epsilon + float(log_ndtr(-epsilon / mu - mu / 2)))
-    return float(ndtr(-epsilon / mu + mu / 2)) - second
-
-
-def _gaussian_epsilon(mu: float, delta: float) -> float:
-    """The ε at which the exact Gaussian δ(ε) equals δ."""
-    if _gaussian_delta(mu, 0.0) <= delta:
-        return 0.0
-    return brentq(lambda e: _gaussian_delta(mu, e) - delta, 0.0, 500.0, xtol=1e-14, rtol=1e-14)
-
+from tests.gdp_oracle import gaussian_delta, gaussian_epsilon
 
 _SENSITIVITY = {"add_remove": 1.0, "replace_one": 2.0}
 
@@ -61,7 +46,7 @@ def test_one_batch_one_epoch_is_the_gaussian_mechanism(
     """Balle & Wang (2018), Thm 8. T = 1, E = 1: the pair is N(2, z²) vs N(1, z²) (add/remove) or
     N(0, z²) (replace-one), for which the threshold sets are the Neyman–Pearson tests: the bound
     equals the exact δ up to the search over C, and never exceeds it."""
-    exact = _gaussian_delta(_SENSITIVITY[neighboring] / z, epsilon)
+    exact = gaussian_delta(_SENSITIVITY[neighboring] / z, epsilon)
     ours = shuffle_delta_lower_bound(
         batches_per_epoch=1, epochs=1, noise_multiplier=z, epsilon=epsilon, neighboring=neighboring
     )
@@ -79,7 +64,7 @@ def test_one_batch_many_epochs_is_below_and_near_the_composed_gaussian(
     width 0.005) must not exceed the exact ε and must lose little: at most one bin per epoch."""
     mu = math.sqrt(epochs) * _SENSITIVITY[neighboring] / z
     for delta in (1e-3, 1e-6):
-        exact = _gaussian_epsilon(mu, delta)
+        exact = gaussian_epsilon(mu, delta)
         ours = shuffle_epsilon_lower_bound(
             batches_per_epoch=1, epochs=epochs, noise_multiplier=z, delta=delta,
             neighboring=neighboring,
@@ -87,7 +72,7 @@ def test_one_batch_many_epochs_is_below_and_near_the_composed_gaussian(
         assert ours <= exact
         assert ours >= exact - 0.005 * epochs
     for epsilon in (0.5, 2.0):
-        exact_delta = _gaussian_delta(mu, epsilon)
+        exact_delta = gaussian_delta(mu, epsilon)
         ours_delta = shuffle_delta_lower_bound(
             batches_per_epoch=1, epochs=epochs, noise_multiplier=z, epsilon=epsilon,
             neighboring=neighboring,
@@ -112,7 +97,7 @@ def test_never_above_deterministic_batching(
             batches_per_epoch=batches, epochs=epochs, noise_multiplier=z, delta=delta,
             neighboring=neighboring,
         )  # fmt: skip
-        assert 0.0 <= ours <= _gaussian_epsilon(mu, delta)
+        assert 0.0 <= ours <= gaussian_epsilon(mu, delta)
 
 
 # --------------------------------------------------------------------------- Monte Carlo
@@ -198,7 +183,7 @@ def test_mnist_setting_exceeds_the_poisson_epsilon() -> None:
     )
     assert 1.0 < pld_eps <= rdp_eps < 1.5
     assert lower > 4 * rdp_eps
-    assert lower <= _gaussian_epsilon(math.sqrt(epochs) / z, delta)
+    assert lower <= gaussian_epsilon(math.sqrt(epochs) / z, delta)
 
 
 # --------------------------------------------------------------------------- monotonicity

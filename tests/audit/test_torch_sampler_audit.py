@@ -20,7 +20,6 @@ import sys
 
 import numpy as np
 import pytest
-from scipy.optimize import brentq
 from scipy.stats import binom, norm
 
 pytest.importorskip("torch", reason="the PyTorch audits need the torch extra")
@@ -39,17 +38,9 @@ from dpledger.audit.torch_sampler_audit import (
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import CompressedLedger
 from dpledger.ledger.events import SamplingScheme
+from tests.gdp_oracle import gaussian_epsilon
 
 CONFIDENCE = 0.95
-
-
-def _gdp_epsilon(mu: float, delta: float) -> float:
-    """ε(δ) of μ-GDP: the root of Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) = δ (Dong et al. 2019)."""
-
-    def excess(eps: float) -> float:
-        return norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2) - delta
-
-    return 0.0 if excess(0.0) <= 0 else brentq(excess, 0.0, 200.0, xtol=1e-12)
 
 
 def test_shuffled_runs_hold_the_canary_in_exactly_one_batch_per_epoch():
@@ -96,7 +87,7 @@ def test_ledgers_record_the_sampler_and_the_claims_follow():
     assert claim.gap.lower_bound == shuffle_epsilon_lower_bound(
         batches_per_epoch=10, epochs=2, noise_multiplier=1.0, delta=delta, neighboring="replace_one"
     )
-    assert claim.no_amplification_epsilon >= _gdp_epsilon(2 * math.sqrt(2) / 1.0, delta)
+    assert claim.no_amplification_epsilon >= gaussian_epsilon(2 * math.sqrt(2) / 1.0, delta)
     assert "PRV refuses" in claim.describe()
 
 
@@ -111,7 +102,7 @@ def test_shuffled_last_iterate_is_the_closed_form_gaussian_and_its_bounds_are_va
     config = SamplerAudit(sampler="shuffle", noise_multiplier=0.5, batch_size=10, num_records=19)
     mu = config.shuffled_last_iterate_mu()
     assert mu == pytest.approx(math.sqrt(2))
-    true_eps = _gdp_epsilon(mu, delta)
+    true_eps = gaussian_epsilon(mu, delta)
     var = config.steps * config.noise_multiplier**2
     audits, with_canary, without = 10, [], []
     exceed = 0
@@ -149,7 +140,7 @@ def test_the_last_iterate_cannot_show_the_shuffle_gap_but_the_ledger_does():
     chua = shuffle_epsilon_lower_bound(
         batches_per_epoch=10, epochs=1, noise_multiplier=1.0, delta=delta
     )
-    assert chua > poisson_eps > _gdp_epsilon(shuffle.config.shuffled_last_iterate_mu(), delta)
+    assert chua > poisson_eps > gaussian_epsilon(shuffle.config.shuffled_last_iterate_mu(), delta)
     assert shuffle.claim.gap.lower_bound >= chua  # replace-one is at least add/remove's bound
     assert shuffle.claim.gap.poisson_epsilon == pytest.approx(poisson_eps, rel=0.05)
     assert results["poisson"].clopper_pearson.epsilon <= poisson_eps
@@ -169,7 +160,7 @@ def test_every_step_shuffled_audits_stay_below_the_deterministic_batch_bound():
         sampler="shuffle", noise_multiplier=0.5, num_records=19, epochs=2,
         observation="every_step",
     )  # fmt: skip
-    ceiling = _gdp_epsilon(math.sqrt(config.epochs) / config.noise_multiplier, delta)
+    ceiling = gaussian_epsilon(math.sqrt(config.epochs) / config.noise_multiplier, delta)
     exceed = 0
     for seed in range(5):
         game = run_distinguishing_game(

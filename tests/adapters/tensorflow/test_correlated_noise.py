@@ -22,8 +22,6 @@ import dp_accounting
 import keras
 import numpy as np
 import pytest
-import scipy.optimize
-import scipy.stats
 import tensorflow as tf
 
 from dpledger import PrivacyLedger
@@ -47,6 +45,7 @@ from dpledger.errors import InvalidParameterError, LedgerStateError, SamplerMism
 from dpledger.ledger import StreamStepEvent
 from dpledger.mechanisms import SensitivityCheckError
 from dpledger.mechanisms.correlated import CorrelatedNoiseSpec, noise_for
+from tests.gdp_oracle import gaussian_epsilon
 
 N, PERIOD, T, SEED, S, Z, LR = 40, 4, 8, 11, 1.0, 2.0, 0.5
 DELTA = 1e-5
@@ -106,19 +105,6 @@ def _train(spec: CorrelatedNoiseSpec, z: float, ledger: PrivacyLedger, epochs: i
     return dp, np.concatenate([np.asarray(v).ravel() for v in model.trainable_variables])
 
 
-def _gdp_epsilon(mu: float, delta: float) -> float:
-    """The μ-GDP closed form (Dong, Roth & Su 2019, Corollary 2.13), solved for ε."""
-
-    def excess(eps: float) -> float:
-        return (
-            scipy.stats.norm.cdf(-eps / mu + mu / 2)
-            - math.exp(eps) * scipy.stats.norm.cdf(-eps / mu - mu / 2)
-            - delta
-        )
-
-    return float(scipy.optimize.brentq(excess, 0.0, 200.0, xtol=1e-14, rtol=1e-14))
-
-
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_each_step_adds_the_core_streams_noise_and_the_release_is_recorded_once(name, tmp_path):
     """Reference: the core generator ``noise_for(C, d, σ = z·S, seed)`` built here: the weights
@@ -171,7 +157,7 @@ def test_epsilon_of_an_unamplified_run_is_the_closed_form_of_its_mu(name, tmp_pa
     sens, _ = _cyclic_mu(spec)
     mu = sens * S / (Z * S)
     assert loaded.correlated_releases[0].gaussian_mu == pytest.approx(mu, rel=1e-12)
-    exact = _gdp_epsilon(mu, DELTA)
+    exact = gaussian_epsilon(mu, DELTA)
     for accountant in ("pld", "gdp", "prv", "rdp"):
         result = make_accountant(accountant).epsilon(loaded, delta=DELTA)
         assert math.isfinite(result.value)

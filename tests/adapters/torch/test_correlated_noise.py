@@ -10,14 +10,12 @@ dp-accounting's RDP accountant on the Gaussian of noise multiplier 1/μ.
 from __future__ import annotations
 
 import io
-import math
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 from dp_accounting import dp_event, pld, rdp
-from scipy import optimize, stats
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -37,6 +35,7 @@ from dpledger.ledger import PrivacyLedger, StreamStepEvent
 from dpledger.mechanisms import SensitivityCheckError
 from dpledger.mechanisms.correlated import CorrelatedNoiseSpec, noise_for
 from tests.adapters.torch.reference import DEVICES
+from tests.gdp_oracle import gaussian_epsilon
 
 N, D = 24, 3
 
@@ -400,19 +399,6 @@ def test_a_ledger_behind_the_checkpoint_is_refused() -> None:
     assert other.stream_progress(0) == 1
 
 
-def _gdp_epsilon(mu: float, delta: float) -> float:
-    def gap(eps: float) -> float:
-        return (
-            float(
-                stats.norm.cdf(-eps / mu + mu / 2)
-                - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2)
-            )
-            - delta
-        )
-
-    return float(optimize.brentq(gap, 0.0, 100.0, xtol=1e-12))
-
-
 def _train_digits_like(spec: CorrelatedNoiseSpec, z: float) -> PrivacyLedger:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 6, generator=g)
@@ -453,7 +439,7 @@ def test_end_to_end_epsilon_equals_the_gaussian_of_the_releases_mu(
     ledger = _train_digits_like(spec, z=3.0)
     (event,) = ledger.correlated_releases
     mu = event.sensitivity * event.l2_norm_bound / event.noise_stddev
-    exact = _gdp_epsilon(mu, 1e-5)
+    exact = gaussian_epsilon(mu, 1e-5)
     pld = make_accountant("pld").epsilon(ledger, delta=1e-5).epsilon
     prv = make_accountant("prv").epsilon(ledger, delta=1e-5).epsilon
     rdp_eps = make_accountant("rdp").epsilon(ledger, delta=1e-5).epsilon
@@ -491,7 +477,7 @@ def test_end_to_end_amplified_bandmf_equals_k_poisson_subsampled_gaussians() -> 
     assert eps["prv"] == pytest.approx(expected, abs=2e-2)
     assert eps["rdp"] == pytest.approx(rdp_oracle.get_epsilon(1e-5), rel=2e-2)
     mu = event.sensitivity * event.l2_norm_bound / event.noise_stddev
-    assert eps["pld"] <= _gdp_epsilon(mu, 1e-5) + 1e-2
+    assert eps["pld"] <= gaussian_epsilon(mu, 1e-5) + 1e-2
 
 
 def test_make_private_refuses_the_arguments_the_spec_replaces() -> None:
