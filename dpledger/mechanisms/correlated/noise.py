@@ -75,6 +75,14 @@ class CorrelatedNoise(abc.ABC):
     @abc.abstractmethod
     def _set_buffers(self, buffers: dict[str, Any]) -> None: ...
 
+    @staticmethod
+    def _restored(buffers: dict[str, Any], key: str, like: Vector) -> Vector:
+        """A float64 copy of ``buffers[key]``, refused unless it has the shape of ``like``."""
+        value = np.asarray(buffers[key], dtype=np.float64)
+        if value.shape != like.shape:
+            raise InvalidParameterError("state['buffers']", value.shape, str(like.shape))
+        return value.copy()
+
     def buffer_floats(self) -> int:
         """The number of float64 values held between steps (the generator's memory)."""
 
@@ -98,16 +106,28 @@ class CorrelatedNoise(abc.ABC):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue the stream from ``state`` (from :meth:`state_dict` of the same generator)."""
+        """Continue the stream from ``state`` (from :meth:`state_dict` of the same generator).
+
+        A state that is refused leaves the generator as it was.
+        """
         try:
-            self.rng.bit_generator.state = copy.deepcopy(state["rng"])
+            rng = copy.deepcopy(state["rng"])
             step = int(state["step"])
             buffers = copy.deepcopy(state["buffers"])
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidParameterError("state", type(state).__name__, "a state_dict()") from exc
         if not 0 <= step <= self.num_steps:
             raise InvalidParameterError("state['step']", step, f"0..{self.num_steps}")
-        self._set_buffers(buffers)
+        saved = self.state_dict()
+        try:
+            self._set_buffers(buffers)
+            self.rng.bit_generator.state = rng
+        except Exception as exc:
+            self._set_buffers(saved["buffers"])
+            self.rng.bit_generator.state = saved["rng"]
+            if isinstance(exc, InvalidParameterError):
+                raise
+            raise InvalidParameterError("state", type(state).__name__, "a state_dict()") from exc
         self.step = step
 
 
@@ -170,10 +190,7 @@ class BandedNoise(CorrelatedNoise):
         return {"ring": self._ring}
 
     def _set_buffers(self, buffers: dict[str, Any]) -> None:
-        ring = np.asarray(buffers["ring"], dtype=np.float64)
-        if ring.shape != self._ring.shape:
-            raise InvalidParameterError("state['buffers']", ring.shape, str(self._ring.shape))
-        self._ring = ring.copy()
+        self._ring = self._restored(buffers, "ring", self._ring)
 
 
 class BltNoise(CorrelatedNoise):
@@ -209,10 +226,7 @@ class BltNoise(CorrelatedNoise):
         return {"state": self._state}
 
     def _set_buffers(self, buffers: dict[str, Any]) -> None:
-        s = np.asarray(buffers["state"], dtype=np.float64)
-        if s.shape != self._state.shape:
-            raise InvalidParameterError("state['buffers']", s.shape, str(self._state.shape))
-        self._state = s.copy()
+        self._state = self._restored(buffers, "state", self._state)
 
 
 class TreeNoise(CorrelatedNoise):
@@ -274,7 +288,7 @@ class TreeNoise(CorrelatedNoise):
         return out
 
     def _set_buffers(self, buffers: dict[str, Any]) -> None:
-        self._prefix = np.asarray(buffers["prefix"], dtype=np.float64).copy()
+        self._prefix = self._restored(buffers, "prefix", self._prefix)
         self._levels = {
             int(k): np.asarray(v, dtype=np.float64) for k, v in buffers["levels"].items()
         }

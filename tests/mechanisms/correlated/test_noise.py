@@ -68,6 +68,30 @@ def test_state_dict_resumes_the_stream_exactly(fact) -> None:  # type: ignore[no
     np.testing.assert_array_equal(np.concatenate([head, tail]), full)
 
 
+@pytest.mark.parametrize(
+    "fact",
+    [
+        tree_factorization(20, honaker=True),
+        tree_factorization(20),
+        optimize_banded_toeplitz(num_steps=20, bands=4),
+        blt_factorization(20, omega=[-0.3], theta=[0.7]),
+    ],
+    ids=["honaker", "tree", "banded", "blt"],
+)
+def test_a_state_of_another_dimension_is_refused(fact) -> None:  # type: ignore[no-untyped-def]
+    """The buffers of a d = 5 stream cannot continue a d = 4 one, and the refused state changes
+    nothing: the generator goes on with the stream of an untouched one (its reference)."""
+    other = noise_for(fact, dim=5, noise_stddev=1.0, seed=3)
+    stream(other, 3)
+    gen = noise_for(fact, dim=4, noise_stddev=1.0, seed=7)
+    head = stream(gen, 2)
+    with pytest.raises(InvalidParameterError, match=r"state\['buffers'\]"):
+        gen.load_state_dict(other.state_dict())
+    assert gen.step == 2
+    full = stream(noise_for(fact, dim=4, noise_stddev=1.0, seed=7), 20)
+    np.testing.assert_array_equal(np.concatenate([head, stream(gen, 18)]), full)
+
+
 @pytest.mark.parametrize("bands", [1, 2, 5, 9])
 def test_banded_memory_is_b_minus_one_vectors(bands: int) -> None:
     """Reference: the count of buffered floats is (b − 1)·d, independent of T (O(b·d))."""
