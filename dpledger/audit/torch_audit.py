@@ -64,6 +64,7 @@ from dpledger.audit.torch_audit_common import (
     IMPLEMENTATIONS,
     UndernoisedDPOptimizer,
     _calibrated_config,
+    _check_canary_norm,
     _check_claim,
     _class_label,
     _digits_tensors,
@@ -71,6 +72,8 @@ from dpledger.audit.torch_audit_common import (
     _noise,
     _optional_records,
     _optional_threads,
+    _positive,
+    _positive_int,
     _sampling_probability,
     _set_threads,
     _train,
@@ -121,16 +124,10 @@ class BlackBoxDigitsAudit:
 
     noise_multiplier: float = attrs.field(converter=_noise)
     sampling_probability: float = attrs.field(default=0.1, converter=_sampling_probability)
-    steps: int = attrs.field(default=30, converter=lambda v: check_positive_int("steps", v))
-    max_grad_norm: float = attrs.field(
-        default=1.0, converter=lambda v: check_positive_finite("max_grad_norm", v)
-    )
-    learning_rate: float = attrs.field(
-        default=2.0, converter=lambda v: check_positive_finite("learning_rate", v)
-    )
-    canary_magnitude: float = attrs.field(
-        default=8.0, converter=lambda v: check_positive_finite("canary_magnitude", v)
-    )
+    steps: int = _positive_int("steps", 30)
+    max_grad_norm: float = _positive("max_grad_norm", 1.0)
+    learning_rate: float = _positive("learning_rate", 2.0)
+    canary_magnitude: float = _positive("canary_magnitude", 8.0)
     canary_label: int = attrs.field(default=0, converter=_class_label)
     num_records: int | None = attrs.field(default=None, converter=_optional_records)
     implementation: str = attrs.field(default="correct", converter=_implementation)
@@ -173,10 +170,6 @@ class BlackBoxDigitsAudit:
         )
 
 
-def _canary_norm(value: Any) -> float:
-    return check_positive_finite("canary_norm", value)
-
-
 @attrs.frozen(kw_only=True)
 class WhiteBoxDigitsAudit:
     """Configuration of :func:`train_white_box_digits` (full batches: q = 1).
@@ -195,27 +188,17 @@ class WhiteBoxDigitsAudit:
     """
 
     noise_multiplier: float = attrs.field(converter=_noise)
-    steps: int = attrs.field(default=1, converter=lambda v: check_positive_int("steps", v))
-    max_grad_norm: float = attrs.field(
-        default=1.0, converter=lambda v: check_positive_finite("max_grad_norm", v)
-    )
-    learning_rate: float = attrs.field(
-        default=1.0, converter=lambda v: check_positive_finite("learning_rate", v)
-    )
-    canary_norm: float = attrs.field(default=10.0, converter=_canary_norm)
+    steps: int = _positive_int("steps", 1)
+    max_grad_norm: float = _positive("max_grad_norm", 1.0)
+    learning_rate: float = _positive("learning_rate", 1.0)
+    canary_norm: float = _positive("canary_norm", 10.0)
     canary_label: int = attrs.field(default=0, converter=_class_label)
     num_records: int | None = attrs.field(default=None, converter=_optional_records)
     implementation: str = attrs.field(default="correct", converter=_implementation)
     torch_threads: int | None = attrs.field(default=1, converter=_optional_threads)
 
     def __attrs_post_init__(self) -> None:
-        if self.canary_norm < self.max_grad_norm:
-            raise InvalidParameterError(
-                "canary_norm",
-                self.canary_norm,
-                f"at least max_grad_norm = {self.max_grad_norm:g} (so that clipping leaves "
-                "exactly C)",
-            )
+        _check_canary_norm(self)
 
     @property
     def sampling_probability(self) -> float:

@@ -158,6 +158,27 @@ def _noise(value: Any) -> float:
     return check_positive_finite("noise_multiplier", value)
 
 
+def _positive(name: str, default: float) -> Any:
+    """An attrs field of a positive finite number, refused under ``name`` otherwise."""
+    return attrs.field(default=default, converter=functools.partial(check_positive_finite, name))
+
+
+def _positive_int(name: str, default: int) -> Any:
+    """An attrs field of a positive integer, refused under ``name`` otherwise."""
+    return attrs.field(default=default, converter=functools.partial(check_positive_int, name))
+
+
+def _check_canary_norm(config: Any) -> None:
+    """Refuse a gradient canary of norm M < C: clipping must leave exactly C of it."""
+    if config.canary_norm < config.max_grad_norm:
+        raise InvalidParameterError(
+            "canary_norm",
+            config.canary_norm,
+            f"at least max_grad_norm = {config.max_grad_norm:g} (so that clipping leaves "
+            "exactly C)",
+        )
+
+
 # ---------------------------------------------------------------------------------- runs
 def _set_threads(threads: int | None) -> None:
     if threads is not None and torch.get_num_threads() != threads:

@@ -39,6 +39,7 @@ from dpledger.audit.torch_audit_common import (
     _NUM_CLASSES,
     _NUM_FEATURES,
     _calibrated_config,
+    _check_canary_norm,
     _check_claim,
     _class_label,
     _digits_tensors,
@@ -46,6 +47,8 @@ from dpledger.audit.torch_audit_common import (
     _noise,
     _optional_records,
     _optional_threads,
+    _positive,
+    _positive_int,
     _sampling_probability,
     _set_threads,
     _train_with_canaries,
@@ -78,26 +81,17 @@ class LastIterateDigitsAudit:
 
     noise_multiplier: float = attrs.field(converter=_noise)
     sampling_probability: float = attrs.field(default=0.1, converter=_sampling_probability)
-    steps: int = attrs.field(default=10, converter=lambda v: check_positive_int("steps", v))
-    max_grad_norm: float = attrs.field(
-        default=1.0, converter=lambda v: check_positive_finite("max_grad_norm", v)
-    )
-    learning_rate: float = attrs.field(
-        default=1.0, converter=lambda v: check_positive_finite("learning_rate", v)
-    )
-    canary_norm: float = attrs.field(
-        default=10.0, converter=lambda v: check_positive_finite("canary_norm", v)
-    )
+    steps: int = _positive_int("steps", 10)
+    max_grad_norm: float = _positive("max_grad_norm", 1.0)
+    learning_rate: float = _positive("learning_rate", 1.0)
+    canary_norm: float = _positive("canary_norm", 10.0)
     canary_label: int = attrs.field(default=0, converter=_class_label)
     num_records: int | None = attrs.field(default=None, converter=_optional_records)
     implementation: str = attrs.field(default="correct", converter=_implementation)
     torch_threads: int | None = attrs.field(default=1, converter=_optional_threads)
 
     def __attrs_post_init__(self) -> None:
-        if self.canary_norm < self.max_grad_norm:
-            raise InvalidParameterError(
-                "canary_norm", self.canary_norm, f"at least max_grad_norm = {self.max_grad_norm:g}"
-            )
+        _check_canary_norm(self)
 
     @classmethod
     def for_target_epsilon(

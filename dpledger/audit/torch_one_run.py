@@ -33,19 +33,22 @@ from dpledger.audit.torch_audit_common import (
     _NUM_CLASSES,
     _NUM_FEATURES,
     _calibrated_config,
+    _check_canary_norm,
     _check_claim,
     _digits_tensors,
     _implementation,
     _noise,
     _optional_records,
     _optional_threads,
+    _positive,
+    _positive_int,
     _set_threads,
     _train_with_canaries,
     _zero_linear,
 )
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import CompressedLedger, PrivacyLedger
-from dpledger.validation import check_positive_finite, check_positive_int
+from dpledger.validation import check_positive_int
 
 __all__ = [
     "OneRunResult",
@@ -73,28 +76,17 @@ class WhiteBoxOneRunAudit:
     """
 
     noise_multiplier: float = attrs.field(converter=_noise)
-    num_canaries: int = attrs.field(
-        default=1000, converter=lambda v: check_positive_int("num_canaries", v)
-    )
-    steps: int = attrs.field(default=1, converter=lambda v: check_positive_int("steps", v))
-    max_grad_norm: float = attrs.field(
-        default=1.0, converter=lambda v: check_positive_finite("max_grad_norm", v)
-    )
-    learning_rate: float = attrs.field(
-        default=1.0, converter=lambda v: check_positive_finite("learning_rate", v)
-    )
-    canary_norm: float = attrs.field(
-        default=10.0, converter=lambda v: check_positive_finite("canary_norm", v)
-    )
+    num_canaries: int = _positive_int("num_canaries", 1000)
+    steps: int = _positive_int("steps", 1)
+    max_grad_norm: float = _positive("max_grad_norm", 1.0)
+    learning_rate: float = _positive("learning_rate", 1.0)
+    canary_norm: float = _positive("canary_norm", 10.0)
     num_records: int | None = attrs.field(default=None, converter=_optional_records)
     implementation: str = attrs.field(default="correct", converter=_implementation)
     torch_threads: int | None = attrs.field(default=1, converter=_optional_threads)
 
     def __attrs_post_init__(self) -> None:
-        if self.canary_norm < self.max_grad_norm:
-            raise InvalidParameterError(
-                "canary_norm", self.canary_norm, f"at least max_grad_norm = {self.max_grad_norm:g}"
-            )
+        _check_canary_norm(self)
 
     @classmethod
     def for_target_epsilon(
