@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
 
 import attrs
 import numpy as np
@@ -62,8 +61,9 @@ from dpledger.audit.torch_audit_common import (
     _NUM_CLASSES,
     _NUM_FEATURES,
     IMPLEMENTATIONS,
+    CalibratedAuditConfig,
     UndernoisedDPOptimizer,
-    _calibrated_config,
+    _blank_feature,
     _check_canary_norm,
     _check_claim,
     _class_label,
@@ -104,7 +104,7 @@ logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------- configs
 @attrs.frozen(kw_only=True)
-class BlackBoxDigitsAudit:
+class BlackBoxDigitsAudit(CalibratedAuditConfig):
     """Configuration of :func:`train_black_box_digits`.
 
     Attributes:
@@ -133,29 +133,6 @@ class BlackBoxDigitsAudit:
     implementation: str = attrs.field(default="correct", converter=_implementation)
     torch_threads: int | None = attrs.field(default=1, converter=_optional_threads)
 
-    @classmethod
-    def for_target_epsilon(
-        cls,
-        *,
-        target_epsilon: float,
-        delta: float,
-        accountant: str = "rdp",
-        **settings: Any,
-    ) -> BlackBoxDigitsAudit:
-        """The configuration whose z is the smallest that keeps the run within (ε, δ).
-
-        z comes from :func:`~dpledger.adapters.torch.calibrated_noise_multiplier` for the
-        configuration's q and T; ``settings`` are the other attributes.
-        """
-        return _calibrated_config(
-            cls,
-            target_epsilon=target_epsilon,
-            delta=delta,
-            accountant=accountant,
-            settings=settings,
-            full_batch=False,
-        )
-
     def canary(self) -> InputCanary:
         """The out-of-distribution canary: the always-blank pixels set to ``canary_magnitude``."""
         x, _ = digits_records(self.num_records)
@@ -171,7 +148,7 @@ class BlackBoxDigitsAudit:
 
 
 @attrs.frozen(kw_only=True)
-class WhiteBoxDigitsAudit:
+class WhiteBoxDigitsAudit(CalibratedAuditConfig):
     """Configuration of :func:`train_white_box_digits` (full batches: q = 1).
 
     Attributes:
@@ -205,35 +182,10 @@ class WhiteBoxDigitsAudit:
         """q = 1: every step uses every record."""
         return 1.0
 
-    @classmethod
-    def for_target_epsilon(
-        cls,
-        *,
-        target_epsilon: float,
-        delta: float,
-        accountant: str = "rdp",
-        **settings: Any,
-    ) -> WhiteBoxDigitsAudit:
-        """The configuration whose z is the smallest that keeps the run within (ε, δ)."""
-        return _calibrated_config(
-            cls,
-            target_epsilon=target_epsilon,
-            delta=delta,
-            accountant=accountant,
-            settings=settings,
-            full_batch=True,
-        )
-
     @property
     def canary_feature(self) -> int:
         """k: the first pixel that is blank in every training digit."""
-        x, _ = digits_records(self.num_records)
-        dead = np.flatnonzero(np.all(x == 0.0, axis=0))
-        if dead.size == 0:  # pragma: no cover - pixel 0 is blank in every digit
-            raise InvalidParameterError(
-                "num_records", self.num_records, "digits with an always-blank pixel"
-            )
-        return int(dead[0])
+        return _blank_feature(self.num_records)
 
     def canary_input(self) -> np.ndarray:
         """x_c = M·e_k."""

@@ -10,7 +10,7 @@ import functools
 import math
 import numbers
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import attrs
 import numpy as np
@@ -27,7 +27,7 @@ from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.ledger import CompressedLedger, PrivacyLedger
 from dpledger.validation import check_positive_finite, check_positive_int, check_probability
 
-__all__ = ["IMPLEMENTATIONS", "UndernoisedDPOptimizer", "digits_records"]
+__all__ = ["IMPLEMENTATIONS", "CalibratedAuditConfig", "UndernoisedDPOptimizer", "digits_records"]
 
 IMPLEMENTATIONS = ("correct", "batch_size_bug")
 """``"correct"``: :class:`DPOptimizer`; ``"batch_size_bug"``: :class:`UndernoisedDPOptimizer`."""
@@ -332,32 +332,52 @@ def _train_with_canaries(
     )
 
 
-def _calibrated_config(
-    cls: Any,
-    *,
-    target_epsilon: float,
-    delta: float,
-    accountant: str,
-    settings: dict[str, Any],
-    full_batch: bool = False,
-) -> Any:
-    """``cls(**settings)`` with the smallest z that keeps its run within (ε, δ), from
-    :func:`~dpledger.adapters.torch.calibrated_noise_multiplier` for the configuration's T and
-    q (q = 1 with ``full_batch``): the audits' ``for_target_epsilon``.
+_Config = TypeVar("_Config", bound="CalibratedAuditConfig")
 
-    Raises:
-        InvalidParameterError: ``settings`` hold a ``noise_multiplier``.
+
+class CalibratedAuditConfig:
+    """Base of the digits audits' configurations: :meth:`for_target_epsilon`.
+
+    A subclass is an attrs class with a ``noise_multiplier`` field, ``steps`` and
+    ``sampling_probability`` (a property returning 1.0 for full batches).
     """
-    if "noise_multiplier" in settings:
-        raise InvalidParameterError(
-            "noise_multiplier", settings["noise_multiplier"], "not given with target_epsilon"
+
+    @classmethod
+    def for_target_epsilon(
+        cls: type[_Config],
+        *,
+        target_epsilon: float,
+        delta: float,
+        accountant: str = "rdp",
+        **settings: Any,
+    ) -> _Config:
+        """The configuration whose z is the smallest that keeps the run within (ε, δ).
+
+        z comes from :func:`~dpledger.adapters.torch.calibrated_noise_multiplier` for the
+        configuration's q and T; ``settings`` are the other attributes.
+
+        Raises:
+            InvalidParameterError: ``settings`` hold a ``noise_multiplier``.
+        """
+        if "noise_multiplier" in settings:
+            raise InvalidParameterError(
+                "noise_multiplier", settings["noise_multiplier"], "not given with target_epsilon"
+            )
+        probe: Any = cls(noise_multiplier=1.0, **settings)  # type: ignore[call-arg]
+        z = calibrated_noise_multiplier(
+            target_epsilon=target_epsilon,
+            delta=delta,
+            sampling_probability=probe.sampling_probability,
+            steps=probe.steps,
+            accountant=accountant,
         )
-    probe = cls(noise_multiplier=1.0, **settings)
-    z = calibrated_noise_multiplier(
-        target_epsilon=target_epsilon,
-        delta=delta,
-        sampling_probability=1.0 if full_batch else probe.sampling_probability,
-        steps=probe.steps,
-        accountant=accountant,
-    )
-    return attrs.evolve(probe, noise_multiplier=z)
+        return cast(_Config, attrs.evolve(probe, noise_multiplier=z))
+
+
+def _blank_feature(num_records: int | None) -> int:
+    """k: the first pixel that is blank in every one of the first ``num_records`` digits."""
+    x, _ = digits_records(num_records)
+    dead = np.flatnonzero(np.all(x == 0.0, axis=0))
+    if dead.size == 0:  # pragma: no cover - pixel 0 is blank in every digit
+        raise InvalidParameterError("num_records", num_records, "digits with an always-blank pixel")
+    return int(dead[0])

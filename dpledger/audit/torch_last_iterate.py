@@ -30,7 +30,6 @@ import math
 from typing import Any
 
 import attrs
-import numpy as np
 import torch
 
 from dpledger.audit.canaries import GradientCanary, dirac_gradient_canary
@@ -38,7 +37,8 @@ from dpledger.audit.threshold_selection import BonferroniThresholds
 from dpledger.audit.torch_audit_common import (
     _NUM_CLASSES,
     _NUM_FEATURES,
-    _calibrated_config,
+    CalibratedAuditConfig,
+    _blank_feature,
     _check_canary_norm,
     _check_claim,
     _class_label,
@@ -63,7 +63,7 @@ __all__ = ["LastIterateDigitsAudit", "run_last_iterate_digits", "train_last_iter
 
 
 @attrs.frozen(kw_only=True)
-class LastIterateDigitsAudit:
+class LastIterateDigitsAudit(CalibratedAuditConfig):
     """Configuration of :func:`train_last_iterate_digits`.
 
     Attributes:
@@ -93,25 +93,10 @@ class LastIterateDigitsAudit:
     def __attrs_post_init__(self) -> None:
         _check_canary_norm(self)
 
-    @classmethod
-    def for_target_epsilon(
-        cls, *, target_epsilon: float, delta: float, accountant: str = "rdp", **settings: Any
-    ) -> LastIterateDigitsAudit:
-        """The configuration whose z is the smallest that keeps the run within (ε, δ)."""
-        return _calibrated_config(
-            cls,
-            target_epsilon=target_epsilon,
-            delta=delta,
-            accountant=accountant,
-            settings=settings,
-            full_batch=False,
-        )
-
     @property
     def canary_feature(self) -> int:
         """k: the first pixel that is blank in every training digit."""
-        x, _ = digits_records(self.num_records)
-        return int(np.flatnonzero(np.all(x == 0.0, axis=0))[0])
+        return _blank_feature(self.num_records)
 
     def gradient_canary(self) -> GradientCanary:
         """The canary's gradient over the weight (10 × 64, row-major): −M on (y, k)."""

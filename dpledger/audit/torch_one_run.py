@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import attrs
 import numpy as np
@@ -32,7 +31,7 @@ from dpledger.audit.threshold_selection import one_run_epsilon_bound_from_scores
 from dpledger.audit.torch_audit_common import (
     _NUM_CLASSES,
     _NUM_FEATURES,
-    _calibrated_config,
+    CalibratedAuditConfig,
     _check_canary_norm,
     _check_claim,
     _digits_tensors,
@@ -59,7 +58,7 @@ __all__ = [
 
 
 @attrs.frozen(kw_only=True)
-class WhiteBoxOneRunAudit:
+class WhiteBoxOneRunAudit(CalibratedAuditConfig):
     """Configuration of :func:`run_white_box_one_run` (full batches: q = 1).
 
     Attributes:
@@ -88,19 +87,10 @@ class WhiteBoxOneRunAudit:
     def __attrs_post_init__(self) -> None:
         _check_canary_norm(self)
 
-    @classmethod
-    def for_target_epsilon(
-        cls, *, target_epsilon: float, delta: float, accountant: str = "rdp", **settings: Any
-    ) -> WhiteBoxOneRunAudit:
-        """The configuration whose z is the smallest that keeps the run within (ε, δ)."""
-        return _calibrated_config(
-            cls,
-            target_epsilon=target_epsilon,
-            delta=delta,
-            accountant=accountant,
-            settings=settings,
-            full_batch=True,
-        )
+    @property
+    def sampling_probability(self) -> float:
+        """q = 1: every step uses every record."""
+        return 1.0
 
     @property
     def extra_features(self) -> int:
