@@ -55,11 +55,13 @@ def _model() -> nn.Module:
 def _optimizer(
     spec: CorrelatedNoiseSpec,
     *,
-    seed: int = 5,
+    seed: int | None = 5,
     lr: float = 0.0,
     device: str = "cpu",
     **kwargs: object,
 ) -> tuple[nn.Module, DPOptimizer, DataLoader]:
+    """A fresh model on ``device``, the spec's cyclic loader (partition seed 1) and an
+    optimizer with noise seed ``seed`` (None draws one); ``kwargs`` go to DPOptimizer."""
     data = _data()
     model = _model().to(device)
     sampler = CyclicBatchSampler.for_spec(spec, population_size=N, seed=1)
@@ -324,7 +326,7 @@ def _restored(
 ) -> tuple[nn.Module, DPOptimizer, DataLoader]:
     """A fresh model, optimizer (another seed) and loader on ``ledger``, loaded from
     ``state``."""
-    model, opt, loader = _second_run(spec, ledger, seed=seed)
+    model, opt, loader = _optimizer(spec, seed=seed, lr=0.05, ledger=ledger)
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
     return model, opt, loader
@@ -528,26 +530,6 @@ def test_noise_independent_is_the_default_step_bit_for_bit() -> None:
     assert runs[0][1] == runs[1][1] and len(runs[0][1]) > 0
 
 
-def _second_run(
-    spec: CorrelatedNoiseSpec, ledger: PrivacyLedger, seed: int | None
-) -> tuple[nn.Module, DPOptimizer, DataLoader]:
-    """A fresh model, optimizer (noise seed ``seed``; None draws one) and loader on ``ledger``."""
-    model = _model()
-    sampler = CyclicBatchSampler.for_spec(spec, population_size=N, seed=1)
-    loader = private_data_loader(_data(), sampler=sampler)
-    opt = DPOptimizer(
-        torch.optim.SGD(model.parameters(), lr=0.05),
-        model=model,
-        l2_norm_bound=0.5,
-        noise_multiplier=1.3,
-        sampler=loader,
-        ledger=ledger,
-        seed=seed,
-        noise=spec,
-    )
-    return model, opt, loader
-
-
 def test_a_second_release_with_a_given_seed_is_refused_before_anything_is_recorded() -> None:
     """Two releases of one ledger with the same seed would add the same noise to different
     gradients; the ledger records no seeds, so a ledger that holds a release takes another
@@ -558,13 +540,13 @@ def test_a_second_release_with_a_given_seed_is_refused_before_anything_is_record
     ledger = opt.ledger
     assert ledger is not None
     events = list(ledger.events())
-    again, opt2, loader2 = _second_run(spec, ledger, seed=7)
+    again, opt2, loader2 = _optimizer(spec, seed=7, lr=0.05, ledger=ledger)
     x, y = next(iter(loader2))
     with pytest.raises(NoiseSeedReuseError, match="seed=None") as info:
         _step(again, opt2, x, y)
     assert isinstance(info.value, LedgerStateError)
     assert list(ledger.events()) == events  # nothing recorded
-    fresh, opt3, loader3 = _second_run(spec, ledger, seed=None)
+    fresh, opt3, loader3 = _optimizer(spec, seed=None, lr=0.05, ledger=ledger)
     _train(fresh, opt3, loader3, 2)
     assert len(ledger.correlated_releases) == 2 and ledger.stream_progress(1) == 2
 
@@ -574,17 +556,7 @@ def test_a_checkpoint_from_before_the_first_step_cannot_start_a_second_release()
     was used for a release in the ledger, it would repeat the release's noise, so its first
     step is refused (even though the run drew the seed itself)."""
     spec = CorrelatedNoiseSpec(strategy="tree", num_steps=4, period=2)
-    model = _model()
-    sampler = CyclicBatchSampler.for_spec(spec, population_size=N, seed=1)
-    loader = private_data_loader(_data(), sampler=sampler)
-    opt = DPOptimizer(
-        torch.optim.SGD(model.parameters(), lr=0.05),
-        model=model,
-        l2_norm_bound=0.5,
-        noise_multiplier=1.3,
-        sampler=loader,
-        noise=spec,
-    )  # seed=None: drawn afresh
+    model, opt, loader = _optimizer(spec, seed=None, lr=0.05)  # seed=None: drawn afresh
     before = _checkpoint(model, opt)
     _train(model, opt, loader, 2)
     ledger = opt.ledger
