@@ -32,15 +32,16 @@ import argparse
 import math
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
 from scipy import optimize
-from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -49,26 +50,12 @@ from dpledger.accountants import make_accountant
 from dpledger.adapters.torch import calibrated_noise_multiplier, make_private
 from dpledger.mechanisms.correlated import CorrelatedNoiseSpec, noise_for, release_event
 
+# The digits task is the example's: its CNN and its data split.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from torch_digits import DigitsCNN, digits
+
 DELTA = 1e-5
 MECHANISMS = ("dpsgd", "tree", "bandmf")
-
-
-class DigitsCNN(nn.Module):
-    """The CNN of ``examples/torch_digits.py`` (about 10k weights)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
-        self.norm1 = nn.GroupNorm(4, 16)
-        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
-        self.norm2 = nn.GroupNorm(4, 32)
-        self.fc1 = nn.Linear(32 * 2 * 2, 32)
-        self.fc2 = nn.Linear(32, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.max_pool2d(F.relu(self.norm1(self.conv1(x))), 2)
-        x = F.max_pool2d(F.relu(self.norm2(self.conv2(x))), 2)
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
 class TextLSTM(nn.Module):
@@ -94,18 +81,8 @@ class Task:
 
 
 def digits_task() -> Task:
-    data = load_digits()
-    x = torch.tensor(data.images / 16.0, dtype=torch.float32).unsqueeze(1)
-    y = torch.tensor(data.target, dtype=torch.int64)
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
-    x, y = x[order], y[order]
-    split = int(0.8 * len(y))
-    return Task(
-        "digits CNN",
-        TensorDataset(x[:split], y[:split]),
-        TensorDataset(x[split:], y[split:]),
-        DigitsCNN,
-    )
+    train, test = digits(0)
+    return Task("digits CNN", train, test, DigitsCNN)
 
 
 def text_task(n_train: int = 2000, n_test: int = 500, length: int = 16) -> Task:
