@@ -3,31 +3,15 @@ see mirrored_correlated_run.py): the release runs once, on the sum over the repl
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.adapters.tensorflow.subprocess_run import json_of_script
 
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("mirrored_correlated_run.py"))],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json_of_script("mirrored_correlated_run.py")
 
 
 def test_mirrored_run_matches_the_single_device_run_with_the_same_noise(results):
