@@ -157,7 +157,7 @@ def main() -> None:
             )
         if name.startswith("shuffle"):
             gap, seconds = timed(lambda comp=comp: shuffle_gap(comp, delta=DELTA), repeats)
-            shown = format_rounded(gap.lower_bound, "down", digits=4)
+            shown = format_rounded(gap.lower_bound.epsilon, "down", digits=4)
             print(
                 f"| {name} | {relation} | {comp.num_steps} | Chua et al. lower bound | "
                 f"≥ {shown} | lower_bound | {seconds:.3f} |"

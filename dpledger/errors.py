@@ -254,3 +254,14 @@ class DeltaTooLargeWarning(UserWarning):
 
 
 __all__ += ["DeltaTooLargeWarning"]
+
+
+class RelationMismatchError(InvalidParameterError):
+    """Two privacy parameters stated under different neighbouring relations were compared.
+
+    An ε under replace-one and an ε under add/remove (or zero-out) bound different things, so
+    neither comparison between them says anything; the comparison is refused instead.
+    """
+
+
+__all__ += ["RelationMismatchError"]

@@ -7,8 +7,10 @@ show that balls-in-bins sampling is about as private as Poisson sampling of the 
 only computation of that available here is the Monte-Carlo estimate of
 :mod:`dpledger.accountants.balls_in_bins`. This accountant reports it as what it is: kind
 ``estimate``, with the ε at which a Chernoff–Hoeffding upper confidence bound on δ meets the
-target as ``upper`` (a bound that holds with probability ``confidence`` over the draws, not a
-certified one) and the settings (samples, seed, confidence) that reproduce it.
+target as ``upper_confidence`` (with ``confidence``: a bound that holds with probability
+``confidence`` over the draws, NOT a certified one, so ``upper``, the certified bound of the
+other accountants, stays None and the kind is never ``upper_bound``) and the settings (samples,
+seed, confidence) that reproduce it.
 
 It handles ledgers whose costly steps are balls-in-bins steps of one sampler (one k, one n) at
 one noise multiplier, under add/remove (the relation of the analysed pair), and refuses others.
@@ -40,9 +42,9 @@ class BallsInBinsAccountant(Accountant):
     Args:
         samples: draws per direction (default 200,000). The standard error of δ is about
             √(δ / samples): a δ of 1e-5 needs millions of samples before the upper confidence
-            bound comes down to it (until then ``upper`` is ∞).
+            bound comes down to it (until then ``upper_confidence`` is ∞).
         seed: the seed of the draws (the same seed gives the same result).
-        confidence: the probability with which ``upper`` holds (default 0.99).
+        confidence: the probability with which ``upper_confidence`` holds (default 0.99).
         time_budget_s: the most seconds one estimate may take by the up-front estimate (default
             60); beyond it :class:`~dpledger.errors.ComputationBudgetError` names the sample
             count that would fit.
@@ -140,7 +142,8 @@ class BallsInBinsAccountant(Accountant):
             )
         return Answer(
             result.estimate,
-            upper=result.upper_confidence,
+            upper_confidence=result.upper_confidence,
+            confidence=self.confidence,
             kind=ResultKind.ESTIMATE,
             warnings=warnings,
             details={

@@ -443,10 +443,13 @@ class Accountant(abc.ABC):
         epsilon, delta = _checked_value("epsilon", epsilon), _checked_value("delta", delta)
         lower = None if answer.lower is None else _checked_value("lower", answer.lower)
         upper = None if answer.upper is None else _checked_value("upper", answer.upper)
+        confident = answer.upper_confidence
+        confident = None if confident is None else _checked_value("upper_confidence", confident)
         if quantity == "delta":
             delta = min(delta, 1.0)
             upper = None if upper is None else min(upper, 1.0)
-        answer = attrs.evolve(answer, lower=lower, upper=upper)
+            confident = None if confident is None else min(confident, 1.0)
+        answer = attrs.evolve(answer, lower=lower, upper=upper, upper_confidence=confident)
         return PrivacyResult(
             accountant=self.name,
             quantity=quantity,
@@ -455,6 +458,8 @@ class Accountant(abc.ABC):
             kind=answer.kind or self.default_kind,
             lower=answer.lower,
             upper=answer.upper,
+            upper_confidence=answer.upper_confidence,
+            confidence=answer.confidence,
             num_steps=num_steps,
             settings=self.settings(),
             seconds=seconds,

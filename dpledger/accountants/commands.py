@@ -274,6 +274,8 @@ def _error_row(name: str, delta: float, message: str) -> dict[str, Any]:
         "kind": None,
         "lower": None,
         "upper": None,
+        "upper_confidence": None,
+        "confidence": None,
         "seconds": None,
         "warnings": [],
         "error": message,
@@ -294,8 +296,19 @@ def _print_table(rows: list[dict[str, Any]], num_steps: int, delta: float, prefi
             f"{_fmt(_num(row['lower']), 'down'):>10}  {_fmt(_num(row['upper']), 'up'):>10}  "
             f"{row['seconds']:>8.3f}"
         )
+        if row.get("upper_confidence") is not None:
+            print(f"{'':<10}  {_confidence_line(row)}")
         for w in row["warnings"]:
             print(f"{'':<10}  warning: {w}")
+
+
+def _confidence_line(row: dict[str, Any]) -> str:
+    """The Monte-Carlo bound of a row, apart from the certified ``upper`` column."""
+    shown = _fmt(_num(row["upper_confidence"]), "up")
+    return (
+        f"Monte-Carlo bound: {row['quantity']} <= {shown} with probability "
+        f"{row['confidence']:g} over the random draws (not certified)"
+    )
 
 
 def _num(x: Any) -> float | None:

@@ -26,8 +26,8 @@ sometimes several-fold, for few steps, large q or small z. So results that use i
 
     δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2);
 
-ε(δ) solves δ(ε) = δ (``scipy.optimize.brentq``), rounded up so that δ(ε) ≤ δ holds in floating
-point.
+ε(δ) solves δ(ε) = δ, rounded up so that δ(ε) ≤ δ holds after floating-point error too (the
+enclosure of :mod:`dpledger.accountants.gaussian_profile`).
 
 Certified lower bound
 ---------------------
@@ -83,6 +83,7 @@ from dpledger.accountants.budget import (
     composed_points,
     gaussian_loss_width,
 )
+from dpledger.accountants.gaussian_profile import gaussian_epsilon_bounds
 from dpledger.accountants.gdp_lower_bound import (
     _PLD_DELTA_FLOOR_FACTOR,
     _optimistic_pld,
@@ -118,24 +119,15 @@ def gdp_delta(mu: float, epsilon: float) -> float:
 
 
 def gdp_epsilon(mu: float, delta: float) -> float:
-    """The smallest ε ≥ 0 with δ(ε) ≤ δ for a μ-GDP mechanism (∞ for μ = ∞)."""
+    """The smallest ε ≥ 0 with δ(ε) ≤ δ for a μ-GDP mechanism (∞ for μ = ∞), rounded up after
+    floating-point error: δ(ε) ≤ δ is proven for the returned ε by an enclosure of the closed
+    form (:func:`~dpledger.accountants.gaussian_profile.gaussian_epsilon_bounds`), not merely
+    computed (the two terms of δ(ε) cancel for small μ)."""
     if mu == 0.0:
         return 0.0
     if math.isinf(mu) or math.isnan(mu):
         return math.inf
-    if gdp_delta(mu, 0.0) <= delta:
-        return 0.0
-    hi = max(1.0, mu * mu)
-    while gdp_delta(mu, hi) > delta:
-        hi *= 2.0
-        if hi > 1e12:  # pragma: no cover - δ(ε) → 0, so this is never reached for δ > 0
-            return math.inf
-    from scipy.optimize import brentq  # imported here: scipy.optimize takes ~1 s to import
-
-    eps = float(brentq(lambda e: gdp_delta(mu, e) - delta, 0.0, hi, xtol=1e-14, rtol=1e-13))
-    while gdp_delta(mu, eps) > delta:  # round up until δ(ε) ≤ δ holds in floating point
-        eps = eps * (1.0 + 1e-13) + 1e-15
-    return eps
+    return gaussian_epsilon_bounds(mu, delta)[1]
 
 
 def _float_count(count: int) -> float:

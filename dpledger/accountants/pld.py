@@ -31,6 +31,10 @@ exceeds the exact ε of the (clamped) ledger by less than (number of subsampled 
 the at most 10⁻¹⁵ of tail mass per composition that is moved to an infinite loss. Comparisons
 between two results (e.g. monotonicity in T, q or z) hold up to that slack.
 
+Truncated Poisson: dp-accounting's truncated subsampled Gaussian PLD for both neighbours of the
+recorded n records (the data set holding the differing record has n records when it is removed,
+n + 1 when one is added); the larger δ(ε) counts (:meth:`PldAccountant.distributions`).
+
 Replace-one: a full-batch step changes the sum by up to 2S, so it is a Gaussian with sensitivity 2
 (handled). For Poisson-subsampled steps under replace-one dp-accounting uses the pair
 (1 − q)N(0, z²) + qN(∓1, z²); this module does not rely on that pair without a proof it can cite
@@ -180,8 +184,9 @@ class PldAccountant(Accountant):
     def _check_budget(
         self, distinct: dict[tuple[float, float], int], factor: float, evaluations: int = 1
     ) -> None:
-        # (truncated Poisson steps are budgeted as the Poisson steps of the same q and z: their
-        # PLD is the Poisson one mixed with a sensitivity-2 part of the same grid)
+        # (truncated Poisson steps are budgeted as the Poisson steps of the same q and z, twice:
+        # their PLD is the Poisson one mixed with a sensitivity-2 part of the same grid, built
+        # for the removed and the added record)
         """Refuse (ComputationBudgetError) when the PLDs of ``distinct`` (q, z) → count would
         exceed the memory or time budget; ``evaluations`` compositions of the result follow
         (one per curve point)."""
@@ -251,7 +256,9 @@ class PldAccountant(Accountant):
             value_discretization_interval=self.value_discretization_interval,
         )
 
-    def _truncated(self, run: StepRun) -> Any:
+    def _truncated(self, run: StepRun, added: int) -> Any:
+        """The truncated subsampled Gaussian PLD of one step of ``run`` for the pair whose larger
+        data set has n + ``added`` records (see :meth:`distributions`)."""
         from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
         event = run.sampling
@@ -259,7 +266,7 @@ class PldAccountant(Accountant):
         assert event.max_batch_size is not None
         q, z = _clamped(run.sampling_probability, run.noise_multiplier)
         return pld_lib.from_truncated_subsampled_gaussian_mechanism(
-            dataset_size=event.population_size,
+            dataset_size=event.population_size + added,
             sampling_probability=q,
             truncated_batch_size=event.max_batch_size,
             noise_multiplier=z,
@@ -284,25 +291,34 @@ class PldAccountant(Accountant):
             mu_squared += _gaussian_term(run.count, factor, run.noise_multiplier)
         return math.sqrt(mu_squared)
 
-    def distribution(self, ledger: CompressedLedger) -> Any:
-        """The composed dp-accounting ``PrivacyLossDistribution`` of a ledger's costly steps.
+    def distributions(self, ledger: CompressedLedger) -> list[Any]:
+        """The composed dp-accounting ``PrivacyLossDistribution`` of each neighbouring pair of
+        the ledger; its δ(ε) is the largest of theirs (an empty list if no step is costly).
 
         Each distinct subsampled (q, z) is self-composed once with its total count; all
         full-batch steps form one Gaussian; each epoch of balls-in-bins or shuffled steps is one
         full-batch step (no amplification, :mod:`~dpledger.accountants.sampling_reduction`);
         each run of truncated Poisson steps is dp-accounting's truncated subsampled Gaussian
-        PLD, self-composed. Returns None if no step is costly.
+        PLD, self-composed.
+
+        Truncated Poisson needs two pairs. dp-accounting's construction takes the size N of the
+        data set that *contains* the differing record: the record is cut from a full batch when
+        at least ``max_batch_size`` of the N − 1 others are sampled (probability
+        ``binom.sf(max_batch_size − 1, N − 1, q)``), and it builds both orders of that one pair.
+        A run recorded with n records has neighbours of n − 1 records (the record removed: the
+        larger set has N = n) and of n + 1 (a record added: N = n + 1); every step of a run
+        sees the same pair, and the PLD is not known to be monotone in N (the probability of the
+        record being kept given a truncation moves the other way), so the ledger's PLD is
+        computed for both and δ(ε) (and ε(δ)) is the larger of the two. Without truncated runs
+        there is one PLD.
         """
         ledger = maybe_bucket(reduce_epochs(ledger), self.bucketing)
         factor = self._factor(ledger)
         classic, truncated = _split_truncated(ledger)
+        truncated = [run for run in truncated if not run.releases_nothing]
         self._check_budget(_budget_items(classic, truncated), factor)
         mu_squared = 0.0
-        parts = [
-            self_compose(self._truncated(run), run.count)[0]
-            for run in truncated
-            if not run.releases_nothing
-        ]
+        parts = []
         for (q, z), count in classic.distinct().items():
             if q == 0.0 or math.isinf(z):
                 continue
@@ -312,7 +328,31 @@ class PldAccountant(Accountant):
                 parts.append(self_compose(self._subsampled(q, z), count)[0])
         if mu_squared > 0.0:
             parts.append(self._gaussian(mu_squared))
-        return self._compose(parts) if parts else None
+        if not truncated:
+            return [self._compose(parts)] if parts else []
+        rest = self._compose(parts) if parts else None
+        pairs = []
+        for added in (0, 1):  # the larger data set of the pair has n (removal) or n + 1 records
+            own = [self_compose(self._truncated(run, added), run.count)[0] for run in truncated]
+            pairs.append(self._compose(own if rest is None else [rest, *own]))
+        return pairs
+
+    def distribution(self, ledger: CompressedLedger) -> Any:
+        """The composed dp-accounting ``PrivacyLossDistribution`` of a ledger's costly steps
+        (None if no step is costly), for ledgers whose neighbouring pairs share one PLD.
+
+        Raises:
+            UnsupportedLedgerError: the ledger has truncated Poisson steps, whose δ(ε) is the
+                larger of two PLDs' (:meth:`distributions`).
+        """
+        plds = self.distributions(ledger)
+        if len(plds) > 1:
+            raise UnsupportedLedgerError(
+                "a ledger with truncated Poisson steps has two privacy loss distributions (the "
+                "neighbour with one record removed and the one with one added); its δ(ε) is the "
+                "larger of theirs: use PldAccountant.distributions"
+            )
+        return plds[0] if plds else None
 
     # ------------------------------------------------------------------ accountant hooks
     def _epsilon(self, ledger: CompressedLedger, delta: float) -> Answer:
@@ -320,8 +360,8 @@ class PldAccountant(Accountant):
         if mu is not None:
             eps = gdp_epsilon(mu, delta)
             return Answer(eps, upper=eps, details=_details(ledger, closed_form_gaussian_mu=mu))
-        pld = self.distribution(ledger)
-        eps = max(0.0, float(pld.get_epsilon_for_delta(delta)))
+        plds = self.distributions(ledger)
+        eps = max(0.0, *(float(pld.get_epsilon_for_delta(delta)) for pld in plds))
         return Answer(eps, upper=eps, details=_details(ledger, distinct_runs=_distinct(ledger)))
 
     def _delta(self, ledger: CompressedLedger, epsilon: float) -> Answer:
@@ -329,8 +369,8 @@ class PldAccountant(Accountant):
         if mu is not None:
             delta = gdp_delta(mu, epsilon)
             return Answer(delta, upper=delta, details=_details(ledger, closed_form_gaussian_mu=mu))
-        pld = self.distribution(ledger)
-        delta = min(1.0, max(0.0, float(pld.get_delta_for_epsilon(epsilon))))
+        plds = self.distributions(ledger)
+        delta = min(1.0, max(0.0, *(float(pld.get_delta_for_epsilon(epsilon)) for pld in plds)))
         return Answer(delta, upper=delta, details=_details(ledger, distinct_runs=_distinct(ledger)))
 
     def _epsilon_curve(
@@ -402,10 +442,12 @@ def _split_truncated(ledger: CompressedLedger) -> tuple[CompressedLedger, list[S
 def _budget_items(
     classic: CompressedLedger, truncated: list[StepRun]
 ) -> dict[tuple[float, float], int]:
+    """Distinct (q, z) → steps to budget for; a truncated run counts twice (its PLD is built
+    for two neighbouring pairs, :meth:`PldAccountant.distributions`)."""
     items = dict(classic.distinct())
     for run in truncated:
         key = (run.sampling_probability, run.noise_multiplier)
-        items[key] = items.get(key, 0) + run.count
+        items[key] = items.get(key, 0) + 2 * run.count
     return items
 
 

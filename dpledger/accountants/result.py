@@ -17,6 +17,8 @@ from typing import Any
 
 import attrs
 
+from dpledger.errors import InvalidParameterError
+
 __all__ = ["Answer", "PrivacyResult", "ResultKind"]
 
 
@@ -25,7 +27,9 @@ class ResultKind(str, enum.Enum):
 
     UPPER_BOUND: a valid DP guarantee: the true ε (or δ) is at most this value.
     ESTIMATE: a numerical estimate of the true value with no one-sided guarantee by itself
-        (e.g. the PRV estimate; its result carries certified lower and upper bounds).
+        (e.g. the PRV estimate, whose result carries certified lower and upper bounds, or the
+        ``balls_in_bins`` Monte-Carlo estimate, whose result carries an upper *confidence*
+        bound in ``upper_confidence`` and no ``upper``).
     APPROXIMATION: an approximation with no guarantee at all (e.g. GDP through the central
         limit theorem). Never sign off an ε of this kind.
     """
@@ -43,6 +47,23 @@ def _warnings_tuple(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _check_confidence_bound(
+    kind: ResultKind | None, upper_confidence: float | None, confidence: float | None
+) -> None:
+    """A confidence bound comes with its confidence and never under kind ``upper_bound``."""
+    if (upper_confidence is None) != (confidence is None):
+        raise InvalidParameterError(
+            "confidence", confidence, "a probability exactly when upper_confidence is given"
+        )
+    if upper_confidence is not None and kind is ResultKind.UPPER_BOUND:
+        raise InvalidParameterError(
+            "kind",
+            kind,
+            "not upper_bound for a result whose bound holds only with a confidence "
+            "(a Monte-Carlo bound is not certified)",
+        )
+
+
 @attrs.frozen
 class PrivacyResult:
     """One accountant's answer.
@@ -56,6 +77,10 @@ class PrivacyResult:
         kind: what the computed number is (see :class:`ResultKind`).
         lower: a certified lower bound on the computed quantity, when the method has one.
         upper: a certified upper bound on the computed quantity, when the method has one.
+        upper_confidence: a Monte-Carlo upper *confidence* bound on the computed quantity: it
+            holds with probability ``confidence`` over the method's random draws and is NOT
+            certified, so it is never given as ``upper`` nor with kind ``upper_bound``.
+        confidence: the probability ``upper_confidence`` holds with (None without one).
         num_steps: number of ledger steps the answer covers.
         settings: the accountant's settings that produced the answer.
         seconds: wall time of the computation.
@@ -70,11 +95,16 @@ class PrivacyResult:
     kind: ResultKind
     lower: float | None = None
     upper: float | None = None
+    upper_confidence: float | None = None
+    confidence: float | None = None
     num_steps: int = 0
     settings: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
     seconds: float = 0.0
     warnings: tuple[str, ...] = attrs.field(default=(), converter=_warnings_tuple)
     details: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+
+    def __attrs_post_init__(self) -> None:
+        _check_confidence_bound(self.kind, self.upper_confidence, self.confidence)
 
     @property
     def value(self) -> float:
@@ -106,6 +136,8 @@ class Answer:
         value: the computed ε (or δ).
         lower: certified lower bound on the value, if any.
         upper: certified upper bound on the value, if any.
+        upper_confidence: a Monte-Carlo upper confidence bound (not certified), if any.
+        confidence: the probability ``upper_confidence`` holds with.
         kind: overrides the accountant's default kind when set.
         warnings: warnings to attach.
         details: method-specific extras.
@@ -114,6 +146,11 @@ class Answer:
     value: float
     lower: float | None = None
     upper: float | None = None
+    upper_confidence: float | None = None
+    confidence: float | None = None
     kind: ResultKind | None = None
     warnings: tuple[str, ...] = attrs.field(default=(), converter=_warnings_tuple)
     details: dict[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+
+    def __attrs_post_init__(self) -> None:
+        _check_confidence_bound(self.kind, self.upper_confidence, self.confidence)

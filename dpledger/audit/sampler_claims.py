@@ -50,8 +50,8 @@ class LedgerClaim:
         assert self.gap is not None and self.gap.lower_bound is not None
         return (
             f"PRV refuses; ε ≤ {self.no_amplification_epsilon:.3f} without amplification (RDP); "
-            f"Poisson ε would be {self.gap.poisson_epsilon:.3f}; ε ≥ {self.gap.lower_bound:.3f} "
-            "(Chua et al.)"
+            f"Poisson ε would be {self.gap.poisson_epsilon.epsilon:.3f}; "
+            f"ε ≥ {self.gap.lower_bound.epsilon:.3f} (Chua et al.; both {self.gap.relation.label})"
         )
 
 

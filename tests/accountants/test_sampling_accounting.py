@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import dp_accounting
 import pytest
 
 from dpledger import PrivacyLedger, SamplingEvent
 from dpledger.accountants import make_accountant
-from dpledger.errors import UnsupportedSamplingError
+from dpledger.errors import UnsupportedLedgerError, UnsupportedSamplingError
 from dpledger.ledger.steps import CompressedLedger, StepRun
 from tests.gdp_oracle import gaussian_epsilon
 
@@ -98,6 +99,46 @@ def test_truncated_poisson_through_dp_accountings_pld() -> None:
     reference = dp_accounting.pld.PLDAccountant()
     reference.compose(capped.to_dp_event())
     assert ours == pytest.approx(reference.get_epsilon(DELTA), rel=2e-3)
+
+
+INTERVAL = 1e-3
+
+
+def truncated_reference(q: float, n: int, cap: int, sigma: float, steps: int) -> Any:
+    """dp-accounting's PLD accountant fed ``steps`` truncated subsampled Gaussian steps whose
+    data set (the one containing the differing record) has n records."""
+    reference = dp_accounting.pld.PLDAccountant(value_discretization_interval=INTERVAL)
+    event = dp_accounting.TruncatedSubsampledGaussianDpEvent(
+        dataset_size=n, sampling_probability=q, truncated_batch_size=cap, noise_multiplier=sigma
+    )
+    return reference.compose(event, steps)
+
+
+@pytest.mark.slow
+def test_truncated_poisson_covers_the_added_and_the_removed_record() -> None:
+    """dp-accounting's truncated PLD takes the size of the data set that contains the differing
+    record: n for the neighbour with a record removed, n + 1 for the one with a record added.
+    The ledger's ε (and δ) is the larger of the two (q = 0.2, n = 50, cap 10, z = 1, T = 50:
+    dataset_size n gives 28.53, n + 1 gives 28.97). A coarse grid (1e-3) on both sides keeps it
+    fast."""
+    q, n, cap, sigma, steps = 0.2, 50, 10, 1.0, 50
+    ledger = ledger_of([SamplingEvent.truncated_poisson(q, n, cap)] * steps, sigma=sigma)
+    removed = truncated_reference(q, n, cap, sigma, steps)
+    added = truncated_reference(q, n + 1, cap, sigma, steps)
+    pld = make_accountant("pld", value_discretization_interval=INTERVAL)
+    ours = pld.epsilon(ledger, delta=DELTA).epsilon
+    worst = max(removed.get_epsilon(DELTA), added.get_epsilon(DELTA))
+    assert ours >= worst * (1 - 1e-9) and ours == pytest.approx(worst, rel=1e-3)
+    eps = 0.5 * ours
+    ours_delta = pld.delta(ledger, epsilon=eps).delta
+    worst_delta = max(removed.get_delta(eps), added.get_delta(eps))
+    assert ours_delta >= worst_delta * (1 - 1e-9) and ours_delta == pytest.approx(
+        worst_delta, rel=1e-3
+    )
+    assert added.get_epsilon(DELTA) > removed.get_epsilon(DELTA) * 1.01
+    with pytest.raises(UnsupportedLedgerError, match="distributions"):
+        pld.distribution(ledger.compressed())
+    assert len(pld.distributions(ledger.compressed())) == 2
 
 
 # ------------------------------------------------------------------ refusals

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from dpledger import PrivacyLedger, SamplingEvent
-from dpledger.accountants.sampling_report import shuffle_gap
+from dpledger.accountants.prv import PrvAccountant
+from dpledger.accountants.sampling_report import GapRelation, shuffle_gap
 from dpledger.accountants.shuffle_bound import shuffle_epsilon_lower_bound
 from dpledger.cli import main
+from dpledger.ledger import CompressedLedger
 
 
 def shuffled(path: Path, neighboring: str, *, epochs: int = 3) -> Path:
@@ -56,7 +58,7 @@ def test_epsilon_names_who_certifies_and_why_the_others_refuse(tmp_path: Path, c
     )
     assert "pld " in out and "upper_bound" in out
     assert "sampling: this ledger's steps were sampled by shuffle(b=100, n=1000)" in out
-    assert "Chua et al. lower bound, replace-one" in out
+    assert "Compared under replace-one" in out and "Chua et al. lower bound" in out
 
 
 def test_an_add_remove_shuffle_ledger_gets_no_epsilon_but_the_gap(tmp_path: Path, capsys) -> None:
@@ -66,20 +68,25 @@ def test_an_add_remove_shuffle_ledger_gets_no_epsilon_but_the_gap(tmp_path: Path
     assert all("error" in row for row in rows)
     assert "analysed under replace_one only" in rows[0]["error"]
     notes = rows[0]["sampling_notes"]
-    assert "NOT a valid guarantee" in notes[1] and "add/remove as zero-out" in notes[1]
+    assert "under zero-out the Poisson ε is NOT a valid guarantee" in notes[1]
 
 
 def test_the_gap_matches_its_parts(tmp_path: Path) -> None:
     ledger = PrivacyLedger.load(shuffled(tmp_path / "s.dpl", "replace_one", epochs=4))
     gap = shuffle_gap(ledger.compressed(), delta=1e-5)
     assert gap is not None and (gap.steps, gap.epochs) == (40, 4)
-    assert gap.lower_bound == shuffle_epsilon_lower_bound(
+    assert gap.lower_bound is not None and gap.relation is GapRelation.REPLACE_ONE
+    assert gap.lower_bound.epsilon == shuffle_epsilon_lower_bound(
         batches_per_epoch=10, epochs=4, noise_multiplier=0.8, delta=1e-5, neighboring="replace_one"
     )
-    assert gap.lower_bound > gap.poisson_epsilon
-    # the printed lower bound never exceeds the computed one
+    poisson = CompressedLedger.from_runs([(0.1, 0.8, 40)], neighboring="replace_one")
+    assert gap.poisson_epsilon.epsilon == PrvAccountant().epsilon(poisson, delta=1e-5).epsilon
+    assert gap.refutes_poisson and gap.lower_bound.epsilon > gap.poisson_epsilon.epsilon
+    # the printed lower bound never exceeds the computed one, the Poisson ε is never below its own
     shown = float(gap.describe().split("at least ")[1].split(" ")[0])
-    assert shown <= gap.lower_bound
+    assert shown <= gap.lower_bound.epsilon
+    shown_poisson = float(gap.describe().split("ε would be ")[1].split(" ")[0])
+    assert shown_poisson >= gap.poisson_epsilon.epsilon
 
 
 def test_poisson_ledgers_print_no_sampling_notes(tmp_path: Path, capsys) -> None:
@@ -99,4 +106,4 @@ def test_no_lower_bound_when_the_noise_varies(tmp_path: Path, z) -> None:
         ledger.record_sum_query(l2_norm_bound=1.0, noise_stddev=z[t // 10])
     gap = shuffle_gap(ledger.compressed(), delta=1e-5)
     assert gap is not None and gap.lower_bound is None and gap.noise_multiplier == 0.8
-    assert "no lower bound" in gap.describe()
+    assert "no lower bound" in gap.describe() and not gap.refutes_poisson

@@ -12,11 +12,10 @@ evaluated here in log space so that it neither overflows nor cancels at large ε
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
-import scipy.optimize
 import scipy.special
+
+from dpledger.accountants.gaussian_profile import gaussian_epsilon_bounds
 
 __all__ = ["gaussian_delta", "gaussian_epsilon"]
 
@@ -32,28 +31,12 @@ def gaussian_delta(epsilon: np.ndarray | float, mu: float) -> np.ndarray:
 
 
 def gaussian_epsilon(delta: float, mu: float) -> tuple[float, float]:
-    """(lower, upper): a tight bracket of the ε at which δ_μ(ε) = δ (ε ≥ 0).
+    """(lower, upper): a tight bracket of the ε at which δ_μ(ε) = δ (ε ≥ 0), certified after
+    floating-point error.
 
-    ``upper`` satisfies δ_μ(upper) ≤ δ and ``lower`` satisfies δ_μ(lower) > δ (or is 0).
+    ``upper`` has δ_μ(upper) ≤ δ and ``lower`` has δ_μ(lower) > δ (or is 0), both proven by an
+    enclosure of the closed form that bounds every rounding
+    (:func:`~dpledger.accountants.gaussian_profile.gaussian_epsilon_bounds`): the two terms of
+    δ_μ(ε) cancel for small μ, so δ_μ as computed by :func:`gaussian_delta` cannot certify them.
     """
-
-    def excess(eps: float) -> float:
-        return math.log(max(float(gaussian_delta(eps, mu)), 1e-320)) - math.log(delta)
-
-    if excess(0.0) <= 0:
-        return 0.0, 0.0
-    hi = max(1.0, mu * mu / 2 + mu * math.sqrt(2 * math.log(1 / delta)) + 1.0)
-    while excess(hi) > 0:
-        hi *= 2
-    root = scipy.optimize.brentq(excess, 0.0, hi, xtol=1e-13 * max(1.0, hi), rtol=1e-15)
-    upper = root
-    step = 1e-12 * max(1.0, root)
-    while excess(upper) > 0:
-        upper += step
-        step *= 2
-    lower = root
-    step = 1e-12 * max(1.0, root)
-    while lower > 0 and excess(lower) <= 0:
-        lower = max(0.0, lower - step)
-        step *= 2
-    return lower, upper
+    return gaussian_epsilon_bounds(mu, delta)
