@@ -54,6 +54,7 @@ __all__ = [
     "optimize_blt",
     "prefix_error",
     "prefix_sum_workload",
+    "strategy_matrix",
     "tree_factorization",
     "tree_nodes",
 ]
@@ -202,9 +203,7 @@ def tree_factorization(num_steps: int, *, honaker: bool = False) -> MatrixFactor
     nodes = tree_nodes(t)
     index = {node: i for i, node in enumerate(nodes)}
     m = len(nodes)
-    c = np.zeros((m, t))
-    for i, (h, start) in enumerate(nodes):
-        c[i, start : start + (1 << h)] = 1.0
+    c = _tree_strategy(nodes, t)
     # est[i]: the row vector (over the m node noises) of node i's estimate
     est = np.eye(m)
     if honaker:
@@ -221,6 +220,14 @@ def tree_factorization(num_steps: int, *, honaker: bool = False) -> MatrixFactor
             b[step] += est[index[node]]
     kind = "tree_honaker" if honaker else "tree"
     return MatrixFactorization(kind, {"num_steps": t}, c, b)
+
+
+def _tree_strategy(nodes: list[tuple[int, int]], num_steps: int) -> Matrix:
+    """The tree's C: one 0/1 row per node, the node's interval."""
+    c = np.zeros((len(nodes), num_steps))
+    for i, (h, start) in enumerate(nodes):
+        c[i, start : start + (1 << h)] = 1.0
+    return c
 
 
 def _toeplitz(coeffs: Matrix, num_steps: int) -> Matrix:
@@ -290,19 +297,84 @@ def blt_factorization(
         theta: the buffers' decays θ_i, each in [0, 1).
     """
     t = check_positive_int("num_steps", num_steps)
+    w, th = _check_blt(omega, theta)
+    _check_size(t, t)
+    inv = _blt_inverse_coefficients(w, th, t)
+    c = inverse_toeplitz_coefficients(inv, t)
+    b = prefix_sum_workload(t) @ _toeplitz(inv, t)
+    params = {"num_steps": t, "omega": [float(x) for x in w], "theta": [float(x) for x in th]}
+    return MatrixFactorization("blt", params, _toeplitz(c, t), b)
+
+
+def _check_blt(
+    omega: Sequence[float] | Matrix, theta: Sequence[float] | Matrix
+) -> tuple[Matrix, Matrix]:
     w = np.asarray(omega, dtype=np.float64)
     th = np.asarray(theta, dtype=np.float64)
     if w.ndim != 1 or w.shape != th.shape or not np.all(np.isfinite(w)):
         raise InvalidParameterError("omega", omega, "a 1-D sequence as long as theta")
     if not np.all((th >= 0.0) & (th < 1.0)):
         raise InvalidParameterError("theta", theta, "decays in [0, 1)")
+    return w, th
+
+
+def _numbers(name: str, value: Any) -> list[float]:
+    """A JSON list of numbers (no booleans), as floats."""
+    if not isinstance(value, list) or not all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) for x in value
+    ):
+        raise InvalidParameterError(name, value, "a list of numbers")
+    try:
+        return [float(x) for x in value]
+    except OverflowError:
+        raise InvalidParameterError(name, value, "a list of finite numbers") from None
+
+
+_PARAM_KEYS = {
+    "tree": {"num_steps"},
+    "tree_honaker": {"num_steps"},
+    "banded_toeplitz": {"num_steps", "coefficients"},
+    "blt": {"num_steps", "omega", "theta"},
+}
+
+
+def strategy_matrix(kind: str, params: dict[str, Any]) -> Matrix:
+    """C rebuilt from a factorization's ``kind`` and ``params`` alone (what the ledger records).
+
+    The same code as the factorization's constructor builds C (B is not built), so C has the
+    same entries, and :func:`matrix_hash` of it is the recorded hash, wherever the entries do
+    not depend on the platform's floating-point functions (exact for the tree and banded
+    Toeplitz C, whose entries are 0/1 or the recorded coefficients; BLT's C is computed with
+    powers and a filter, equal to rounding). Refuses, before allocating, a C beyond
+    :data:`MAX_MATRIX_BYTES` as the constructors do.
+
+    Args:
+        kind: ``"tree"``, ``"tree_honaker"``, ``"banded_toeplitz"`` or ``"blt"``.
+        params: exactly the parameters the constructor records (``MatrixFactorization.params``).
+
+    Raises:
+        InvalidParameterError: an unknown kind, or parameters that are missing, extra or out of
+            range.
+        ComputationBudgetError: C would exceed :data:`MAX_MATRIX_BYTES`.
+    """
+    keys = _PARAM_KEYS.get(kind)
+    if keys is None:
+        raise InvalidParameterError("kind", kind, f"one of {', '.join(map(repr, _PARAM_KEYS))}")
+    if not isinstance(params, dict) or set(params) != keys:
+        raise InvalidParameterError(
+            "params", params, f"a dict with exactly the keys {sorted(keys)}"
+        )
+    t = check_positive_int("num_steps", params["num_steps"])
+    if kind in ("tree", "tree_honaker"):
+        _check_size(t, 2 * t)
+        return _tree_strategy(tree_nodes(t), t)
+    if kind == "banded_toeplitz":
+        c = _check_coefficients(_numbers("coefficients", params["coefficients"]))
+        _check_size(t, t)
+        return _toeplitz(c, t)
+    w, th = _check_blt(_numbers("omega", params["omega"]), _numbers("theta", params["theta"]))
     _check_size(t, t)
-    lags = np.arange(t - 1, dtype=np.float64)
-    inv = np.concatenate([[1.0], (w[None, :] * th[None, :] ** lags[:, None]).sum(axis=1)])
-    c = inverse_toeplitz_coefficients(inv, t)
-    b = prefix_sum_workload(t) @ _toeplitz(inv, t)
-    params = {"num_steps": t, "omega": [float(x) for x in w], "theta": [float(x) for x in th]}
-    return MatrixFactorization("blt", params, _toeplitz(c, t), b)
+    return _toeplitz(inverse_toeplitz_coefficients(_blt_inverse_coefficients(w, th, t), t), t)
 
 
 def prefix_error(coefficients: Sequence[float] | Matrix, num_steps: int) -> float:
