@@ -39,7 +39,7 @@ import scipy.optimize
 import scipy.signal
 
 from dpledger.errors import ComputationBudgetError, InvalidParameterError
-from dpledger.validation import check_positive_int
+from dpledger.validation import FLOAT_INT_MAX, check_positive_int
 
 __all__ = [
     "MAX_MATRIX_BYTES",
@@ -73,12 +73,13 @@ MAX_MATRIX_BYTES = 2**30
 def _check_size(num_steps: int, rows: int, extra_entries: int = 0) -> None:
     """Refuse, before allocating, factorizations whose dense matrices exceed the budget: C
     (rows × T), B (T × rows), A (T × T) and ``extra_entries`` more, in float64."""
-    needed = 8.0 * (2 * rows * num_steps + num_steps * num_steps + extra_entries)
+    # in integers: T beyond the float64 range must be refused, not overflow the estimate
+    needed = 8 * (2 * rows * num_steps + num_steps * num_steps + extra_entries)
     if needed > MAX_MATRIX_BYTES:
         raise ComputationBudgetError(
             parameter="num_steps",
             value=num_steps,
-            estimated_bytes=needed,
+            estimated_bytes=float(needed) if needed <= FLOAT_INT_MAX else math.inf,
             budget_bytes=MAX_MATRIX_BYTES,
             suggestion="a factorization is dense (O(T²) memory): use fewer steps per stream",
         )
@@ -151,8 +152,14 @@ class MatrixFactorization:
 
 def tree_nodes(num_steps: int) -> list[tuple[int, int]]:
     """The complete dyadic intervals [start, start + 2^h) of [0, T), as (level h, start), in
-    the order they complete (by their last step; at one step, lower levels first)."""
+    the order they complete (by their last step; at one step, lower levels first).
+
+    Raises:
+        ComputationBudgetError: T so large that the tree's C (one row per node) would exceed
+            :data:`MAX_MATRIX_BYTES` (refused before the nodes are listed).
+    """
     t = check_positive_int("num_steps", num_steps)
+    _check_size(t, 2 * t)  # the nodes are the rows of the tree's C
     nodes = []
     for step in range(t):
         h = 0
