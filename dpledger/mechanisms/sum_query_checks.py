@@ -98,9 +98,10 @@ def _num_records(value: Any) -> int:
     expected = "an integer >= 0 within the float64 range (|R|, the sample size)"
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise InvalidParameterError("num_records", value, expected)
-    if not 0 <= value <= FLOAT_INT_MAX:
+    count = int(value)
+    if not 0 <= count <= FLOAT_INT_MAX:
         raise InvalidParameterError("num_records", value, expected)
-    return int(value)
+    return count
 
 
 def check_ledger(ledger: Any) -> PrivacyLedger:

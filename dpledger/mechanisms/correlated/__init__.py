@@ -28,6 +28,7 @@ from dpledger.mechanisms.correlated.noise import (
     noise_for,
 )
 from dpledger.mechanisms.correlated.participation import ParticipationKind, ParticipationSchema
+from dpledger.mechanisms.correlated.rebuild import strategy_matrix
 from dpledger.mechanisms.correlated.release import (
     CorrelatedNoiseRelease,
     count_bands,
@@ -50,7 +51,6 @@ from dpledger.mechanisms.correlated.strategies import (
     optimize_blt,
     prefix_error,
     prefix_sum_workload,
-    strategy_matrix,
     tree_factorization,
     tree_nodes,
 )

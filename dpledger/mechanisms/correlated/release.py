@@ -19,12 +19,9 @@ from dpledger.ledger.ledger import PrivacyLedger
 from dpledger.mechanisms.clipping import rounding_clip_margin
 from dpledger.mechanisms.correlated.noise import CorrelatedNoise, noise_for
 from dpledger.mechanisms.correlated.participation import ParticipationKind, ParticipationSchema
+from dpledger.mechanisms.correlated.rebuild import strategy_matrix
 from dpledger.mechanisms.correlated.sensitivity import sensitivity
-from dpledger.mechanisms.correlated.strategies import (
-    MatrixFactorization,
-    matrix_hash,
-    strategy_matrix,
-)
+from dpledger.mechanisms.correlated.strategies import MatrixFactorization, matrix_hash
 from dpledger.mechanisms.sum_query import SensitivityCheckError, clip_records
 from dpledger.validation import check_positive_finite, check_probability
 
