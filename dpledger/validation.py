@@ -12,6 +12,7 @@ import enum
 import math
 import numbers
 import operator
+import sys
 import warnings
 from typing import Any, TypeVar
 
@@ -19,6 +20,7 @@ from dpledger.errors import DeltaTooLargeWarning
 from dpledger.errors import InvalidParameterError as InvalidParameterError
 
 __all__ = [
+    "FLOAT_INT_MAX",
     "check_delta",
     "check_enum",
     "check_finite",
@@ -32,6 +34,12 @@ __all__ = [
 ]
 
 _E = TypeVar("_E", bound=enum.Enum)
+
+FLOAT_INT_MAX = int(sys.float_info.max)
+"""The largest integer float64 holds (about 1.8e308). A count that meets float arithmetic (a
+population in a denominator q·n, a number of records in a bound |R|·S, a size in bytes) must
+not exceed it: Python raises ``OverflowError`` converting a larger int. Pass it as ``maximum``
+of :func:`check_positive_int` or :func:`check_non_negative_int`."""
 
 
 def check_enum(name: str, value: Any, enum_type: type[_E]) -> _E:
@@ -121,22 +129,31 @@ def _as_int(name: str, value: Any, expected: str) -> int:
         raise InvalidParameterError(name, value, expected) from None
 
 
-def check_positive_int(name: str, value: Any) -> int:
-    """Return ``value`` as an int; it must be an integer ≥ 1 (floats with integer value refused)."""
-    expected = "an integer >= 1"
+def _bounded(name: str, value: Any, minimum: int, maximum: int | None) -> int:
+    if maximum is None:
+        expected = f"an integer >= {minimum}"
+    elif maximum == FLOAT_INT_MAX:
+        expected = f"an integer >= {minimum} within the float64 range (at most about 1.8e308)"
+    else:
+        expected = f"an integer in [{minimum}, {maximum}]"
     x = _as_int(name, value, expected)
-    if x < 1:
+    if x < minimum or (maximum is not None and x > maximum):
         raise InvalidParameterError(name, value, expected)
     return x
 
 
-def check_non_negative_int(name: str, value: Any) -> int:
-    """Return ``value`` as an int; it must be an integer ≥ 0 (floats with integer value refused)."""
-    expected = "an integer >= 0"
-    x = _as_int(name, value, expected)
-    if x < 0:
-        raise InvalidParameterError(name, value, expected)
-    return x
+def check_positive_int(name: str, value: Any, *, maximum: int | None = None) -> int:
+    """Return ``value`` as an int; it must be an integer ≥ 1 (floats with integer value refused),
+    at most ``maximum`` when given (:data:`FLOAT_INT_MAX` for a count used in float
+    arithmetic)."""
+    return _bounded(name, value, 1, maximum)
+
+
+def check_non_negative_int(name: str, value: Any, *, maximum: int | None = None) -> int:
+    """Return ``value`` as an int; it must be an integer ≥ 0 (floats with integer value refused),
+    at most ``maximum`` when given (:data:`FLOAT_INT_MAX` for a count used in float
+    arithmetic)."""
+    return _bounded(name, value, 0, maximum)
 
 
 def delta_too_large_message(delta: float, population_size: int) -> str | None:

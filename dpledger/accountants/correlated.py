@@ -25,7 +25,10 @@ mechanisms every accountant already analyses:
   :func:`dpledger.ledger.dp_event.correlated_to_dp_event` builds.
 
 The base class (:func:`dpledger.accountants.base.as_compressed`) replaces a ledger's releases by
-these runs before any accountant sees it, so every accountant that supports Poisson and
+these runs before any accountant sees it, each release first checked against its own parameters
+(:func:`dpledger.mechanisms.correlated.verified_release`: the recorded sensitivity, column norm,
+bands and hash recomputed from the strategy's kind and parameters; a disagreement is refused with
+:class:`~dpledger.ledger.ReleaseMismatchError`), so every accountant that supports Poisson and
 full-batch steps certifies them, and one that does not refuses them with
 :class:`~dpledger.errors.UnsupportedSamplingError` before computing. ε after a number of steps
 (``epsilon_curve``) is refused for a ledger with a release: the release is one mechanism over its
@@ -42,6 +45,7 @@ from dpledger.errors import UnsupportedLedgerError
 from dpledger.ledger.correlated import CorrelatedReleaseEvent
 from dpledger.ledger.ledger import PrivacyLedger
 from dpledger.ledger.steps import CompressedLedger, StepRun
+from dpledger.mechanisms.correlated.verification import verified_release
 
 __all__ = ["equivalent_runs", "expand_correlated", "refuse_correlated_curve"]
 
@@ -69,12 +73,13 @@ def _checked_multiplier(z: float) -> float:
 
 def expand_correlated(ledger: CompressedLedger) -> CompressedLedger:
     """``ledger`` with its correlated releases replaced by their equivalent runs (appended
-    after its steps; composition is commutative)."""
+    after its steps; composition is commutative), each release's recorded sensitivity checked
+    against its parameters first (:func:`~dpledger.mechanisms.correlated.verified_release`)."""
     if not ledger.correlated:
         return ledger
     runs = list(ledger.runs)
-    for event in ledger.correlated:
-        runs.extend(equivalent_runs(event))
+    for i, event in enumerate(ledger.correlated):
+        runs.extend(equivalent_runs(verified_release(event, release=i)))
     return attrs.evolve(ledger, runs=tuple(runs), correlated=())
 
 

@@ -4,6 +4,7 @@ from dpledger.ledger.correlated import (
     CorrelatedReleaseEvent,
     NoiseSeedReuseError,
     NoiseStreamRollbackError,
+    ReleaseMismatchError,
     StreamStepEvent,
 )
 from dpledger.ledger.events import (
@@ -36,6 +37,7 @@ __all__ = [
     "NoiseStreamRollbackError",
     "PrivacyLedger",
     "PrivacyUnit",
+    "ReleaseMismatchError",
     "SamplingEvent",
     "SamplingScheme",
     "StepRun",

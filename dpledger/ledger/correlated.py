@@ -32,7 +32,7 @@ from typing import Any
 
 import attrs
 
-from dpledger.errors import InvalidParameterError, LedgerStateError
+from dpledger.errors import InvalidParameterError, LedgerStateError, UnsupportedLedgerError
 from dpledger.validation import (
     check_non_negative_finite,
     check_positive_finite,
@@ -46,6 +46,7 @@ __all__ = [
     "CorrelatedReleaseEvent",
     "NoiseSeedReuseError",
     "NoiseStreamRollbackError",
+    "ReleaseMismatchError",
     "StreamStepEvent",
     "check_new_release_seed",
     "check_stream_resume",
@@ -374,4 +375,40 @@ def check_new_release_seed(ledger_releases: int, *, fresh_seed: bool) -> None:
             "other gradients, and the ledger, which records no seeds, could not tell. Use "
             "seed=None (fresh noise from the operating system) for a further release in this "
             "ledger, or record the run in a new ledger; nothing was recorded"
+        )
+
+
+class ReleaseMismatchError(UnsupportedLedgerError):
+    """A release's recorded sensitivity (or another number derived from C) is not what its
+    strategy parameters give.
+
+    The accountants account a release with the sensitivity it records; before they do, it is
+    recomputed from the recorded strategy and parameters
+    (:func:`dpledger.mechanisms.correlated.verified_release`). A disagreement beyond
+    floating-point rounding means the ledger was written by a version with a bug in that number,
+    or edited: accounting with it could understate ε, so the release is refused.
+
+    Attributes:
+        release: the release's 0-based index in the ledger.
+        label: the release's label (None when it has none).
+        field: the recorded field that disagrees (``"sensitivity"``, ``"max_column_norm"``,
+            ``"bands"`` or ``"strategy_hash"``).
+        recorded: the value in the ledger.
+        recomputed: the value the strategy parameters give.
+    """
+
+    def __init__(
+        self, *, release: int, label: str | None, field: str, recorded: Any, recomputed: Any
+    ) -> None:
+        self.release = release
+        self.label = label
+        self.field = field
+        self.recorded = recorded
+        self.recomputed = recomputed
+        name = "" if label is None else f" ({label!r})"
+        super().__init__(
+            f"correlated-noise release {release}{name} records {field}={recorded!r}, but its "
+            f"strategy parameters give {field}={recomputed!r}: the ledger was written by a "
+            "version with a bug in that number, or edited; accounting with the recorded value "
+            "could understate ε, so the release is refused"
         )

@@ -112,7 +112,14 @@ def compressed_to_dp_event(ledger: CompressedLedger) -> dp_accounting.DpEvent:
     (:func:`correlated_to_dp_event`), as one dp-accounting event."""
     import dp_accounting
 
+    # the releases' recorded sensitivities are checked against their parameters first; imported
+    # here because the mechanisms import the ledger
+    from dpledger.mechanisms.correlated.verification import verified_release
+
     return dp_accounting.ComposedDpEvent(
         events=[run_to_dp_event(r) for r in ledger.runs]
-        + [correlated_to_dp_event(e) for e in ledger.correlated]
+        + [
+            correlated_to_dp_event(verified_release(e, release=i))
+            for i, e in enumerate(ledger.correlated)
+        ]
     )

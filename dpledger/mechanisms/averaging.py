@@ -16,14 +16,20 @@ warns with :class:`UnaccountedReleaseWarning` every time it is used.
 
 from __future__ import annotations
 
-import numbers
+import math
 import warnings
 from collections.abc import Sequence
 
 from dpledger.errors import InvalidParameterError
 from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend, scale_all
 from dpledger.mechanisms.sum_query import as_members
-from dpledger.validation import check_positive_finite, check_positive_int, check_probability
+from dpledger.validation import (
+    FLOAT_INT_MAX,
+    check_non_negative_int,
+    check_positive_finite,
+    check_positive_int,
+    check_probability,
+)
 
 __all__ = [
     "UnaccountedReleaseWarning",
@@ -58,8 +64,9 @@ def fixed_denominator_average(
         backend: the array backend (default NumPy).
 
     Raises:
-        InvalidParameterError: q not in (0, 1], n not an integer ≥ 1, a denominator that is not
-            a finite number > 0, or both forms given.
+        InvalidParameterError: q not in (0, 1], n not an integer ≥ 1 within the float64 range, a
+            denominator that is not a finite number > 0, a denominator (or q·n) so small that
+            its reciprocal overflows, or both forms given.
     """
     be = resolve_backend(backend)
     if denominator is not None:
@@ -67,16 +74,31 @@ def fixed_denominator_average(
             raise InvalidParameterError(
                 "denominator", denominator, "None when sampling_probability= is given"
             )
-        factor = 1.0 / check_positive_finite("denominator", denominator)
+        d = check_positive_finite("denominator", denominator)
+        factor = _reciprocal("denominator", denominator, d)
     else:
         q = check_probability("sampling_probability", sampling_probability)
         if q == 0.0:
             raise InvalidParameterError(
                 "sampling_probability", sampling_probability, "q > 0 (the denominator is q·n)"
             )
-        n = check_positive_int("population_size", population_size)
-        factor = 1.0 / (q * n)
+        n = check_positive_int("population_size", population_size, maximum=FLOAT_INT_MAX)
+        factor = _reciprocal("sampling_probability", sampling_probability, q * n)
     return scale_all(be, as_members(noised_sums, parameter="noised_sums"), factor)
+
+
+def _reciprocal(name: str, value: object, denominator: float) -> float:
+    """1 / denominator, refused when it overflows float64 (a denominator below 2**-1024,
+    whose average would be ∞ or NaN)."""
+    factor = 1.0 / denominator
+    if not math.isfinite(factor):
+        raise InvalidParameterError(
+            name,
+            value,
+            f"a value whose denominator ({denominator!r}) has a finite reciprocal "
+            "(at least about 5.6e-309)",
+        )
+    return factor
 
 
 def realised_batch_average(
@@ -95,13 +117,14 @@ def realised_batch_average(
 
     Args:
         noised_sums: the output of a sum query's release (one array or a sequence).
-        batch_size: |R| ≥ 0, the number of records in the sample (0 divides by 1).
+        batch_size: |R| ≥ 0, the number of records in the sample (0 divides by 1), within the
+            float64 range.
         backend: the array backend (default NumPy).
+
+    Raises:
+        InvalidParameterError: ``batch_size`` is not such an integer.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
-        raise InvalidParameterError("batch_size", batch_size, "an integer >= 0")
-    if batch_size < 0:
-        raise InvalidParameterError("batch_size", batch_size, "an integer >= 0")
+    size = check_non_negative_int("batch_size", batch_size, maximum=FLOAT_INT_MAX)
     warnings.warn(
         "dividing by the realised batch size releases a function of |R|, which the Gaussian "
         "sum query's accounting does not cover; use the fixed denominator q·n to stay within "
@@ -110,5 +133,5 @@ def realised_batch_average(
         stacklevel=2,
     )
     be = resolve_backend(backend)
-    factor = 1.0 / max(int(batch_size), 1)
+    factor = 1.0 / max(size, 1)
     return [be.scale(s, factor) for s in as_members(noised_sums, parameter="noised_sums")]

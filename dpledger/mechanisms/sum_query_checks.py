@@ -28,7 +28,7 @@ from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms.backend import Array, ArrayBackend
 from dpledger.mechanisms.clipping import ClippingStrategy
-from dpledger.validation import check_non_negative_finite, check_positive_finite
+from dpledger.validation import FLOAT_INT_MAX, check_non_negative_finite, check_positive_finite
 
 __all__ = [
     "SensitivityCheckError",
@@ -94,9 +94,14 @@ def _scales(value: Sequence[float]) -> tuple[float, ...]:
 
 
 def _num_records(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise InvalidParameterError("num_records", value, "an integer >= 0 (|R|, the sample size)")
-    return int(value)
+    # |R| meets float arithmetic in the sensitivity check (|R|·S): within the float64 range
+    expected = "an integer >= 0 within the float64 range (|R|, the sample size)"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidParameterError("num_records", value, expected)
+    count = int(value)
+    if not 0 <= count <= FLOAT_INT_MAX:
+        raise InvalidParameterError("num_records", value, expected)
+    return count
 
 
 def check_ledger(ledger: Any) -> PrivacyLedger:

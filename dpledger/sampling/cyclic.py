@@ -46,7 +46,11 @@ import numpy as np
 import numpy.typing as npt
 
 from dpledger.errors import InvalidParameterError
-from dpledger.sampling.validation import check_population_size, check_sampling_probability
+from dpledger.sampling.validation import (
+    MAX_POPULATION,
+    check_population_size,
+    check_sampling_probability,
+)
 from dpledger.validation import check_non_negative_int, check_positive_int
 
 if TYPE_CHECKING:
@@ -74,7 +78,8 @@ class CyclicScheme:
     """``period`` fixed groups of records, visited in turn for ``num_steps`` steps.
 
     Args:
-        population_size: n, the number of records; at least ``period``.
+        population_size: n, the number of records; at least ``period``, at most
+            ``MAX_POPULATION`` (2**33: one group is drawn per record).
         period: the number of groups; step t uses group t mod period. At most ``num_steps``.
         num_steps: T, the length of the stream; a step beyond it is refused.
         sampling_probability: q in (0, 1] to Poisson-sample each step's group (each record of
@@ -96,7 +101,8 @@ class CyclicScheme:
         sampling_probability: float | None = None,
         seed: int,
     ) -> None:
-        self._n = check_population_size(population_size)
+        # one group is drawn per record, as the Poisson sampler draws one uniform per record
+        self._n = check_population_size(population_size, maximum=MAX_POPULATION)
         self._period = check_positive_int("period", period)
         self._steps = check_positive_int("num_steps", num_steps)
         if self._period > self._steps:

@@ -79,8 +79,10 @@ class OptimizerCheckpoint:
           from it would leave out steps that were taken.
 
         With correlated noise (``noise=`` a spec) the checkpoint holds the stream's step p, its
-        noise generator and the recorded release: the run continues the same noise stream, and
-        the release, which must be in the ledger, is not recorded again. The ledger records
+        noise generator, the recorded release and the cyclic sampler's scheme: the run continues
+        the same noise stream on the same batches (the checkpoint's scheme and noise seed take
+        over from those this optimizer drew, e.g. with ``seed=None``), and the release, which
+        must be in the ledger, is not recorded again. The ledger records
         every step of the stream, and its progress q for the release must equal p: a checkpoint
         behind it (q > p: training went on past the checkpoint, and continuing would add the
         noise of steps p .. q − 1 again to other gradients) is refused with
@@ -130,7 +132,12 @@ class OptimizerCheckpoint:
                 "a checkpoint of an optimizer with the same noise= (independent or correlated)",
             )
         if self._stream is not None:
-            self._stream.load_state_dict(state_dict["correlated"], ledger=self._ledger)
+            # the checkpoint's cyclic scheme (its seed) takes over, checked before anything
+            # changes: a make_private(seed=None) run drew a partition of its own
+            scheme = self._sampler.scheme_of_state(state_dict.get("sampler"))
+            self._stream.load_state_dict(
+                state_dict["correlated"], ledger=self._ledger, scheme=scheme
+            )
         self._opt.load_state_dict(state_dict["optimizer"])
         if behind:
             logger.warning(

@@ -239,15 +239,26 @@ class CorrelatedStream:
             "dim": None if self._noise is None else self._noise.dim,
         }
 
-    def load_state_dict(self, state: dict[str, Any], *, ledger: PrivacyLedger | None) -> None:
+    def load_state_dict(
+        self,
+        state: dict[str, Any],
+        *,
+        ledger: PrivacyLedger | None,
+        scheme: CyclicScheme | None = None,
+    ) -> None:
         """Continue the stream of a checkpoint; the release is not recorded again.
+
+        The checkpoint's noise seed and generator state take over, and ``scheme`` (the
+        checkpoint's cyclic scheme, when given) replaces :attr:`scheme`: a stream set up with a
+        seed drawn from OS entropy continues the checkpointed run's noise and batches.
 
         The checkpoint's step p must be the ledger's progress q for the release: q > p means
         training went on past the checkpoint, and continuing would add the noise of steps
         p .. q − 1 again to other gradients. Everything is checked before anything changes.
 
         Raises:
-            InvalidParameterError: a state of another spec.
+            InvalidParameterError: a state of another spec, or a ``scheme`` the spec does not
+                draw.
             LedgerStateError: the checkpoint's release is not in ``ledger`` (continue the run's
                 own ledger file), or the ledger records fewer of its steps than the checkpoint
                 took.
@@ -256,11 +267,14 @@ class CorrelatedStream:
         """
         if state.get("spec") != self.spec.describe():
             raise InvalidParameterError("state['spec']", state.get("spec"), self.spec.describe())
+        if scheme is not None and not self.spec.matches(scheme):
+            raise InvalidParameterError("scheme", scheme.describe(), self.spec.describe())
         recorded = state.get("event")
         if recorded is None:
             self.event, self._noise, self.step, self.release = None, None, 0, None
             self.seed = int(state["seed"])
             self.fresh_seed = False  # restored: an earlier process may have released with it
+            self.scheme = self.scheme if scheme is None else scheme
             return
         event = CorrelatedReleaseEvent(**recorded)
         step = int(state["step"])
@@ -277,6 +291,7 @@ class CorrelatedStream:
         noise.load_state_dict(_to_arrays(state["noise"]))
         self.event, self._noise, self.step = event, noise, step
         self.release = None if release is None else int(release)
+        self.scheme = self.scheme if scheme is None else scheme
 
 
 def _same_release(a: CorrelatedReleaseEvent, b: CorrelatedReleaseEvent) -> bool:

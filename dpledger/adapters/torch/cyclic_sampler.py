@@ -12,7 +12,9 @@ anything is released.
 One pass over the sampler is one epoch (``period`` steps, fewer at the end of the stream); the
 pass continues the stream from the first step not yet claimed, and yields nothing once all T
 steps were claimed. The draws depend only on the scheme's seed and the step, so a run resumed
-from a checkpoint (:meth:`CyclicBatchSampler.state_dict`) draws the same batches.
+from a checkpoint (:meth:`CyclicBatchSampler.state_dict`, which holds the scheme with its seed)
+draws the same batches, also in a sampler built with another seed (``seed=None``): the
+checkpoint's scheme takes over.
 
 Its draws record no sampling event: the stream's steps are covered by the one correlated
 release. :meth:`CyclicBatchSampler.sampling_event` refuses, so that a ``DPOptimizer`` with
@@ -32,6 +34,8 @@ from dpledger.sampling.cyclic import CyclicScheme
 from dpledger.sampling.draws import PendingDraws
 
 __all__ = ["CyclicBatchSampler"]
+
+_SCHEME_KEYS = {"population_size", "period", "num_steps", "sampling_probability", "seed"}
 
 
 class CyclicBatchSampler(RecordedBatchSampler):
@@ -139,21 +143,65 @@ class CyclicBatchSampler(RecordedBatchSampler):
         self._next_claim = step + 1
 
     def state_dict(self) -> dict[str, Any]:
-        """The next stream step to claim (the draws depend only on the seed and the step)."""
-        return {"next_step": self._next_claim, "scheme": repr(self._cyclic)}
+        """The next stream step to claim and the scheme (the draws depend only on the scheme,
+        its seed included, and the step)."""
+        c = self._cyclic
+        return {
+            "next_step": self._next_claim,
+            "scheme": {
+                "population_size": c.population_size,
+                "period": c.period,
+                "num_steps": c.num_steps,
+                "sampling_probability": c.sampling_probability,
+                "seed": c.seed,
+            },
+        }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state_dict` of a sampler of the same scheme.
+    def scheme_of_state(self, state: Any) -> CyclicScheme:
+        """The scheme a :meth:`state_dict` was taken of, checked against this sampler's.
+
+        Only the seed may differ: a sampler built with ``seed=None`` (``make_private``'s
+        default) drew a partition of its own, and the checkpoint's scheme — the partition and
+        the Poisson draws the run's earlier steps used — takes over on :meth:`load_state_dict`.
 
         Raises:
-            InvalidParameterError: the state is of another scheme, or its step is out of range.
+            InvalidParameterError: not a state of this class, or a scheme with another
+                population, period, T or q.
         """
-        if state.get("scheme") != repr(self._cyclic):
-            raise InvalidParameterError("state['scheme']", state.get("scheme"), repr(self._cyclic))
-        step = int(state["next_step"])
-        if not 0 <= step <= self._cyclic.num_steps:
-            raise InvalidParameterError("state['next_step']", step, f"0..{self._cyclic.num_steps}")
+        saved = state.get("scheme") if isinstance(state, dict) else None
+        if not isinstance(saved, dict) or set(saved) != _SCHEME_KEYS:
+            raise InvalidParameterError(
+                "state['scheme']", saved, "the scheme of a CyclicBatchSampler.state_dict()"
+            )
+        scheme = CyclicScheme(**saved)
+        mine, theirs = self._cyclic, scheme
+        if (mine.population_size, mine.period, mine.num_steps, mine.sampling_probability) != (
+            theirs.population_size,
+            theirs.period,
+            theirs.num_steps,
+            theirs.sampling_probability,
+        ):
+            raise InvalidParameterError(
+                "state['scheme']",
+                theirs.describe(),
+                f"the scheme {mine.describe()} (only its seed may differ)",
+            )
+        return scheme
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` of a sampler of the same scheme up to its seed; the
+        checkpoint's scheme (its seed) takes over, so the batches are the checkpointed run's.
+
+        Raises:
+            InvalidParameterError: the state is of another scheme (:meth:`scheme_of_state`),
+                or its step is out of range.
+        """
+        scheme = self.scheme_of_state(state)
+        step = state.get("next_step")
+        if type(step) is not int or not 0 <= step <= scheme.num_steps:
+            raise InvalidParameterError("state['next_step']", step, f"0..{scheme.num_steps}")
         self._draws.clear()
+        self._cyclic = scheme
         self._next_claim = step
 
     def reseed(self, seed: int) -> None:

@@ -83,7 +83,12 @@ from torch import nn
 
 from dpledger.adapters.torch import layer_rules as _builtin_layer_rules  # noqa: F401  (registers)
 from dpledger.adapters.torch.capture_hooks import CaptureHooks
-from dpledger.adapters.torch.engine_state import _check_unit, _StepState, _Unit
+from dpledger.adapters.torch.engine_state import (
+    _check_unit,
+    _outside_use_error,
+    _StepState,
+    _Unit,
+)
 from dpledger.adapters.torch.errors import EngineStateError
 from dpledger.adapters.torch.factors import expand_factors
 from dpledger.adapters.torch.loss_reduction import LossReductionCheck, _loss_reduction_of
@@ -315,6 +320,9 @@ class PerExampleGradientEngine(CaptureHooks, StepFinalisation, LossReductionChec
             if c.grads[k] is None
         ]
         if not pending:
+            reached = self._parameters_reached(loss)
+            if reached:  # the loss uses parameters whose module's forward was never called
+                raise _outside_use_error(self._model, self._units, reached)
             raise EngineStateError(
                 "nothing to backpropagate to: run the model's forward with gradients enabled "
                 "before engine.backward(loss)"
@@ -328,6 +336,21 @@ class PerExampleGradientEngine(CaptureHooks, StepFinalisation, LossReductionChec
             self._direct_backward = False
         for (c, k), g in zip(pending, grads, strict=True):
             self._on_output_grad(c, k, g)
+
+    def _parameters_reached(self, loss: torch.Tensor) -> list[str]:
+        """The trainable parameters (names) that ``loss``'s autograd graph accumulates into."""
+        names = {id(p): n for n, p in self._params.items()}
+        found, seen, stack = set(), set(), [loss.grad_fn]
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            variable = getattr(node, "variable", None)  # an AccumulateGrad node's parameter
+            if variable is not None and id(variable) in names:
+                found.add(names[id(variable)])
+            stack.extend(next_node for next_node, _ in node.next_functions)
+        return [n for n in self._params if n in found]
 
     @property
     def batch_size(self) -> int:

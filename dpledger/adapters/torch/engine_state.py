@@ -17,7 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpledger.adapters.torch.errors import RecordMixingModuleError, UnsupportedModuleError
+from dpledger.adapters.torch.errors import (
+    RecordMixingModuleError,
+    UnsupportedModuleError,
+    UnsupportedParameterUseError,
+)
 from dpledger.adapters.torch.layer_rules.normalization import (
     batch_norm_refusal_message,
     uses_batch_statistics,
@@ -186,3 +190,37 @@ def _aligned(capture: _Capture) -> tuple[tuple, Any]:
 def _refuse_batch_stats(name: str, module: nn.Module, args: tuple) -> None:
     if uses_batch_statistics(module):
         raise RecordMixingModuleError(batch_norm_refusal_message(module, name or None))
+
+
+def _outside_use_error(
+    model: nn.Module, units: list[_Unit], names: list[str]
+) -> UnsupportedParameterUseError:
+    """The error for parameters that took part in the loss although the forward of the unit
+    that owns them was not observed: a module containing the unit (typically its parent) used
+    them directly. Names each owning module, its parent and what to do instead."""
+    owners: dict[str, tuple[nn.Module, list[str]]] = {}
+    for n in names:
+        unit = next((u for u in units if n in u.local_to_global.values()), None)
+        key = n.rpartition(".")[0] if unit is None else unit.name
+        module = model.get_submodule(key) if unit is None else unit.module
+        owners.setdefault(key, (module, []))[1].append(n)
+    parts, example = [], ""
+    for key, (module, params) in owners.items():
+        parent_name = key.rpartition(".")[0]
+        parent = model.get_submodule(parent_name)
+        where = f"'{parent_name}'" if parent_name else "the model"
+        parts.append(
+            f"{', '.join(params)} of module '{key or '<model>'}' ({type(module).__name__}), "
+            f"whose parent is {where} ({type(parent).__name__})"
+        )
+        example = example or params[0][len(parent_name) + 1 if parent_name else 0 :]
+    return UnsupportedParameterUseError(
+        f"the loss depends on {'; '.join(parts)}, but the owning module's forward was not "
+        "called in this step: a module that contains it (its parent) uses the parameter "
+        f"directly, e.g. F.linear(x, self.{example}) in the parent's forward instead of a call "
+        "of the module. The engine sees a module's per-example inputs and output gradients only "
+        "through the module's own forward, so it cannot compute per-example gradients of such a "
+        "use. Call the owning module itself in the forward, or register a grad sampler for the "
+        "parent module's type (dpledger.adapters.torch.register_grad_sampler) so that the "
+        "parent is differentiated as a whole."
+    )

@@ -197,6 +197,7 @@ def make_private(
             bound); it is written into the ledger's metadata.
         seed: seeds the sampling and the noise (two independent streams); None draws both
             from OS entropy (the sampling seed is then shared by rank 0 in distributed runs).
+            With ``noise=`` a spec, a checkpoint loaded later brings its own scheme and noise.
         max_physical_batch_size: split each logical batch into chunks of at most this many
             records (virtual batches; the loop stays the same).
         loss_reduction: ``"mean"`` or ``"sum"``, how the loop's loss combines examples.

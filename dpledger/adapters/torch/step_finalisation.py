@@ -23,6 +23,7 @@ import torch
 from dpledger.adapters.torch.engine_state import (
     _aligned,
     _Capture,
+    _outside_use_error,
     _StepState,
     _takes,
     _tied_dtype,
@@ -72,6 +73,9 @@ class StepFinalisation:
                     "no gradient reached the model's parameters yet: call loss.backward() (or "
                     "engine.backward(loss)) after the forward"
                 )
+            if self._grad_seen:  # parameters got gradient, but no unit's forward was seen
+                seen = [n for n in self._params if n in self._grad_seen]
+                raise _outside_use_error(self._model, self._units, seen)
             raise EngineStateError(
                 "no forward of the model with gradients enabled since the last step"
             )

@@ -3,7 +3,8 @@
 Framework-neutral (NumPy/SciPy, float64). See ``docs/correlated-noise.md``: the strategies
 (:mod:`.strategies`), their streaming noise generators (:mod:`.noise`), the participation schemas
 (:mod:`.participation`), what a training run asks for (:mod:`.spec`) and the sensitivity of a
-strategy under a schema (:mod:`.sensitivity`).
+strategy under a schema (:mod:`.sensitivity`), and the check that a recorded release's
+sensitivity is what its parameters give (:mod:`.verification`).
 
 Example:
     >>> from dpledger.mechanisms.correlated import (
@@ -27,6 +28,7 @@ from dpledger.mechanisms.correlated.noise import (
     noise_for,
 )
 from dpledger.mechanisms.correlated.participation import ParticipationKind, ParticipationSchema
+from dpledger.mechanisms.correlated.rebuild import strategy_matrix
 from dpledger.mechanisms.correlated.release import (
     CorrelatedNoiseRelease,
     count_bands,
@@ -52,6 +54,11 @@ from dpledger.mechanisms.correlated.strategies import (
     tree_factorization,
     tree_nodes,
 )
+from dpledger.mechanisms.correlated.verification import (
+    RecomputedRelease,
+    recompute_release,
+    verified_release,
+)
 
 __all__ = [
     "BandedNoise",
@@ -63,6 +70,7 @@ __all__ = [
     "NoiseStrategy",
     "ParticipationKind",
     "ParticipationSchema",
+    "RecomputedRelease",
     "SensitivityResult",
     "TreeNoise",
     "banded_toeplitz_factorization",
@@ -77,8 +85,11 @@ __all__ = [
     "optimize_blt",
     "prefix_error",
     "prefix_sum_workload",
+    "recompute_release",
     "release_event",
     "sensitivity",
+    "strategy_matrix",
     "tree_factorization",
     "tree_nodes",
+    "verified_release",
 ]

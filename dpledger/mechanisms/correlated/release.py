@@ -19,8 +19,9 @@ from dpledger.ledger.ledger import PrivacyLedger
 from dpledger.mechanisms.clipping import rounding_clip_margin
 from dpledger.mechanisms.correlated.noise import CorrelatedNoise, noise_for
 from dpledger.mechanisms.correlated.participation import ParticipationKind, ParticipationSchema
+from dpledger.mechanisms.correlated.rebuild import strategy_matrix
 from dpledger.mechanisms.correlated.sensitivity import sensitivity
-from dpledger.mechanisms.correlated.strategies import MatrixFactorization
+from dpledger.mechanisms.correlated.strategies import MatrixFactorization, matrix_hash
 from dpledger.mechanisms.sum_query import SensitivityCheckError, clip_records
 from dpledger.validation import check_positive_finite, check_probability
 
@@ -60,14 +61,28 @@ def release_event(
         label: what is released (informational).
 
     Raises:
-        InvalidParameterError: T differs, or amplification was asked for a strategy or schema
-            it does not hold for.
+        InvalidParameterError: T differs, the factorization's kind and parameters do not
+            rebuild its C (:func:`~dpledger.mechanisms.correlated.strategy_matrix`: the
+            accountants check the recorded sensitivity on it), or amplification was asked for
+            a strategy or schema it does not hold for.
     """
     if schema.num_steps != factorization.num_steps:
         raise InvalidParameterError(
             "schema", schema.num_steps, f"num_steps={factorization.num_steps} (the strategy's T)"
         )
     s = check_positive_finite("l2_norm_bound", l2_norm_bound)
+    # the accountants rebuild C from the recorded kind and parameters to check the recorded
+    # sensitivity (.verification): a factorization they do not rebuild is refused here, before
+    # anything is recorded
+    rebuilt = strategy_matrix(factorization.kind, factorization.params)
+    if matrix_hash(rebuilt) != factorization.strategy_hash:
+        raise InvalidParameterError(
+            "factorization",
+            factorization.kind,
+            "a factorization whose parameters determine its C (built by tree_factorization, "
+            "banded_toeplitz_factorization, blt_factorization or the optimisers)",
+        )
+    del rebuilt
     sens = sensitivity(factorization.strategy, schema)
     bands: int | None = None
     if sampling_probability is None:

@@ -39,7 +39,7 @@ import scipy.optimize
 import scipy.signal
 
 from dpledger.errors import ComputationBudgetError, InvalidParameterError
-from dpledger.validation import check_positive_int
+from dpledger.validation import FLOAT_INT_MAX, check_positive_int
 
 __all__ = [
     "MAX_MATRIX_BYTES",
@@ -72,12 +72,13 @@ MAX_MATRIX_BYTES = 2**30
 def _check_size(num_steps: int, rows: int, extra_entries: int = 0) -> None:
     """Refuse, before allocating, factorizations whose dense matrices exceed the budget: C
     (rows × T), B (T × rows), A (T × T) and ``extra_entries`` more, in float64."""
-    needed = 8.0 * (2 * rows * num_steps + num_steps * num_steps + extra_entries)
+    # in integers: T beyond the float64 range must be refused, not overflow the estimate
+    needed = 8 * (2 * rows * num_steps + num_steps * num_steps + extra_entries)
     if needed > MAX_MATRIX_BYTES:
         raise ComputationBudgetError(
             parameter="num_steps",
             value=num_steps,
-            estimated_bytes=needed,
+            estimated_bytes=float(needed) if needed <= FLOAT_INT_MAX else math.inf,
             budget_bytes=MAX_MATRIX_BYTES,
             suggestion="a factorization is dense (O(T²) memory): use fewer steps per stream",
         )
@@ -150,8 +151,14 @@ class MatrixFactorization:
 
 def tree_nodes(num_steps: int) -> list[tuple[int, int]]:
     """The complete dyadic intervals [start, start + 2^h) of [0, T), as (level h, start), in
-    the order they complete (by their last step; at one step, lower levels first)."""
+    the order they complete (by their last step; at one step, lower levels first).
+
+    Raises:
+        ComputationBudgetError: T so large that the tree's C (one row per node) would exceed
+            :data:`MAX_MATRIX_BYTES` (refused before the nodes are listed).
+    """
     t = check_positive_int("num_steps", num_steps)
+    _check_size(t, 2 * t)  # the nodes are the rows of the tree's C
     nodes = []
     for step in range(t):
         h = 0
@@ -202,9 +209,7 @@ def tree_factorization(num_steps: int, *, honaker: bool = False) -> MatrixFactor
     nodes = tree_nodes(t)
     index = {node: i for i, node in enumerate(nodes)}
     m = len(nodes)
-    c = np.zeros((m, t))
-    for i, (h, start) in enumerate(nodes):
-        c[i, start : start + (1 << h)] = 1.0
+    c = _tree_strategy(nodes, t)
     # est[i]: the row vector (over the m node noises) of node i's estimate
     est = np.eye(m)
     if honaker:
@@ -221,6 +226,14 @@ def tree_factorization(num_steps: int, *, honaker: bool = False) -> MatrixFactor
             b[step] += est[index[node]]
     kind = "tree_honaker" if honaker else "tree"
     return MatrixFactorization(kind, {"num_steps": t}, c, b)
+
+
+def _tree_strategy(nodes: list[tuple[int, int]], num_steps: int) -> Matrix:
+    """The tree's C: one 0/1 row per node, the node's interval."""
+    c = np.zeros((len(nodes), num_steps))
+    for i, (h, start) in enumerate(nodes):
+        c[i, start : start + (1 << h)] = 1.0
+    return c
 
 
 def _toeplitz(coeffs: Matrix, num_steps: int) -> Matrix:
@@ -290,19 +303,25 @@ def blt_factorization(
         theta: the buffers' decays θ_i, each in [0, 1).
     """
     t = check_positive_int("num_steps", num_steps)
+    w, th = _check_blt(omega, theta)
+    _check_size(t, t)
+    inv = _blt_inverse_coefficients(w, th, t)
+    c = inverse_toeplitz_coefficients(inv, t)
+    b = prefix_sum_workload(t) @ _toeplitz(inv, t)
+    params = {"num_steps": t, "omega": [float(x) for x in w], "theta": [float(x) for x in th]}
+    return MatrixFactorization("blt", params, _toeplitz(c, t), b)
+
+
+def _check_blt(
+    omega: Sequence[float] | Matrix, theta: Sequence[float] | Matrix
+) -> tuple[Matrix, Matrix]:
     w = np.asarray(omega, dtype=np.float64)
     th = np.asarray(theta, dtype=np.float64)
     if w.ndim != 1 or w.shape != th.shape or not np.all(np.isfinite(w)):
         raise InvalidParameterError("omega", omega, "a 1-D sequence as long as theta")
     if not np.all((th >= 0.0) & (th < 1.0)):
         raise InvalidParameterError("theta", theta, "decays in [0, 1)")
-    _check_size(t, t)
-    lags = np.arange(t - 1, dtype=np.float64)
-    inv = np.concatenate([[1.0], (w[None, :] * th[None, :] ** lags[:, None]).sum(axis=1)])
-    c = inverse_toeplitz_coefficients(inv, t)
-    b = prefix_sum_workload(t) @ _toeplitz(inv, t)
-    params = {"num_steps": t, "omega": [float(x) for x in w], "theta": [float(x) for x in th]}
-    return MatrixFactorization("blt", params, _toeplitz(c, t), b)
+    return w, th
 
 
 def prefix_error(coefficients: Sequence[float] | Matrix, num_steps: int) -> float:

@@ -377,6 +377,49 @@ def _weights(dp: Any) -> np.ndarray:
     return np.concatenate([np.asarray(v).ravel() for v in dp.model.trainable_variables])
 
 
+def test_a_seedless_run_saved_and_loaded_continues_the_uninterrupted_run(tmp_path):
+    """Reference: the same seedless run continued without interruption (same tolerance as the
+    save-and-load test above). With seed=None for the sampler and the model, the save keeps the
+    seeds drawn (the partition's and the noise's), so the loaded model continues the run's own
+    batches and noise on a copy of the ledger as it was at the save."""
+    spec = SPECS["bandmf_amplified"]
+    x, y = _data()
+    x = x.astype(np.float32)
+    sampler = CyclicSampler(
+        population_size=N,
+        period=spec.period,
+        num_steps=spec.num_steps,
+        sampling_probability=spec.sampling_probability,
+    )
+    keras.utils.set_random_seed(2)
+    dp = DPKerasModel(
+        keras.Sequential([keras.Input((5,)), keras.layers.Dense(3)]),
+        l2_norm_bound=S,
+        noise_multiplier=Z,
+        sampler=sampler,
+        ledger=PrivacyLedger(tmp_path / "a.ledger"),
+        noise=spec,
+    )
+    dp.compile(
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    dp.fit(x, y, epochs=1, verbose=0)
+    dp.save(tmp_path / "model.keras")
+    dp.ledger.flush()
+    (tmp_path / "b.ledger").write_bytes((tmp_path / "a.ledger").read_bytes())
+    dp.fit(x, y, epochs=1, verbose=0)
+    dp.ledger.close()
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    loaded.attach_ledger(PrivacyLedger(tmp_path / "b.ledger", resume=True))
+    loaded.fit(x, y, epochs=1, verbose=0)
+    loaded.ledger.close()
+    np.testing.assert_allclose(_weights(loaded), _weights(dp), rtol=1e-6, atol=1e-7)
+    a, b = PrivacyLedger.load(tmp_path / "a.ledger"), PrivacyLedger.load(tmp_path / "b.ledger")
+    assert a.correlated_releases == b.correlated_releases
+    assert a.stream_progress(0) == b.stream_progress(0) == spec.num_steps
+
+
 def test_an_older_save_is_refused_and_the_latest_continues(tmp_path):
     """Reference: an uninterrupted run of the same spec, seeds and batches (same tolerance as
     the save-and-load test above), and the ledger's progress: a save at p = 4 attached to the

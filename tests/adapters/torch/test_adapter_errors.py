@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -11,6 +13,8 @@ from torch.utils.data import TensorDataset
 from dpledger import PrivacyLedger
 from dpledger.adapters.torch import (
     DPOptimizer,
+    EngineStateError,
+    PerExampleGradientEngine,
     RecordDependenceError,
     UnsupportedParameterUseError,
     make_private,
@@ -60,6 +64,74 @@ def test_parent_using_a_childs_weight_names_the_parameter_and_its_module():
         dp.step()
     assert dp.ledger.num_events == 0
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+
+
+class OnlyTheParentCalled(nn.Module):
+    """No module's own forward runs: the parent uses its child's parameters directly."""
+
+    def __init__(self):
+        super().__init__()
+        self.child = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return F.linear(x, self.child.weight, self.child.bias)
+
+
+def _names_the_parent_use(info, parent: str, example: str) -> None:
+    message = str(info.value)
+    assert re.search(
+        r"child\.weight, (0\.)?child\.bias of module '(0\.)?child' \(Linear\)", message
+    )
+    assert f"whose parent is {parent}" in message
+    assert f"F.linear(x, self.{example})" in message
+    assert "register_grad_sampler" in message and "nothing to backpropagate" not in message
+
+
+@pytest.mark.parametrize("check_steps", [0, 1])
+def test_a_parent_using_its_only_childs_weight_names_the_module_and_the_cause(check_steps):
+    """Nothing the engine observes runs in the forward: it used to say "nothing to
+    backpropagate to" (after the check steps) or "no forward of the model" (during them)."""
+    torch.manual_seed(0)
+    model = OnlyTheParentCalled()
+    engine = PerExampleGradientEngine(model, loss_reduction="mean", check_steps=check_steps)
+    x, y = _batch()
+    with pytest.raises(UnsupportedParameterUseError, match=r"module 'child' \(Linear\)") as info:
+        engine.backward(F.cross_entropy(model(x), y))
+        engine.squared_norms()
+    _names_the_parent_use(info, "the model (OnlyTheParentCalled)", "child.weight")
+
+
+def test_make_private_with_a_parent_using_its_childs_weight_names_the_nested_parent():
+    torch.manual_seed(0)
+    model = nn.Sequential(OnlyTheParentCalled())
+    x, y = _batch()
+    model, opt, loader = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        TensorDataset(x, y),
+        l2_norm_bound=1.0,
+        noise_multiplier=1.0,
+        sampling_probability=0.5,
+        seed=0,
+    )
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(UnsupportedParameterUseError, match=r"0\.child\.weight") as info:
+        for xb, yb in loader:
+            opt.zero_grad()
+            F.cross_entropy(model(xb), yb).backward()
+            opt.step()
+    _names_the_parent_use(info, "'0' (OnlyTheParentCalled)", "child.weight")
+    assert opt.ledger.num_steps == 0
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+
+
+def test_a_loss_that_uses_no_parameter_still_says_nothing_to_backpropagate():
+    model = OnlyTheParentCalled()
+    engine = PerExampleGradientEngine(model, loss_reduction="mean", check_steps=0)
+    with torch.no_grad():
+        model(_batch()[0])
+    with pytest.raises(EngineStateError, match="nothing to backpropagate"):
+        engine.backward(torch.ones(1, requires_grad=True).sum() * 2)
 
 
 class TiedOutside(nn.Module):

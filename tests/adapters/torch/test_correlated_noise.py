@@ -10,6 +10,8 @@ dp-accounting's RDP accountant on the Gaussian of noise multiplier 1/μ.
 from __future__ import annotations
 
 import io
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -567,3 +569,75 @@ def test_a_checkpoint_from_before_the_first_step_cannot_start_a_second_release()
     with pytest.raises(NoiseSeedReuseError):
         _step(restored, opt2, x, y)
     assert len(ledger.correlated_releases) == 1 and ledger.stream_progress(0) == 2
+
+
+def _private_seedless(spec: CorrelatedNoiseSpec, ledger: PrivacyLedger) -> tuple:
+    """make_private with noise=spec and the default seed=None: the scheme's partition and the
+    noise seed are drawn from OS entropy."""
+    model = _model()
+    return make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        _data(),
+        l2_norm_bound=0.5,
+        noise_multiplier=1.3,
+        noise=spec,
+        ledger=ledger,
+    )
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        CorrelatedNoiseSpec(strategy="tree_honaker", num_steps=8, period=4),
+        CorrelatedNoiseSpec(
+            strategy="bandmf",
+            num_steps=8,
+            period=4,
+            bands=2,
+            amplified=True,
+            sampling_probability=0.6,
+        ),
+    ],
+)
+def test_a_seedless_make_private_run_resumes_bit_for_bit(
+    spec: CorrelatedNoiseSpec, tmp_path: Path
+) -> None:
+    """Reference: the same run continued without interruption. A run of make_private(noise=spec)
+    with seed=None is checkpointed after 3 steps (model and optimizer), its ledger file copied
+    as it was then; the run goes on to T. A fresh make_private(seed=None), which draws another
+    partition and noise seed, loads the checkpoint on the copied ledger and continues: it takes
+    over the checkpoint's scheme (the batches) and noise stream, and ends with the same weights
+    bit for bit and the same ledger events."""
+    model, opt, loader = _private_seedless(spec, PrivacyLedger(tmp_path / "a.dpl"))
+    _train(model, opt, loader, 3)
+    state = _checkpoint(model, opt)
+    shutil.copyfile(tmp_path / "a.dpl", tmp_path / "b.dpl")
+    _train(model, opt, loader, spec.num_steps - 3)
+    assert opt.ledger is not None
+    whole, events = model.weight.detach().clone(), list(opt.ledger.events())
+
+    model2, opt2, loader2 = _private_seedless(spec, PrivacyLedger(tmp_path / "b.dpl", resume=True))
+    assert loader2.batch_sampler.cyclic_scheme != loader.batch_sampler.cyclic_scheme
+    model2.load_state_dict(state["model"])
+    opt2.load_state_dict(state["opt"])
+    assert loader2.batch_sampler.cyclic_scheme == loader.batch_sampler.cyclic_scheme
+    _train(model2, opt2, loader2, spec.num_steps - 3)
+    assert torch.equal(model2.weight.detach(), whole)
+    assert opt2.ledger is not None and list(opt2.ledger.events()) == events
+
+
+def test_a_checkpoint_of_another_scheme_is_still_refused() -> None:
+    """Only the scheme's seed is taken over: a checkpoint of a sampler with another period,
+    T, q or population is refused, naming the scheme."""
+    spec = CorrelatedNoiseSpec(strategy="tree", num_steps=8, period=4)
+    sampler = CyclicBatchSampler.for_spec(spec, population_size=N, seed=1)
+    other = CyclicBatchSampler.for_spec(
+        CorrelatedNoiseSpec(strategy="tree", num_steps=8, period=2), population_size=N, seed=1
+    )
+    with pytest.raises(InvalidParameterError, match="scheme"):
+        sampler.load_state_dict(other.state_dict())
+    fewer = CyclicBatchSampler.for_spec(spec, population_size=N - 1, seed=1)
+    with pytest.raises(InvalidParameterError, match="scheme"):
+        sampler.load_state_dict(fewer.state_dict())
+    assert sampler.cyclic_scheme.seed == 1

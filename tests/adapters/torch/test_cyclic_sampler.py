@@ -49,7 +49,9 @@ def test_an_unreleased_step_is_drawn_again_by_the_next_pass() -> None:
         sampler.claim_step(len(second), step=2)  # the oldest draw is step 1's
 
 
-def test_state_dict_resumes_the_stream_and_refuses_another_scheme() -> None:
+def test_state_dict_resumes_the_stream_and_its_scheme_takes_over() -> None:
+    """A sampler of another seed (as make_private(seed=None) builds) takes over the checkpoint's
+    scheme and draws the checkpointed run's batches; another population is refused."""
     spec = CorrelatedNoiseSpec(strategy="tree", num_steps=8, period=4)
     sampler = CyclicBatchSampler.for_spec(spec, population_size=20, seed=0)
     for t, batch in enumerate(sampler):
@@ -61,8 +63,14 @@ def test_state_dict_resumes_the_stream_and_refuses_another_scheme() -> None:
     assert again.next_step == 4
     assert list(again) == [sampler.cyclic_scheme.draw(t).tolist() for t in range(4, 8)]
     other = CyclicBatchSampler.for_spec(spec, population_size=20, seed=1)
+    other.load_state_dict(state)
+    assert other.cyclic_scheme == sampler.cyclic_scheme
+    assert list(other) == [sampler.cyclic_scheme.draw(t).tolist() for t in range(4, 8)]
+    bigger = CyclicBatchSampler.for_spec(spec, population_size=21, seed=0)
     with pytest.raises(InvalidParameterError, match="scheme"):
-        other.load_state_dict(state)
+        bigger.load_state_dict(state)
+    with pytest.raises(InvalidParameterError, match="next_step"):
+        again.load_state_dict({**state, "next_step": 9})
 
 
 def test_what_a_cyclic_sampler_cannot_do_is_refused() -> None:
