@@ -157,14 +157,14 @@ class CorrelatedStream:
         """Refuse, after the first step, a clip bound or noise scale other than the release's.
 
         Raises:
-            InvalidParameterError: ``max_grad_norm`` or ``noise_multiplier`` changed
+            InvalidParameterError: ``l2_norm_bound`` or ``noise_multiplier`` changed
                 mid-stream: the recorded release would not describe the step.
         """
         if self.event is None:
             return
         if (l2_norm_bound, noise_stddev) != (self.event.l2_norm_bound, self.event.noise_stddev):
             raise InvalidParameterError(
-                "max_grad_norm / noise_multiplier",
+                "l2_norm_bound / noise_multiplier",
                 f"S={l2_norm_bound!r}, sigma={noise_stddev!r}",
                 f"the release's S={self.event.l2_norm_bound!r}, "
                 f"sigma={self.event.noise_stddev!r}: a correlated-noise stream keeps one "

@@ -118,7 +118,7 @@ class GradientQueries:
         max_grad_norm: deprecated name of ``l2_norm_bound``.
 
     Attributes:
-        l2_norm_bound: C (also :attr:`max_grad_norm`, its former name).
+        l2_norm_bound: C.
 
     Raises:
         InvalidParameterError: naming the bad argument.
@@ -149,7 +149,6 @@ class GradientQueries:
         )
         spelled = "l2_norm_bound" if max_grad_norm is None else "max_grad_norm"
         self.l2_norm_bound = check_positive_finite(spelled, bound)
-        self.max_grad_norm = self.l2_norm_bound
         self.noise_multiplier = check_non_negative_finite("noise_multiplier", noise_multiplier)
         self.clipping = ClippingStrategy.parse(clipping)
         check_allocation_methods(clip_split=clip_split, noise_allocation=noise_allocation)
@@ -200,13 +199,13 @@ class GradientQueries:
                 )
         return queries
 
-    def with_values(self, *, max_grad_norm: float, noise_multiplier: float) -> GradientQueries:
+    def with_values(self, *, l2_norm_bound: float, noise_multiplier: float) -> GradientQueries:
         """The same grouping and strategy with another C and z."""
-        if max_grad_norm == self.max_grad_norm and noise_multiplier == self.noise_multiplier:
+        if l2_norm_bound == self.l2_norm_bound and noise_multiplier == self.noise_multiplier:
             return self
         return GradientQueries(
             self._sizes,
-            l2_norm_bound=max_grad_norm,
+            l2_norm_bound=l2_norm_bound,
             noise_multiplier=noise_multiplier,
             clipping=self.clipping,
             groups=self._groups_spec,

@@ -393,7 +393,7 @@ class DPOptimizer(
             {n: p.numel() for n, p in self._params.items()}, **config.query_arguments()
         )
         self._query_cache = {
-            (self._queries.max_grad_norm, self._queries.noise_multiplier): self._queries
+            (self._queries.l2_norm_bound, self._queries.noise_multiplier): self._queries
         }
         self._names = tuple(self._params)
         self._index_of = {n: i for i, n in enumerate(self._names)}

@@ -161,7 +161,7 @@ def test_ledger_records_q_n_and_exactly_the_bound_and_noise_used():
     ledger = PrivacyLedger()
     dp = wrap(model, l2_norm_bound=1.5, noise_multiplier=1.1, ledger=ledger, seed=0)
     one_step(model, dp, x, y)
-    dp.max_grad_norm = 0.5
+    dp.l2_norm_bound = 0.5
     dp.noise_multiplier = 2.0
     one_step(model, dp, x, y)
     first, second = _steps(ledger)
@@ -493,8 +493,8 @@ def test_a_trained_model_and_its_optimizer_can_be_garbage_collected():
 def test_hyperparameters_set_between_steps_are_validated():
     dp = wrap(small_cnn())
     for name, value in [
-        ("max_grad_norm", 0.0),
-        ("max_grad_norm", True),
+        ("l2_norm_bound", 0.0),
+        ("l2_norm_bound", True),
         ("noise_multiplier", -1.0),
         ("noise_multiplier", math.nan),
     ]:
