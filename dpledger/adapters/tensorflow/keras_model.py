@@ -161,9 +161,6 @@ class DPKerasModel(SavedDPModel, keras.Model):
             (:mod:`~dpledger.adapters.tensorflow.record_probe`; nothing is recorded). False
             switches it off and logs a warning.
         name: the wrapper's name.
-        l2_norm_clip: deprecated name of ``l2_norm_bound`` (a :class:`DeprecationWarning`).
-        method: deprecated name of ``strategy``: ``"auto"``, ``"fast"`` (``strategy="ghost"``)
-            or ``"vectorized"`` (``strategy="generic"``).
         noise: ``"independent"`` (DP-SGD, default) or a
             :class:`~dpledger.mechanisms.correlated.CorrelatedNoiseSpec`: one correlated-noise
             release over the spec's T steps, with σ = z·S, drawn from a
@@ -171,8 +168,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
             (:mod:`~dpledger.adapters.tensorflow.correlated_model`; one group, no ``generator``).
 
     The fields of :class:`~dpledger.mechanisms.DPConfig` given as None take the defaults above,
-    or the values of ``config``. The former ``groups`` values ``"per_variable"`` and lists of
-    lists of paths still work, with a :class:`DeprecationWarning`.
+    or the values of ``config``.
 
     Raises:
         InvalidParameterError: a bad argument (naming it), or a ledger whose neighbouring
@@ -206,8 +202,6 @@ class DPKerasModel(SavedDPModel, keras.Model):
         bias_callback: ClippingBiasCallback | None = None,
         check_record_independence: bool = True,
         name: str | None = None,
-        l2_norm_clip: float | None = None,
-        method: str | None = None,
         noise: Any = "independent",
     ) -> None:
         if not isinstance(model, keras.Model):

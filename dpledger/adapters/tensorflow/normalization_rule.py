@@ -27,7 +27,7 @@ class LayerNormalizationRule(LayerGradientRule):
 
     The forward is Keras's own; x̂ is recomputed from the saved input for the norms with Keras's
     ``ops.layer_normalization`` without γ and β (x̂ = (x − mean)/√(var + ε), or x/√(var + ε)
-    with the deprecated ``rms_scaling``). Per-example γ and β gradients are materialised: they
+    with Keras's ``rms_scaling``). Per-example γ and β gradients are materialised: they
     have the size of the normalised axes only.
     """
 
@@ -68,7 +68,7 @@ class LayerNormalizationRule(LayerGradientRule):
             x = c.saved
             rank = x.shape.rank
             axes = self._axes(layer, rank)
-            with warnings.catch_warnings():  # rms_scaling's deprecation, already shown by Keras
+            with warnings.catch_warnings():  # rms_scaling's warning, already shown by Keras
                 warnings.simplefilter("ignore")
                 # Keras's own formula without γ and β, so that x̂ rounds as in the forward.
                 x_hat = keras.ops.layer_normalization(

@@ -145,13 +145,3 @@ __all__ = [
     "unregister_grad_sampler",
     "virtual_batches",
 ]
-
-
-def __getattr__(name: str) -> object:
-    """``samplers``: the former name of :mod:`~dpledger.adapters.torch.layer_rules` (per-layer
-    gradient rules, not batch samplers), kept for one release with a warning."""
-    if name == "samplers":
-        import importlib
-
-        return importlib.import_module("dpledger.adapters.torch.samplers")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

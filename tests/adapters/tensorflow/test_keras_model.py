@@ -193,8 +193,8 @@ def test_bad_inputs_are_refused_with_what_to_change():
         DPKerasModel(model, **{**ok, "noise_multiplier": float("nan")})
     with pytest.raises(InvalidParameterError, match="sampling_probability"):
         DPKerasModel(model, **{**ok, "sampling_probability": 1.01})
-    with pytest.raises(InvalidParameterError, match="method"):
-        DPKerasModel(model, **ok, method="ghost")
+    with pytest.raises(InvalidParameterError, match="strategy"):
+        DPKerasModel(model, **ok, strategy="fast")
     with pytest.raises(InvalidParameterError, match="sampler"):
         DPKerasModel(model, sampler=object(), l2_norm_bound=1.0, noise_multiplier=1.0)
     with pytest.raises(InvalidParameterError, match="model"):

@@ -202,16 +202,3 @@ def test_prefer_per_example_decisions():
     conv2 = nn.Conv2d(16, 32, 4, 2)  # G_i (8192) larger than input + output (3504): fast path
     x2 = torch.zeros(2, 16, 13, 13)
     assert not conv_prefers_per_example(conv2, (x2,), conv2(x2))
-
-
-def test_former_package_name_is_a_deprecated_alias_of_layer_rules() -> None:
-    import importlib
-    import sys
-
-    from dpledger.adapters.torch import layer_rules
-
-    sys.modules.pop("dpledger.adapters.torch.samplers", None)
-    with pytest.warns(DeprecationWarning, match="layer_rules"):
-        former = importlib.import_module("dpledger.adapters.torch.samplers")
-    assert former.linear is layer_rules.linear
-    assert importlib.import_module("dpledger.adapters.torch.samplers.conv") is layer_rules.conv

@@ -383,7 +383,6 @@ def test_a_learning_rate_scheduler_drives_the_wrapped_optimizer():
         ({"clip_margin": 0.5}, "clip_margin"),
         ({"clip_margin": -0.1}, "clip_margin"),
         ({"clip_margin": True}, "clip_margin"),
-        ({"backend": "torch"}, "backend"),
     ],
 )
 def test_bad_arguments_are_refused_with_the_parameter_named(kwargs, parameter):
