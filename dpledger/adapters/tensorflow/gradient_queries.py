@@ -50,25 +50,25 @@ from dpledger.validation import check_non_negative_finite, check_positive_finite
 
 __all__ = ["GradientQueries", "gradient_queries"]
 
-_METHOD_OF_STRATEGY = {"auto": "auto", "ghost": "fast", "generic": "vectorized"}
+_STRATEGIES = ("auto", "ghost", "generic")
 
 
-def engine_method(*, strategy: str | None) -> str:
-    """The engine's ``method`` for ``strategy=`` (``"auto"``, ``"ghost"``, ``"generic"``).
+def engine_strategy(strategy: str | None) -> str:
+    """The engine's ``strategy`` (``"auto"``, ``"ghost"``, ``"generic"``; None: ``"auto"``).
 
     Raises:
         InvalidParameterError: a value outside the strategies (``"per_example"`` has no
             TensorFlow engine).
     """
     strategy = check_strategy("strategy", "auto" if strategy is None else strategy)
-    if strategy not in _METHOD_OF_STRATEGY:
+    if strategy not in _STRATEGIES:
         raise InvalidParameterError(
             "strategy",
             strategy,
             "'auto', 'ghost' or 'generic' with TensorFlow ('generic' materialises the "
             "per-example gradients of any model)",
         )
-    return _METHOD_OF_STRATEGY[strategy]
+    return strategy
 
 
 @attrs.frozen
@@ -78,14 +78,14 @@ class AdapterSettings:
     Attributes:
         config: the step's config; None with explicit ``queries`` (which take none).
         groups: the groups, in the shared vocabulary.
-        method: the engine's method (``"auto"``, ``"fast"``, ``"vectorized"``).
+        strategy: the engine's strategy (``"auto"``, ``"ghost"``, ``"generic"``).
         clip_margin: ρ, or None (by dtype).
         explicit: with explicit ``queries``, the keywords of :func:`gradient_queries`.
     """
 
     config: DPConfig | None
     groups: Any
-    method: str
+    strategy: str
     clip_margin: float | None
     explicit: Mapping[str, Any] | None = None
 
@@ -121,7 +121,7 @@ def adapter_settings(
         return AdapterSettings(
             config=None,
             groups="all" if groups is None else groups,
-            method=engine_method(strategy=strategy),
+            strategy=engine_strategy(strategy),
             clip_margin=check_clip_margin("clip_margin", clip_margin),
             explicit={
                 "queries": queries,
@@ -144,7 +144,7 @@ def adapter_settings(
     return AdapterSettings(
         config=config,
         groups=config.groups,
-        method=engine_method(strategy=config.strategy),
+        strategy=engine_strategy(config.strategy),
         clip_margin=config.clip_margin,
     )
 

@@ -223,7 +223,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
             events = step_events_of(sampler, sampling_probability, population_size)
         # The engine refuses record-mixing layers now; it gets the loss at compile time.
         PerExampleGradientEngine(
-            model, lambda y, p: tf.zeros(tf.shape(p)[:1]), method=settings.method
+            model, lambda y, p: tf.zeros(tf.shape(p)[:1]), strategy=settings.strategy
         )
         self.model = model
         self._dp_groups = settings.groups
@@ -237,7 +237,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
         self._dp_iterator: Any = None  # the iterator of the current epoch, and the next
         self._dp_position = 0  # step's position in it
         self._dp_generator = generator_of(generator, seed)
-        self._dp_method = settings.method
+        self._dp_strategy = settings.strategy
         self._dp_margin = settings.clip_margin
         self._dp_bias_callback = check_bias_callback(bias_callback)
         self._dp_loss: Any = None
@@ -341,7 +341,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
         if first is None:
             return
         inputs, targets, weights = keras.utils.unpack_x_y_sample_weight(first)
-        engine = PerExampleGradientEngine(self.model, self._dp_loss, method=self._dp_method)
+        engine = PerExampleGradientEngine(self.model, self._dp_loss, strategy=self._dp_strategy)
         if probe_record_independence(
             self.model, engine=engine, inputs=inputs, targets=targets, sample_weight=weights
         ):
@@ -440,7 +440,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
         ledger = self._attached_ledger()
         if self._dp_loss is None:
             raise PerExampleLossError("compile the DPKerasModel with a loss before fit")
-        engine = PerExampleGradientEngine(self.model, self._dp_loss, method=self._dp_method)
+        engine = PerExampleGradientEngine(self.model, self._dp_loss, strategy=self._dp_strategy)
         variables = engine.trainable_variables
         expected = [id(v) for v in variables]
         queries = self._dp_queries

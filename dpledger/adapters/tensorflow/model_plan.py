@@ -103,13 +103,13 @@ def refuse_batch_axis_normalization(layer: keras.layers.Layer) -> None:
 
 
 def fast_path_plan(
-    model: keras.Model, variables: tuple[Any, ...], *, method: str
+    model: keras.Model, variables: tuple[Any, ...], *, strategy: str
 ) -> tuple[tuple[PlanEntry, ...] | None, str | None]:
     """The fast path's plan for ``model``: one entry per layer with a rule and trainable
     variables (the rule, its variables and their positions in ``variables``), or None and the
     reason the fast path cannot serve the model."""
-    if method == "vectorized":
-        return None, "method='vectorized' was requested"
+    if strategy == "generic":
+        return None, "strategy='generic' was requested"
     slot_of = {id(v): i for i, v in enumerate(variables)}
     entries: list[PlanEntry] = []
     covered: dict[int, str] = {}

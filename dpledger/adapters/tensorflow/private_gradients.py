@@ -165,7 +165,7 @@ class PrivateGradients:
         check_probe_switch(check_record_independence)
         self._probed = not check_record_independence
         settings = settings_of_arguments(locals())
-        engine = PerExampleGradientEngine(model, loss, method=settings.method)
+        engine = PerExampleGradientEngine(model, loss, strategy=settings.strategy)
         check_built(model)
         self._compiled: Callable[..., Any] | None = None
         self._last_position: int | None = None  # the last eager step_in_epoch that stepped
