@@ -39,6 +39,7 @@ from dpledger.validation import (
 )
 
 __all__ = [
+    "FLAT_LABEL",
     "GROUPINGS",
     "STRATEGIES",
     "DPConfig",
@@ -57,6 +58,10 @@ Strategy = Literal["auto", "ghost", "per_example", "generic"]
 
 GROUPINGS = ("all", "per_layer", "per_parameter")
 """The named groupings; a mapping ``{label: [names]}`` is the explicit one."""
+
+FLAT_LABEL = "gradient"
+"""The ledger label of the one group of ``groups="all"`` (the record's whole gradient, clipped as
+one vector), the same from PyTorch and from Keras."""
 
 STRATEGIES = ("auto", "ghost", "per_example", "generic")
 """The values of :attr:`DPConfig.strategy`."""

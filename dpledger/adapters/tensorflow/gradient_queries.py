@@ -45,7 +45,7 @@ from dpledger.mechanisms import (
     allocate,
 )
 from dpledger.mechanisms.clipping import check_clip_margin
-from dpledger.mechanisms.config import check_groups, check_strategy
+from dpledger.mechanisms.config import FLAT_LABEL, check_groups, check_strategy
 from dpledger.validation import check_non_negative_finite, check_positive_finite
 
 __all__ = ["GradientQueries", "gradient_queries"]
@@ -223,7 +223,7 @@ def _group_members(variables: Sequence[Any], groups: Any) -> tuple[list[list[int
     count = len(variables)
     groups = check_groups("groups", "all" if groups is None else groups)
     if groups == "all":
-        return [list(range(count))], ["gradient"]
+        return [list(range(count))], [FLAT_LABEL]
     if groups == "per_parameter":
         return [[j] for j in range(count)], [_path(v) for v in variables]
     if groups == "per_layer":

@@ -37,12 +37,12 @@ from dpledger.mechanisms import (
     allocate,
 )
 from dpledger.mechanisms.allocation import check_allocation_methods
+from dpledger.mechanisms.config import FLAT_LABEL
 from dpledger.validation import check_non_negative_finite, check_positive_finite
 
 __all__ = ["GradientQueries", "Grouping"]
 
 Grouping = Literal["all", "per_layer", "per_parameter"] | Mapping[str, Sequence[str]]
-FLAT_LABEL = "gradients"
 ROOT_LABEL = "<model>"
 
 

@@ -166,8 +166,8 @@ def test_ledger_records_q_n_and_exactly_the_bound_and_noise_used():
     one_step(model, dp, x, y)
     first, second = _steps(ledger)
     assert first.sampling == SamplingEvent(Q, N)
-    assert first.queries == (SumQueryEvent(1.5, 1.1 * 1.5, "gradients"),)
-    assert second.queries == (SumQueryEvent(0.5, 2.0 * 0.5, "gradients"),)
+    assert first.queries == (SumQueryEvent(1.5, 1.1 * 1.5, "gradient"),)
+    assert second.queries == (SumQueryEvent(0.5, 2.0 * 0.5, "gradient"),)
     assert ledger.runs()[1].noise_multiplier == 2.0
 
 
