@@ -13,16 +13,6 @@ from dpledger.adapters.tensorflow.engine import (
     PerExampleGradientEngine,
     PerExampleNorms,
 )
-from dpledger.adapters.tensorflow.errors import (
-    LedgerNotAttachedError,
-    NoiseSeedReuseError,
-    NoiseStreamEndError,
-    NoiseStreamRollbackError,
-    PerExampleLossError,
-    RecordMixingLayerError,
-    UnrecordedTrainingWarning,
-    UnsupportedLayerError,
-)
 from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, gradient_queries
 from dpledger.adapters.tensorflow.keras_model import DPKerasModel, make_private
 from dpledger.adapters.tensorflow.layer_rules import (
@@ -52,6 +42,15 @@ from dpledger.adapters.tensorflow.sampling import (
     ShuffleSampler,
     TruncatedPoissonSampler,
 )
+from dpledger.errors import (
+    LedgerNotAttachedError,
+    NoiseStreamEndError,
+    PerExampleLossError,
+    RecordMixingLayerError,
+    UnrecordedTrainingWarning,
+    UnsupportedLayerError,
+)
+from dpledger.ledger.correlated import NoiseSeedReuseError, NoiseStreamRollbackError
 
 __all__ = [
     "BallsInBinsSampler",

@@ -40,10 +40,10 @@ rule, is used only inside that layer's forward, and every such layer sees the wh
 axis 0; otherwise it falls back to the vectorised path and logs why, once per engine.
 
 Models whose layers mix the records of a batch are refused with
-:class:`~dpledger.adapters.tensorflow.errors.RecordMixingLayerError` (BatchNormalization in
+:class:`~dpledger.errors.RecordMixingLayerError` (BatchNormalization in
 training mode, stateful RNNs): per-example gradients are not defined for them. Recurrent
 layers with ``recurrent_dropout`` are refused with
-:class:`~dpledger.adapters.tensorflow.errors.UnsupportedLayerError`.
+:class:`~dpledger.errors.UnsupportedLayerError`.
 
 Regularisation losses in ``model.losses`` are not per-example terms and are not included here.
 """
@@ -59,7 +59,6 @@ import keras
 import tensorflow as tf
 
 from dpledger.adapters.tensorflow import layer_rules as _layer_rules  # noqa: F401 (registers)
-from dpledger.adapters.tensorflow.errors import UnsupportedLayerError
 from dpledger.adapters.tensorflow.layer_taps import (
     FastPathUnsupportedError,
     batch_size_of,
@@ -77,7 +76,7 @@ from dpledger.adapters.tensorflow.norm_paths import (
     fast_norms,
     vectorized_norms,
 )
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import InvalidParameterError, UnsupportedLayerError
 
 __all__ = [
     "ClippedGradients",

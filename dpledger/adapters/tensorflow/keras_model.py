@@ -26,12 +26,12 @@ Saving: ``dp_model.save(path)`` and ``keras.models.load_model(path)`` give back 
 compiled loss and optimizer, and the DP configuration (:attr:`DPKerasModel.dp_config`, the
 sampling event); see :mod:`~dpledger.adapters.tensorflow.model_saving`. The ledger is a file the
 user owns and is not saved: the loaded model raises
-:class:`~dpledger.adapters.tensorflow.errors.LedgerNotAttachedError` on training until
+:class:`~dpledger.errors.LedgerNotAttachedError` on training until
 :meth:`DPKerasModel.attach_ledger` gives it one (``PrivacyLedger(path, resume=True)`` continues
 the run's file), so it never starts a new ledger that would pass for the old one.
 
 Training the wrapped model itself (its ``fit``, ``train_on_batch`` or ``train_step``) after
-wrapping warns with :class:`~dpledger.adapters.tensorflow.errors.UnrecordedTrainingWarning`
+wrapping warns with :class:`~dpledger.errors.UnrecordedTrainingWarning`
 (:mod:`~dpledger.adapters.tensorflow.inner_training`): such steps are neither private nor
 recorded.
 
@@ -68,7 +68,6 @@ from dpledger.adapters.tensorflow.correlated_model import (
 from dpledger.adapters.tensorflow.correlated_step import CorrelatedDPStep, CorrelatedStream
 from dpledger.adapters.tensorflow.dp_step import DPStep
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
-from dpledger.adapters.tensorflow.errors import LedgerNotAttachedError, PerExampleLossError
 from dpledger.adapters.tensorflow.fit_data import (
     BATCH_SOURCES,
     check_sampled_batches,
@@ -90,7 +89,7 @@ from dpledger.adapters.tensorflow.record_probe import (
 from dpledger.adapters.tensorflow.step_events import StepEvents, step_events_of
 from dpledger.adapters.tensorflow.train_function import dp_train_function
 from dpledger.diagnostics.bias import ClippingBiasCallback
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import InvalidParameterError, LedgerNotAttachedError, PerExampleLossError
 from dpledger.ledger import PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, DPConfig, GaussianSumQuery
 

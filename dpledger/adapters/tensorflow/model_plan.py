@@ -12,9 +12,9 @@ from typing import Any
 import attrs
 import keras
 
-from dpledger.adapters.tensorflow.errors import RecordMixingLayerError
 from dpledger.adapters.tensorflow.recurrent_rules import refuse_unsupported_recurrent
 from dpledger.adapters.tensorflow.registry import LayerGradientRule, layer_rule
+from dpledger.errors import RecordMixingLayerError
 
 __all__ = [
     "ModelAnalysis",

@@ -10,7 +10,6 @@ import warnings
 import keras
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.errors import RecordMixingLayerError
 from dpledger.adapters.tensorflow.registry import LayerGradientRule, register_layer_rule
 from dpledger.adapters.tensorflow.rule_algebra import (
     _common_unsupported,
@@ -18,6 +17,7 @@ from dpledger.adapters.tensorflow.rule_algebra import (
     _first_input,
     _rows_sq,
 )
+from dpledger.errors import RecordMixingLayerError
 
 __all__ = ["LayerNormalizationRule"]
 

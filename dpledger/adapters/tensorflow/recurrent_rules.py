@@ -53,7 +53,6 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.errors import RecordMixingLayerError, UnsupportedLayerError
 from dpledger.adapters.tensorflow.registry import register_layer_rule
 from dpledger.adapters.tensorflow.rule_algebra import (
     _common_unsupported,
@@ -63,6 +62,7 @@ from dpledger.adapters.tensorflow.rule_algebra import (
     _positions,
     _rows_sq,
 )
+from dpledger.errors import RecordMixingLayerError, UnsupportedLayerError
 
 __all__ = [
     "GRURule",

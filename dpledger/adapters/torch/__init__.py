@@ -41,16 +41,6 @@ from dpledger.adapters.torch.batch_samplers import (
 from dpledger.adapters.torch.cyclic_sampler import CyclicBatchSampler
 from dpledger.adapters.torch.distributed import DistributedPoissonBatchSampler
 from dpledger.adapters.torch.engine import LossReduction, PerExampleGradientEngine, Strategy
-from dpledger.adapters.torch.errors import (
-    EngineStateError,
-    NoiseSeedReuseError,
-    NoiseStreamEndError,
-    NoiseStreamRollbackError,
-    RecordDependenceError,
-    RecordMixingModuleError,
-    UnsupportedModuleError,
-    UnsupportedParameterUseError,
-)
 from dpledger.adapters.torch.factors import expand_factors
 from dpledger.adapters.torch.functional_gradients import (
     FunctionalPerExampleEngine,
@@ -91,6 +81,15 @@ from dpledger.adapters.torch.sampler_base import (
 )
 from dpledger.adapters.torch.user_level import UserBatch, UserPoissonBatchSampler
 from dpledger.adapters.torch.virtual_batches import split_batch, virtual_batches
+from dpledger.errors import (
+    EngineStateError,
+    NoiseStreamEndError,
+    RecordDependenceError,
+    RecordMixingLayerError,
+    UnsupportedLayerError,
+    UnsupportedParameterUseError,
+)
+from dpledger.ledger.correlated import NoiseSeedReuseError, NoiseStreamRollbackError
 
 __all__ = [
     "BallsInBinsBatchSampler",
@@ -112,14 +111,14 @@ __all__ = [
     "PoissonBatchSampler",
     "PrivateTraining",
     "RecordDependenceError",
-    "RecordMixingModuleError",
+    "RecordMixingLayerError",
     "RecordedBatchSampler",
     "ShuffleBatchSampler",
     "StepwiseBatchSampler",
     "Strategy",
     "TorchBackend",
     "TruncatedPoissonBatchSampler",
-    "UnsupportedModuleError",
+    "UnsupportedLayerError",
     "UnsupportedParameterUseError",
     "UserBatch",
     "UserPoissonBatchSampler",

@@ -34,7 +34,7 @@ from dpledger.adapters.torch.engine_state import (
     _refuse_batch_stats,
     _Unit,
 )
-from dpledger.adapters.torch.errors import UnsupportedModuleError
+from dpledger.errors import UnsupportedLayerError
 
 __all__: list[str] = []  # internal to the engine
 
@@ -206,7 +206,7 @@ class CaptureHooks:
                 dims = unit.sampler.output_record_dims(module, args)
                 record_dims = [dims[i] for i in indices]
             elif not isinstance(output, torch.Tensor):
-                raise UnsupportedModuleError(
+                raise UnsupportedLayerError(
                     f"the grad sampler of {unit.label} needs a single tensor output, got "
                     f"{type(output).__name__}; register the type with output_record_dims, or "
                     "unregister it to use the generic path"

@@ -15,8 +15,7 @@ from typing import Any
 import torch
 
 from dpledger.adapters.torch.distributed import _common_seed, broadcast_tensors
-from dpledger.adapters.torch.errors import EngineStateError
-from dpledger.errors import InvalidParameterError, LedgerStateError
+from dpledger.errors import EngineStateError, InvalidParameterError, LedgerStateError
 
 __all__ = ["OptimizerCheckpoint"]
 

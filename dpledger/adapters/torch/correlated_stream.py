@@ -13,7 +13,7 @@ trains with a matrix mechanism instead of DP-SGD's independent noise
   is used) and adds w_t, the stream's noise (float64 from the seeded generator of
   :func:`~dpledger.mechanisms.correlated.noise_for`), to the clipped sum instead of
   independent noise;
-* step T + 1 is refused (:class:`~dpledger.adapters.torch.errors.NoiseStreamEndError`)
+* step T + 1 is refused (:class:`~dpledger.errors.NoiseStreamEndError`)
   before anything is claimed, released or recorded.
 
 The override points keep their contracts: ``clip`` still gives the clipped sums and
@@ -37,8 +37,7 @@ import attrs
 import numpy as np
 import torch
 
-from dpledger.adapters.torch.errors import NoiseStreamEndError
-from dpledger.errors import InvalidParameterError, LedgerStateError
+from dpledger.errors import InvalidParameterError, LedgerStateError, NoiseStreamEndError
 from dpledger.ledger import PrivacyLedger
 from dpledger.ledger.correlated import (
     CorrelatedReleaseEvent,

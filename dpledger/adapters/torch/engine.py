@@ -41,7 +41,7 @@ The one case that can be told is a loss that is the direct output of a PyTorch l
 its reduction (``cross_entropy``, ``nll_loss``, ``mse_loss``, …): on the first step, whether the
 loss was handed to :meth:`PerExampleGradientEngine.backward` or differentiated by a plain
 ``loss.backward()``, the engine reads that reduction and warns
-(:class:`~dpledger.adapters.torch.errors.LossReductionWarning`) when it contradicts the
+(:class:`~dpledger.errors.LossReductionWarning`) when it contradicts the
 declaration (:mod:`~dpledger.adapters.torch.loss_reduction` says how, and when it claims
 nothing). Any other loss (a ``.sum()``, a ``.mean()``, a rescaled loss) is not judged.
 
@@ -51,7 +51,7 @@ which skips computing the batch gradient of every weight that the clipped sum re
 On checking steps it runs the ordinary backward.
 
 BatchNorm with batch statistics is refused at construction and at every forward
-(:class:`~dpledger.adapters.torch.errors.RecordMixingModuleError`); frozen BatchNorm (evaluation
+(:class:`~dpledger.errors.RecordMixingLayerError`); frozen BatchNorm (evaluation
 mode, running statistics) is a per-example affine map and is supported, trainable or not.
 
 A *step* is one forward of the model with gradients enabled and the backward after it: each such
@@ -84,13 +84,12 @@ from torch import nn
 from dpledger.adapters.torch import layer_rules as _builtin_layer_rules  # noqa: F401  (registers)
 from dpledger.adapters.torch.capture_hooks import CaptureHooks
 from dpledger.adapters.torch.engine_state import _check_unit, _StepState, _Unit
-from dpledger.adapters.torch.errors import EngineStateError
 from dpledger.adapters.torch.factors import expand_factors
 from dpledger.adapters.torch.loss_reduction import LossReductionCheck, _loss_reduction_of
 from dpledger.adapters.torch.module_checks import check_module_configuration
 from dpledger.adapters.torch.registry import get_grad_sampler
 from dpledger.adapters.torch.step_finalisation import StepFinalisation
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import EngineStateError, InvalidParameterError
 
 __all__ = ["LossReduction", "PerExampleGradientEngine", "Strategy"]
 
@@ -121,8 +120,8 @@ class PerExampleGradientEngine(CaptureHooks, StepFinalisation, LossReductionChec
         generic_chunk_size: examples per ``vmap`` chunk in generic units; None for all.
 
     Raises:
-        RecordMixingModuleError: BatchNorm that uses batch statistics.
-        UnsupportedModuleError: a module option that mixes records (``scale_grad_by_freq``), or
+        RecordMixingLayerError: BatchNorm that uses batch statistics.
+        UnsupportedLayerError: a module option that mixes records (``scale_grad_by_freq``), or
             a configuration a grad sampler refuses (its ``check_fn``: e.g. an LSTM with
             ``proj_size``); a sampler's refusal of a forward's inputs (a ``PackedSequence``) is
             raised by that forward, before anything is recorded.

@@ -17,12 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpledger.adapters.torch.errors import RecordMixingModuleError, UnsupportedModuleError
 from dpledger.adapters.torch.layer_rules.normalization import (
     batch_norm_refusal_message,
     uses_batch_statistics,
 )
 from dpledger.adapters.torch.registry import GradSampler
+from dpledger.errors import RecordMixingLayerError, UnsupportedLayerError
 
 __all__: list[str] = []  # internal to the engine
 
@@ -153,8 +153,8 @@ def _check_unit(unit: _Unit, args: tuple | None) -> None:
         return
     try:
         unit.sampler.check_fn(unit.module, args)
-    except UnsupportedModuleError as exc:
-        raise UnsupportedModuleError(f"module {unit.label}: {exc}") from exc
+    except UnsupportedLayerError as exc:
+        raise UnsupportedLayerError(f"module {unit.label}: {exc}") from exc
 
 
 def _aligned(capture: _Capture) -> tuple[tuple, Any]:
@@ -185,4 +185,4 @@ def _aligned(capture: _Capture) -> tuple[tuple, Any]:
 
 def _refuse_batch_stats(name: str, module: nn.Module, args: tuple) -> None:
     if uses_batch_statistics(module):
-        raise RecordMixingModuleError(batch_norm_refusal_message(module, name or None))
+        raise RecordMixingLayerError(batch_norm_refusal_message(module, name or None))

@@ -112,7 +112,6 @@ from dpledger.adapters.torch.construction_checks import (
 )
 from dpledger.adapters.torch.correlated_stream import CorrelatedNoiseSetup
 from dpledger.adapters.torch.engine import LossReduction, Strategy
-from dpledger.adapters.torch.errors import EngineStateError
 from dpledger.adapters.torch.gradient_queries import GradientQueries, Grouping
 from dpledger.adapters.torch.gradient_source import GradientSource
 from dpledger.adapters.torch.module_checks import check_module_configuration
@@ -120,7 +119,7 @@ from dpledger.adapters.torch.optimizer_surface import OptimizerSurface
 from dpledger.adapters.torch.release import NoisyRelease, OptimizerNoiseBackend
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.adapters.torch.user_level import UserPoissonBatchSampler
-from dpledger.errors import LedgerStateError
+from dpledger.errors import EngineStateError, LedgerStateError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms import ClippingStrategy
 from dpledger.mechanisms.config import DPConfig
@@ -219,7 +218,7 @@ class DPOptimizer(
             (:mod:`~dpledger.adapters.torch.record_probe`) at the first forward with at least
             two records, and again whenever the model's modules or their training modes change:
             it changes record 0 of a few-record slice of the batch and refuses the model with
-            :class:`~dpledger.adapters.torch.errors.RecordDependenceError` if another record's
+            :class:`~dpledger.errors.RecordDependenceError` if another record's
             module outputs or per-example gradient move. False switches it off (a warning is
             logged: a model that mixes records makes the ledger's ε wrong). The functional path
             (``loss_fn``) needs no probe: it evaluates each example alone.
@@ -249,7 +248,7 @@ class DPOptimizer(
 
     Raises:
         InvalidParameterError: a bad argument, named with its value and what to change.
-        RecordMixingModuleError: the model has BatchNorm using batch statistics.
+        RecordMixingLayerError: the model has BatchNorm using batch statistics.
         RecordDependenceError: at a forward, the record-independence probe saw records mix
             (before anything is recorded).
     """

@@ -21,7 +21,7 @@ every record j ≥ 1,
 
 * that every module's output rows j are unchanged (forward hooks, in the order the calls end): the
   first module whose inputs are unchanged at rows j ≥ 1 but whose output is not is named in the
-  :class:`~dpledger.adapters.torch.errors.RecordDependenceError` (the model itself when the mixing
+  :class:`~dpledger.errors.RecordDependenceError` (the model itself when the mixing
   happens in its own forward between its children);
 * that record j's per-example gradient g_j is unchanged: ‖g_j^A − g_j^B‖ ≤ 1024·ε_dtype·(‖g_j^A‖ +
   ‖g_j^B‖). An unaffected record's result is computed by the same operations on the same values
@@ -53,9 +53,13 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dpledger.adapters.torch.errors import RecordDependenceError, UnsupportedModuleError
 from dpledger.adapters.torch.registry import get_grad_sampler
-from dpledger.errors import DPLedgerError, InvalidParameterError
+from dpledger.errors import (
+    DPLedgerError,
+    InvalidParameterError,
+    RecordDependenceError,
+    UnsupportedLayerError,
+)
 
 __all__ = ["PROBE_RECORDS", "model_fingerprint", "probe_record_independence", "records_in"]
 
@@ -302,7 +306,7 @@ def probe_record_independence(
     Raises:
         RecordDependenceError: a module's output, or a record's per-example gradient, moved
             when record 0 changed.
-        UnsupportedModuleError: the engine cannot give the probe batch per-example gradients.
+        UnsupportedLayerError: the engine cannot give the probe batch per-example gradients.
         InvalidParameterError: ``max_records`` < 2.
     """
     if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 2:
@@ -331,7 +335,7 @@ def probe_record_independence(
             exc = run["error"]
             if isinstance(exc, DPLedgerError):
                 raise exc
-            raise UnsupportedModuleError(
+            raise UnsupportedLayerError(
                 "dpledger's record-independence probe could not compute per-example gradients "
                 f"of the first {m} records: {type(exc).__name__}: {exc}"
             ) from exc
@@ -453,8 +457,8 @@ def _refuse_mixing_forward(calls_a: dict, calls_b: dict, m: int) -> None:
             "pooling over positions rather than the batch), keep the records along dimension 0 "
             "(batch_first=True for attention), or freeze batch statistics (eval mode with "
             "running statistics).",
-            module_name=name,
-            module_type=type(module).__name__,
+            layer_name=name,
+            layer_type=type(module).__name__,
         )
 
 
@@ -490,7 +494,7 @@ def _refuse_moved_gradients(
         "loss-like term inside the model). One record then moves every other record's clipped "
         "gradient, so the sum's sensitivity exceeds the clip norm and the ledger's epsilon "
         "would be wrong.",
-        module_name=None,
-        module_type=None,
+        layer_name=None,
+        layer_type=None,
         parameters=names,
     )

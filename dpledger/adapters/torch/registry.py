@@ -30,7 +30,7 @@ Two optional functions extend this protocol:
   gradient. The activations are passed as the module received them (the sampler knows their
   layout). Such a sampler must provide ``per_example_fn``.
 * ``check_fn(module, activations)`` raises
-  :class:`~dpledger.adapters.torch.errors.UnsupportedModuleError` for a configuration or an input
+  :class:`~dpledger.errors.UnsupportedLayerError` for a configuration or an input
   the sampler cannot handle. The engine calls it with ``activations=None`` when it is created
   (the module's configuration alone) and with the positional forward arguments before every
   forward it records, so that nothing is recorded for a refused call.
@@ -145,7 +145,7 @@ def register_grad_sampler(
         output_record_dims: ``(module, activations) -> tuple[int, ...]``, the record dimension
             of each output leaf; given, ``backprops`` is a tuple (see the module docstring).
         check_fn: ``(module, activations or None) -> None``, raising
-            :class:`~dpledger.adapters.torch.errors.UnsupportedModuleError` for what the sampler
+            :class:`~dpledger.errors.UnsupportedLayerError` for what the sampler
             does not support.
         applies_fn: ``(module) -> bool``, False for a module whose configuration the sampler
             does not reproduce exactly; the engine then gives that module the generic path

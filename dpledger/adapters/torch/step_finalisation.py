@@ -28,18 +28,18 @@ from dpledger.adapters.torch.engine_state import (
     _tied_dtype,
     _Unit,
 )
-from dpledger.adapters.torch.errors import (
-    EngineStateError,
-    UnsupportedModuleError,
-    UnsupportedParameterUseError,
-)
 from dpledger.adapters.torch.functional_gradients import (
     clipped_sum_of,
     module_per_example_gradients,
     squared_norms_of,
 )
 from dpledger.adapters.torch.registry import get_cross_term
-from dpledger.errors import DPLedgerError
+from dpledger.errors import (
+    DPLedgerError,
+    EngineStateError,
+    UnsupportedLayerError,
+    UnsupportedParameterUseError,
+)
 from dpledger.mechanisms.clipping import rounding_clip_margin
 
 __all__: list[str] = []  # internal to the engine
@@ -197,7 +197,7 @@ class StepFinalisation:
             except DPLedgerError:
                 raise
             except Exception as exc:
-                raise UnsupportedModuleError(
+                raise UnsupportedLayerError(
                     f"the per-example gradients of module '{unit.name}' "
                     f"({type(unit.module).__name__}) could not be computed on the generic path, "
                     f"which runs its forward on one record at a time (torch.func.vmap): "
@@ -220,7 +220,7 @@ class StepFinalisation:
         names = unit.local_to_global if names is None else names
         missing = [n for n in names if n not in out]
         if missing:
-            raise UnsupportedModuleError(
+            raise UnsupportedLayerError(
                 f"the grad sampler of {unit.label} returned no {what} for {missing}"
             )
         return {n: out[n] for n in names}

@@ -104,7 +104,7 @@ def test_functional_batch_norm_inside_a_custom_module_names_the_module():
     x, _ = _batch()
     with pytest.raises(RecordDependenceError, match=r"'1' \(OwnBatchNorm\)") as info:
         model(x)
-    assert (info.value.module_name, info.value.module_type) == ("1", "OwnBatchNorm")
+    assert (info.value.layer_name, info.value.layer_type) == ("1", "OwnBatchNorm")
     assert dp.ledger.num_events == 0
 
 

@@ -13,8 +13,8 @@ from dpledger.adapters.torch import (
     EngineStateError,
     FunctionalPerExampleEngine,
     PerExampleGradientEngine,
-    RecordMixingModuleError,
-    UnsupportedModuleError,
+    RecordMixingLayerError,
+    UnsupportedLayerError,
     UnsupportedParameterUseError,
     register_grad_sampler,
     unregister_grad_sampler,
@@ -282,18 +282,18 @@ def test_a_sampler_that_does_not_apply_leaves_the_module_to_the_generic_path():
 )
 def test_training_batchnorm_is_refused_with_advice(make):
     model = nn.Sequential(nn.Linear(3, 4), make())
-    with pytest.raises(RecordMixingModuleError) as err:
+    with pytest.raises(RecordMixingLayerError) as err:
         PerExampleGradientEngine(model, loss_reduction="mean")
     assert isinstance(err.value, ValueError) and isinstance(err.value, DPLedgerError)
     msg = str(err.value)
     assert "GroupNorm" in msg and "LayerNorm" in msg and "'1'" in msg
-    with pytest.raises(RecordMixingModuleError):
+    with pytest.raises(RecordMixingLayerError):
         FunctionalPerExampleEngine(model, F.cross_entropy)
 
 
 def test_batchnorm_without_running_stats_is_refused_even_in_eval():
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4, track_running_stats=False)).eval()
-    with pytest.raises(RecordMixingModuleError, match="track_running_stats"):
+    with pytest.raises(RecordMixingLayerError, match="track_running_stats"):
         PerExampleGradientEngine(model, loss_reduction="mean")
 
 
@@ -304,15 +304,15 @@ def test_batchnorm_switched_back_to_training_is_refused_at_forward():
     model(torch.randn(2, 3)).sum().backward()
     engine.squared_norms()
     model.train()
-    with pytest.raises(RecordMixingModuleError, match="training mode"):
+    with pytest.raises(RecordMixingLayerError, match="training mode"):
         model(torch.randn(2, 3))
-    with torch.no_grad(), pytest.raises(RecordMixingModuleError):
+    with torch.no_grad(), pytest.raises(RecordMixingLayerError):
         model(torch.randn(2, 3))  # running statistics would learn from the batch too
 
 
 def test_scale_grad_by_freq_is_refused():
     model = nn.Sequential(nn.Embedding(5, 3, scale_grad_by_freq=True))
-    with pytest.raises(UnsupportedModuleError, match="scale_grad_by_freq"):
+    with pytest.raises(UnsupportedLayerError, match="scale_grad_by_freq"):
         PerExampleGradientEngine(model, loss_reduction="mean")
 
 

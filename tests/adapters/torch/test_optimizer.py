@@ -18,7 +18,7 @@ from dpledger.adapters.torch import (
     DPOptimizer,
     EngineStateError,
     PoissonBatchSampler,
-    RecordMixingModuleError,
+    RecordMixingLayerError,
     make_private,
     poisson_data_loader,
 )
@@ -415,9 +415,9 @@ def test_optimizer_and_model_must_hold_the_same_parameters():
 
 def test_batchnorm_is_refused_by_the_wrapper_and_make_private():
     model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(32, 3))
-    with pytest.raises(RecordMixingModuleError, match="GroupNorm"):
+    with pytest.raises(RecordMixingLayerError, match="GroupNorm"):
         wrap(model)
-    with pytest.raises(RecordMixingModuleError, match="LayerNorm"):
+    with pytest.raises(RecordMixingLayerError, match="LayerNorm"):
         make_private(
             model,
             torch.optim.SGD(model.parameters(), lr=0.1),
