@@ -27,7 +27,7 @@ from dpledger.adapters.tensorflow.private_gradients import PrivateGradients, def
 from dpledger.adapters.tensorflow.recurrent_rules import GRURule, LSTMRule, SimpleRNNRule
 from dpledger.adapters.tensorflow.registry import (
     LayerCall,
-    LayerGradientRule,
+    LayerRule,
     layer_rule,
     register_layer_rule,
     registered_layer_types,
@@ -66,8 +66,8 @@ __all__ = [
     "GradientQueries",
     "LSTMRule",
     "LayerCall",
-    "LayerGradientRule",
     "LayerNormalizationRule",
+    "LayerRule",
     "LedgerNotAttachedError",
     "NoiseSeedReuseError",
     "NoiseStreamEndError",

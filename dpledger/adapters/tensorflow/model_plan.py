@@ -13,7 +13,7 @@ import attrs
 import keras
 
 from dpledger.adapters.tensorflow.recurrent_rules import refuse_unsupported_recurrent
-from dpledger.adapters.tensorflow.registry import LayerGradientRule, layer_rule
+from dpledger.adapters.tensorflow.registry import LayerRule, layer_rule
 from dpledger.errors import RecordMixingLayerError
 
 __all__ = [
@@ -31,7 +31,7 @@ class PlanEntry:
     """One layer the fast path taps: its rule, the rule's variables and their positions."""
 
     layer: keras.layers.Layer
-    rule: LayerGradientRule
+    rule: LayerRule
     variables: tuple[Any, ...]
     # position of each rule variable in the engine's trainable variables, or None if frozen
     slots: tuple[int | None, ...]
@@ -146,7 +146,7 @@ def fast_path_plan(
         problems.append(
             "no fast-path rule covers the trainable variable(s) "
             + ", ".join(repr(v.path) for v in missing)
-            + " (register a LayerGradientRule for their layer type)"
+            + " (register a LayerRule for their layer type)"
         )
     if problems:
         return None, "; ".join(problems)

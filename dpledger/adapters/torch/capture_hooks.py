@@ -189,7 +189,7 @@ class CaptureHooks:
             # gradient of this unit is the gradient with respect to its own copy: hand the
             # model a view expanded to the B records (the same values wherever it broadcasts)
             # so that the gradient arrives per record; the inputs of one row are expanded
-            # alike for the unit's grad sampler.
+            # alike for the unit's layer rule.
             leaves = list(leaves)
             for i in indices:
                 leaves[i] = leaves[i].expand(broadcast, *leaves[i].shape[1:])
@@ -207,7 +207,7 @@ class CaptureHooks:
                 record_dims = [dims[i] for i in indices]
             elif not isinstance(output, torch.Tensor):
                 raise UnsupportedLayerError(
-                    f"the grad sampler of {unit.label} needs a single tensor output, got "
+                    f"the layer rule of {unit.label} needs a single tensor output, got "
                     f"{type(output).__name__}; register the type with output_record_dims, or "
                     "unregister it to use the generic path"
                 )

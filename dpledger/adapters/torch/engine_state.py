@@ -4,7 +4,7 @@ A *unit* (:class:`_Unit`) is a module whose parameters the engine differentiates
 (see :mod:`~dpledger.adapters.torch.engine`); each forward call of a unit in a step leaves a
 :class:`_Capture` (its inputs, the gradient edges of its outputs and, after the backward, the
 gradients with respect to those outputs); the step's results are a :class:`_StepState`. The
-functions below read a capture the way the grad samplers need it (:func:`_aligned`: one floating
+functions below read a capture the way the layer rules need it (:func:`_aligned`: one floating
 dtype, at least float32) and decide whether a sampler can take it (:func:`_takes`).
 """
 
@@ -21,7 +21,7 @@ from dpledger.adapters.torch.layer_rules.normalization import (
     batch_norm_refusal_message,
     uses_batch_statistics,
 )
-from dpledger.adapters.torch.registry import GradSampler
+from dpledger.adapters.torch.registry import LayerRule
 from dpledger.errors import RecordMixingLayerError, UnsupportedLayerError
 
 __all__: list[str] = []  # internal to the engine
@@ -92,7 +92,7 @@ class _Capture:
 class _Unit:
     name: str
     module: nn.Module
-    sampler: GradSampler | None
+    sampler: LayerRule | None
     local_to_global: dict[str, str]
     captures: list[_Capture] = field(default_factory=list)
     # A generic unit's subtree's trainable parameters (local name -> global name), and the
@@ -127,7 +127,7 @@ def _tied_dtype(*captures: _Capture) -> torch.dtype:
     return dtype
 
 
-def _takes(sampler: GradSampler, capture: _Capture) -> bool:
+def _takes(sampler: LayerRule, capture: _Capture) -> bool:
     """Whether the sampler can take the capture's output gradients (else: generic path)."""
     if capture.record_dims is not None:
         return capture.has_grad
@@ -138,7 +138,7 @@ def _bound_arguments(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
     """A call's arguments as one positional tuple in ``forward``'s order, defaults filled in.
 
     Keyword arguments are placed where their parameter stands and every parameter not given
-    takes its default, so that a grad sampler reads an argument at the same position whichever
+    takes its default, so that a layer rule reads an argument at the same position whichever
     way the model passed it (``mha(x, x, x, attn_mask=m)`` would otherwise put the mask where
     ``key_padding_mask`` stands).
     """

@@ -53,7 +53,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dpledger.adapters.torch.registry import get_grad_sampler
+from dpledger.adapters.torch.registry import layer_rule
 from dpledger.errors import (
     DPLedgerError,
     InvalidParameterError,
@@ -179,7 +179,7 @@ def _any_moved(xs: list[torch.Tensor], ys: list[torch.Tensor]) -> bool | None:
 
 
 def _records_first(module: nn.Module, args: tuple, out: Any, m: int) -> Any:
-    """The module's output leaves with their records along dim 0, as its grad sampler declares.
+    """The module's output leaves with their records along dim 0, as its layer rule declares.
 
     A recurrent layer's h_n (and its output when ``batch_first=False``) holds the records along
     dimension 1; compared along dimension 0, a change of record 0 would look like mixing. A
@@ -187,7 +187,7 @@ def _records_first(module: nn.Module, args: tuple, out: Any, m: int) -> Any:
     batch-first data, which then mixes the records) is not moved, so the output is compared
     along the model's own record dimension and the layer is named.
     """
-    sampler = get_grad_sampler(type(module))
+    sampler = layer_rule(type(module))
     if sampler is None or sampler.output_record_dims is None:
         return out
     leaves, _ = tree_flatten(out)

@@ -4,7 +4,7 @@
 :class:`~dpledger.adapters.torch.engine.PerExampleGradientEngine` that turns what the hooks
 stored for a step into its results, once per step (:meth:`StepFinalisation._finalize`): the
 batch size B (the records along dimension 0 of every unit's output gradients), then per unit
-called in the step either its squared per-example norms on the fast path (the grad sampler's
+called in the step either its squared per-example norms on the fast path (the layer rule's
 ghost norms, the capture kept for the clipped sum: book-keeping) or its materialised per-example
 gradients (the sampler's, or the generic ``torch.func`` path; the capture is released); the
 norms of tied parameters from their per-use norms and a registered cross term; zeros for
@@ -221,7 +221,7 @@ class StepFinalisation:
         missing = [n for n in names if n not in out]
         if missing:
             raise UnsupportedLayerError(
-                f"the grad sampler of {unit.label} returned no {what} for {missing}"
+                f"the layer rule of {unit.label} returned no {what} for {missing}"
             )
         return {n: out[n] for n in names}
 
@@ -374,7 +374,7 @@ class StepFinalisation:
                 "the forward of a module the engine observed (e.g. a child's weight used "
                 "directly by its parent's forward, or a model that is not the one the engine "
                 "was attached to). Use the parameter only through its module's forward, or "
-                "register a grad sampler for the parent module type."
+                "register a layer rule for the parent module type."
             )
 
     def _add_tied_norms(

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from dpledger.adapters.tensorflow import (
     DenseRule,
-    LayerGradientRule,
+    LayerRule,
     PerExampleGradientEngine,
     UnsupportedLayerError,
     layer_rule,
@@ -41,7 +41,7 @@ class Scale(keras.layers.Layer):
         return x * self.w
 
 
-class ScaleRule(LayerGradientRule):
+class ScaleRule(LayerRule):
     """∂ℓ_i/∂w = Σ_positions x_i ⊙ G_i."""
 
     def variables(self, layer):

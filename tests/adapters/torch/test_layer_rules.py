@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from dpledger.adapters.torch import PerExampleGradientEngine, registered_module_types
+from dpledger.adapters.torch import PerExampleGradientEngine, registered_layer_types
 from dpledger.adapters.torch.layer_rules.conv import conv_norms
 from dpledger.errors import InvalidParameterError
 from tests.adapters.torch.reference import (
@@ -107,7 +107,7 @@ def test_every_registered_type_has_a_case():
     from tests.adapters.torch.test_recurrent import RECURRENT_TYPES
 
     covered = {type(CASES[n][0]()) for n in CASES} | RECURRENT_TYPES | {nn.MultiheadAttention}
-    assert set(registered_module_types()) <= covered
+    assert set(registered_layer_types()) <= covered
 
 
 @pytest.mark.parametrize("device", DEVICES)

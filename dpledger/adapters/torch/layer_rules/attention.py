@@ -54,7 +54,7 @@ from dpledger.adapters.torch.layer_rules.linear import (
     keeping_per_example_is_cheaper,
 )
 from dpledger.adapters.torch.layer_rules.step_cache import cached_per_step
-from dpledger.adapters.torch.registry import register_grad_sampler
+from dpledger.adapters.torch.registry import register_layer_rule
 from dpledger.errors import UnsupportedLayerError
 
 __all__ = [
@@ -306,7 +306,7 @@ def attention_prefers_per_example(
     )
 
 
-register_grad_sampler(
+register_layer_rule(
     nn.MultiheadAttention,
     norm_fn=attention_norms,
     clipped_sum_fn=attention_clipped_sum,

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from dpledger.adapters.torch.registry import register_grad_sampler
+from dpledger.adapters.torch.registry import register_layer_rule
 from dpledger.errors import RecordMixingLayerError
 
 __all__ = [
@@ -157,4 +157,4 @@ for _norm_type, _fn in (
     (nn.BatchNorm2d, batch_norm_per_example),
     (nn.BatchNorm3d, batch_norm_per_example),
 ):
-    register_grad_sampler(_norm_type, per_example_fn=_fn)
+    register_layer_rule(_norm_type, per_example_fn=_fn)

@@ -70,7 +70,7 @@ from dpledger.adapters.torch.layer_rules.linear import (
     keeping_per_example_is_cheaper,
 )
 from dpledger.adapters.torch.layer_rules.step_cache import cached_per_step
-from dpledger.adapters.torch.registry import register_grad_sampler
+from dpledger.adapters.torch.registry import register_layer_rule
 from dpledger.errors import UnsupportedLayerError
 
 __all__ = [
@@ -110,7 +110,7 @@ def recurrent_check(module: nn.RNNBase, activations: tuple | None) -> None:
     if getattr(module, "proj_size", 0) > 0:
         raise UnsupportedLayerError(
             f"proj_size={module.proj_size} (LSTM with projections) is not supported by the "
-            "recurrent grad sampler; use proj_size=0 and an nn.Linear after the LSTM"
+            "recurrent layer rule; use proj_size=0 and an nn.Linear after the LSTM"
         )
     if module.training and module.dropout > 0 and module.num_layers > 1:
         raise UnsupportedLayerError(
@@ -339,7 +339,7 @@ def recurrent_prefers_per_example(module: nn.RNNBase, activations: tuple, backpr
 
 
 for _module_type in (nn.RNN, nn.GRU, nn.LSTM):
-    register_grad_sampler(
+    register_layer_rule(
         _module_type,
         norm_fn=recurrent_norms,
         clipped_sum_fn=recurrent_clipped_sum,
