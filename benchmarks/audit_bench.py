@@ -393,7 +393,7 @@ def opacus_run(config: BlackBoxDigitsAudit, seed: int) -> None:
     optimizer = OpacusDPOptimizer(
         torch.optim.SGD(model.parameters(), lr=config.learning_rate),
         noise_multiplier=config.noise_multiplier,
-        max_grad_norm=config.max_grad_norm,
+        max_grad_norm=config.l2_norm_bound,
         expected_batch_size=round(config.sampling_probability * len(y)),
     )
     for b in batches:

@@ -178,7 +178,7 @@ def one_step_seconds(loss: str, repeats: int = 50) -> float:
             model,
             xt,
             yt,
-            max_grad_norm=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=1.0,
             lr=0.01,
             generator=torch.Generator().manual_seed(i),

@@ -236,9 +236,9 @@ def build_steps(
 
     steps["non-private"] = lambda: non_private(x, y)
 
-    def ours(method: str) -> Callable[[], tf.Tensor]:
+    def ours(strategy: str) -> Callable[[], tf.Tensor]:
         model, optimizer = fresh()
-        engine = PerExampleGradientEngine(model, loss, method=method)
+        engine = PerExampleGradientEngine(model, loss, strategy=strategy)
 
         @tf.function
         def step(x, y):
@@ -248,10 +248,10 @@ def build_steps(
 
         return lambda: step(x, y)
 
-    steps["ours fast (book-keeping)"] = ours("fast")
+    steps["ours fast (book-keeping)"] = ours("ghost")
 
     m2, o2 = fresh()
-    engine2 = PerExampleGradientEngine(m2, loss, method="fast")
+    engine2 = PerExampleGradientEngine(m2, loss, strategy="ghost")
 
     @tf.function
     def second_backward(x, y):
@@ -263,7 +263,7 @@ def build_steps(
         return tf.reduce_mean(norms.losses)
 
     steps["ours fast (second backward)"] = lambda: second_backward(x, y)
-    steps["ours vectorized"] = ours("vectorized")
+    steps["ours vectorized"] = ours("generic")
 
     def keras_fit_step(model: keras.Model) -> Callable[[], tf.Tensor]:
         model.make_train_function()

@@ -265,3 +265,163 @@ class RelationMismatchError(InvalidParameterError):
 
 
 __all__ += ["RelationMismatchError"]
+
+
+# ---- the framework adapters' errors: one set for PyTorch and Keras ("layer" is a Keras layer or a
+# PyTorch module; neither framework is imported here)
+
+
+class UnsupportedLayerError(DPLedgerError, ValueError):
+    """A layer (a Keras layer or a PyTorch module) cannot be given correct per-example gradients
+    as it is configured.
+
+    Examples: ``nn.Embedding(scale_grad_by_freq=True)`` (the scale depends on the whole batch), a
+    Keras layer with a regulariser, a recurrent layer with ``recurrent_dropout``, or a PyTorch
+    module with randomness (dropout) inside a part of the model whose forward the engine has to
+    recompute per example.
+
+    Attributes:
+        layer_name: the layer's name (Keras name, or the module's qualified name), or None.
+        layer_type: its class name, or None.
+    """
+
+    def __init__(
+        self, message: str, *, layer_name: str | None = None, layer_type: str | None = None
+    ) -> None:
+        self.layer_name = layer_name
+        self.layer_type = layer_type
+        super().__init__(message)
+
+
+class RecordMixingLayerError(UnsupportedLayerError):
+    """A layer combines several records of the batch into one output.
+
+    Batch normalisation in training mode normalises each example with the mean and variance of
+    the whole batch, so one record's gradient depends on every other record of the batch and
+    clipping each per-example gradient no longer bounds any record's influence on the update.
+    Use group or layer normalisation instead, or freeze the layer (PyTorch: ``module.eval()``
+    with running statistics; Keras 3: ``layer.trainable = False``, under which batch
+    normalisation runs in inference mode with its moving statistics).
+    """
+
+
+class RecordDependenceError(RecordMixingLayerError):
+    """The record-independence probe saw one record move another record's result.
+
+    Raised by both adapters' probes (:mod:`dpledger.adapters.torch.record_probe`,
+    :mod:`dpledger.adapters.tensorflow.record_probe`) before the first recorded step, when
+    changing record 0 of a small probe batch changes another record's layer output or
+    per-example gradient.
+
+    Attributes:
+        layer_name: the name of the first layer whose output mixes records (``""`` for the
+            PyTorch model itself), or None when no layer output mixes and only the per-example
+            gradients move (a backward that mixes records).
+        layer_type: that layer's class name, or None.
+        parameters: the parameters whose per-example gradients moved (empty when the forward
+            check found the layer first).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        layer_name: str | None,
+        layer_type: str | None,
+        parameters: tuple[str, ...] = (),
+    ) -> None:
+        self.parameters = parameters
+        super().__init__(message, layer_name=layer_name, layer_type=layer_type)
+
+
+class UnsupportedParameterUseError(DPLedgerError, ValueError):
+    """A parameter's gradient does not come (only) from forward calls the engine observed.
+
+    Raised when a trainable parameter receives gradient from a computation outside the forward of
+    the module it belongs to (for example ``F.linear(h, self.embedding.weight)`` written in a
+    parent module), or when the engine's sum of per-example gradients disagrees with autograd's
+    batch gradient (which is also what a wrong ``loss_reduction`` looks like).
+    """
+
+
+class PerExampleLossError(DPLedgerError, ValueError):
+    """A loss does not give one value per example.
+
+    Per-example clipping needs the loss of each record separately: a Keras loss with
+    ``reduction="none"`` (or ``None``), or a callable ``loss(y_true, y_pred)`` returning a tensor
+    whose leading axis is the batch.
+    """
+
+
+class EngineStateError(DPLedgerError, RuntimeError):
+    """The engine was asked for something before the step reached the point that provides it.
+
+    Example: per-example norms asked for before ``loss.backward()`` ran on the last forward.
+    """
+
+
+class NoiseStreamEndError(DPLedgerError, RuntimeError):
+    """A step beyond the T steps of a correlated-noise release was asked for.
+
+    The ledger's ``correlated_release`` stands for exactly T steps of one stream
+    (``docs/correlated-noise.md``); a step T + 1 would release noise the event does not cover, so
+    it is refused before anything is computed or recorded. Train a longer stream (a new
+    ``CorrelatedNoiseSpec``, a new release).
+    """
+
+
+class LedgerNotAttachedError(DPLedgerError, RuntimeError):
+    """A :class:`~dpledger.adapters.tensorflow.DPKerasModel` loaded with
+    ``keras.models.load_model`` was asked to train before it was given a ledger.
+
+    The ledger is a file the user owns, not part of the saved model: a loaded model records
+    nothing until :meth:`~dpledger.adapters.tensorflow.DPKerasModel.attach_ledger` gives it one
+    (``PrivacyLedger(path, resume=True)`` continues the saved run's file; a new ledger starts a
+    new account, which then does not hold the steps taken before the save).
+    """
+
+
+class UnrecordedTrainingWarning(UserWarning):
+    """A model wrapped by :class:`~dpledger.adapters.tensorflow.DPKerasModel` is trained
+    directly (its own ``fit``, ``train_on_batch`` or ``train_step``): those steps are not
+    private and are not recorded in the wrapper's ledger."""
+
+
+class LossReductionWarning(UserWarning):
+    """The loss's own reduction contradicts the declared ``loss_reduction`` (PyTorch).
+
+    Raised as a warning on the first step, by
+    :meth:`~dpledger.adapters.torch.engine.PerExampleGradientEngine.backward`
+    (``optimizer.backward(loss)``) or from inside a plain ``loss.backward()``
+    (:mod:`~dpledger.adapters.torch.loss_reduction`), when the loss is the direct output of a
+    PyTorch loss with a ``reduction`` (``cross_entropy``, ``nll_loss``, ``mse_loss``,
+    ``binary_cross_entropy``, …) whose value differs from the declaration. The privacy
+    guarantee holds either way (the clipped contributions stay bounded by the clip norm), but
+    every per-example gradient is scaled by B or 1/B before clipping, so clipping acts at another
+    effective norm.
+
+    Attributes:
+        declared: the declared ``loss_reduction``.
+        found: the reduction of the loss (``"mean"`` or ``"sum"``).
+        loss_function: the autograd node of the loss (e.g. ``"NllLossBackward0"``).
+    """
+
+    def __init__(self, message: str, *, declared: str, found: str, loss_function: str) -> None:
+        self.declared = declared
+        self.found = found
+        self.loss_function = loss_function
+        super().__init__(message)
+
+
+__all__ += [
+    "EngineStateError",
+    "LedgerNotAttachedError",
+    "LossReductionWarning",
+    "NoiseStreamEndError",
+    "PerExampleLossError",
+    "RecordDependenceError",
+    "RecordMixingLayerError",
+    "UnrecordedTrainingWarning",
+    "UnsupportedLayerError",
+    "UnsupportedParameterUseError",
+]

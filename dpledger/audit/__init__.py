@@ -5,15 +5,7 @@ the PyTorch adapter on the digits.
 The ε lower bounds, the distinguishing-game harness, the verdict and the canaries import neither
 PyTorch nor TensorFlow; plots import matplotlib when drawn; :mod:`dpledger.audit.torch_audit`
 imports torch.
-
-The implementation-bug checks moved to :mod:`dpledger.checks` and the clipping-bias and
-model-calibration metrics to :mod:`dpledger.diagnostics`; their old names here still work for one
-release and raise a :class:`DeprecationWarning` naming the new location.
 """
-
-import importlib
-import warnings
-from typing import Any
 
 from dpledger.audit.audit_game import (
     GameInterruptedError,
@@ -83,44 +75,3 @@ __all__ = [
     "plot_score_distributions",
     "run_distinguishing_game",
 ]
-
-_CHECKS = "dpledger.checks"
-_DIAGNOSTICS = "dpledger.diagnostics"
-
-MOVED_NAMES: dict[str, tuple[str, str]] = {
-    "CHECK_NAMES": (_CHECKS, "CHECK_NAMES"),
-    "CheckConfig": (_CHECKS, "CheckConfig"),
-    "CheckReport": (_CHECKS, "CheckReport"),
-    "CheckResult": (_CHECKS, "CheckResult"),
-    "Curve": (_CHECKS, "Curve"),
-    "DPSGDChecker": (_CHECKS, "DPSGDChecker"),
-    "StepHarness": (_CHECKS, "StepHarness"),
-    "StepOutcome": (_CHECKS, "StepOutcome"),
-    "Verdict": (_CHECKS, "Verdict"),
-    "run_checks": (_CHECKS, "run_checks"),
-    "ClippingBias": (_DIAGNOSTICS, "ClippingBias"),
-    "ClippingBiasCallback": (_DIAGNOSTICS, "ClippingBiasCallback"),
-    "ClippingBiasRecorder": (_DIAGNOSTICS, "ClippingBiasRecorder"),
-    "clipping_bias": (_DIAGNOSTICS, "clipping_bias"),
-    "clipping_bias_from_sums": (_DIAGNOSTICS, "clipping_bias_from_sums"),
-    "Binning": (_DIAGNOSTICS, "Binning"),
-    "CalibrationMetrics": (_DIAGNOSTICS, "ModelCalibrationMetrics"),
-    "ReliabilityDiagram": (_DIAGNOSTICS, "ReliabilityDiagram"),
-    "calibration_metrics": (_DIAGNOSTICS, "model_calibration_metrics"),
-    "plot_reliability_diagram": (_DIAGNOSTICS, "plot_reliability_diagram"),
-}
-"""Names that moved out of ``dpledger.audit``: old name → (new module, new name)."""
-
-
-def __getattr__(name: str) -> Any:
-    """The moved names, with a :class:`DeprecationWarning` naming their new location."""
-    if name not in MOVED_NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, new_name = MOVED_NAMES[name]
-    warnings.warn(
-        f"dpledger.audit.{name} moved to {module}.{new_name}; the old name will be removed in "
-        "the next release",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(importlib.import_module(module), new_name)

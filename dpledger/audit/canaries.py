@@ -245,13 +245,13 @@ class GradientCanary:
         """Length of the parameter vector."""
         return int(self.gradient.size)
 
-    def check_clip_bound(self, max_grad_norm: float) -> None:
+    def check_clip_bound(self, l2_norm_bound: float) -> None:
         """Raise unless ‖g‖ ≥ C, i.e. unless clipping maps g to exactly C·ĝ."""
-        c = _positive("max_grad_norm", max_grad_norm)
+        c = _positive("l2_norm_bound", l2_norm_bound)
         if self.norm < c:
             raise InvalidParameterError(
-                "max_grad_norm",
-                max_grad_norm,
+                "l2_norm_bound",
+                l2_norm_bound,
                 f"at most the canary's gradient norm {self.norm:g} (a canary below the clip "
                 "bound contributes less than C and audits a weaker record than DP covers)",
             )

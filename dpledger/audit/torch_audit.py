@@ -112,7 +112,7 @@ class BlackBoxDigitsAudit(CalibratedAuditConfig):
             :meth:`for_target_epsilon`.
         sampling_probability: q of the Poisson sampler, in (0, 1].
         steps: T, the number of DP-SGD steps.
-        max_grad_norm: C.
+        l2_norm_bound: C.
         learning_rate: η of the wrapped ``torch.optim.SGD``.
         canary_magnitude: the value of the canary's pixels (the always-blank ones; real pixels
             lie in [0, 1]).
@@ -125,7 +125,7 @@ class BlackBoxDigitsAudit(CalibratedAuditConfig):
     noise_multiplier: float = attrs.field(converter=_noise)
     sampling_probability: float = attrs.field(default=0.1, converter=_sampling_probability)
     steps: int = _positive_int("steps", 30)
-    max_grad_norm: float = _positive("max_grad_norm", 1.0)
+    l2_norm_bound: float = _positive("l2_norm_bound", 1.0)
     learning_rate: float = _positive("learning_rate", 2.0)
     canary_magnitude: float = _positive("canary_magnitude", 8.0)
     canary_label: int = attrs.field(default=0, converter=_class_label)
@@ -154,7 +154,7 @@ class WhiteBoxDigitsAudit(CalibratedAuditConfig):
     Attributes:
         noise_multiplier: z = σ̃/C of every step (> 0).
         steps: T, the number of full-batch DP-SGD steps.
-        max_grad_norm: C.
+        l2_norm_bound: C.
         learning_rate: η of the wrapped ``torch.optim.SGD`` (the score is in units of η·C/n, so
             η does not change it).
         canary_norm: M = ‖canary gradient‖, at least C (clipping then leaves exactly C).
@@ -166,7 +166,7 @@ class WhiteBoxDigitsAudit(CalibratedAuditConfig):
 
     noise_multiplier: float = attrs.field(converter=_noise)
     steps: int = _positive_int("steps", 1)
-    max_grad_norm: float = _positive("max_grad_norm", 1.0)
+    l2_norm_bound: float = _positive("l2_norm_bound", 1.0)
     learning_rate: float = _positive("learning_rate", 1.0)
     canary_norm: float = _positive("canary_norm", 10.0)
     canary_label: int = attrs.field(default=0, converter=_class_label)
@@ -214,7 +214,7 @@ class WhiteBoxDigitsAudit(CalibratedAuditConfig):
     def score_unit(self) -> float:
         """η·C/n: how far one clipped canary gradient moves the weights (n = |D| on both sides,
         so the unit does not depend on whether the canary was included)."""
-        return self.learning_rate * self.max_grad_norm / self.base_population_size
+        return self.learning_rate * self.l2_norm_bound / self.base_population_size
 
     def claimed_ledger(self) -> CompressedLedger:
         """What every run records: T steps of (q = 1, z). Its ε is the claim under audit."""
@@ -297,7 +297,7 @@ def run_black_box_digits(
         sampling_probability=config.sampling_probability,
         steps=config.steps,
         noise_multiplier=config.noise_multiplier,
-        max_grad_norm=config.max_grad_norm,
+        l2_norm_bound=config.l2_norm_bound,
         learning_rate=config.learning_rate,
         implementation=config.implementation,
         seed=seed,

@@ -170,11 +170,11 @@ def _positive_int(name: str, default: int) -> Any:
 
 def _check_canary_norm(config: Any) -> None:
     """Refuse a gradient canary of norm M < C: clipping must leave exactly C of it."""
-    if config.canary_norm < config.max_grad_norm:
+    if config.canary_norm < config.l2_norm_bound:
         raise InvalidParameterError(
             "canary_norm",
             config.canary_norm,
-            f"at least max_grad_norm = {config.max_grad_norm:g} (so that clipping leaves "
+            f"at least l2_norm_bound = {config.l2_norm_bound:g} (so that clipping leaves "
             "exactly C)",
         )
 
@@ -226,7 +226,7 @@ def _train(
     sampling_probability: float,
     steps: int,
     noise_multiplier: float,
-    max_grad_norm: float,
+    l2_norm_bound: float,
     learning_rate: float,
     implementation: str,
     seed: int,
@@ -257,7 +257,7 @@ def _train(
     optimizer = _optimizer_class(implementation)(
         torch.optim.SGD(model.parameters(), lr=learning_rate),
         model=model,
-        l2_norm_bound=max_grad_norm,
+        l2_norm_bound=l2_norm_bound,
         noise_multiplier=noise_multiplier,
         sampler=sampler,
         ledger=ledger,
@@ -324,7 +324,7 @@ def _train_with_canaries(
         loss_of=_canary_loss(y, is_canary),
         sampling_probability=sampling_probability,
         noise_multiplier=config.noise_multiplier,
-        max_grad_norm=config.max_grad_norm,
+        l2_norm_bound=config.l2_norm_bound,
         learning_rate=config.learning_rate,
         implementation=config.implementation,
         seed=seed,

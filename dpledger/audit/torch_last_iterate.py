@@ -70,7 +70,7 @@ class LastIterateDigitsAudit(CalibratedAuditConfig):
         noise_multiplier: z = σ̃/C of every step (> 0).
         sampling_probability: q of the Poisson sampler, in (0, 1] (1: full batches).
         steps: T.
-        max_grad_norm: C.
+        l2_norm_bound: C.
         learning_rate: η (the score is in units of η·C/(q·n), so η does not change it).
         canary_norm: M ≥ C, the norm of the canary's gradient.
         canary_label: y, the class whose weight the canary moves.
@@ -82,7 +82,7 @@ class LastIterateDigitsAudit(CalibratedAuditConfig):
     noise_multiplier: float = attrs.field(converter=_noise)
     sampling_probability: float = attrs.field(default=0.1, converter=_sampling_probability)
     steps: int = _positive_int("steps", 10)
-    max_grad_norm: float = _positive("max_grad_norm", 1.0)
+    l2_norm_bound: float = _positive("l2_norm_bound", 1.0)
     learning_rate: float = _positive("learning_rate", 1.0)
     canary_norm: float = _positive("canary_norm", 10.0)
     canary_label: int = attrs.field(default=0, converter=_class_label)
@@ -110,7 +110,7 @@ class LastIterateDigitsAudit(CalibratedAuditConfig):
     def score_unit(self) -> float:
         """η·C/(q·n): how far one sampled canary gradient moves the weights."""
         n = int(digits_records(self.num_records)[0].shape[0])
-        return self.learning_rate * self.max_grad_norm / (self.sampling_probability * n)
+        return self.learning_rate * self.l2_norm_bound / (self.sampling_probability * n)
 
     def claimed_ledger(self) -> CompressedLedger:
         """What every run records: T steps of (q, z). Its ε is the claim under audit."""

@@ -65,7 +65,7 @@ class WhiteBoxOneRunAudit(CalibratedAuditConfig):
         noise_multiplier: z = σ̃/C of every step (> 0).
         num_canaries: m, each included with probability ½.
         steps: T full-batch DP-SGD steps.
-        max_grad_norm: C.
+        l2_norm_bound: C.
         learning_rate: η (the scores are in units of η·C/n, so η does not change them).
         canary_norm: M ≥ C, the norm of each canary's gradient.
         num_records: train on the first n digits (None: all 1797).
@@ -77,7 +77,7 @@ class WhiteBoxOneRunAudit(CalibratedAuditConfig):
     noise_multiplier: float = attrs.field(converter=_noise)
     num_canaries: int = _positive_int("num_canaries", 1000)
     steps: int = _positive_int("steps", 1)
-    max_grad_norm: float = _positive("max_grad_norm", 1.0)
+    l2_norm_bound: float = _positive("l2_norm_bound", 1.0)
     learning_rate: float = _positive("learning_rate", 1.0)
     canary_norm: float = _positive("canary_norm", 10.0)
     num_records: int | None = attrs.field(default=None, converter=_optional_records)
@@ -161,7 +161,7 @@ def run_white_box_one_run(config: WhiteBoxOneRunAudit, *, seed: int) -> OneRunRe
     weight = model.weight.detach().double().numpy()  # initial weights are zero
     all_ids = np.arange(m)
     moved = weight[all_ids % _NUM_CLASSES, _NUM_FEATURES + all_ids // _NUM_CLASSES]
-    unit = config.learning_rate * config.max_grad_norm / n
+    unit = config.learning_rate * config.l2_norm_bound / n
     scores = np.asarray(moved / unit, dtype=np.float64)
     return OneRunResult(scores=scores, included=included, ledger=ledger)
 

@@ -124,7 +124,7 @@ class SamplerAudit:
         epochs: E ≥ 1 (T = E·N/b steps).
         num_records: n, the digits used (the canary or the blank record is the (n + 1)-th).
         observation: ``"last_iterate"`` or ``"every_step"``.
-        max_grad_norm: C.
+        l2_norm_bound: C.
         learning_rate: η (scores are in units of η·C/b, so η does not change them).
         canary_norm: M ≥ C.
         canary_label: y.
@@ -147,7 +147,7 @@ class SamplerAudit:
         default=99, converter=lambda v: check_positive_int("num_records", v)
     )
     observation: str = attrs.field(default="last_iterate", converter=_observation)
-    max_grad_norm: float = 1.0
+    l2_norm_bound: float = 1.0
     learning_rate: float = 1.0
     canary_norm: float = 10.0
     canary_label: int = 0
@@ -193,7 +193,7 @@ class SamplerAudit:
             noise_multiplier=self.noise_multiplier,
             sampling_probability=self.sampling_probability,
             steps=self.steps,
-            max_grad_norm=self.max_grad_norm,
+            l2_norm_bound=self.l2_norm_bound,
             learning_rate=self.learning_rate,
             canary_norm=self.canary_norm,
             canary_label=self.canary_label,
@@ -204,7 +204,7 @@ class SamplerAudit:
 
     def score_unit(self) -> float:
         """η·C/b: how far one clipped canary gradient moves its weight in one step."""
-        return self.learning_rate * self.max_grad_norm / self.batch_size
+        return self.learning_rate * self.l2_norm_bound / self.batch_size
 
     def shuffled_last_iterate_mu(self) -> float:
         """μ = E/(z√T): the shuffled last iterate is exactly μ-GDP (see the module docstring)."""

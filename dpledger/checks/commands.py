@@ -103,7 +103,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Run the DP-SGD implementation-bug checks (clipping applied, per-example clipping, "
             "noise calibrated to C, noise magnitude) on STEP, a function "
-            "step(model, x, y, *, max_grad_norm, noise_multiplier, lr, generator) that performs "
+            "step(model, x, y, *, l2_norm_bound, noise_multiplier, lr, generator) that performs "
             "one DP step in place. Exit status 0: no check failed; 1: a check failed."
         ),
     )

@@ -2,7 +2,7 @@
 
 The user supplies a *step function* ::
 
-    step(model, x, y, *, max_grad_norm, noise_multiplier, lr, generator) -> None
+    step(model, x, y, *, l2_norm_bound, noise_multiplier, lr, generator) -> None
 
 that performs one DP step on the batch (x, y) in place (updating ``model.trainable_variables``),
 drawing its noise N(0, (σC)² I) from ``generator``, a seeded ``tf.random.Generator``, and a

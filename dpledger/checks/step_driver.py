@@ -205,7 +205,7 @@ class StepDriver:
         out = self.harness.run(
             x,
             y,
-            max_grad_norm=float(clip),
+            l2_norm_bound=float(clip),
             noise_multiplier=float(sigma),
             seed=self.next_seed() if seed is None else seed,
             num_steps=steps,

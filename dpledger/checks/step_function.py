@@ -3,7 +3,7 @@ optional σ = 0 warm-up steps, and the run of the checks on it.
 
 The user supplies a *step function* with the signature ::
 
-    step(model, x, y, *, max_grad_norm, noise_multiplier, lr, generator) -> None
+    step(model, x, y, *, l2_norm_bound, noise_multiplier, lr, generator) -> None
 
 that performs one DP step on the batch (x, y) in place, and a ``model_factory()``. A framework
 module (:mod:`dpledger.checks.torch_step`, :mod:`dpledger.checks.keras_step`) subclasses
@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 StepFunction = Callable[..., Any]
-"""``step(model, x, y, *, max_grad_norm, noise_multiplier, lr, generator) -> None``."""
+"""``step(model, x, y, *, l2_norm_bound, noise_multiplier, lr, generator) -> None``."""
 
 
 class StepFunctionHarness(abc.ABC):
@@ -190,7 +190,7 @@ class StepFunctionHarness(abc.ABC):
         x: Any,
         y: Any,
         *,
-        max_grad_norm: float,
+        l2_norm_bound: float,
         noise_multiplier: float,
         generator: Any,
     ) -> None:
@@ -199,7 +199,7 @@ class StepFunctionHarness(abc.ABC):
             model,
             x,
             y,
-            max_grad_norm=max_grad_norm,
+            l2_norm_bound=l2_norm_bound,
             noise_multiplier=noise_multiplier,
             lr=self._lr,
             generator=generator,
@@ -217,7 +217,7 @@ class StepFunctionHarness(abc.ABC):
                     model,
                     wx,
                     wy,
-                    max_grad_norm=self._warmup_clip,
+                    l2_norm_bound=self._warmup_clip,
                     noise_multiplier=0.0,
                     generator=self._generator(t),
                 )
@@ -228,7 +228,7 @@ class StepFunctionHarness(abc.ABC):
         x: np.ndarray,
         y: np.ndarray,
         *,
-        max_grad_norm: float,
+        l2_norm_bound: float,
         noise_multiplier: float,
         seed: int,
         num_steps: int = 1,
@@ -245,7 +245,7 @@ class StepFunctionHarness(abc.ABC):
                 model,
                 xt,
                 yt,
-                max_grad_norm=max_grad_norm,
+                l2_norm_bound=l2_norm_bound,
                 noise_multiplier=noise_multiplier,
                 generator=generator,
             )
@@ -419,7 +419,7 @@ class StepFunctionChecks:
         """Run the four DP-SGD implementation-bug checks on a plain-SGD step function.
 
         Args:
-            step: ``step(model, x, y, *, max_grad_norm, noise_multiplier, lr, generator)``: one
+            step: ``step(model, x, y, *, l2_norm_bound, noise_multiplier, lr, generator)``: one
                 DP step in place, dividing the noisy clipped sum by ``denominator``.
             model_factory: returns a fresh model of the framework; called once under ``seed``.
             **kwargs: ``loss`` (``"mse"`` or ``"cross_entropy"``, the loss the step minimises)

@@ -69,7 +69,7 @@ class StepHarness(Protocol):
         x: np.ndarray,
         y: np.ndarray,
         *,
-        max_grad_norm: float,
+        l2_norm_bound: float,
         noise_multiplier: float,
         seed: int,
         num_steps: int = 1,
@@ -80,7 +80,7 @@ class StepHarness(Protocol):
             x: inputs (B, *input_shape), float64 (cast to the model's dtype).
             y: targets: float (B, outputs) for MSE and soft cross-entropy, int64 (B,) for hard
                 cross-entropy.
-            max_grad_norm: the clip norm C.
+            l2_norm_bound: the clip norm C.
             noise_multiplier: σ; the noise on the clipped sum has standard deviation σ·C.
             seed: seeds the step's noise; equal seeds must give equal noise.
             num_steps: steps to take on the same batch.

@@ -2,10 +2,10 @@
 
 The user supplies a *step function* with the signature ::
 
-    step(model, x, y, *, max_grad_norm, noise_multiplier, lr, generator) -> None
+    step(model, x, y, *, l2_norm_bound, noise_multiplier, lr, generator) -> None
 
 that performs one DP step on the batch (x, y) in place — per-example gradients, clipping to
-``max_grad_norm`` (C), Gaussian noise of standard deviation ``noise_multiplier``·C drawn from
+``l2_norm_bound`` (C), Gaussian noise of standard deviation ``noise_multiplier``·C drawn from
 ``generator`` (a seeded ``torch.Generator``), the update with learning rate ``lr`` — and a
 ``model_factory()`` returning a fresh ``torch.nn.Module``. :func:`check_dp_sgd` wraps them in a
 :class:`TorchStepHarness` (the shared :class:`~dpledger.checks.step_function.StepFunctionHarness`

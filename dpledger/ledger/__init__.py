@@ -48,21 +48,3 @@ __all__ = [
     "step_noise_multiplier",
     "verify_ledger",
 ]
-
-
-def __getattr__(name: str) -> object:
-    """``effective_noise_multiplier``: the former name of
-    :func:`noise_multiplier_from_inverse_square_sum`, kept for one release with a warning (the
-    name belongs to :func:`dpledger.mechanisms.effective_noise_multiplier`, which takes the
-    queries' bounds and standard deviations)."""
-    if name == "effective_noise_multiplier":
-        import warnings
-
-        warnings.warn(
-            "dpledger.ledger.effective_noise_multiplier was renamed "
-            "dpledger.ledger.noise_multiplier_from_inverse_square_sum",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return noise_multiplier_from_inverse_square_sum
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

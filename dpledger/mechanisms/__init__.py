@@ -92,20 +92,3 @@ __all__ = [
     "split_clip_by_dimension",
     "split_clip_equally",
 ]
-
-
-def __getattr__(name: str) -> object:
-    """``PoissonSampler``: moved to :class:`dpledger.sampling.PoissonSampler`; importing it from
-    here works for one release, with a warning."""
-    if name == "PoissonSampler":
-        import warnings
-
-        from dpledger.sampling import PoissonSampler
-
-        warnings.warn(
-            "dpledger.mechanisms.PoissonSampler moved to dpledger.sampling.PoissonSampler",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return PoissonSampler
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,13 +18,11 @@ Names of parameters and variables in ``groups`` and ``scales``: in PyTorch, the 
 ``model.trainable_variables`` (``[v.path for v in model.trainable_variables]``, e.g.
 ``"dense_1/kernel"``; a variable's ``name`` is accepted where it is unique).
 
-This module also holds the one helper that both adapters use for keywords renamed in this
-release (:func:`deprecated_alias`, :func:`warn_deprecated`). It imports neither framework.
+It imports neither framework.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Literal
@@ -41,6 +39,7 @@ from dpledger.validation import (
 )
 
 __all__ = [
+    "FLAT_LABEL",
     "GROUPINGS",
     "STRATEGIES",
     "DPConfig",
@@ -48,9 +47,6 @@ __all__ = [
     "Strategy",
     "check_groups",
     "check_strategy",
-    "deprecated_alias",
-    "l2_norm_bound_alias",
-    "warn_deprecated",
 ]
 
 Grouping = Literal["all", "per_layer", "per_parameter"] | Mapping[str, Sequence[str]]
@@ -63,6 +59,10 @@ Strategy = Literal["auto", "ghost", "per_example", "generic"]
 GROUPINGS = ("all", "per_layer", "per_parameter")
 """The named groupings; a mapping ``{label: [names]}`` is the explicit one."""
 
+FLAT_LABEL = "gradient"
+"""The ledger label of the one group of ``groups="all"`` (the record's whole gradient, clipped as
+one vector), the same from PyTorch and from Keras."""
+
 STRATEGIES = ("auto", "ghost", "per_example", "generic")
 """The values of :attr:`DPConfig.strategy`."""
 
@@ -70,81 +70,6 @@ _GROUPS_EXPECTED = (
     "'all', 'per_layer', 'per_parameter' or a non-empty mapping "
     "{label: [parameter or variable names]}"
 )
-
-
-def warn_deprecated(old: str, new: str, *, stacklevel: int = 2) -> None:
-    """Warn that ``old`` (a keyword or a value, as the caller spells it) is deprecated.
-
-    Args:
-        old: what was used, e.g. ``"max_grad_norm="`` or ``"groups='per_variable'"``.
-        new: what to use instead, e.g. ``"l2_norm_bound="``.
-        stacklevel: as for :func:`warnings.warn`, counted from the caller of this function.
-    """
-    warnings.warn(
-        f"{old} is deprecated and will be removed in the next release; use {new} instead "
-        "(same meaning)",
-        DeprecationWarning,
-        stacklevel=stacklevel + 1,
-    )
-
-
-def deprecated_alias(
-    *, new: str, new_value: Any, old: str, old_value: Any, stacklevel: int = 2
-) -> Any:
-    """The value of keyword ``new``, given under its own name or its deprecated name ``old``.
-
-    None means "not given" for both.
-
-    Args:
-        new: the keyword's name.
-        new_value: the value given as ``new`` (None: not given).
-        old: the keyword's deprecated name.
-        old_value: the value given as ``old`` (None: not given).
-        stacklevel: as for :func:`warnings.warn`, counted from the caller of this function.
-
-    Returns:
-        ``new_value``, or ``old_value`` (with a :class:`DeprecationWarning` naming ``new``).
-
-    Raises:
-        InvalidParameterError: both were given.
-    """
-    if old_value is None:
-        return new_value
-    if new_value is not None:
-        raise InvalidParameterError(
-            old, old_value, f"not given with {new}= ({old}= is the deprecated name of {new}=)"
-        )
-    warn_deprecated(f"{old}=", f"{new}=", stacklevel=stacklevel + 1)
-    return old_value
-
-
-def l2_norm_bound_alias(
-    *, l2_norm_bound: Any, old: str, old_value: Any, stacklevel: int = 2
-) -> tuple[Any, dict[str, str]]:
-    """``l2_norm_bound=`` given under its own name or an adapter's deprecated name for it, and
-    the ``spelled`` map for :meth:`DPConfig.resolve` that names the bound as it was given.
-
-    Args:
-        l2_norm_bound: the value given as ``l2_norm_bound`` (None: not given).
-        old: the adapter's deprecated keyword (``"max_grad_norm"``, ``"l2_norm_clip"``).
-        old_value: the value given as ``old`` (None: not given).
-        stacklevel: as for :func:`warnings.warn`, counted from the caller of this function.
-
-    Returns:
-        The bound (see :func:`deprecated_alias`) and ``{"l2_norm_bound": old}`` when ``old``
-        was given, else ``{}``.
-
-    Raises:
-        InvalidParameterError: both were given.
-    """
-    bound = deprecated_alias(
-        new="l2_norm_bound",
-        new_value=l2_norm_bound,
-        old=old,
-        old_value=old_value,
-        stacklevel=stacklevel + 1,
-    )
-    return bound, ({"l2_norm_bound": old} if old_value is not None else {})
 
 
 def _convert(check: Callable[[str, Any], Any], name: str, default: Any, value: Any) -> Any:
@@ -349,10 +274,9 @@ class DPConfig:
             variables not named have α = 1); None (default) for none.
         strategy: how the per-example gradients are computed: ``"auto"`` (default: the fast
             path where the layers allow, else a general one), ``"ghost"`` (ghost norms and
-            book-keeping, TensorFlow's former ``method="fast"``), ``"per_example"`` (PyTorch
-            only: the registered layers materialise per-example gradients) or ``"generic"``
-            (every layer by vectorised per-example maps: ``torch.func``, or TensorFlow's
-            former ``method="vectorized"``). It never changes what is recorded.
+            book-keeping), ``"per_example"`` (PyTorch only: the registered layers materialise
+            per-example gradients) or ``"generic"`` (every layer by vectorised per-example maps:
+            ``torch.func``, or TensorFlow's vectorised map). It never changes what is recorded.
         clip_margin: ρ in [0, 0.5): factors clip to S·(1 − ρ) while the ledger records S, so
             that rounding cannot push a record's contribution above S; None (default) chooses ρ
             by the parameters' dtype.
@@ -412,19 +336,11 @@ class DPConfig:
         }
 
     @classmethod
-    def resolve(
-        cls,
-        config: DPConfig | None,
-        *,
-        spelled: Mapping[str, str] | None = None,
-        **given: Any,
-    ) -> DPConfig:
+    def resolve(cls, config: DPConfig | None, **given: Any) -> DPConfig:
         """The config of an adapter call: ``config``, or one made from the keyword arguments.
 
         Args:
             config: the ``config=`` argument (None: not given).
-            spelled: ``{field: keyword}`` for fields the caller gave under another (deprecated)
-                keyword, so that errors name the keyword as it was spelled.
             **given: the adapter's keyword arguments for the fields, None for "not given".
 
         Returns:
@@ -433,27 +349,18 @@ class DPConfig:
 
         Raises:
             InvalidParameterError: ``config`` is not a DPConfig, ``config`` and a field it
-                covers are both given, or a field is bad (named as spelled).
+                covers are both given, or a field is bad (named).
         """
-        names = dict(spelled or {})
         values = {name: value for name, value in given.items() if value is not None}
         if config is not None:
             if not isinstance(config, DPConfig):
                 raise InvalidParameterError("config", config, "a dpledger DPConfig or None")
             for name, value in values.items():
                 raise InvalidParameterError(
-                    names.get(name, name),
+                    name,
                     value,
                     f"not given with config= (config.{name} sets it; to change it, give "
                     f"config=attrs.evolve(config, {name}=...))",
                 )
             return config
-        try:
-            return cls(**values)
-        except InvalidParameterError as exc:
-            name = exc.parameter.partition("[")[0]
-            if name not in names:
-                raise
-            raise InvalidParameterError(
-                names[name] + exc.parameter[len(name) :], exc.value, exc.expected
-            ) from None
+        return cls(**values)

@@ -134,7 +134,7 @@ def test_gradient_canary_clip_bound_and_bad_inputs():
     canary.check_clip_bound(1.0)
     with pytest.raises(InvalidParameterError) as info:
         canary.check_clip_bound(2.5)
-    assert info.value.parameter == "max_grad_norm"
+    assert info.value.parameter == "l2_norm_bound"
     with pytest.raises(InvalidParameterError) as info:
         GradientCanary(gradient=[0.0, 0.0])
     assert info.value.parameter == "gradient"

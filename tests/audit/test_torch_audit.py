@@ -99,7 +99,7 @@ def test_digits_records_are_cached_read_only_and_scaled():
             "sampling_probability",
         ),
         (BlackBoxDigitsAudit, {"noise_multiplier": 1, "steps": 0}, "steps"),
-        (BlackBoxDigitsAudit, {"noise_multiplier": 1, "max_grad_norm": -1}, "max_grad_norm"),
+        (BlackBoxDigitsAudit, {"noise_multiplier": 1, "l2_norm_bound": -1}, "l2_norm_bound"),
         (BlackBoxDigitsAudit, {"noise_multiplier": 1, "learning_rate": 0}, "learning_rate"),
         (BlackBoxDigitsAudit, {"noise_multiplier": 1, "canary_magnitude": 0}, "canary_magnitude"),
         (BlackBoxDigitsAudit, {"noise_multiplier": 1, "canary_label": 10}, "canary_label"),

@@ -42,7 +42,7 @@ def make_keras_dp_sgd_step(*, loss: str = "mse", bug: str | None = None, denomin
     """A plain DP-SGD step with the protocol of ``keras_step.check_dp_sgd``."""
     assert bug in BUGS
 
-    def step(model, x, y, *, max_grad_norm, noise_multiplier, lr, generator):
+    def step(model, x, y, *, l2_norm_bound, noise_multiplier, lr, generator):
         variables = model.trainable_variables
         rows = []
         for i in range(int(x.shape[0])):
@@ -53,7 +53,7 @@ def make_keras_dp_sgd_step(*, loss: str = "mse", bug: str | None = None, denomin
         flat = tf.stack(rows)
         b = flat.shape[0]
         d = float(b if denominator is None else denominator)
-        c, s = float(max_grad_norm), float(noise_multiplier)
+        c, s = float(l2_norm_bound), float(noise_multiplier)
         std = {"uncalibrated": s, "noise_over_batch": s * c / b}.get(bug, s * c)
         noise = generator.normal([flat.shape[1]], dtype=flat.dtype) * std
         if bug == "no_clip":

@@ -82,13 +82,13 @@ class NumpyLinearHarness:
         gw = r[:, :, None] * x.astype(self.dtype)[:, None, :]
         return np.concatenate([gw.reshape(len(x), -1), r], axis=1)
 
-    def run(self, x, y, *, max_grad_norm, noise_multiplier, seed, num_steps=1):
+    def run(self, x, y, *, l2_norm_bound, noise_multiplier, seed, num_steps=1):
         self.calls += 1
         rng = np.random.default_rng(seed)
         theta = self.theta0.copy()
         b = len(x)
         d = float(b if self.denominator is None else self.denominator)
-        c, s = max_grad_norm, noise_multiplier
+        c, s = l2_norm_bound, noise_multiplier
         for _ in range(num_steps):
             g = self._grads(theta, x, y)
             k = g.shape[1]

@@ -144,13 +144,13 @@ def test_calibration_elasticity_is_one_for_correct_noise_and_zero_for_uncalibrat
 
 def test_distance_grows_like_c_squared_is_not_calibrated():
     class SquaredNoise(NumpyLinearHarness):
-        def run(self, x, y, *, max_grad_norm, noise_multiplier, seed, num_steps=1):
+        def run(self, x, y, *, l2_norm_bound, noise_multiplier, seed, num_steps=1):
             # σ' = σ·C makes the noise standard deviation σ·C²
             return super().run(
                 x,
                 y,
-                max_grad_norm=max_grad_norm,
-                noise_multiplier=noise_multiplier * max_grad_norm,
+                l2_norm_bound=l2_norm_bound,
+                noise_multiplier=noise_multiplier * l2_norm_bound,
                 seed=seed,
                 num_steps=num_steps,
             )
@@ -164,11 +164,11 @@ def test_distance_grows_like_c_squared_is_not_calibrated():
 
 def test_a_step_that_ignores_the_noise_fails_both_noise_checks():
     class NoNoise(NumpyLinearHarness):
-        def run(self, x, y, *, max_grad_norm, noise_multiplier, seed, num_steps=1):
+        def run(self, x, y, *, l2_norm_bound, noise_multiplier, seed, num_steps=1):
             return super().run(
                 x,
                 y,
-                max_grad_norm=max_grad_norm,
+                l2_norm_bound=l2_norm_bound,
                 noise_multiplier=0.0,
                 seed=seed,
                 num_steps=num_steps,

@@ -60,8 +60,8 @@ def test_keras_harness_restores_the_start_and_keeps_floatx():
     x = np.random.default_rng(0).standard_normal((4, 10))
     y = harness.predict(x)
     assert y.dtype == np.float64
-    a = harness.run(x, y + 1.0, max_grad_norm=1.0, noise_multiplier=1.0, seed=3)
-    b = harness.run(x, y + 1.0, max_grad_norm=1.0, noise_multiplier=1.0, seed=3)
+    a = harness.run(x, y + 1.0, l2_norm_bound=1.0, noise_multiplier=1.0, seed=3)
+    b = harness.run(x, y + 1.0, l2_norm_bound=1.0, noise_multiplier=1.0, seed=3)
     np.testing.assert_array_equal(a.params_after, b.params_after)
     np.testing.assert_array_equal(harness.predict(x), y)
     with pytest.raises(InvalidParameterError, match="dtype"):

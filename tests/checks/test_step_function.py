@@ -86,15 +86,15 @@ def make_step(*, noise_over_batch: bool = False) -> Callable[..., None]:
     """DP-SGD on the realised batch: clip each example's gradient to C, sum, add N(0, (σC)² I)
     (or, with the bug, N(0, (σC/B)² I)), divide by B."""
 
-    def step(model, x, y, *, max_grad_norm, noise_multiplier, lr, generator):
+    def step(model, x, y, *, l2_norm_bound, noise_multiplier, lr, generator):
         residual = (2.0 / OUTPUTS) * (model.forward(x) - y)
         grads = np.concatenate(
             [(residual[:, :, None] * x[:, None, :]).reshape(len(x), -1), residual], axis=1
         )
         norms = np.linalg.norm(grads, axis=1, keepdims=True)
         with np.errstate(divide="ignore", invalid="ignore"):
-            clipped = grads * np.where(norms > max_grad_norm, max_grad_norm / norms, 1.0)
-        std = noise_multiplier * max_grad_norm / (len(x) if noise_over_batch else 1.0)
+            clipped = grads * np.where(norms > l2_norm_bound, l2_norm_bound / norms, 1.0)
+        std = noise_multiplier * l2_norm_bound / (len(x) if noise_over_batch else 1.0)
         noise = generator.normal(0.0, std, grads.shape[1])
         model.theta -= lr * (clipped.sum(axis=0) + noise) / len(x)
 

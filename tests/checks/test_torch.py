@@ -127,10 +127,10 @@ def test_opacus_dp_optimizer_passes_every_check():
                 loss_reduction="mean",
             )
 
-        def step(model, x, y, *, max_grad_norm, noise_multiplier, lr, generator):
+        def step(model, x, y, *, l2_norm_bound, noise_multiplier, lr, generator):
             opt.noise_multiplier, opt.max_grad_norm, opt.generator = (
                 noise_multiplier,
-                max_grad_norm,
+                l2_norm_bound,
                 generator,
             )
             for group in opt.param_groups:
@@ -181,8 +181,8 @@ def test_harness_never_changes_the_starting_model_or_the_global_rng():
     assert torch.equal(torch.rand(3), expected)  # the global generator was not consumed
     x = np.random.default_rng(0).standard_normal((4, 10))
     y = harness.predict(x)
-    first = harness.run(x, y + 1.0, max_grad_norm=1.0, noise_multiplier=1.0, seed=1)
-    second = harness.run(x, y + 1.0, max_grad_norm=1.0, noise_multiplier=1.0, seed=1)
+    first = harness.run(x, y + 1.0, l2_norm_bound=1.0, noise_multiplier=1.0, seed=1)
+    second = harness.run(x, y + 1.0, l2_norm_bound=1.0, noise_multiplier=1.0, seed=1)
     np.testing.assert_array_equal(first.params_before, second.params_before)
     np.testing.assert_array_equal(first.params_after, second.params_after)
     assert not np.array_equal(first.params_after, first.params_before)

@@ -70,12 +70,12 @@ def make_dp_sgd_step(*, loss: str = "mse", bug: str | None = None, denominator=N
     """A plain DP-SGD step function with the protocol of ``check_dp_sgd``."""
     assert bug in BUGS
 
-    def step(model, x, y, *, max_grad_norm, noise_multiplier, lr, generator):
+    def step(model, x, y, *, l2_norm_bound, noise_multiplier, lr, generator):
         upd = _noisy_update(
             model,
             x,
             y,
-            c=max_grad_norm,
+            c=l2_norm_bound,
             s=noise_multiplier,
             generator=generator,
             loss=loss,
@@ -97,12 +97,12 @@ def make_adam_step(*, loss: str = "mse", bug: str | None = None, denominator=Non
     def make_step(model):
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
-        def step(model, x, y, *, max_grad_norm, noise_multiplier, lr, generator):
+        def step(model, x, y, *, l2_norm_bound, noise_multiplier, lr, generator):
             upd = _noisy_update(
                 model,
                 x,
                 y,
-                c=max_grad_norm,
+                c=l2_norm_bound,
                 s=noise_multiplier,
                 generator=generator,
                 loss=loss,

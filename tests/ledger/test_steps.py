@@ -195,11 +195,3 @@ def test_runs_equal_a_recomputation_from_steps(steps) -> None:
             assert step.noise_multiplier == hand
         else:
             assert step.noise_multiplier == pytest.approx(hand, rel=1e-14)
-
-
-def test_former_name_of_the_inverse_square_sum_function_warns() -> None:
-    import dpledger.ledger
-
-    with pytest.warns(DeprecationWarning, match="noise_multiplier_from_inverse_square_sum"):
-        former = dpledger.ledger.effective_noise_multiplier
-    assert former is noise_multiplier_from_inverse_square_sum

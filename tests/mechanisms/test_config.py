@@ -1,9 +1,8 @@
-"""DPConfig: every field validated once, resolution of adapter keywords, deprecated aliases."""
+"""DPConfig: every field validated once, resolution of adapter keywords."""
 
 from __future__ import annotations
 
 import math
-import warnings
 
 import attrs
 import pytest
@@ -13,7 +12,6 @@ from hypothesis import strategies as st
 import dpledger
 from dpledger.errors import InvalidParameterError
 from dpledger.mechanisms import AutomaticClipping, DPConfig, FlatClipping, GlobalClipping
-from dpledger.mechanisms.config import deprecated_alias, warn_deprecated
 
 OK = {"l2_norm_bound": 1.0, "noise_multiplier": 1.1}
 
@@ -196,45 +194,11 @@ def test_resolve_refuses_config_with_a_field_it_covers():
             DPConfig.resolve(config, **{field: value})
         assert info.value.parameter == field
     with pytest.raises(InvalidParameterError) as info:
-        DPConfig.resolve(config, spelled={"l2_norm_bound": "max_grad_norm"}, l2_norm_bound=2.0)
-    assert info.value.parameter == "max_grad_norm"
-    with pytest.raises(InvalidParameterError) as info:
         DPConfig.resolve({"l2_norm_bound": 1.0})  # type: ignore[arg-type]
     assert info.value.parameter == "config"
 
 
-def test_resolve_names_a_bad_field_as_spelled():
-    with pytest.raises(InvalidParameterError) as info:
-        DPConfig.resolve(
-            None, spelled={"l2_norm_bound": "max_grad_norm"}, l2_norm_bound=-1.0, noise_multiplier=1
-        )
-    assert info.value.parameter == "max_grad_norm"
+def test_resolve_names_a_bad_field():
     with pytest.raises(InvalidParameterError) as info:
         DPConfig.resolve(None, l2_norm_bound=-1.0, noise_multiplier=1)
     assert info.value.parameter == "l2_norm_bound"
-
-
-def test_deprecated_alias():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert deprecated_alias(new="new", new_value=2, old="old", old_value=None) == 2
-        assert deprecated_alias(new="new", new_value=None, old="old", old_value=None) is None
-
-    def api(**kwargs):
-        return deprecated_alias(new="new", new_value=None, old="old", old_value=kwargs.get("old"))
-
-    with pytest.warns(DeprecationWarning, match="use new= instead") as record:
-        assert api(old=3) == 3
-    assert record[0].filename == __file__  # the warning points at the call of the API
-    with pytest.raises(InvalidParameterError) as info:
-        deprecated_alias(new="new", new_value=2, old="old", old_value=3)
-    assert info.value.parameter == "old"
-
-
-def test_warn_deprecated_points_at_the_caller_of_the_caller():
-    def api() -> None:
-        warn_deprecated("f(x=)", "f(y=)")
-
-    with pytest.warns(DeprecationWarning, match=r"f\(y=\)") as record:
-        api()
-    assert record[0].filename == __file__

@@ -13,16 +13,6 @@ from dpledger.adapters.tensorflow.engine import (
     PerExampleGradientEngine,
     PerExampleNorms,
 )
-from dpledger.adapters.tensorflow.errors import (
-    LedgerNotAttachedError,
-    NoiseSeedReuseError,
-    NoiseStreamEndError,
-    NoiseStreamRollbackError,
-    PerExampleLossError,
-    RecordMixingLayerError,
-    UnrecordedTrainingWarning,
-    UnsupportedLayerError,
-)
 from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, gradient_queries
 from dpledger.adapters.tensorflow.keras_model import DPKerasModel, make_private
 from dpledger.adapters.tensorflow.layer_rules import (
@@ -37,7 +27,7 @@ from dpledger.adapters.tensorflow.private_gradients import PrivateGradients, def
 from dpledger.adapters.tensorflow.recurrent_rules import GRURule, LSTMRule, SimpleRNNRule
 from dpledger.adapters.tensorflow.registry import (
     LayerCall,
-    LayerGradientRule,
+    LayerRule,
     layer_rule,
     register_layer_rule,
     registered_layer_types,
@@ -52,6 +42,15 @@ from dpledger.adapters.tensorflow.sampling import (
     ShuffleSampler,
     TruncatedPoissonSampler,
 )
+from dpledger.errors import (
+    LedgerNotAttachedError,
+    NoiseStreamEndError,
+    PerExampleLossError,
+    RecordMixingLayerError,
+    UnrecordedTrainingWarning,
+    UnsupportedLayerError,
+)
+from dpledger.ledger.correlated import NoiseSeedReuseError, NoiseStreamRollbackError
 
 __all__ = [
     "BallsInBinsSampler",
@@ -67,8 +66,8 @@ __all__ = [
     "GradientQueries",
     "LSTMRule",
     "LayerCall",
-    "LayerGradientRule",
     "LayerNormalizationRule",
+    "LayerRule",
     "LedgerNotAttachedError",
     "NoiseSeedReuseError",
     "NoiseStreamEndError",

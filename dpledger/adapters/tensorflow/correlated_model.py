@@ -37,10 +37,9 @@ from dpledger.adapters.tensorflow.correlated_step import (
     state_to_json,
 )
 from dpledger.adapters.tensorflow.cyclic_sampler import CyclicSampler
-from dpledger.adapters.tensorflow.errors import NoiseStreamEndError
 from dpledger.adapters.tensorflow.fit_data import BATCH_SOURCES
 from dpledger.adapters.tensorflow.gradient_queries import GradientQueries
-from dpledger.errors import InvalidParameterError, SamplerMismatchError
+from dpledger.errors import InvalidParameterError, NoiseStreamEndError, SamplerMismatchError
 from dpledger.ledger import NeighboringRelation, PrivacyLedger
 from dpledger.ledger.correlated import check_stream_resume
 from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent

@@ -69,7 +69,7 @@ class EinsumDenseRule(_LinearKernelRule):
     """
 
     def unsupported_reason(self, layer: keras.layers.Layer) -> str | None:
-        """See :meth:`LayerGradientRule.unsupported_reason`."""
+        """See :meth:`LayerRule.unsupported_reason`."""
         reason = _common_unsupported(layer)
         if reason is not None:
             return reason
@@ -88,7 +88,7 @@ class EinsumDenseRule(_LinearKernelRule):
         return (layer.kernel,) if layer.bias is None else (layer.kernel, layer.bias)
 
     def forward(self, layer, call, args, kwargs, tap):
-        """See :meth:`LayerGradientRule.forward`."""
+        """See :meth:`LayerRule.forward`."""
         x = _first_input(args, kwargs)
         z = keras.ops.einsum(layer.equation, x, layer.kernel)
         if layer.bias is not None:
@@ -131,7 +131,7 @@ class EinsumDenseRule(_LinearKernelRule):
         return tf.transpose(t, perm)
 
     def squared_norms(self, layer, calls, *, batch_size):
-        """See :meth:`LayerGradientRule.squared_norms`."""
+        """See :meth:`LayerRule.squared_norms`."""
         dtype = layer.kernel.dtype
         xs = [tf.cast(c.saved, dtype) for c in calls]
         gs = [tf.cast(c.output_gradients[0], dtype) for c in calls]
@@ -157,7 +157,7 @@ class EinsumDenseRule(_LinearKernelRule):
         return (kernel_sq, _rows_sq(bias_pe)), (kernel_res, bias_pe)
 
     def weighted_sums(self, layer, residual, factors):
-        """See :meth:`LayerGradientRule.weighted_sums`."""
+        """See :meth:`LayerRule.weighted_sums`."""
         kernel_res = residual[0]
         if "einsum" in kernel_res:
             kernel_sum = _contract(factors[0], kernel_res["einsum"])

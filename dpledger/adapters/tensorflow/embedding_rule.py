@@ -8,7 +8,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.registry import LayerGradientRule, register_layer_rule
+from dpledger.adapters.tensorflow.registry import LayerRule, register_layer_rule
 from dpledger.adapters.tensorflow.rule_algebra import (
     _common_unsupported,
     _concat_positions,
@@ -22,7 +22,7 @@ from dpledger.adapters.tensorflow.rule_algebra import (
 __all__ = ["EmbeddingRule"]
 
 
-class EmbeddingRule(LayerGradientRule):
+class EmbeddingRule(LayerRule):
     """``keras.layers.Embedding``: y = E[ids].
 
     ∂ℓ_i/∂E adds the output gradients of the positions of record i that hold the same id, so
@@ -31,7 +31,7 @@ class EmbeddingRule(LayerGradientRule):
     """
 
     def unsupported_reason(self, layer: keras.layers.Layer) -> str | None:
-        """See :meth:`LayerGradientRule.unsupported_reason`."""
+        """See :meth:`LayerRule.unsupported_reason`."""
         return _common_unsupported(layer)
 
     def variables(self, layer: keras.layers.Layer) -> tuple[keras.Variable, ...]:
@@ -39,7 +39,7 @@ class EmbeddingRule(LayerGradientRule):
         return (layer.embeddings,)
 
     def forward(self, layer, call, args, kwargs, tap):
-        """See :meth:`LayerGradientRule.forward`."""
+        """See :meth:`LayerRule.forward`."""
         ids = _first_input(args, kwargs)
         if ids.dtype not in ("int32", "int64", tf.int32, tf.int64):
             ids = keras.ops.cast(ids, "int32")
@@ -48,7 +48,7 @@ class EmbeddingRule(LayerGradientRule):
         return out, ids
 
     def squared_norms(self, layer, calls, *, batch_size):
-        """See :meth:`LayerGradientRule.squared_norms`."""
+        """See :meth:`LayerRule.squared_norms`."""
         dtype = layer.embeddings.dtype
         dim = layer.embeddings.shape[-1]
         ids = _concat_positions([_records(tf.cast(c.saved, tf.int64), batch_size) for c in calls])
@@ -69,7 +69,7 @@ class EmbeddingRule(LayerGradientRule):
         return (norms,), ((ids, g),)
 
     def weighted_sums(self, layer, residual, factors):
-        """See :meth:`LayerGradientRule.weighted_sums`."""
+        """See :meth:`LayerRule.weighted_sums`."""
         ids, g = residual[0]
         dim = layer.embeddings.shape[-1]
         scaled = _scale_records(g, factors[0])

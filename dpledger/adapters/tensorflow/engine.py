@@ -17,7 +17,8 @@ whatever device the tensors live, and keeps the variables' dtypes.
 
 Two paths compute (a) and (c):
 
-* **fast** — per-example norms without materialising per-example gradients where that is cheaper
+* **ghost** (the fast path) — per-example norms without materialising per-example gradients
+  where that is cheaper
   (ghost norm, Li et al. 2022), from the activations and output gradients of the layers that have
   a rule in :mod:`~dpledger.adapters.tensorflow.registry` (Dense, EinsumDense, Conv2D, Embedding,
   LayerNormalization, and SimpleRNN, LSTM, GRU — also inside ``Bidirectional`` — built in; see
@@ -29,19 +30,20 @@ Two paths compute (a) and (c):
   group, which a reweighted loss cannot express, (2) the factors may be computed outside the
   traced step, and (3) it was faster on every benchmark model (the second backward repeats the
   input-gradient chain through every layer; see benchmarks/RESULTS.md).
-* **vectorized** — ``tf.vectorized_map`` of a per-example forward and backward pass
+* **generic** (the vectorised path) — ``tf.vectorized_map`` of a per-example forward and
+  backward pass
   (:mod:`~dpledger.adapters.tensorflow.vectorized`); works for any differentiable model and
   materialises the B per-example gradients.
 
-``method="auto"`` uses the fast path when every trainable variable belongs to a layer with a
+``strategy="auto"`` uses the fast path when every trainable variable belongs to a layer with a
 rule, is used only inside that layer's forward, and every such layer sees the whole batch along
 axis 0; otherwise it falls back to the vectorised path and logs why, once per engine.
 
 Models whose layers mix the records of a batch are refused with
-:class:`~dpledger.adapters.tensorflow.errors.RecordMixingLayerError` (BatchNormalization in
+:class:`~dpledger.errors.RecordMixingLayerError` (BatchNormalization in
 training mode, stateful RNNs): per-example gradients are not defined for them. Recurrent
 layers with ``recurrent_dropout`` are refused with
-:class:`~dpledger.adapters.tensorflow.errors.UnsupportedLayerError`.
+:class:`~dpledger.errors.UnsupportedLayerError`.
 
 Regularisation losses in ``model.losses`` are not per-example terms and are not included here.
 """
@@ -57,7 +59,6 @@ import keras
 import tensorflow as tf
 
 from dpledger.adapters.tensorflow import layer_rules as _layer_rules  # noqa: F401 (registers)
-from dpledger.adapters.tensorflow.errors import UnsupportedLayerError
 from dpledger.adapters.tensorflow.layer_taps import (
     FastPathUnsupportedError,
     batch_size_of,
@@ -75,7 +76,7 @@ from dpledger.adapters.tensorflow.norm_paths import (
     fast_norms,
     vectorized_norms,
 )
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import InvalidParameterError, UnsupportedLayerError
 
 __all__ = [
     "ClippedGradients",
@@ -86,7 +87,7 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-_METHODS = ("auto", "fast", "vectorized")
+_STRATEGIES = ("auto", "ghost", "generic")
 
 
 @attrs.frozen
@@ -126,13 +127,15 @@ class PerExampleGradientEngine:
         loss: the per-example loss: a Keras loss with ``reduction="none"``, a Keras loss or loss
             name to switch to ``reduction="none"`` (see ``auto_reduction``), or a callable
             ``loss(y_true, y_pred)`` returning shape ``(B,)``.
-        method: ``"auto"`` (fast path, falling back to the vectorised path when the model needs
-            it), ``"fast"`` (fast path or :class:`UnsupportedLayerError`), or ``"vectorized"``.
+        strategy: ``"auto"`` (fast path, falling back to the vectorised path when the model
+            needs it), ``"ghost"`` (fast path or :class:`UnsupportedLayerError`), or
+            ``"generic"`` (the vectorised path); the values of
+            :attr:`~dpledger.mechanisms.DPConfig.strategy` (``"per_example"`` is PyTorch only).
         auto_reduction: switch a Keras loss with a reducing ``reduction`` to ``"none"`` instead
             of raising :class:`PerExampleLossError`.
 
     Raises:
-        InvalidParameterError: for a model that is not a Keras model or a bad ``method``.
+        InvalidParameterError: for a model that is not a Keras model or a bad ``strategy``.
         PerExampleLossError: for a loss that cannot give per-example values.
 
     The model must be built (called once, or ``model.build(shape)``) before the first step.
@@ -149,16 +152,18 @@ class PerExampleGradientEngine:
         model: keras.Model,
         loss: Any,
         *,
-        method: str = "auto",
+        strategy: str = "auto",
         auto_reduction: bool = True,
     ) -> None:
         if not isinstance(model, keras.Model):
             raise InvalidParameterError("model", model, "a keras.Model")
-        if method not in _METHODS:
-            raise InvalidParameterError("method", method, f"one of {', '.join(_METHODS)}")
+        if strategy not in _STRATEGIES:
+            raise InvalidParameterError(
+                "strategy", strategy, f"one of {_STRATEGIES} ('per_example' is PyTorch only)"
+            )
         self._model = model
         self._loss = per_example_loss(loss, auto_reduction=auto_reduction)
-        self._method = method
+        self._strategy = strategy
         self._analysis_cache: ModelAnalysis | None = None
         self._fallback_logged = False
         self._while_loops_logged = False
@@ -167,7 +172,7 @@ class PerExampleGradientEngine:
         refuse_record_mixing(self._model)
         if model.built:
             analysis = self._analysis()
-            if method == "fast" and analysis.fast_unsupported is not None:
+            if strategy == "ghost" and analysis.fast_unsupported is not None:
                 self._use_vectorized(analysis.fast_unsupported)
 
     # ---------------------------------------------------------------- properties
@@ -183,13 +188,13 @@ class PerExampleGradientEngine:
         return self._loss
 
     @property
-    def method(self) -> str:
-        """The requested method: ``"auto"``, ``"fast"`` or ``"vectorized"``."""
-        return self._method
+    def strategy(self) -> str:
+        """The requested strategy: ``"auto"``, ``"ghost"`` or ``"generic"``."""
+        return self._strategy
 
     @property
     def path(self) -> str | None:
-        """The path the last traced step used (``"fast"`` or ``"vectorized"``), or None."""
+        """The path the last traced step used (``"ghost"`` or ``"generic"``), or None."""
         return self._last_path
 
     @property
@@ -207,7 +212,7 @@ class PerExampleGradientEngine:
             return cached
         check_built(self._model)
         refuse_record_mixing(self._model)
-        entries, reason = fast_path_plan(self._model, variables, method=self._method)
+        entries, reason = fast_path_plan(self._model, variables, strategy=self._strategy)
         analysis = ModelAnalysis(
             key=key, variables=variables, entries=entries, fast_unsupported=reason
         )
@@ -215,14 +220,14 @@ class PerExampleGradientEngine:
         return analysis
 
     def _use_vectorized(self, reason: str) -> None:
-        if self._method == "fast":
+        if self._strategy == "ghost":
             raise UnsupportedLayerError(
                 f"the fast path cannot handle model {self._model.name!r}: {reason}. Use "
-                "method='auto' or method='vectorized'.",
+                "strategy='auto' or strategy='generic'.",
                 layer_name=self._model.name,
                 layer_type=type(self._model).__name__,
             )
-        if not self._fallback_logged and self._method == "auto":
+        if not self._fallback_logged and self._strategy == "auto":
             self._fallback_logged = True
             _log.warning(
                 "model %r: using the vectorised per-example gradient path (slower, more "
@@ -250,7 +255,7 @@ class PerExampleGradientEngine:
 
         Raises:
             RecordMixingLayerError: the model has a BatchNormalization layer in training mode.
-            UnsupportedLayerError: with ``method="fast"`` when the fast path cannot be used.
+            UnsupportedLayerError: with ``strategy="ghost"`` when the fast path cannot be used.
             PerExampleLossError: when the loss does not return per-example values.
         """
         analysis = self._analysis()
@@ -300,15 +305,15 @@ class PerExampleGradientEngine:
         if analysis.entries is not None and self._forced_vectorized is None:
             try:
                 result = self._fast_norms(analysis, inputs, targets, sample_weight, mask)
-                self._last_path = "fast"
+                self._last_path = "ghost"
                 return result
             except FastPathUnsupportedError as exc:
                 self._forced_vectorized = str(exc)
         reason = self._forced_vectorized or analysis.fast_unsupported or "unknown"
-        if self._method != "vectorized":
+        if self._strategy != "generic":
             self._use_vectorized(reason)
         result = self._vectorized_norms(analysis, inputs, targets, sample_weight, mask)
-        self._last_path = "vectorized"
+        self._last_path = "generic"
         return result
 
     @tf.autograph.experimental.do_not_convert

@@ -13,10 +13,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.errors import UnsupportedLayerError
 from dpledger.adapters.tensorflow.step_events import StepEvents
 from dpledger.adapters.tensorflow.stepwise_samplers import PoissonSampler
-from dpledger.errors import InvalidParameterError, SamplerMismatchError
+from dpledger.errors import InvalidParameterError, SamplerMismatchError, UnsupportedLayerError
 from dpledger.ledger import SamplingScheme
 from dpledger.validation import check_positive_int
 

@@ -23,13 +23,8 @@ mechanisms' helpers:
 Every strategy of :mod:`dpledger.mechanisms.clipping` can be used within the groups (flat, global,
 automatic).
 
-The vocabulary is the PyTorch adapter's and :class:`~dpledger.mechanisms.DPConfig`'s. The former
-TensorFlow values keep working for one release with a :class:`DeprecationWarning`:
-``l2_norm_clip=`` (now ``l2_norm_bound=``), ``groups="per_variable"`` (now ``"per_parameter"``),
-``groups=[[paths], ...]`` (now ``{"group0": [paths], ...}``, the same labels) and, for
-:class:`~dpledger.adapters.tensorflow.DPKerasModel` and
-:class:`~dpledger.adapters.tensorflow.PrivateGradients`, ``method="fast"`` / ``"vectorized"``
-(now ``strategy="ghost"`` / ``"generic"``). ``groups=None`` means "not given": one group.
+The vocabulary is the PyTorch adapter's and :class:`~dpledger.mechanisms.DPConfig`'s.
+``groups=None`` means "not given": one group.
 """
 
 from __future__ import annotations
@@ -50,83 +45,30 @@ from dpledger.mechanisms import (
     allocate,
 )
 from dpledger.mechanisms.clipping import check_clip_margin
-from dpledger.mechanisms.config import (
-    check_groups,
-    check_strategy,
-    deprecated_alias,
-    l2_norm_bound_alias,
-    warn_deprecated,
-)
+from dpledger.mechanisms.config import FLAT_LABEL, check_groups, check_strategy
 from dpledger.validation import check_non_negative_finite, check_positive_finite
 
 __all__ = ["GradientQueries", "gradient_queries"]
 
-_METHODS = ("auto", "fast", "vectorized")
-_STRATEGY_OF_METHOD = {"auto": "auto", "fast": "ghost", "vectorized": "generic"}
-_METHOD_OF_STRATEGY = {strategy: method for method, strategy in _STRATEGY_OF_METHOD.items()}
+_STRATEGIES = ("auto", "ghost", "generic")
 
 
-def current_groups(groups: Any, *, stacklevel: int = 2) -> Any:
-    """``groups`` in the shared vocabulary: the former TensorFlow values are translated with a
-    :class:`DeprecationWarning` (``"per_variable"`` → ``"per_parameter"``, a list of lists of
-    paths → ``{"group0": [...], ...}``, the labels they had); None stays None (not given).
+def engine_strategy(strategy: str | None) -> str:
+    """The engine's ``strategy`` (``"auto"``, ``"ghost"``, ``"generic"``; None: ``"auto"``).
 
     Raises:
-        InvalidParameterError: a group of a list that is not a non-empty list of paths.
+        InvalidParameterError: a value outside the strategies (``"per_example"`` has no
+            TensorFlow engine).
     """
-    if groups == "per_variable":
-        warn_deprecated(
-            "groups='per_variable'", "groups='per_parameter'", stacklevel=stacklevel + 1
-        )
-        return "per_parameter"
-    if groups is None or isinstance(groups, (str, bytes, Mapping)):
-        return groups
-    if not isinstance(groups, Sequence) or not groups:
-        return groups  # refused by the groups check, naming it
-    for g, group in enumerate(groups):
-        if isinstance(group, (str, bytes)) or not isinstance(group, Sequence) or not group:
-            raise InvalidParameterError(
-                f"groups[{g}]", group, "a non-empty list of trainable variable paths"
-            )
-    warn_deprecated(
-        "groups=[[variable paths], ...]",
-        "groups={label: [variable paths]} (e.g. {'group0': [...], 'group1': [...]})",
-        stacklevel=stacklevel + 1,
-    )
-    return {f"group{g}": list(group) for g, group in enumerate(groups)}
-
-
-def engine_method(*, strategy: str | None, method: str | None, stacklevel: int = 2) -> str:
-    """The engine's ``method`` for ``strategy=`` (``"auto"``, ``"ghost"``, ``"generic"``), or
-    for the deprecated ``method=`` (``"auto"``, ``"fast"``, ``"vectorized"``; a
-    :class:`DeprecationWarning` names the strategy).
-
-    Raises:
-        InvalidParameterError: both given, or a value outside its keyword's values
-            (``"per_example"`` has no TensorFlow engine).
-    """
-    if method is not None:
-        if strategy is not None:
-            raise InvalidParameterError(
-                "method", method, "not given with strategy= (method= is its deprecated name)"
-            )
-        if method not in _METHODS:
-            raise InvalidParameterError("method", method, "one of 'auto', 'fast', 'vectorized'")
-        warn_deprecated(
-            f"method={method!r}",
-            f"strategy={_STRATEGY_OF_METHOD[method]!r}",
-            stacklevel=stacklevel + 1,
-        )
-        return method
     strategy = check_strategy("strategy", "auto" if strategy is None else strategy)
-    if strategy not in _METHOD_OF_STRATEGY:
+    if strategy not in _STRATEGIES:
         raise InvalidParameterError(
             "strategy",
             strategy,
             "'auto', 'ghost' or 'generic' with TensorFlow ('generic' materialises the "
             "per-example gradients of any model)",
         )
-    return _METHOD_OF_STRATEGY[strategy]
+    return strategy
 
 
 @attrs.frozen
@@ -136,14 +78,14 @@ class AdapterSettings:
     Attributes:
         config: the step's config; None with explicit ``queries`` (which take none).
         groups: the groups, in the shared vocabulary.
-        method: the engine's method (``"auto"``, ``"fast"``, ``"vectorized"``).
+        strategy: the engine's strategy (``"auto"``, ``"ghost"``, ``"generic"``).
         clip_margin: ρ, or None (by dtype).
         explicit: with explicit ``queries``, the keywords of :func:`gradient_queries`.
     """
 
     config: DPConfig | None
     groups: Any
-    method: str
+    strategy: str
     clip_margin: float | None
     explicit: Mapping[str, Any] | None = None
 
@@ -159,36 +101,18 @@ def adapter_settings(
     config: DPConfig | None,
     queries: Any,
     l2_norm_bound: Any,
-    l2_norm_clip: Any,
     groups: Any,
     strategy: Any,
-    method: Any,
     clip_margin: Any,
-    stacklevel: int = 2,
     **fields: Any,
 ) -> AdapterSettings:
     """The settings of a Keras adapter from ``config=`` or its keyword arguments (the fields of
-    :class:`~dpledger.mechanisms.DPConfig`, None for "not given"), with the deprecated
-    ``l2_norm_clip=``, ``method=`` and TensorFlow ``groups`` values translated (and warned
-    about).
+    :class:`~dpledger.mechanisms.DPConfig`, None for "not given").
 
     Raises:
         InvalidParameterError: a bad argument, or ``config`` with a field it covers (or with
             ``queries``).
     """
-    level = stacklevel + 1
-    bound, spelled = l2_norm_bound_alias(
-        l2_norm_bound=l2_norm_bound, old="l2_norm_clip", old_value=l2_norm_clip, stacklevel=level
-    )
-    groups = current_groups(groups, stacklevel=level)
-    if method is not None:
-        engine_method(strategy=strategy, method=method, stacklevel=level)
-        if config is not None:
-            raise InvalidParameterError(
-                "method", method, "not given with config= (config.strategy sets the strategy)"
-            )
-        strategy = _STRATEGY_OF_METHOD[method]
-        spelled["strategy"] = "method"
     if queries is not None:
         if config is not None:
             raise InvalidParameterError(
@@ -197,17 +121,19 @@ def adapter_settings(
         return AdapterSettings(
             config=None,
             groups="all" if groups is None else groups,
-            method=engine_method(strategy=strategy, method=None),
+            strategy=engine_strategy(strategy),
             clip_margin=check_clip_margin("clip_margin", clip_margin),
             explicit={
                 "queries": queries,
-                "l2_norm_bound": bound,
+                "l2_norm_bound": l2_norm_bound,
                 "noise_multiplier": fields.get("noise_multiplier"),
                 "scales": fields.get("scales"),
             },
         )
-    fields.update(l2_norm_bound=bound, groups=groups, strategy=strategy, clip_margin=clip_margin)
-    config = DPConfig.resolve(config, spelled=spelled, **fields)
+    fields.update(
+        l2_norm_bound=l2_norm_bound, groups=groups, strategy=strategy, clip_margin=clip_margin
+    )
+    config = DPConfig.resolve(config, **fields)
     if config.noise_multiplier is None:
         raise InvalidParameterError(
             "target_epsilon",
@@ -218,7 +144,7 @@ def adapter_settings(
     return AdapterSettings(
         config=config,
         groups=config.groups,
-        method=engine_method(strategy=config.strategy, method=None),
+        strategy=engine_strategy(config.strategy),
         clip_margin=config.clip_margin,
     )
 
@@ -227,10 +153,8 @@ SETTING_KEYWORDS = (
     "config",
     "queries",
     "l2_norm_bound",
-    "l2_norm_clip",
     "groups",
     "strategy",
-    "method",
     "clip_margin",
     "noise_multiplier",
     "clipping",
@@ -241,7 +165,7 @@ SETTING_KEYWORDS = (
 """The keyword arguments of the Keras adapters' constructors that make their settings."""
 
 
-def settings_of_arguments(arguments: Mapping[str, Any], *, stacklevel: int = 2) -> AdapterSettings:
+def settings_of_arguments(arguments: Mapping[str, Any]) -> AdapterSettings:
     """:func:`adapter_settings` of a constructor's arguments: the one place where
     :class:`~dpledger.adapters.tensorflow.DPKerasModel` and
     :class:`~dpledger.adapters.tensorflow.PrivateGradients` forward their
@@ -249,13 +173,12 @@ def settings_of_arguments(arguments: Mapping[str, Any], *, stacklevel: int = 2) 
 
     Args:
         arguments: the constructor's arguments by name (``locals()``; other names are ignored).
-        stacklevel: as for :func:`warnings.warn`, counted from the caller of this function.
 
     Raises:
         InvalidParameterError: as :func:`adapter_settings`.
     """
     given = {name: arguments[name] for name in SETTING_KEYWORDS}
-    return adapter_settings(**given, stacklevel=stacklevel + 1)
+    return adapter_settings(**given)
 
 
 def queries_of(variables: Sequence[Any], config: DPConfig) -> GradientQueries:
@@ -300,7 +223,7 @@ def _group_members(variables: Sequence[Any], groups: Any) -> tuple[list[list[int
     count = len(variables)
     groups = check_groups("groups", "all" if groups is None else groups)
     if groups == "all":
-        return [list(range(count))], ["gradient"]
+        return [list(range(count))], [FLAT_LABEL]
     if groups == "per_parameter":
         return [[j] for j in range(count)], [_path(v) for v in variables]
     if groups == "per_layer":
@@ -352,7 +275,6 @@ def gradient_queries(
     noise_allocation: str = "proportional",
     scales: Mapping[str, float] | None = None,
     queries: Sequence[GaussianSumQuery] | None = None,
-    l2_norm_clip: float | None = None,
 ) -> GradientQueries:
     """Build the Gaussian sum queries of a DP step over ``variables``.
 
@@ -366,14 +288,13 @@ def gradient_queries(
         clipping: the clipping strategy of every group (``"flat"``, ``"global"``,
             ``"automatic"`` or a :class:`ClippingStrategy`).
         groups: ``"all"`` (default; None too), ``"per_layer"``, ``"per_parameter"`` or
-            ``{label: [variable paths]}`` (deprecated: ``"per_variable"``, lists of lists).
+            ``{label: [variable paths]}``.
         clip_split: ``"equal"`` (S_g = S*/√m) or ``"dimension"`` (S_g = S*·√(d_g/D)).
         noise_allocation: ``"proportional"`` (σ̃_g = z·√G·S_g) or ``"dimension"``
             (σ̃_g = z·√(D/d_g)·S_g).
         scales: joint scaled clipping: α_j > 0 per variable path (others get α = 1).
         queries: explicit queries, one per group (then ``l2_norm_bound``, ``noise_multiplier``,
             ``clipping``, ``clip_split``, ``noise_allocation`` and ``scales`` must be left unset).
-        l2_norm_clip: deprecated name of ``l2_norm_bound`` (a :class:`DeprecationWarning`).
 
     Returns:
         The :class:`GradientQueries`.
@@ -384,17 +305,13 @@ def gradient_queries(
     variables = tuple(variables)
     if not variables:
         raise InvalidParameterError("variables", variables, "at least one trainable variable")
-    spelled = "l2_norm_bound" if l2_norm_clip is None else "l2_norm_clip"
-    l2_norm_bound = deprecated_alias(
-        new="l2_norm_bound", new_value=l2_norm_bound, old="l2_norm_clip", old_value=l2_norm_clip
-    )
-    members, labels = _group_members(variables, current_groups(groups))
+    members, labels = _group_members(variables, groups)
     if queries is not None:
         if l2_norm_bound is not None or noise_multiplier is not None or scales is not None:
             raise InvalidParameterError(
                 "queries",
-                f"given with {spelled}/noise_multiplier/scales",
-                f"either explicit queries or {spelled} and noise_multiplier, not both",
+                "given with l2_norm_bound/noise_multiplier/scales",
+                "either explicit queries or l2_norm_bound and noise_multiplier, not both",
             )
         if isinstance(queries, GaussianSumQuery):
             queries = [queries]
@@ -411,10 +328,10 @@ def gradient_queries(
         grouped = GroupedSumQuery(query_list)
     else:
         if l2_norm_bound is None:
-            raise InvalidParameterError(spelled, None, "a clip bound S > 0")
+            raise InvalidParameterError("l2_norm_bound", None, "a clip bound S > 0")
         if noise_multiplier is None:
             raise InvalidParameterError("noise_multiplier", None, "a noise multiplier z >= 0")
-        total = check_positive_finite(spelled, l2_norm_bound)
+        total = check_positive_finite("l2_norm_bound", l2_norm_bound)
         z = check_non_negative_finite("noise_multiplier", noise_multiplier)
         strategy = ClippingStrategy.parse(clipping)
         allocation = allocate(

@@ -5,7 +5,7 @@ After ``dp_model = DPKerasModel(model, ...)``, ``model.fit(...)``, ``model.train
 or ``model.train_step(...)`` would update the same weights with ordinary, non-private steps that
 the ledger never sees: the ε the ledger gives would then not describe the trained weights.
 :func:`warn_on_direct_training` makes those three methods of the wrapped model warn
-(:class:`~dpledger.adapters.tensorflow.errors.UnrecordedTrainingWarning` and a log record), once
+(:class:`~dpledger.errors.UnrecordedTrainingWarning` and a log record), once
 per call, before they run. The wrapper's own steps call the model's forward pass, never these
 methods, and ``predict`` / ``evaluate`` are left alone, so neither warns.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 import keras
 
-from dpledger.adapters.tensorflow.errors import UnrecordedTrainingWarning
+from dpledger.errors import UnrecordedTrainingWarning
 
 __all__ = ["GUARDED_METHODS", "warn_on_direct_training"]
 

@@ -26,12 +26,12 @@ Saving: ``dp_model.save(path)`` and ``keras.models.load_model(path)`` give back 
 compiled loss and optimizer, and the DP configuration (:attr:`DPKerasModel.dp_config`, the
 sampling event); see :mod:`~dpledger.adapters.tensorflow.model_saving`. The ledger is a file the
 user owns and is not saved: the loaded model raises
-:class:`~dpledger.adapters.tensorflow.errors.LedgerNotAttachedError` on training until
+:class:`~dpledger.errors.LedgerNotAttachedError` on training until
 :meth:`DPKerasModel.attach_ledger` gives it one (``PrivacyLedger(path, resume=True)`` continues
 the run's file), so it never starts a new ledger that would pass for the old one.
 
 Training the wrapped model itself (its ``fit``, ``train_on_batch`` or ``train_step``) after
-wrapping warns with :class:`~dpledger.adapters.tensorflow.errors.UnrecordedTrainingWarning`
+wrapping warns with :class:`~dpledger.errors.UnrecordedTrainingWarning`
 (:mod:`~dpledger.adapters.tensorflow.inner_training`): such steps are neither private nor
 recorded.
 
@@ -68,7 +68,6 @@ from dpledger.adapters.tensorflow.correlated_model import (
 from dpledger.adapters.tensorflow.correlated_step import CorrelatedDPStep, CorrelatedStream
 from dpledger.adapters.tensorflow.dp_step import DPStep
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
-from dpledger.adapters.tensorflow.errors import LedgerNotAttachedError, PerExampleLossError
 from dpledger.adapters.tensorflow.fit_data import (
     BATCH_SOURCES,
     check_sampled_batches,
@@ -90,7 +89,7 @@ from dpledger.adapters.tensorflow.record_probe import (
 from dpledger.adapters.tensorflow.step_events import StepEvents, step_events_of
 from dpledger.adapters.tensorflow.train_function import dp_train_function
 from dpledger.diagnostics.bias import ClippingBiasCallback
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import InvalidParameterError, LedgerNotAttachedError, PerExampleLossError
 from dpledger.ledger import PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, DPConfig, GaussianSumQuery
 
@@ -161,9 +160,6 @@ class DPKerasModel(SavedDPModel, keras.Model):
             (:mod:`~dpledger.adapters.tensorflow.record_probe`; nothing is recorded). False
             switches it off and logs a warning.
         name: the wrapper's name.
-        l2_norm_clip: deprecated name of ``l2_norm_bound`` (a :class:`DeprecationWarning`).
-        method: deprecated name of ``strategy``: ``"auto"``, ``"fast"`` (``strategy="ghost"``)
-            or ``"vectorized"`` (``strategy="generic"``).
         noise: ``"independent"`` (DP-SGD, default) or a
             :class:`~dpledger.mechanisms.correlated.CorrelatedNoiseSpec`: one correlated-noise
             release over the spec's T steps, with σ = z·S, drawn from a
@@ -171,8 +167,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
             (:mod:`~dpledger.adapters.tensorflow.correlated_model`; one group, no ``generator``).
 
     The fields of :class:`~dpledger.mechanisms.DPConfig` given as None take the defaults above,
-    or the values of ``config``. The former ``groups`` values ``"per_variable"`` and lists of
-    lists of paths still work, with a :class:`DeprecationWarning`.
+    or the values of ``config``.
 
     Raises:
         InvalidParameterError: a bad argument (naming it), or a ledger whose neighbouring
@@ -206,8 +201,6 @@ class DPKerasModel(SavedDPModel, keras.Model):
         bias_callback: ClippingBiasCallback | None = None,
         check_record_independence: bool = True,
         name: str | None = None,
-        l2_norm_clip: float | None = None,
-        method: str | None = None,
         noise: Any = "independent",
     ) -> None:
         if not isinstance(model, keras.Model):
@@ -229,7 +222,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
             events = step_events_of(sampler, sampling_probability, population_size)
         # The engine refuses record-mixing layers now; it gets the loss at compile time.
         PerExampleGradientEngine(
-            model, lambda y, p: tf.zeros(tf.shape(p)[:1]), method=settings.method
+            model, lambda y, p: tf.zeros(tf.shape(p)[:1]), strategy=settings.strategy
         )
         self.model = model
         self._dp_groups = settings.groups
@@ -243,7 +236,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
         self._dp_iterator: Any = None  # the iterator of the current epoch, and the next
         self._dp_position = 0  # step's position in it
         self._dp_generator = generator_of(generator, seed)
-        self._dp_method = settings.method
+        self._dp_strategy = settings.strategy
         self._dp_margin = settings.clip_margin
         self._dp_bias_callback = check_bias_callback(bias_callback)
         self._dp_loss: Any = None
@@ -347,7 +340,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
         if first is None:
             return
         inputs, targets, weights = keras.utils.unpack_x_y_sample_weight(first)
-        engine = PerExampleGradientEngine(self.model, self._dp_loss, method=self._dp_method)
+        engine = PerExampleGradientEngine(self.model, self._dp_loss, strategy=self._dp_strategy)
         if probe_record_independence(
             self.model, engine=engine, inputs=inputs, targets=targets, sample_weight=weights
         ):
@@ -446,7 +439,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
         ledger = self._attached_ledger()
         if self._dp_loss is None:
             raise PerExampleLossError("compile the DPKerasModel with a loss before fit")
-        engine = PerExampleGradientEngine(self.model, self._dp_loss, method=self._dp_method)
+        engine = PerExampleGradientEngine(self.model, self._dp_loss, strategy=self._dp_strategy)
         variables = engine.trainable_variables
         expected = [id(v) for v in variables]
         queries = self._dp_queries

@@ -43,7 +43,7 @@ from dpledger.adapters.tensorflow.conv_gradients import (
 from dpledger.adapters.tensorflow.einsum_rule import EinsumDenseRule
 from dpledger.adapters.tensorflow.embedding_rule import EmbeddingRule
 from dpledger.adapters.tensorflow.normalization_rule import LayerNormalizationRule
-from dpledger.adapters.tensorflow.registry import LayerGradientRule, register_layer_rule
+from dpledger.adapters.tensorflow.registry import LayerRule, register_layer_rule
 from dpledger.adapters.tensorflow.rule_algebra import (
     _common_unsupported,
     _concat_positions,
@@ -74,7 +74,7 @@ class DenseRule(_LinearKernelRule):
     """``keras.layers.Dense``: z = x W + b on the last axis of x, y = activation(z)."""
 
     def unsupported_reason(self, layer: keras.layers.Layer) -> str | None:
-        """See :meth:`LayerGradientRule.unsupported_reason`."""
+        """See :meth:`LayerRule.unsupported_reason`."""
         return _common_unsupported(layer)
 
     def variables(self, layer: keras.layers.Layer) -> tuple[keras.Variable, ...]:
@@ -82,7 +82,7 @@ class DenseRule(_LinearKernelRule):
         return (layer.kernel,) if layer.bias is None else (layer.kernel, layer.bias)
 
     def forward(self, layer, call, args, kwargs, tap):
-        """See :meth:`LayerGradientRule.forward`."""
+        """See :meth:`LayerRule.forward`."""
         x = _first_input(args, kwargs)
         z = keras.ops.matmul(x, layer.kernel)
         if layer.bias is not None:
@@ -91,7 +91,7 @@ class DenseRule(_LinearKernelRule):
         return (layer.activation(z) if layer.activation is not None else z), x
 
     def squared_norms(self, layer, calls, *, batch_size):
-        """See :meth:`LayerGradientRule.squared_norms`."""
+        """See :meth:`LayerRule.squared_norms`."""
         dtype = layer.kernel.dtype
         a = _concat_positions([_positions(c.saved, batch_size, dtype) for c in calls])
         g = _concat_positions([_positions(c.output_gradients[0], batch_size, dtype) for c in calls])
@@ -102,7 +102,7 @@ class DenseRule(_LinearKernelRule):
         return (kernel_sq, _rows_sq(bias_pe)), (kernel_res, bias_pe)
 
     def weighted_sums(self, layer, residual, factors):
-        """See :meth:`LayerGradientRule.weighted_sums`."""
+        """See :meth:`LayerRule.weighted_sums`."""
         sums = [self._kernel_sum(residual[0], factors[0])]
         if layer.bias is not None:
             sums.append(_contract(factors[1], residual[1]))
@@ -117,7 +117,7 @@ class DenseRule(_LinearKernelRule):
 # LayerNormalization
 
 
-class Conv2DRule(LayerGradientRule):
+class Conv2DRule(LayerRule):
     """``keras.layers.Conv2D`` (groups = 1, padding "valid" or "same", any strides/dilation).
 
     With T output pixels, K = k_h·k_w·C and F filters, the kernel norms are either ghost norms
@@ -132,7 +132,7 @@ class Conv2DRule(LayerGradientRule):
     """
 
     def unsupported_reason(self, layer: keras.layers.Layer) -> str | None:
-        """See :meth:`LayerGradientRule.unsupported_reason`."""
+        """See :meth:`LayerRule.unsupported_reason`."""
         reason = _common_unsupported(layer)
         if reason is not None:
             return reason
@@ -147,7 +147,7 @@ class Conv2DRule(LayerGradientRule):
         return (layer.kernel, layer.bias) if layer.use_bias else (layer.kernel,)
 
     def forward(self, layer, call, args, kwargs, tap):
-        """See :meth:`LayerGradientRule.forward`."""
+        """See :meth:`LayerRule.forward`."""
         x = _first_input(args, kwargs)
         z = layer.convolution_op(x, layer.kernel)
         if layer.use_bias:
@@ -188,7 +188,7 @@ class Conv2DRule(LayerGradientRule):
         return norms
 
     def squared_norms(self, layer, calls, *, batch_size):
-        """See :meth:`LayerGradientRule.squared_norms`."""
+        """See :meth:`LayerRule.squared_norms`."""
         dtype = layer.kernel.dtype
         kernel_shape = tuple(layer.kernel.shape)
         kh, kw, cin, cout = kernel_shape
@@ -230,7 +230,7 @@ class Conv2DRule(LayerGradientRule):
         return (kernel_sq, _rows_sq(bias_pe)), (kernel_res, bias_pe)
 
     def weighted_sums(self, layer, residual, factors):
-        """See :meth:`LayerGradientRule.weighted_sums`."""
+        """See :meth:`LayerRule.weighted_sums`."""
         kernel_res = residual[0]
         shape = tuple(layer.kernel.shape)
         if "per_example" in kernel_res:

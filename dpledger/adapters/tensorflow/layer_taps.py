@@ -119,7 +119,7 @@ class LayerRecorder:
                             message=(
                                 f"layer {entry.layer.name!r} does not see the batch along axis "
                                 "0; per-example norms of the fast path would be wrong. Use "
-                                "method='vectorized'."
+                                "strategy='generic'."
                             ),
                         )
                     ]

@@ -8,7 +8,7 @@ turns what a Keras user already has into a :class:`PerExampleLoss`:
 * a ``keras.losses.Loss`` with any other reduction (``"sum_over_batch_size"``, ``"sum"``,
   ``"mean"``, ``"mean_with_sample_weight"``) hides the per-example terms. With
   ``auto_reduction=True`` (the default) a copy with ``reduction="none"`` is made from the loss's
-  config (and logged); otherwise :class:`~dpledger.adapters.tensorflow.errors.PerExampleLossError`
+  config (and logged); otherwise :class:`~dpledger.errors.PerExampleLossError`
   says what to change;
 * a string is resolved with ``keras.losses.get`` and then treated as above;
 * any other callable ``loss(y_true, y_pred)`` must return a tensor whose leading axis is the
@@ -27,8 +27,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.errors import PerExampleLossError
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import InvalidParameterError, PerExampleLossError
 
 __all__ = ["PerExampleLoss", "per_example_loss"]
 

@@ -12,9 +12,9 @@ from typing import Any
 import attrs
 import keras
 
-from dpledger.adapters.tensorflow.errors import RecordMixingLayerError
 from dpledger.adapters.tensorflow.recurrent_rules import refuse_unsupported_recurrent
-from dpledger.adapters.tensorflow.registry import LayerGradientRule, layer_rule
+from dpledger.adapters.tensorflow.registry import LayerRule, layer_rule
+from dpledger.errors import RecordMixingLayerError
 
 __all__ = [
     "ModelAnalysis",
@@ -31,7 +31,7 @@ class PlanEntry:
     """One layer the fast path taps: its rule, the rule's variables and their positions."""
 
     layer: keras.layers.Layer
-    rule: LayerGradientRule
+    rule: LayerRule
     variables: tuple[Any, ...]
     # position of each rule variable in the engine's trainable variables, or None if frozen
     slots: tuple[int | None, ...]
@@ -103,13 +103,13 @@ def refuse_batch_axis_normalization(layer: keras.layers.Layer) -> None:
 
 
 def fast_path_plan(
-    model: keras.Model, variables: tuple[Any, ...], *, method: str
+    model: keras.Model, variables: tuple[Any, ...], *, strategy: str
 ) -> tuple[tuple[PlanEntry, ...] | None, str | None]:
     """The fast path's plan for ``model``: one entry per layer with a rule and trainable
     variables (the rule, its variables and their positions in ``variables``), or None and the
     reason the fast path cannot serve the model."""
-    if method == "vectorized":
-        return None, "method='vectorized' was requested"
+    if strategy == "generic":
+        return None, "strategy='generic' was requested"
     slot_of = {id(v): i for i, v in enumerate(variables)}
     entries: list[PlanEntry] = []
     covered: dict[int, str] = {}
@@ -146,7 +146,7 @@ def fast_path_plan(
         problems.append(
             "no fast-path rule covers the trainable variable(s) "
             + ", ".join(repr(v.path) for v in missing)
-            + " (register a LayerGradientRule for their layer type)"
+            + " (register a LayerRule for their layer type)"
         )
     if problems:
         return None, "; ".join(problems)

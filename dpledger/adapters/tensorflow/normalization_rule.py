@@ -10,29 +10,29 @@ import warnings
 import keras
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.errors import RecordMixingLayerError
-from dpledger.adapters.tensorflow.registry import LayerGradientRule, register_layer_rule
+from dpledger.adapters.tensorflow.registry import LayerRule, register_layer_rule
 from dpledger.adapters.tensorflow.rule_algebra import (
     _common_unsupported,
     _contract,
     _first_input,
     _rows_sq,
 )
+from dpledger.errors import RecordMixingLayerError
 
 __all__ = ["LayerNormalizationRule"]
 
 
-class LayerNormalizationRule(LayerGradientRule):
+class LayerNormalizationRule(LayerRule):
     """``keras.layers.LayerNormalization``: y = γ ⊙ x̂ + β over ``layer.axis``.
 
     The forward is Keras's own; x̂ is recomputed from the saved input for the norms with Keras's
     ``ops.layer_normalization`` without γ and β (x̂ = (x − mean)/√(var + ε), or x/√(var + ε)
-    with the deprecated ``rms_scaling``). Per-example γ and β gradients are materialised: they
+    with Keras's ``rms_scaling``). Per-example γ and β gradients are materialised: they
     have the size of the normalised axes only.
     """
 
     def unsupported_reason(self, layer: keras.layers.Layer) -> str | None:
-        """See :meth:`LayerGradientRule.unsupported_reason`."""
+        """See :meth:`LayerRule.unsupported_reason`."""
         return _common_unsupported(layer)
 
     def variables(self, layer: keras.layers.Layer) -> tuple[keras.Variable, ...]:
@@ -53,14 +53,14 @@ class LayerNormalizationRule(LayerGradientRule):
         return axes
 
     def forward(self, layer, call, args, kwargs, tap):
-        """See :meth:`LayerGradientRule.forward`."""
+        """See :meth:`LayerRule.forward`."""
         x = _first_input(args, kwargs)
         self._axes(layer, len(x.shape))
         out = tap(call(*args, **kwargs))
         return out, x
 
     def squared_norms(self, layer, calls, *, batch_size):
-        """See :meth:`LayerGradientRule.squared_norms`."""
+        """See :meth:`LayerRule.squared_norms`."""
         variables = self.variables(layer)
         dtype = variables[0].dtype
         per_example: list[tf.Tensor | None] = [None] * len(variables)
@@ -68,7 +68,7 @@ class LayerNormalizationRule(LayerGradientRule):
             x = c.saved
             rank = x.shape.rank
             axes = self._axes(layer, rank)
-            with warnings.catch_warnings():  # rms_scaling's deprecation, already shown by Keras
+            with warnings.catch_warnings():  # rms_scaling's warning, already shown by Keras
                 warnings.simplefilter("ignore")
                 # Keras's own formula without γ and β, so that x̂ rounds as in the forward.
                 x_hat = keras.ops.layer_normalization(
@@ -87,7 +87,7 @@ class LayerNormalizationRule(LayerGradientRule):
         return tuple(_rows_sq(t) for t in per_example), tuple(per_example)
 
     def weighted_sums(self, layer, residual, factors):
-        """See :meth:`LayerGradientRule.weighted_sums`."""
+        """See :meth:`LayerRule.weighted_sums`."""
         return tuple(_contract(f, pe) for f, pe in zip(factors, residual, strict=True))
 
 

@@ -122,9 +122,6 @@ class PrivateGradients:
             (:mod:`~dpledger.adapters.tensorflow.record_probe`) on the first eager call with at
             least two records; inside your own ``tf.function`` it cannot run, call
             :meth:`probe` once eagerly first. False switches it off and logs a warning.
-        l2_norm_clip: deprecated name of ``l2_norm_bound`` (a :class:`DeprecationWarning`).
-        method: deprecated name of ``strategy``: ``"auto"``, ``"fast"`` (``strategy="ghost"``)
-            or ``"vectorized"`` (``strategy="generic"``).
         noise: ``"independent"`` (default) or a
             :class:`~dpledger.mechanisms.correlated.CorrelatedNoiseSpec` with a
             :class:`~dpledger.adapters.tensorflow.CyclicSampler` as ``sampler``: one
@@ -163,14 +160,12 @@ class PrivateGradients:
         clip_margin: float | None = None,
         bias_callback: ClippingBiasCallback | None = None,
         check_record_independence: bool = True,
-        l2_norm_clip: float | None = None,
-        method: str | None = None,
         noise: Any = "independent",
     ) -> None:
         check_probe_switch(check_record_independence)
         self._probed = not check_record_independence
         settings = settings_of_arguments(locals())
-        engine = PerExampleGradientEngine(model, loss, method=settings.method)
+        engine = PerExampleGradientEngine(model, loss, strategy=settings.strategy)
         check_built(model)
         self._compiled: Callable[..., Any] | None = None
         self._last_position: int | None = None  # the last eager step_in_epoch that stepped

@@ -7,7 +7,7 @@ ledger's ε is wrong (docs/guarantees.md). Before the first step the probe evalu
 model eagerly on the first ``m`` (2 to :data:`PROBE_RECORDS`) records of a real batch, and again
 with record 0 changed (floating inputs moved by Gaussian noise of the inputs' scale, integer
 inputs and targets replaced by another record's), and refuses the model with
-:class:`~dpledger.adapters.tensorflow.errors.RecordMixingLayerError` when, for any record j ≥ 1,
+:class:`~dpledger.errors.RecordDependenceError` when, for any record j ≥ 1,
 
 * the model's outputs (and, for functional and sequential models, any layer's outputs: the first
   such layer is named) change beyond 1024 units in the last place of their dtype, relative to
@@ -31,8 +31,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.errors import RecordMixingLayerError
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import InvalidParameterError, RecordDependenceError
 
 __all__ = [
     "PROBE_RECORDS",
@@ -138,7 +137,7 @@ def probe_record_independence(
         True when the probe ran, False when the batch has fewer than two records.
 
     Raises:
-        RecordMixingLayerError: a layer's or the model's outputs, or a record's per-example
+        RecordDependenceError: a layer's or the model's outputs, or a record's per-example
             gradient norms, moved when record 0 changed.
         InvalidParameterError: ``max_records`` < 2.
     """
@@ -217,7 +216,7 @@ def check_probe_switch(check_record_independence: Any) -> bool:
 
 
 def _refuse(layer: keras.layers.Layer, m: int, what: str) -> None:
-    raise RecordMixingLayerError(
+    raise RecordDependenceError(
         f"layer {layer.name!r} ({type(layer).__name__}) mixes the records of a batch: changing "
         f"record 0 of a {m}-record probe batch, {what}. One record then moves every other "
         "record's clipped gradient, so the sum's sensitivity exceeds the clip norm and the "

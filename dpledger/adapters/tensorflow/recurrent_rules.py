@@ -53,7 +53,6 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.errors import RecordMixingLayerError, UnsupportedLayerError
 from dpledger.adapters.tensorflow.registry import register_layer_rule
 from dpledger.adapters.tensorflow.rule_algebra import (
     _common_unsupported,
@@ -63,6 +62,7 @@ from dpledger.adapters.tensorflow.rule_algebra import (
     _positions,
     _rows_sq,
 )
+from dpledger.errors import RecordMixingLayerError, UnsupportedLayerError
 
 __all__ = [
     "GRURule",
@@ -143,7 +143,7 @@ class _RecurrentRule(_LinearKernelRule):
     needs_probe = False
 
     def unsupported_reason(self, layer: keras.layers.Layer) -> str | None:
-        """See :meth:`LayerGradientRule.unsupported_reason`."""
+        """See :meth:`LayerRule.unsupported_reason`."""
         return _common_unsupported(layer) or _common_unsupported(layer.cell)
 
     def variables(self, layer: keras.layers.Layer) -> tuple[keras.Variable, ...]:
@@ -175,7 +175,7 @@ class _RecurrentRule(_LinearKernelRule):
 
     # ------------------------------------------------------------------ rule API
     def forward(self, layer, call, args, kwargs, tap):
-        """See :meth:`LayerGradientRule.forward`."""
+        """See :meth:`LayerRule.forward`."""
         sequences, initial_state, mask, training = _call_arguments(args, kwargs)
         cell = layer.cell
         x = tf.convert_to_tensor(sequences)
@@ -241,7 +241,7 @@ class _RecurrentRule(_LinearKernelRule):
         return tf.reduce_sum(g_in, axis=1)
 
     def squared_norms(self, layer, calls, *, batch_size):
-        """See :meth:`LayerGradientRule.squared_norms`."""
+        """See :meth:`LayerRule.squared_norms`."""
         cell = layer.cell
         dtype = cell.kernel.dtype
 
@@ -271,7 +271,7 @@ class _RecurrentRule(_LinearKernelRule):
         return tuple(norms), tuple(residual)
 
     def weighted_sums(self, layer, residual, factors):
-        """See :meth:`LayerGradientRule.weighted_sums`."""
+        """See :meth:`LayerRule.weighted_sums`."""
         kernel = self._kernel_sum(residual[0], factors[0])
         blocks = [self._kernel_sum(res, factors[1]) for res in residual[1]]
         recurrent = blocks[0] if len(blocks) == 1 else tf.concat(blocks, axis=-1)

@@ -7,15 +7,15 @@ of Li et al. 2022, *Large language models can be strong differentially private l
 the per-layer registry functions of TensorFlow Privacy's fast gradient clipping). For a layer
 with trainable variables w_1..w_m and example i of a batch:
 
-1. :meth:`LayerGradientRule.forward` computes the layer's output exactly as ``layer.call`` does,
+1. :meth:`LayerRule.forward` computes the layer's output exactly as ``layer.call`` does,
    passing each tensor z whose gradient it needs through ``tap`` (typically the pre-activation
    output) and returning what it must keep (typically the layer's input, the *activations*).
 2. The engine takes ∂(Σ_i ℓ_i)/∂z for every tapped z in one backward pass. When records do not
    mix, row i of that gradient is ∂ℓ_i/∂z_i, the *output gradient* of example i.
-3. :meth:`LayerGradientRule.squared_norms` turns the activations and output gradients of every
+3. :meth:`LayerRule.squared_norms` turns the activations and output gradients of every
    call of the layer in the step into ‖∂ℓ_i/∂w_j‖² for each variable (shape ``(B,)`` each) and a
    *residual*: tensors from which
-4. :meth:`LayerGradientRule.weighted_sums` computes Σ_i f_ij ∂ℓ_i/∂w_j for given per-example
+4. :meth:`LayerRule.weighted_sums` computes Σ_i f_ij ∂ℓ_i/∂w_j for given per-example
    factors f_·j, without another forward or backward pass (book-keeping, Bu et al. 2023).
 
 Residuals are nested tuples/dicts of tensors, so they can leave one ``tf.function`` and enter
@@ -42,7 +42,7 @@ from dpledger.errors import InvalidParameterError
 
 __all__ = [
     "LayerCall",
-    "LayerGradientRule",
+    "LayerRule",
     "layer_rule",
     "register_layer_rule",
     "registered_layer_types",
@@ -57,7 +57,7 @@ class LayerCall:
     """What the engine kept from one call of a layer in a step.
 
     Attributes:
-        saved: the structure of tensors :meth:`LayerGradientRule.forward` returned as ``saved``.
+        saved: the structure of tensors :meth:`LayerRule.forward` returned as ``saved``.
         output_gradients: ∂(Σ_i ℓ_i)/∂z for each tensor z the forward passed to ``tap``, in the
             order of the ``tap`` calls; each has the shape and dtype of its z.
     """
@@ -66,7 +66,7 @@ class LayerCall:
     output_gradients: tuple[tf.Tensor, ...]
 
 
-class LayerGradientRule(abc.ABC):
+class LayerRule(abc.ABC):
     """How the fast path handles one layer type (see the module docstring)."""
 
     def unsupported_reason(self, layer: keras.layers.Layer) -> str | None:
@@ -143,12 +143,10 @@ class LayerGradientRule(abc.ABC):
 
 
 _lock = threading.Lock()
-_rules: dict[type, LayerGradientRule] = {}
+_rules: dict[type, LayerRule] = {}
 
 
-def register_layer_rule(
-    layer_type: type, rule: LayerGradientRule, *, replace: bool = False
-) -> None:
+def register_layer_rule(layer_type: type, rule: LayerRule, *, replace: bool = False) -> None:
     """Register ``rule`` for layers whose type is exactly ``layer_type``.
 
     Args:
@@ -158,12 +156,12 @@ def register_layer_rule(
 
     Raises:
         InvalidParameterError: when ``layer_type`` is not a Keras layer class, ``rule`` is not a
-            :class:`LayerGradientRule`, or a rule is already registered and ``replace`` is False.
+            :class:`LayerRule`, or a rule is already registered and ``replace`` is False.
     """
     if not (isinstance(layer_type, type) and issubclass(layer_type, keras.layers.Layer)):
         raise InvalidParameterError("layer_type", layer_type, "a subclass of keras.layers.Layer")
-    if not isinstance(rule, LayerGradientRule):
-        raise InvalidParameterError("rule", rule, "a LayerGradientRule instance")
+    if not isinstance(rule, LayerRule):
+        raise InvalidParameterError("rule", rule, "a LayerRule instance")
     with _lock:
         if layer_type in _rules and not replace:
             raise InvalidParameterError(
@@ -174,7 +172,7 @@ def register_layer_rule(
         _rules[layer_type] = rule
 
 
-def unregister_layer_rule(layer_type: type) -> LayerGradientRule:
+def unregister_layer_rule(layer_type: type) -> LayerRule:
     """Remove and return the rule registered for ``layer_type``.
 
     Raises:
@@ -188,7 +186,7 @@ def unregister_layer_rule(layer_type: type) -> LayerGradientRule:
         return _rules.pop(layer_type)
 
 
-def layer_rule(layer_type: type) -> LayerGradientRule | None:
+def layer_rule(layer_type: type) -> LayerRule | None:
     """The rule registered for exactly ``layer_type``, or None."""
     with _lock:
         return _rules.get(layer_type)

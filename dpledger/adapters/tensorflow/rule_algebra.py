@@ -14,7 +14,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.registry import LayerGradientRule
+from dpledger.adapters.tensorflow.registry import LayerRule
 
 __all__: list[str] = []  # shared by the rule modules of this adapter, not public
 
@@ -107,7 +107,7 @@ def _concat_positions(parts: Sequence[tf.Tensor]) -> tf.Tensor:
     return parts[0] if len(parts) == 1 else tf.concat(list(parts), axis=1)
 
 
-class _LinearKernelRule(LayerGradientRule):
+class _LinearKernelRule(LayerRule):
     """Common code for kernels acting as A_iᵀ G_i (Dense and Dense-like EinsumDense)."""
 
     @staticmethod

@@ -8,7 +8,7 @@ Importing this package imports torch; ``import dpledger`` and ``import dpledger.
   ``torch.func`` elsewhere.
 * :func:`per_example_gradients` and :class:`FunctionalPerExampleEngine`: the generic path for any
   differentiable model, from a per-example loss function.
-* :func:`register_grad_sampler`: teach the engine a new layer type; the built-in per-layer
+* :func:`register_layer_rule`: teach the engine a new layer type; the built-in per-layer
   rules are in :mod:`~dpledger.adapters.torch.layer_rules`.
 * :class:`PoissonBatchSampler` and :func:`poisson_data_loader`: Poisson sampling with rate q;
   :class:`FixedSizeBatchSampler`, :class:`TruncatedPoissonBatchSampler`,
@@ -41,16 +41,6 @@ from dpledger.adapters.torch.batch_samplers import (
 from dpledger.adapters.torch.cyclic_sampler import CyclicBatchSampler
 from dpledger.adapters.torch.distributed import DistributedPoissonBatchSampler
 from dpledger.adapters.torch.engine import LossReduction, PerExampleGradientEngine, Strategy
-from dpledger.adapters.torch.errors import (
-    EngineStateError,
-    NoiseSeedReuseError,
-    NoiseStreamEndError,
-    NoiseStreamRollbackError,
-    RecordDependenceError,
-    RecordMixingModuleError,
-    UnsupportedModuleError,
-    UnsupportedParameterUseError,
-)
 from dpledger.adapters.torch.factors import expand_factors
 from dpledger.adapters.torch.functional_gradients import (
     FunctionalPerExampleEngine,
@@ -78,11 +68,11 @@ from dpledger.adapters.torch.private import (
 )
 from dpledger.adapters.torch.record_probe import probe_record_independence
 from dpledger.adapters.torch.registry import (
-    GradSampler,
-    get_grad_sampler,
-    register_grad_sampler,
-    registered_module_types,
-    unregister_grad_sampler,
+    LayerRule,
+    layer_rule,
+    register_layer_rule,
+    registered_layer_types,
+    unregister_layer_rule,
 )
 from dpledger.adapters.torch.sampler_base import (
     EpochBatchSampler,
@@ -91,6 +81,15 @@ from dpledger.adapters.torch.sampler_base import (
 )
 from dpledger.adapters.torch.user_level import UserBatch, UserPoissonBatchSampler
 from dpledger.adapters.torch.virtual_batches import split_batch, virtual_batches
+from dpledger.errors import (
+    EngineStateError,
+    NoiseStreamEndError,
+    RecordDependenceError,
+    RecordMixingLayerError,
+    UnsupportedLayerError,
+    UnsupportedParameterUseError,
+)
+from dpledger.ledger.correlated import NoiseSeedReuseError, NoiseStreamRollbackError
 
 __all__ = [
     "BallsInBinsBatchSampler",
@@ -102,8 +101,8 @@ __all__ = [
     "EpochBatchSampler",
     "FixedSizeBatchSampler",
     "FunctionalPerExampleEngine",
-    "GradSampler",
     "GradientQueries",
+    "LayerRule",
     "LossReduction",
     "NoiseSeedReuseError",
     "NoiseStreamEndError",
@@ -112,14 +111,14 @@ __all__ = [
     "PoissonBatchSampler",
     "PrivateTraining",
     "RecordDependenceError",
-    "RecordMixingModuleError",
+    "RecordMixingLayerError",
     "RecordedBatchSampler",
     "ShuffleBatchSampler",
     "StepwiseBatchSampler",
     "Strategy",
     "TorchBackend",
     "TruncatedPoissonBatchSampler",
-    "UnsupportedModuleError",
+    "UnsupportedLayerError",
     "UnsupportedParameterUseError",
     "UserBatch",
     "UserPoissonBatchSampler",
@@ -128,7 +127,7 @@ __all__ = [
     "check_no_record_mixing",
     "clipped_sum_of",
     "expand_factors",
-    "get_grad_sampler",
+    "layer_rule",
     "layer_rules",
     "make_private",
     "module_per_example_gradients",
@@ -137,21 +136,11 @@ __all__ = [
     "poisson_data_loader",
     "private_data_loader",
     "probe_record_independence",
-    "register_grad_sampler",
-    "registered_module_types",
+    "register_layer_rule",
+    "registered_layer_types",
     "split_batch",
     "squared_norms_of",
     "steps_per_epoch",
-    "unregister_grad_sampler",
+    "unregister_layer_rule",
     "virtual_batches",
 ]
-
-
-def __getattr__(name: str) -> object:
-    """``samplers``: the former name of :mod:`~dpledger.adapters.torch.layer_rules` (per-layer
-    gradient rules, not batch samplers), kept for one release with a warning."""
-    if name == "samplers":
-        import importlib
-
-        return importlib.import_module("dpledger.adapters.torch.samplers")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

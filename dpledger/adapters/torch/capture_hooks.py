@@ -34,7 +34,7 @@ from dpledger.adapters.torch.engine_state import (
     _refuse_batch_stats,
     _Unit,
 )
-from dpledger.adapters.torch.errors import UnsupportedModuleError
+from dpledger.errors import UnsupportedLayerError
 
 __all__: list[str] = []  # internal to the engine
 
@@ -189,7 +189,7 @@ class CaptureHooks:
             # gradient of this unit is the gradient with respect to its own copy: hand the
             # model a view expanded to the B records (the same values wherever it broadcasts)
             # so that the gradient arrives per record; the inputs of one row are expanded
-            # alike for the unit's grad sampler.
+            # alike for the unit's layer rule.
             leaves = list(leaves)
             for i in indices:
                 leaves[i] = leaves[i].expand(broadcast, *leaves[i].shape[1:])
@@ -206,8 +206,8 @@ class CaptureHooks:
                 dims = unit.sampler.output_record_dims(module, args)
                 record_dims = [dims[i] for i in indices]
             elif not isinstance(output, torch.Tensor):
-                raise UnsupportedModuleError(
-                    f"the grad sampler of {unit.label} needs a single tensor output, got "
+                raise UnsupportedLayerError(
+                    f"the layer rule of {unit.label} needs a single tensor output, got "
                     f"{type(output).__name__}; register the type with output_record_dims, or "
                     "unregister it to use the generic path"
                 )

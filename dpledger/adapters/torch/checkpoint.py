@@ -15,8 +15,7 @@ from typing import Any
 import torch
 
 from dpledger.adapters.torch.distributed import _common_seed, broadcast_tensors
-from dpledger.adapters.torch.errors import EngineStateError
-from dpledger.errors import InvalidParameterError, LedgerStateError
+from dpledger.errors import EngineStateError, InvalidParameterError, LedgerStateError
 
 __all__ = ["OptimizerCheckpoint"]
 
@@ -56,7 +55,7 @@ class OptimizerCheckpoint:
             "sampler": None if self._sampler is None else self._sampler.state_dict(),
             "steps_taken": self._steps_taken,
             "ledger": ledger_position,
-            "max_grad_norm": self.max_grad_norm,
+            "l2_norm_bound": self.l2_norm_bound,
             "noise_multiplier": self.noise_multiplier,
             "correlated": None if self._stream is None else self._stream.state_dict(),
         }

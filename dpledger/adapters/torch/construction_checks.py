@@ -10,7 +10,6 @@ ledger, the trainable parameters, the clip margin, the noise generator. Every re
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,19 +17,18 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from dpledger.adapters.torch.backend import TorchBackend, check_generator_device
+from dpledger.adapters.torch.backend import check_generator_device
 from dpledger.adapters.torch.distributed import DistributedPoissonBatchSampler, distributed_world
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.ledger import PrivacyLedger, SamplingEvent
 from dpledger.mechanisms.clipping import rounding_clip_margin
-from dpledger.mechanisms.config import DPConfig, deprecated_alias
+from dpledger.mechanisms.config import DPConfig
 from dpledger.sampling.relations import check_ledger_relation, default_relation
 from dpledger.sampling.validation import check_sampling_probability
 from dpledger.validation import check_non_negative_finite, check_positive_int
 
 __all__ = [
-    "check_backend",
     "check_optimizer_and_model",
     "check_step_arguments",
     "check_user_level",
@@ -68,25 +66,10 @@ def check_optimizer_and_model(optimizer: Any, model: Any, *, wrapper: type) -> N
         raise InvalidParameterError("model", model, "a torch.nn.Module")
 
 
-def resolve_config(
-    config: DPConfig | None, *, max_grad_norm: float | None, **fields: Any
-) -> DPConfig:
+def resolve_config(config: DPConfig | None, **fields: Any) -> DPConfig:
     """The step's :class:`~dpledger.mechanisms.DPConfig` from ``config`` or the keyword
-    arguments of its fields (``max_grad_norm``: the deprecated name of ``l2_norm_bound``); it
-    must carry a noise multiplier."""
-    l2_norm_bound = fields.pop("l2_norm_bound")
-    config = DPConfig.resolve(
-        config,
-        spelled={"l2_norm_bound": "max_grad_norm"} if max_grad_norm is not None else None,
-        l2_norm_bound=deprecated_alias(
-            new="l2_norm_bound",
-            new_value=l2_norm_bound,
-            old="max_grad_norm",
-            old_value=max_grad_norm,
-            stacklevel=3,  # the caller of DPOptimizer(...)
-        ),
-        **fields,
-    )
+    arguments of its fields; it must carry a noise multiplier."""
+    config = DPConfig.resolve(config, **fields)
     if config.noise_multiplier is None:
         raise InvalidParameterError(
             "target_epsilon",
@@ -350,27 +333,3 @@ def noise_generator(
     else:
         generator.manual_seed(seed)
     return generator
-
-
-def check_backend(backend: Any, *, stacklevel: int = 3) -> TorchBackend:
-    """The backend whose ``add_gaussian_noise`` draws the noise (deprecated ``backend=``).
-
-    Args:
-        backend: the ``backend=`` argument.
-        stacklevel: the deprecation warning's, from this function to the caller of
-            ``DPOptimizer(...)``.
-
-    Returns:
-        ``backend``, or a plain :class:`~dpledger.adapters.torch.backend.TorchBackend` for None.
-    """
-    if backend is None:
-        return TorchBackend()
-    if not isinstance(backend, TorchBackend):
-        raise InvalidParameterError("backend", backend, "a TorchBackend or None")
-    warnings.warn(
-        "DPOptimizer(backend=) is deprecated and will be removed: it only supplies the noise "
-        "(its add_gaussian_noise); override DPOptimizer.add_noise instead",
-        DeprecationWarning,
-        stacklevel=stacklevel,
-    )
-    return backend

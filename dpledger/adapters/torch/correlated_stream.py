@@ -13,7 +13,7 @@ trains with a matrix mechanism instead of DP-SGD's independent noise
   is used) and adds w_t, the stream's noise (float64 from the seeded generator of
   :func:`~dpledger.mechanisms.correlated.noise_for`), to the clipped sum instead of
   independent noise;
-* step T + 1 is refused (:class:`~dpledger.adapters.torch.errors.NoiseStreamEndError`)
+* step T + 1 is refused (:class:`~dpledger.errors.NoiseStreamEndError`)
   before anything is claimed, released or recorded.
 
 The override points keep their contracts: ``clip`` still gives the clipped sums and
@@ -37,8 +37,7 @@ import attrs
 import numpy as np
 import torch
 
-from dpledger.adapters.torch.errors import NoiseStreamEndError
-from dpledger.errors import InvalidParameterError, LedgerStateError
+from dpledger.errors import InvalidParameterError, LedgerStateError, NoiseStreamEndError
 from dpledger.ledger import PrivacyLedger
 from dpledger.ledger.correlated import (
     CorrelatedReleaseEvent,
@@ -157,14 +156,14 @@ class CorrelatedStream:
         """Refuse, after the first step, a clip bound or noise scale other than the release's.
 
         Raises:
-            InvalidParameterError: ``max_grad_norm`` or ``noise_multiplier`` changed
+            InvalidParameterError: ``l2_norm_bound`` or ``noise_multiplier`` changed
                 mid-stream: the recorded release would not describe the step.
         """
         if self.event is None:
             return
         if (l2_norm_bound, noise_stddev) != (self.event.l2_norm_bound, self.event.noise_stddev):
             raise InvalidParameterError(
-                "max_grad_norm / noise_multiplier",
+                "l2_norm_bound / noise_multiplier",
                 f"S={l2_norm_bound!r}, sigma={noise_stddev!r}",
                 f"the release's S={self.event.l2_norm_bound!r}, "
                 f"sigma={self.event.noise_stddev!r}: a correlated-noise stream keeps one "

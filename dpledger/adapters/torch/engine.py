@@ -13,7 +13,7 @@ The engine attaches to a model and observes an ordinary training step::
 with g_i the gradient of example i's loss ℓ_i, where the batch loss is Σ_i ℓ_i
 (``loss_reduction="sum"``) or (1/B) Σ_i ℓ_i (``"mean"``; the engine undoes the 1/B).
 
-How: the model is split into *units*. A module whose exact type has a registered grad sampler
+How: the model is split into *units*. A module whose exact type has a registered layer rule
 (:mod:`~dpledger.adapters.torch.registry`) is a unit for its parameters; a module of another type
 that owns trainable parameters directly is a *generic* unit for all the parameters of its subtree.
 During the forward each unit's call stores its inputs (autograd keeps most of them anyway) and
@@ -41,7 +41,7 @@ The one case that can be told is a loss that is the direct output of a PyTorch l
 its reduction (``cross_entropy``, ``nll_loss``, ``mse_loss``, …): on the first step, whether the
 loss was handed to :meth:`PerExampleGradientEngine.backward` or differentiated by a plain
 ``loss.backward()``, the engine reads that reduction and warns
-(:class:`~dpledger.adapters.torch.errors.LossReductionWarning`) when it contradicts the
+(:class:`~dpledger.errors.LossReductionWarning`) when it contradicts the
 declaration (:mod:`~dpledger.adapters.torch.loss_reduction` says how, and when it claims
 nothing). Any other loss (a ``.sum()``, a ``.mean()``, a rescaled loss) is not judged.
 
@@ -51,14 +51,14 @@ which skips computing the batch gradient of every weight that the clipped sum re
 On checking steps it runs the ordinary backward.
 
 BatchNorm with batch statistics is refused at construction and at every forward
-(:class:`~dpledger.adapters.torch.errors.RecordMixingModuleError`); frozen BatchNorm (evaluation
+(:class:`~dpledger.errors.RecordMixingLayerError`); frozen BatchNorm (evaluation
 mode, running statistics) is a per-example affine map and is supported, trainable or not.
 
 A *step* is one forward of the model with gradients enabled and the backward after it: each such
 forward of the model (the module the engine was attached to) drops what was stored for the
 previous step. Forwards under ``torch.no_grad()`` store nothing and keep the step. Records are
 along dimension 0 of the model's inputs and of every unit's inputs and outputs, except where a
-unit's grad sampler declares the record dimension of each output (``output_record_dims``, e.g.
+unit's layer rule declares the record dimension of each output (``output_record_dims``, e.g.
 recurrent layers with ``batch_first=False``): the engine then stores those output gradients with
 their records moved to dimension 0, and the sampler reads its inputs in their own layout.
 
@@ -89,13 +89,12 @@ from dpledger.adapters.torch.engine_state import (
     _StepState,
     _Unit,
 )
-from dpledger.adapters.torch.errors import EngineStateError
 from dpledger.adapters.torch.factors import expand_factors
 from dpledger.adapters.torch.loss_reduction import LossReductionCheck, _loss_reduction_of
 from dpledger.adapters.torch.module_checks import check_module_configuration
-from dpledger.adapters.torch.registry import get_grad_sampler
+from dpledger.adapters.torch.registry import layer_rule
 from dpledger.adapters.torch.step_finalisation import StepFinalisation
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import EngineStateError, InvalidParameterError
 
 __all__ = ["LossReduction", "PerExampleGradientEngine", "Strategy"]
 
@@ -126,9 +125,9 @@ class PerExampleGradientEngine(CaptureHooks, StepFinalisation, LossReductionChec
         generic_chunk_size: examples per ``vmap`` chunk in generic units; None for all.
 
     Raises:
-        RecordMixingModuleError: BatchNorm that uses batch statistics.
-        UnsupportedModuleError: a module option that mixes records (``scale_grad_by_freq``), or
-            a configuration a grad sampler refuses (its ``check_fn``: e.g. an LSTM with
+        RecordMixingLayerError: BatchNorm that uses batch statistics.
+        UnsupportedLayerError: a module option that mixes records (``scale_grad_by_freq``), or
+            a configuration a layer rule refuses (its ``check_fn``: e.g. an LSTM with
             ``proj_size``); a sampler's refusal of a forward's inputs (a ``PackedSequence``) is
             raised by that forward, before anything is recorded.
         InvalidParameterError: a bad argument.
@@ -183,7 +182,7 @@ class PerExampleGradientEngine(CaptureHooks, StepFinalisation, LossReductionChec
         generic = [u.label for u in self._units if u.sampler is None]
         if generic and strategy != "generic":
             logger.warning(
-                "no grad sampler is registered for %d module(s); their per-example gradients "
+                "no layer rule is registered for %d module(s); their per-example gradients "
                 "use the generic torch.func path (slower, materialised): %s",
                 len(generic),
                 ", ".join(generic),
@@ -199,7 +198,7 @@ class PerExampleGradientEngine(CaptureHooks, StepFinalisation, LossReductionChec
         seen.add(id(module))
         if not any(p.requires_grad for p in module.parameters()):
             return
-        sampler = None if self._strategy == "generic" else get_grad_sampler(type(module))
+        sampler = None if self._strategy == "generic" else layer_rule(type(module))
         if sampler is not None and sampler.applies_fn is not None:
             sampler = sampler if sampler.applies_fn(module) else None
         trainable = {

@@ -4,7 +4,7 @@ A *unit* (:class:`_Unit`) is a module whose parameters the engine differentiates
 (see :mod:`~dpledger.adapters.torch.engine`); each forward call of a unit in a step leaves a
 :class:`_Capture` (its inputs, the gradient edges of its outputs and, after the backward, the
 gradients with respect to those outputs); the step's results are a :class:`_StepState`. The
-functions below read a capture the way the grad samplers need it (:func:`_aligned`: one floating
+functions below read a capture the way the layer rules need it (:func:`_aligned`: one floating
 dtype, at least float32) and decide whether a sampler can take it (:func:`_takes`).
 """
 
@@ -17,16 +17,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpledger.adapters.torch.errors import (
-    RecordMixingModuleError,
-    UnsupportedModuleError,
-    UnsupportedParameterUseError,
-)
 from dpledger.adapters.torch.layer_rules.normalization import (
     batch_norm_refusal_message,
     uses_batch_statistics,
 )
-from dpledger.adapters.torch.registry import GradSampler
+from dpledger.adapters.torch.registry import LayerRule
+from dpledger.errors import (
+    RecordMixingLayerError,
+    UnsupportedLayerError,
+    UnsupportedParameterUseError,
+)
 
 __all__: list[str] = []  # internal to the engine
 
@@ -96,7 +96,7 @@ class _Capture:
 class _Unit:
     name: str
     module: nn.Module
-    sampler: GradSampler | None
+    sampler: LayerRule | None
     local_to_global: dict[str, str]
     captures: list[_Capture] = field(default_factory=list)
     # A generic unit's subtree's trainable parameters (local name -> global name), and the
@@ -131,7 +131,7 @@ def _tied_dtype(*captures: _Capture) -> torch.dtype:
     return dtype
 
 
-def _takes(sampler: GradSampler, capture: _Capture) -> bool:
+def _takes(sampler: LayerRule, capture: _Capture) -> bool:
     """Whether the sampler can take the capture's output gradients (else: generic path)."""
     if capture.record_dims is not None:
         return capture.has_grad
@@ -142,7 +142,7 @@ def _bound_arguments(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
     """A call's arguments as one positional tuple in ``forward``'s order, defaults filled in.
 
     Keyword arguments are placed where their parameter stands and every parameter not given
-    takes its default, so that a grad sampler reads an argument at the same position whichever
+    takes its default, so that a layer rule reads an argument at the same position whichever
     way the model passed it (``mha(x, x, x, attn_mask=m)`` would otherwise put the mask where
     ``key_padding_mask`` stands).
     """
@@ -157,8 +157,8 @@ def _check_unit(unit: _Unit, args: tuple | None) -> None:
         return
     try:
         unit.sampler.check_fn(unit.module, args)
-    except UnsupportedModuleError as exc:
-        raise UnsupportedModuleError(f"module {unit.label}: {exc}") from exc
+    except UnsupportedLayerError as exc:
+        raise UnsupportedLayerError(f"module {unit.label}: {exc}") from exc
 
 
 def _aligned(capture: _Capture) -> tuple[tuple, Any]:
@@ -189,7 +189,7 @@ def _aligned(capture: _Capture) -> tuple[tuple, Any]:
 
 def _refuse_batch_stats(name: str, module: nn.Module, args: tuple) -> None:
     if uses_batch_statistics(module):
-        raise RecordMixingModuleError(batch_norm_refusal_message(module, name or None))
+        raise RecordMixingLayerError(batch_norm_refusal_message(module, name or None))
 
 
 def _outside_use_error(
@@ -220,7 +220,7 @@ def _outside_use_error(
         f"directly, e.g. F.linear(x, self.{example}) in the parent's forward instead of a call "
         "of the module. The engine sees a module's per-example inputs and output gradients only "
         "through the module's own forward, so it cannot compute per-example gradients of such a "
-        "use. Call the owning module itself in the forward, or register a grad sampler for the "
-        "parent module's type (dpledger.adapters.torch.register_grad_sampler) so that the "
+        "use. Call the owning module itself in the forward, or register a layer rule for the "
+        "parent module's type (dpledger.adapters.torch.register_layer_rule) so that the "
         "parent is differentiated as a whole."
     )

@@ -28,10 +28,9 @@ from torch import nn
 from torch.func import functional_call, grad, vjp, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dpledger.adapters.torch.errors import EngineStateError
 from dpledger.adapters.torch.factors import expand_factors
 from dpledger.adapters.torch.module_checks import check_module_configuration
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import EngineStateError, InvalidParameterError
 
 __all__ = [
     "FunctionalPerExampleEngine",

@@ -37,13 +37,12 @@ from dpledger.mechanisms import (
     allocate,
 )
 from dpledger.mechanisms.allocation import check_allocation_methods
-from dpledger.mechanisms.config import deprecated_alias
+from dpledger.mechanisms.config import FLAT_LABEL
 from dpledger.validation import check_non_negative_finite, check_positive_finite
 
 __all__ = ["GradientQueries", "Grouping"]
 
 Grouping = Literal["all", "per_layer", "per_parameter"] | Mapping[str, Sequence[str]]
-FLAT_LABEL = "gradients"
 ROOT_LABEL = "<model>"
 
 
@@ -115,10 +114,9 @@ class GradientQueries:
         noise_allocation: ``"proportional"`` or ``"dimension"`` (only with several groups).
         scales: optional ``{parameter name: α > 0}`` for joint scaled clipping inside each group
             (parameters not named have α = 1).
-        max_grad_norm: deprecated name of ``l2_norm_bound``.
 
     Attributes:
-        l2_norm_bound: C (also :attr:`max_grad_norm`, its former name).
+        l2_norm_bound: C.
 
     Raises:
         InvalidParameterError: naming the bad argument.
@@ -128,28 +126,19 @@ class GradientQueries:
         self,
         sizes: Mapping[str, int],
         *,
-        l2_norm_bound: float | None = None,
+        l2_norm_bound: float,
         noise_multiplier: float,
         clipping: ClippingStrategy | str = "flat",
         groups: Grouping = "all",
         clip_split: Literal["equal", "dimension"] = "equal",
         noise_allocation: Literal["proportional", "dimension"] = "proportional",
         scales: Mapping[str, float] | None = None,
-        max_grad_norm: float | None = None,
     ) -> None:
         self._sizes = dict(sizes)
         names = tuple(self._sizes)
         if not names:
             raise InvalidParameterError("model", "<no trainable parameters>", "a trainable model")
-        bound = deprecated_alias(
-            new="l2_norm_bound",
-            new_value=l2_norm_bound,
-            old="max_grad_norm",
-            old_value=max_grad_norm,
-        )
-        spelled = "l2_norm_bound" if max_grad_norm is None else "max_grad_norm"
-        self.l2_norm_bound = check_positive_finite(spelled, bound)
-        self.max_grad_norm = self.l2_norm_bound
+        self.l2_norm_bound = check_positive_finite("l2_norm_bound", l2_norm_bound)
         self.noise_multiplier = check_non_negative_finite("noise_multiplier", noise_multiplier)
         self.clipping = ClippingStrategy.parse(clipping)
         check_allocation_methods(clip_split=clip_split, noise_allocation=noise_allocation)
@@ -200,13 +189,13 @@ class GradientQueries:
                 )
         return queries
 
-    def with_values(self, *, max_grad_norm: float, noise_multiplier: float) -> GradientQueries:
+    def with_values(self, *, l2_norm_bound: float, noise_multiplier: float) -> GradientQueries:
         """The same grouping and strategy with another C and z."""
-        if max_grad_norm == self.max_grad_norm and noise_multiplier == self.noise_multiplier:
+        if l2_norm_bound == self.l2_norm_bound and noise_multiplier == self.noise_multiplier:
             return self
         return GradientQueries(
             self._sizes,
-            l2_norm_bound=max_grad_norm,
+            l2_norm_bound=l2_norm_bound,
             noise_multiplier=noise_multiplier,
             clipping=self.clipping,
             groups=self._groups_spec,

@@ -31,13 +31,13 @@ from torch import nn
 from dpledger.adapters.torch.accumulation import MaterialisedGradients
 from dpledger.adapters.torch.bam import per_example_gradients_and_losses
 from dpledger.adapters.torch.engine import LossReduction, PerExampleGradientEngine
-from dpledger.adapters.torch.errors import EngineStateError
 from dpledger.adapters.torch.module_checks import check_module_configuration
 from dpledger.adapters.torch.record_probe import (
     model_fingerprint,
     probe_record_independence,
     records_in,
 )
+from dpledger.errors import EngineStateError
 from dpledger.mechanisms.config import DPConfig
 
 __all__ = ["GradientSource"]

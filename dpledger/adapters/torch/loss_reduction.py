@@ -6,7 +6,7 @@ that is the direct output of a PyTorch loss which saves its reduction on its aut
 (``cross_entropy``, ``nll_loss``, ``mse_loss``, ``binary_cross_entropy``,
 ``binary_cross_entropy_with_logits``, ``huber_loss``, ``smooth_l1_loss``): on the first step
 the engine reads that reduction and warns
-(:class:`~dpledger.adapters.torch.errors.LossReductionWarning`) when it contradicts the
+(:class:`~dpledger.errors.LossReductionWarning`) when it contradicts the
 declaration over more than one record and more than one term.
 
 The engine sees the loss in two ways:
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from dpledger.adapters.torch.errors import EngineStateError, LossReductionWarning
+from dpledger.errors import EngineStateError, LossReductionWarning
 
 __all__: list[str] = []  # internal to the engine
 

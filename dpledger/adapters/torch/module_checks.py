@@ -12,38 +12,38 @@ from __future__ import annotations
 
 from torch import nn
 
-from dpledger.adapters.torch.errors import RecordMixingModuleError, UnsupportedModuleError
 from dpledger.adapters.torch.layer_rules.normalization import (
     batch_norm_refusal_message,
     uses_batch_statistics,
 )
+from dpledger.errors import RecordMixingLayerError, UnsupportedLayerError
 
 __all__ = ["check_module_configuration", "check_no_record_mixing"]
 
 
 def check_no_record_mixing(model: nn.Module) -> None:
-    """Raise :class:`RecordMixingModuleError` for a BatchNorm that would use batch statistics.
+    """Raise :class:`RecordMixingLayerError` for a BatchNorm that would use batch statistics.
 
     Covers every subclass of ``nn.modules.batchnorm._BatchNorm`` (BatchNorm1d/2d/3d, their lazy
     variants and SyncBatchNorm).
     """
     for name, module in model.named_modules():
         if uses_batch_statistics(module):
-            raise RecordMixingModuleError(batch_norm_refusal_message(module, name or None))
+            raise RecordMixingLayerError(batch_norm_refusal_message(module, name or None))
 
 
 def check_module_configuration(model: nn.Module) -> None:
     """Raise for module options whose gradients depend on the whole batch.
 
     Raises:
-        RecordMixingModuleError: see :func:`check_no_record_mixing`.
-        UnsupportedModuleError: ``nn.Embedding`` or ``nn.EmbeddingBag`` with
+        RecordMixingLayerError: see :func:`check_no_record_mixing`.
+        UnsupportedLayerError: ``nn.Embedding`` or ``nn.EmbeddingBag`` with
             ``scale_grad_by_freq=True``.
     """
     check_no_record_mixing(model)
     for name, module in model.named_modules():
         if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.scale_grad_by_freq:
-            raise UnsupportedModuleError(
+            raise UnsupportedLayerError(
                 f"{type(module).__name__} '{name}' has scale_grad_by_freq=True: it divides each "
                 "row's gradient by the index's frequency in the whole batch, so one example's "
                 "gradient depends on the others. Construct it with scale_grad_by_freq=False."

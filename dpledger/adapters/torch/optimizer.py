@@ -98,7 +98,6 @@ from dpledger.adapters.torch.accumulation import ClippedSumAccumulation
 from dpledger.adapters.torch.backend import TorchBackend
 from dpledger.adapters.torch.checkpoint import OptimizerCheckpoint
 from dpledger.adapters.torch.construction_checks import (
-    check_backend,
     check_optimizer_and_model,
     check_step_arguments,
     check_user_level,
@@ -113,7 +112,6 @@ from dpledger.adapters.torch.construction_checks import (
 )
 from dpledger.adapters.torch.correlated_stream import CorrelatedNoiseSetup
 from dpledger.adapters.torch.engine import LossReduction, Strategy
-from dpledger.adapters.torch.errors import EngineStateError
 from dpledger.adapters.torch.gradient_queries import GradientQueries, Grouping
 from dpledger.adapters.torch.gradient_source import GradientSource
 from dpledger.adapters.torch.module_checks import check_module_configuration
@@ -121,7 +119,7 @@ from dpledger.adapters.torch.optimizer_surface import OptimizerSurface
 from dpledger.adapters.torch.release import NoisyRelease, OptimizerNoiseBackend
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.adapters.torch.user_level import UserPoissonBatchSampler
-from dpledger.errors import LedgerStateError
+from dpledger.errors import EngineStateError, LedgerStateError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms import ClippingStrategy
 from dpledger.mechanisms.config import DPConfig
@@ -204,9 +202,6 @@ class DPOptimizer(
         generator: the noise generator, a ``torch.Generator`` on the parameters' device.
         seed: a seed for a new noise generator (when ``generator`` is None); None seeds from
             OS entropy.
-        backend: deprecated (a :class:`DeprecationWarning`): a
-            :class:`~dpledger.adapters.torch.backend.TorchBackend` whose ``add_gaussian_noise``
-            draws the noise; None (default) for a plain one. Override :meth:`add_noise` instead.
         bias_callback: ``callback(step, ClippingBias)`` after every step (NOT private).
         clip_margin: ρ in [0, 0.5): factors clip to C·(1 − ρ) while the ledger records C, so
             that rounding in the per-example norms and sums (computed in the parameters' dtype)
@@ -223,14 +218,13 @@ class DPOptimizer(
             (:mod:`~dpledger.adapters.torch.record_probe`) at the first forward with at least
             two records, and again whenever the model's modules or their training modes change:
             it changes record 0 of a few-record slice of the batch and refuses the model with
-            :class:`~dpledger.adapters.torch.errors.RecordDependenceError` if another record's
+            :class:`~dpledger.errors.RecordDependenceError` if another record's
             module outputs or per-example gradient move. False switches it off (a warning is
             logged: a model that mixes records makes the ledger's ε wrong). The functional path
             (``loss_fn``) needs no probe: it evaluates each example alone.
         distributed: use ``torch.distributed`` (None: when a process group with more than one
             rank is initialised).
         process_group: the process group (None: the default group).
-        max_grad_norm: deprecated name of ``l2_norm_bound`` (a :class:`DeprecationWarning`).
         noise: ``"independent"`` (default, DP-SGD) or a ``CorrelatedNoiseSpec``: correlated
             noise (:mod:`~dpledger.adapters.torch.correlated_stream`).
 
@@ -254,7 +248,7 @@ class DPOptimizer(
 
     Raises:
         InvalidParameterError: a bad argument, named with its value and what to change.
-        RecordMixingModuleError: the model has BatchNorm using batch statistics.
+        RecordMixingLayerError: the model has BatchNorm using batch statistics.
         RecordDependenceError: at a forward, the record-independence probe saw records mix
             (before anything is recorded).
     """
@@ -282,7 +276,6 @@ class DPOptimizer(
         bam_radius: float | None = None,
         generator: torch.Generator | None = None,
         seed: int | None = None,
-        backend: TorchBackend | None = None,
         bias_callback: BiasCallback | None = None,
         clip_margin: float | None = None,
         user_gradient: Literal["sum", "mean"] = "sum",
@@ -290,14 +283,12 @@ class DPOptimizer(
         check_record_independence: bool = True,
         distributed: bool | None = None,
         process_group: Any = None,
-        max_grad_norm: float | None = None,
         noise: str | CorrelatedNoiseSpec = "independent",
     ) -> None:
         # ---- arguments that need no model (construction_checks, in this order)
         check_optimizer_and_model(optimizer, model, wrapper=DPOptimizer)
         config = resolve_config(
             config,
-            max_grad_norm=max_grad_norm,
             l2_norm_bound=l2_norm_bound,
             noise_multiplier=noise_multiplier,
             clipping=clipping,
@@ -330,7 +321,7 @@ class DPOptimizer(
         self._init_parameters(model, optimizer, config.clip_margin)
         self._init_queries(config)
         self._check_stream_queries(config)
-        self._init_noise(generator, seed, backend)
+        self._init_noise(generator, seed)
         self._init_gradients(model, config, loss_fn, radius, loss_reduction, check_steps)
         if self._engine is not None:
             self._install_hooks(model, check_record_independence)
@@ -379,12 +370,10 @@ class DPOptimizer(
         self._tiny = max(torch.finfo(p.dtype).tiny for p in self._params.values())
         self._clip_margin = default_clip_margin(self._params) if margin is None else margin
 
-    def _init_noise(
-        self, generator: torch.Generator | None, seed: int | None, backend: TorchBackend | None
-    ) -> None:
+    def _init_noise(self, generator: torch.Generator | None, seed: int | None) -> None:
         """The noise generator on the parameters' device, and the noise source of ``add_noise``."""
         self._generator = noise_generator(generator, seed, self._device)
-        self._noise_source = check_backend(backend, stacklevel=4)  # DPOptimizer's caller
+        self._noise_source = TorchBackend()
         self._backend = OptimizerNoiseBackend(self.add_noise)
 
     def _init_queries(self, config: DPConfig) -> None:
@@ -393,7 +382,7 @@ class DPOptimizer(
             {n: p.numel() for n, p in self._params.items()}, **config.query_arguments()
         )
         self._query_cache = {
-            (self._queries.max_grad_norm, self._queries.noise_multiplier): self._queries
+            (self._queries.l2_norm_bound, self._queries.noise_multiplier): self._queries
         }
         self._names = tuple(self._params)
         self._index_of = {n: i for i, n in enumerate(self._names)}

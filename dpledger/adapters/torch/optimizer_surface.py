@@ -136,27 +136,27 @@ class OptimizerSurface:
         self._generator = value
 
     @property
-    def max_grad_norm(self) -> float:
+    def l2_norm_bound(self) -> float:
         """C, the clip bound of the next step (settable; the ledger records each step's)."""
-        return self._queries.max_grad_norm
+        return self._queries.l2_norm_bound
 
-    @max_grad_norm.setter
-    def max_grad_norm(self, value: float) -> None:
+    @l2_norm_bound.setter
+    def l2_norm_bound(self, value: float) -> None:
         self._set_queries(value, self._queries.noise_multiplier)
 
-    def _set_queries(self, max_grad_norm: float, noise_multiplier: float) -> None:
+    def _set_queries(self, l2_norm_bound: float, noise_multiplier: float) -> None:
         key = (
-            check_positive_finite("max_grad_norm", max_grad_norm),
+            check_positive_finite("l2_norm_bound", l2_norm_bound),
             check_non_negative_finite("noise_multiplier", noise_multiplier),
         )
         queries = self._query_cache.get(key)
         if queries is None:
             queries = self._queries.with_values(
-                max_grad_norm=max_grad_norm, noise_multiplier=noise_multiplier
+                l2_norm_bound=l2_norm_bound, noise_multiplier=noise_multiplier
             )
             if len(self._query_cache) >= 16:
                 self._query_cache.pop(next(iter(self._query_cache)))
-            self._query_cache[(queries.max_grad_norm, queries.noise_multiplier)] = queries
+            self._query_cache[(queries.l2_norm_bound, queries.noise_multiplier)] = queries
         self._queries = queries
 
     @property
@@ -166,7 +166,7 @@ class OptimizerSurface:
 
     @noise_multiplier.setter
     def noise_multiplier(self, value: float) -> None:
-        self._set_queries(self._queries.max_grad_norm, value)
+        self._set_queries(self._queries.l2_norm_bound, value)
 
     @property
     def queries(self) -> GradientQueries:

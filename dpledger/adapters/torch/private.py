@@ -49,7 +49,7 @@ from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
 from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent
-from dpledger.mechanisms.config import DPConfig, l2_norm_bound_alias
+from dpledger.mechanisms.config import DPConfig
 from dpledger.mechanisms.correlated.spec import CorrelatedNoiseSpec
 from dpledger.sampling.relations import default_relation
 from dpledger.sampling.validation import check_sampling_probability
@@ -123,7 +123,6 @@ def make_private(
     seed: int | None = None,
     max_physical_batch_size: int | None = None,
     loss_reduction: str = "mean",
-    max_grad_norm: float | None = None,
     noise: Any = "independent",
     **options: Any,
 ) -> PrivateTraining:
@@ -201,7 +200,6 @@ def make_private(
         max_physical_batch_size: split each logical batch into chunks of at most this many
             records (virtual batches; the loop stays the same).
         loss_reduction: ``"mean"`` or ``"sum"``, how the loop's loss combines examples.
-        max_grad_norm: deprecated name of ``l2_norm_bound`` (a :class:`DeprecationWarning`).
         noise: ``"independent"`` (default, DP-SGD) or a
             :class:`~dpledger.mechanisms.correlated.CorrelatedNoiseSpec`: the returned loader
             is then a :class:`~dpledger.adapters.torch.CyclicBatchSampler`'s (the spec's
@@ -238,7 +236,6 @@ def make_private(
         config,
         options,
         l2_norm_bound=l2_norm_bound,
-        max_grad_norm=max_grad_norm,
         noise_multiplier=noise_multiplier,
         target_epsilon=target_epsilon,
         delta=delta,
@@ -370,7 +367,6 @@ def _resolve_config(
     options: dict[str, Any],
     *,
     l2_norm_bound: float | None,
-    max_grad_norm: float | None,
     noise_multiplier: float | None,
     target_epsilon: float | None,
     delta: float | None,
@@ -379,13 +375,9 @@ def _resolve_config(
     """The steps' DPConfig, from ``config`` or from the arguments and the DPConfig fields among
     ``options`` (which are taken out of it); refuses the DPOptimizer arguments that
     make_private sets itself."""
-    bound, spelled = l2_norm_bound_alias(
-        l2_norm_bound=l2_norm_bound, old="max_grad_norm", old_value=max_grad_norm, stacklevel=3
-    )
     config = DPConfig.resolve(
         config,
-        spelled=spelled,
-        l2_norm_bound=bound,
+        l2_norm_bound=l2_norm_bound,
         noise_multiplier=noise_multiplier,
         target_epsilon=target_epsilon,
         delta=delta,

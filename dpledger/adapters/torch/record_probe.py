@@ -21,7 +21,7 @@ every record j ≥ 1,
 
 * that every module's output rows j are unchanged (forward hooks, in the order the calls end): the
   first module whose inputs are unchanged at rows j ≥ 1 but whose output is not is named in the
-  :class:`~dpledger.adapters.torch.errors.RecordDependenceError` (the model itself when the mixing
+  :class:`~dpledger.errors.RecordDependenceError` (the model itself when the mixing
   happens in its own forward between its children);
 * that record j's per-example gradient g_j is unchanged: ‖g_j^A − g_j^B‖ ≤ 1024·ε_dtype·(‖g_j^A‖ +
   ‖g_j^B‖). An unaffected record's result is computed by the same operations on the same values
@@ -53,9 +53,13 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dpledger.adapters.torch.errors import RecordDependenceError, UnsupportedModuleError
-from dpledger.adapters.torch.registry import get_grad_sampler
-from dpledger.errors import DPLedgerError, InvalidParameterError
+from dpledger.adapters.torch.registry import layer_rule
+from dpledger.errors import (
+    DPLedgerError,
+    InvalidParameterError,
+    RecordDependenceError,
+    UnsupportedLayerError,
+)
 
 __all__ = ["PROBE_RECORDS", "model_fingerprint", "probe_record_independence", "records_in"]
 
@@ -175,7 +179,7 @@ def _any_moved(xs: list[torch.Tensor], ys: list[torch.Tensor]) -> bool | None:
 
 
 def _records_first(module: nn.Module, args: tuple, out: Any, m: int) -> Any:
-    """The module's output leaves with their records along dim 0, as its grad sampler declares.
+    """The module's output leaves with their records along dim 0, as its layer rule declares.
 
     A recurrent layer's h_n (and its output when ``batch_first=False``) holds the records along
     dimension 1; compared along dimension 0, a change of record 0 would look like mixing. A
@@ -183,7 +187,7 @@ def _records_first(module: nn.Module, args: tuple, out: Any, m: int) -> Any:
     batch-first data, which then mixes the records) is not moved, so the output is compared
     along the model's own record dimension and the layer is named.
     """
-    sampler = get_grad_sampler(type(module))
+    sampler = layer_rule(type(module))
     if sampler is None or sampler.output_record_dims is None:
         return out
     leaves, _ = tree_flatten(out)
@@ -302,7 +306,7 @@ def probe_record_independence(
     Raises:
         RecordDependenceError: a module's output, or a record's per-example gradient, moved
             when record 0 changed.
-        UnsupportedModuleError: the engine cannot give the probe batch per-example gradients.
+        UnsupportedLayerError: the engine cannot give the probe batch per-example gradients.
         InvalidParameterError: ``max_records`` < 2.
     """
     if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 2:
@@ -331,7 +335,7 @@ def probe_record_independence(
             exc = run["error"]
             if isinstance(exc, DPLedgerError):
                 raise exc
-            raise UnsupportedModuleError(
+            raise UnsupportedLayerError(
                 "dpledger's record-independence probe could not compute per-example gradients "
                 f"of the first {m} records: {type(exc).__name__}: {exc}"
             ) from exc
@@ -453,8 +457,8 @@ def _refuse_mixing_forward(calls_a: dict, calls_b: dict, m: int) -> None:
             "pooling over positions rather than the batch), keep the records along dimension 0 "
             "(batch_first=True for attention), or freeze batch statistics (eval mode with "
             "running statistics).",
-            module_name=name,
-            module_type=type(module).__name__,
+            layer_name=name,
+            layer_type=type(module).__name__,
         )
 
 
@@ -490,7 +494,7 @@ def _refuse_moved_gradients(
         "loss-like term inside the model). One record then moves every other record's clipped "
         "gradient, so the sum's sensitivity exceeds the clip norm and the ledger's epsilon "
         "would be wrong.",
-        module_name=None,
-        module_type=None,
+        layer_name=None,
+        layer_type=None,
         parameters=names,
     )

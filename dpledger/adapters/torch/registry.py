@@ -1,6 +1,6 @@
 """The registry of per-layer gradient samplers, keyed by module type.
 
-A *grad sampler* tells the engine how to get per-example quantities of one layer type from what
+A *layer rule* tells the engine how to get per-example quantities of one layer type from what
 the engine stores during a step: the layer's positional forward arguments (its *activations*,
 records along dimension 0) and the gradient of the loss with respect to its output (the
 *backprops*, already rescaled so that the loss is the sum of the per-example losses). With
@@ -30,7 +30,7 @@ Two optional functions extend this protocol:
   gradient. The activations are passed as the module received them (the sampler knows their
   layout). Such a sampler must provide ``per_example_fn``.
 * ``check_fn(module, activations)`` raises
-  :class:`~dpledger.adapters.torch.errors.UnsupportedModuleError` for a configuration or an input
+  :class:`~dpledger.errors.UnsupportedLayerError` for a configuration or an input
   the sampler cannot handle. The engine calls it with ``activations=None`` when it is created
   (the module's configuration alone) and with the positional forward arguments before every
   forward it records, so that nothing is recorded for a refused call.
@@ -57,18 +57,18 @@ __all__ = [
     "CheckFn",
     "ClippedSumFn",
     "CrossTermFn",
-    "GradSampler",
+    "LayerRule",
     "NormFn",
     "OutputRecordDimsFn",
     "PerExampleFn",
     "PreferPerExampleFn",
     "get_cross_term",
-    "get_grad_sampler",
+    "layer_rule",
     "register_cross_term",
-    "register_grad_sampler",
-    "register_sampler_resolver",
-    "registered_module_types",
-    "unregister_grad_sampler",
+    "register_layer_rule",
+    "register_rule_resolver",
+    "registered_layer_types",
+    "unregister_layer_rule",
 ]
 
 NormFn = Callable[[nn.Module, tuple, torch.Tensor], dict[str, torch.Tensor]]
@@ -83,7 +83,7 @@ AppliesFn = Callable[[nn.Module], bool]
 
 
 @dataclass(frozen=True)
-class GradSampler:
+class LayerRule:
     """The per-layer functions registered for one module type (see the module docstring).
 
     Attributes:
@@ -113,7 +113,7 @@ class GradSampler:
         return self.norm_fn is not None and self.clipped_sum_fn is not None
 
 
-_REGISTRY: dict[type[nn.Module], GradSampler] = {}
+_REGISTRY: dict[type[nn.Module], LayerRule] = {}
 _LOCK = threading.Lock()
 
 
@@ -122,7 +122,7 @@ def _check_callable(name: str, value: object) -> None:
         raise InvalidParameterError(name, value, "a callable or None")
 
 
-def register_grad_sampler(
+def register_layer_rule(
     module_type: type[nn.Module],
     *,
     norm_fn: NormFn | None = None,
@@ -133,7 +133,7 @@ def register_grad_sampler(
     check_fn: CheckFn | None = None,
     applies_fn: AppliesFn | None = None,
     replace: bool = False,
-) -> GradSampler:
+) -> LayerRule:
     """Register how the engine computes per-example quantities for ``module_type``.
 
     Args:
@@ -145,7 +145,7 @@ def register_grad_sampler(
         output_record_dims: ``(module, activations) -> tuple[int, ...]``, the record dimension
             of each output leaf; given, ``backprops`` is a tuple (see the module docstring).
         check_fn: ``(module, activations or None) -> None``, raising
-            :class:`~dpledger.adapters.torch.errors.UnsupportedModuleError` for what the sampler
+            :class:`~dpledger.errors.UnsupportedLayerError` for what the sampler
             does not support.
         applies_fn: ``(module) -> bool``, False for a module whose configuration the sampler
             does not reproduce exactly; the engine then gives that module the generic path
@@ -153,7 +153,7 @@ def register_grad_sampler(
         replace: allow replacing an existing registration (the built-in ones included).
 
     Returns:
-        The registered :class:`GradSampler`.
+        The registered :class:`LayerRule`.
 
     Raises:
         InvalidParameterError: ``module_type`` is not an ``nn.Module`` subclass, a function is
@@ -190,7 +190,7 @@ def register_grad_sampler(
             "a callable when output_record_dims is given (several outputs are never passed to "
             "the generic path)",
         )
-    sampler = GradSampler(
+    sampler = LayerRule(
         norm_fn=norm_fn,
         clipped_sum_fn=clipped_sum_fn,
         per_example_fn=per_example_fn,
@@ -204,13 +204,13 @@ def register_grad_sampler(
             raise InvalidParameterError(
                 "module_type",
                 module_type,
-                "a type without a registered grad sampler (pass replace=True to override)",
+                "a type without a registered layer rule (pass replace=True to override)",
             )
         _REGISTRY[module_type] = sampler
     return sampler
 
 
-def unregister_grad_sampler(module_type: type[nn.Module]) -> GradSampler | None:
+def unregister_layer_rule(module_type: type[nn.Module]) -> LayerRule | None:
     """Remove the registration of ``module_type``; return it (None if there was none)."""
     with _LOCK:
         return _REGISTRY.pop(module_type, None)
@@ -253,11 +253,11 @@ def get_cross_term(first: type[nn.Module], second: type[nn.Module]) -> CrossTerm
     return _CROSS_TERMS.get((first, second))
 
 
-_RESOLVERS: list[Callable[[type[nn.Module]], GradSampler | None]] = []
-_RESOLVED: dict[type[nn.Module], GradSampler | None] = {}  # the resolvers' answers, kept
+_RESOLVERS: list[Callable[[type[nn.Module]], LayerRule | None]] = []
+_RESOLVED: dict[type[nn.Module], LayerRule | None] = {}  # the resolvers' answers, kept
 
 
-def register_sampler_resolver(resolver: Callable[[type[nn.Module]], GradSampler | None]) -> None:
+def register_rule_resolver(resolver: Callable[[type[nn.Module]], LayerRule | None]) -> None:
     """Add a function that supplies a sampler for a type registered nowhere else, or None.
 
     Resolvers let dpledger support module types of optional libraries (Hugging Face
@@ -271,7 +271,7 @@ def register_sampler_resolver(resolver: Callable[[type[nn.Module]], GradSampler 
         _RESOLVED.clear()
 
 
-def get_grad_sampler(module_type: type[nn.Module]) -> GradSampler | None:
+def layer_rule(module_type: type[nn.Module]) -> LayerRule | None:
     """The sampler registered for exactly ``module_type`` (or a resolver's), or None."""
     sampler = _REGISTRY.get(module_type)
     if sampler is not None:
@@ -286,7 +286,7 @@ def get_grad_sampler(module_type: type[nn.Module]) -> GradSampler | None:
         return _RESOLVED.setdefault(module_type, sampler)
 
 
-def registered_module_types() -> tuple[type[nn.Module], ...]:
+def registered_layer_types() -> tuple[type[nn.Module], ...]:
     """Every module type with a registered sampler, in registration order."""
     with _LOCK:
         return tuple(_REGISTRY)

@@ -4,7 +4,7 @@
 :class:`~dpledger.adapters.torch.engine.PerExampleGradientEngine` that turns what the hooks
 stored for a step into its results, once per step (:meth:`StepFinalisation._finalize`): the
 batch size B (the records along dimension 0 of every unit's output gradients), then per unit
-called in the step either its squared per-example norms on the fast path (the grad sampler's
+called in the step either its squared per-example norms on the fast path (the layer rule's
 ghost norms, the capture kept for the clipped sum: book-keeping) or its materialised per-example
 gradients (the sampler's, or the generic ``torch.func`` path; the capture is released); the
 norms of tied parameters from their per-use norms and a registered cross term; zeros for
@@ -29,18 +29,18 @@ from dpledger.adapters.torch.engine_state import (
     _tied_dtype,
     _Unit,
 )
-from dpledger.adapters.torch.errors import (
-    EngineStateError,
-    UnsupportedModuleError,
-    UnsupportedParameterUseError,
-)
 from dpledger.adapters.torch.functional_gradients import (
     clipped_sum_of,
     module_per_example_gradients,
     squared_norms_of,
 )
 from dpledger.adapters.torch.registry import get_cross_term
-from dpledger.errors import DPLedgerError
+from dpledger.errors import (
+    DPLedgerError,
+    EngineStateError,
+    UnsupportedLayerError,
+    UnsupportedParameterUseError,
+)
 from dpledger.mechanisms.clipping import rounding_clip_margin
 
 __all__: list[str] = []  # internal to the engine
@@ -201,7 +201,7 @@ class StepFinalisation:
             except DPLedgerError:
                 raise
             except Exception as exc:
-                raise UnsupportedModuleError(
+                raise UnsupportedLayerError(
                     f"the per-example gradients of module '{unit.name}' "
                     f"({type(unit.module).__name__}) could not be computed on the generic path, "
                     f"which runs its forward on one record at a time (torch.func.vmap): "
@@ -224,8 +224,8 @@ class StepFinalisation:
         names = unit.local_to_global if names is None else names
         missing = [n for n in names if n not in out]
         if missing:
-            raise UnsupportedModuleError(
-                f"the grad sampler of {unit.label} returned no {what} for {missing}"
+            raise UnsupportedLayerError(
+                f"the layer rule of {unit.label} returned no {what} for {missing}"
             )
         return {n: out[n] for n in names}
 
@@ -378,7 +378,7 @@ class StepFinalisation:
                 "the forward of a module the engine observed (e.g. a child's weight used "
                 "directly by its parent's forward, or a model that is not the one the engine "
                 "was attached to). Use the parameter only through its module's forward, or "
-                "register a grad sampler for the parent module type."
+                "register a layer rule for the parent module type."
             )
 
     def _add_tied_norms(

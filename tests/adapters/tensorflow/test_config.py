@@ -1,8 +1,6 @@
-"""The Keras adapters from a DPConfig and in the PyTorch vocabulary; the former names warn."""
+"""The Keras adapters from a DPConfig and in the PyTorch vocabulary."""
 
 from __future__ import annotations
-
-import warnings
 
 import keras
 import numpy as np
@@ -16,8 +14,6 @@ from dpledger.adapters.tensorflow import (
     gradient_queries,
 )
 from dpledger.errors import InvalidParameterError
-
-_OURS = ".* is deprecated and will be removed in the next release"
 
 
 def _model(seed: int = 0) -> keras.Model:
@@ -96,10 +92,8 @@ def _settings(model: keras.Model) -> dict:
 
 def test_keras_model_from_config_fits_exactly_as_the_keywords():
     settings = _settings(_model())
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", _OURS, DeprecationWarning)
-        by_keywords = _fit(**settings)
-        by_config = _fit(config=DPConfig(**settings))
+    by_keywords = _fit(**settings)
+    by_config = _fit(config=DPConfig(**settings))
     _assert_same_run(by_keywords, by_config)
     assert {e.label for e in by_config[1] if hasattr(e, "label")} == {"hidden", "head"}
 
@@ -109,41 +103,6 @@ def test_private_gradients_from_config_are_exactly_the_keywords():
     _assert_same_run(
         _private_gradients(**settings), _private_gradients(config=DPConfig(**settings))
     )
-
-
-def test_former_names_work_and_warn():
-    model = _model()
-    paths = _paths(model)
-    new = {"l2_norm_bound": 0.5, "noise_multiplier": 1.0}
-    old = {"l2_norm_clip": 0.5, "noise_multiplier": 1.0}
-    with pytest.warns(DeprecationWarning, match="l2_norm_bound"):
-        _assert_same_run(_fit(**new), _fit(**old))
-    with pytest.warns(DeprecationWarning, match="strategy='ghost'"):
-        _assert_same_run(_fit(**new, strategy="ghost"), _fit(**new, method="fast"))
-    with pytest.warns(DeprecationWarning, match="strategy='generic'"):
-        _assert_same_run(
-            _private_gradients(**new, strategy="generic"),
-            _private_gradients(**new, method="vectorized"),
-        )
-    with pytest.warns(DeprecationWarning, match="groups='per_parameter'"):
-        _assert_same_run(
-            _private_gradients(**new, groups="per_parameter"),
-            _private_gradients(**new, groups="per_variable"),
-        )
-    lists = [paths[:2], paths[2:]]
-    mapping = {"group0": paths[:2], "group1": paths[2:]}
-    with pytest.warns(DeprecationWarning, match=r"groups=\{label"):
-        _assert_same_run(
-            _private_gradients(**new, groups=mapping), _private_gradients(**new, groups=lists)
-        )
-    with (
-        pytest.warns(DeprecationWarning, match=r"groups=\{label"),
-        pytest.warns(DeprecationWarning, match="l2_norm_bound"),
-    ):
-        old_queries = gradient_queries(model.trainable_variables, **old, groups=lists)
-    new_queries = gradient_queries(model.trainable_variables, **new, groups=mapping)
-    assert old_queries.queries == new_queries.queries
-    assert [q.label for q in new_queries.queries] == ["group0", "group1"]
 
 
 def test_one_group_keeps_its_label():
@@ -167,18 +126,14 @@ def test_one_group_keeps_its_label():
         {"noise_allocation": "proportional"},
         {"strategy": "auto"},
         {"clip_margin": 0.0},
-        {"l2_norm_clip": 1.0},
-        {"method": "auto"},
     ],
 )
 def test_config_with_a_field_it_covers_is_refused(keyword):
     config = DPConfig(l2_norm_bound=1.0, noise_multiplier=1.0)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", _OURS, DeprecationWarning)
-        with pytest.raises(InvalidParameterError, match="config") as info:
-            DPKerasModel(
-                _model(), config=config, sampling_probability=0.1, population_size=10, **keyword
-            )
+    with pytest.raises(InvalidParameterError, match="config") as info:
+        DPKerasModel(
+            _model(), config=config, sampling_probability=0.1, population_size=10, **keyword
+        )
     assert info.value.parameter == next(iter(keyword))
 
 
@@ -191,14 +146,8 @@ def test_bad_values_are_named_as_given():
         DPKerasModel(_model(), l2_norm_bound=1.0, strategy="fast", **common)
     assert info.value.parameter == "strategy"
     with pytest.raises(InvalidParameterError) as info:
-        DPKerasModel(_model(), l2_norm_bound=1.0, method="ghost", **common)
-    assert info.value.parameter == "method"
-    with pytest.raises(InvalidParameterError) as info:
-        DPKerasModel(_model(), l2_norm_bound=1.0, method="fast", strategy="ghost", **common)
-    assert info.value.parameter == "method"
-    with pytest.warns(DeprecationWarning), pytest.raises(InvalidParameterError) as info:
-        DPKerasModel(_model(), l2_norm_clip=-1.0, **common)
-    assert info.value.parameter == "l2_norm_clip"
+        DPKerasModel(_model(), l2_norm_bound=-1.0, **common)
+    assert info.value.parameter == "l2_norm_bound"
     with pytest.raises(InvalidParameterError) as info:
         DPKerasModel(_model(), l2_norm_bound=1.0, groups={"a": ["nope"]}, **common)
     assert info.value.parameter == "groups['a']"

@@ -337,11 +337,11 @@ def test_paths_match_the_per_example_loop(name):
     sum_scale = max(float(np.max(np.abs(e))) for e in (*expected_sums, *batch_gradient))
 
     results = {}
-    for method in ("fast", "vectorized"):
-        engine = PerExampleGradientEngine(model, loss, method=method)
+    for strategy in ("ghost", "generic"):
+        engine = PerExampleGradientEngine(model, loss, strategy=strategy)
         step = _step(engine)
         sq, sums, losses = step(x, y, random_factors)
-        assert engine.path == method
+        assert engine.path == strategy
         for j, v in enumerate(model.trainable_variables):
             assert sq[j].dtype == v.dtype and sq[j].shape == (BATCH,)
             assert sums[j].dtype == v.dtype and sums[j].shape == v.shape
@@ -351,9 +351,9 @@ def test_paths_match_the_per_example_loop(name):
         for j in range(len(expected)):
             assert_close(unit_sums[j], batch_gradient[j], dtype=tf_dtype, scale=sum_scale)
         assert losses.shape == (BATCH,)
-        results[method] = [np.asarray(t) for t in (*sq, *sums)]
+        results[strategy] = [np.asarray(t) for t in (*sq, *sums)]
     scales = [sq_scale] * len(expected) + [sum_scale] * len(expected)
-    for fast, vectorized, scale in zip(results["fast"], results["vectorized"], scales, strict=True):
+    for fast, vectorized, scale in zip(results["ghost"], results["generic"], scales, strict=True):
         assert_close(fast, vectorized, dtype=tf_dtype, scale=scale)
 
 
@@ -366,8 +366,8 @@ def test_clipped_gradients_single_factor_and_eager_call():
     clip = float(np.median(total))
     flat = np.minimum(1.0, clip / total)
     expected_sums = weighted_sums(expected, [flat] * len(expected))
-    for method in ("fast", "vectorized"):
-        engine = PerExampleGradientEngine(model, loss, method=method)
+    for strategy in ("ghost", "generic"):
+        engine = PerExampleGradientEngine(model, loss, strategy=strategy)
 
         def factors(sq):
             return tf.minimum(1.0, clip / tf.sqrt(tf.add_n(list(sq))))
@@ -392,8 +392,8 @@ def test_sample_weight_scales_each_example():
     loss = _scce()
     weights = rng.uniform(0.5, 2.0, size=BATCH).astype(np.float32)
     expected = per_example_gradients(model, loss, x, y, sample_weight=weights)
-    for method in ("fast", "vectorized"):
-        engine = PerExampleGradientEngine(model, loss, method=method)
+    for strategy in ("ghost", "generic"):
+        engine = PerExampleGradientEngine(model, loss, strategy=strategy)
         norms = engine.norms(x, y, sample_weight=weights)
         for got, want in zip(norms.squared_norms, squared_norms(expected), strict=True):
             assert_close(got, want, dtype=tf.float32)
@@ -406,8 +406,8 @@ def test_dynamic_batch_size_inside_tf_function():
     rng = np.random.default_rng(5)
     model, x, y = case_conv_strided_dilated(rng)
     loss = _scce()
-    for method in ("fast", "vectorized"):
-        engine = PerExampleGradientEngine(model, loss, method=method)
+    for strategy in ("ghost", "generic"):
+        engine = PerExampleGradientEngine(model, loss, strategy=strategy)
 
         @tf.function(
             input_signature=[
@@ -432,12 +432,12 @@ def test_dynamic_batch_size_inside_tf_function():
                     assert np.all(sums[j].numpy() == 0)
 
 
-@pytest.mark.parametrize("method", ["fast", "vectorized"])
-def test_static_empty_and_single_batches(method):
+@pytest.mark.parametrize("strategy", ["ghost", "generic"])
+def test_static_empty_and_single_batches(strategy):
     rng = np.random.default_rng(6)
     model, x, y = case_embedding_sequence(rng)
     loss = _scce()
-    engine = PerExampleGradientEngine(model, loss, method=method)
+    engine = PerExampleGradientEngine(model, loss, strategy=strategy)
     empty = engine.clipped_gradients(x[:0], y[:0], clip_factors=lambda n: tf.ones_like(n[0]))
     for sq, s, v in zip(empty.squared_norms, empty.sums, model.trainable_variables, strict=True):
         assert sq.shape == (0,)
@@ -453,7 +453,7 @@ def test_variables_frozen_after_construction_are_dropped():
     rng = np.random.default_rng(8)
     model, x, y = case_dense_mlp(rng)
     loss = _scce()
-    engine = PerExampleGradientEngine(model, loss, method="fast")
+    engine = PerExampleGradientEngine(model, loss, strategy="ghost")
     assert len(engine.norms(x, y).squared_norms) == 4
     first = model.get_layer(index=1)  # index 0 is the InputLayer
     assert isinstance(first, keras.layers.Dense)
@@ -468,14 +468,14 @@ def test_variables_frozen_after_construction_are_dropped():
         first.trainable = True
 
 
-@pytest.mark.parametrize("method", ["fast", "vectorized"])
-def test_two_stages_in_separate_tf_functions_with_host_factors(method):
+@pytest.mark.parametrize("strategy", ["ghost", "generic"])
+def test_two_stages_in_separate_tf_functions_with_host_factors(strategy):
     """Norms leave one tf.function, factors are computed on the host in float64, and the
     clipped sums come from the residual in another tf.function (no second forward pass)."""
     rng = np.random.default_rng(9)
     model, x, y = case_conv_strided_dilated(rng)
     loss = _scce()
-    engine = PerExampleGradientEngine(model, loss, method=method)
+    engine = PerExampleGradientEngine(model, loss, strategy=strategy)
     stage_a = tf.function(lambda x, y: engine.norms(x, y))
     stage_c = tf.function(lambda norms, factors: engine.clipped_sum(norms, factors=factors))
     norms = stage_a(x, y)
@@ -516,7 +516,7 @@ def test_concurrent_traces_in_threads_keep_their_own_taps():
         (rng.normal(size=(3, 5)).astype(np.float32), rng.integers(0, 2, size=3).astype(np.int32)),
         (rng.normal(size=(4, 5)).astype(np.float32), rng.integers(0, 2, size=4).astype(np.int32)),
     ]
-    engine = PerExampleGradientEngine(model, loss, method="fast")
+    engine = PerExampleGradientEngine(model, loss, strategy="ghost")
     results: dict[int, object] = {}
 
     def run(i):

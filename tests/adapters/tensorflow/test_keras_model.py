@@ -193,8 +193,8 @@ def test_bad_inputs_are_refused_with_what_to_change():
         DPKerasModel(model, **{**ok, "noise_multiplier": float("nan")})
     with pytest.raises(InvalidParameterError, match="sampling_probability"):
         DPKerasModel(model, **{**ok, "sampling_probability": 1.01})
-    with pytest.raises(InvalidParameterError, match="method"):
-        DPKerasModel(model, **ok, method="ghost")
+    with pytest.raises(InvalidParameterError, match="strategy"):
+        DPKerasModel(model, **ok, strategy="fast")
     with pytest.raises(InvalidParameterError, match="sampler"):
         DPKerasModel(model, sampler=object(), l2_norm_bound=1.0, noise_multiplier=1.0)
     with pytest.raises(InvalidParameterError, match="model"):
@@ -277,12 +277,12 @@ class _KerasTrainStep:
     def __init__(self) -> None:
         self._wrappers: dict[int, tuple[DPKerasModel, keras.optimizers.Optimizer]] = {}
 
-    def __call__(self, model, x, y, *, max_grad_norm, noise_multiplier, lr, generator):
+    def __call__(self, model, x, y, *, l2_norm_bound, noise_multiplier, lr, generator):
         entry = self._wrappers.get(id(model))
         if entry is None:
             dp = DPKerasModel(
                 model,
-                l2_norm_bound=max_grad_norm,
+                l2_norm_bound=l2_norm_bound,
                 noise_multiplier=noise_multiplier,
                 sampling_probability=self.DENOMINATOR / 1000,
                 population_size=1000,
@@ -296,7 +296,7 @@ class _KerasTrainStep:
             )
             entry = self._wrappers[id(model)] = (dp, optimizer)
         dp, optimizer = entry
-        dp.update_queries(l2_norm_bound=max_grad_norm, noise_multiplier=noise_multiplier)
+        dp.update_queries(l2_norm_bound=l2_norm_bound, noise_multiplier=noise_multiplier)
         optimizer.learning_rate.assign(lr)
         dp._dp_generator.reset(generator.state)
         dp.train_on_batch(x, y)

@@ -31,10 +31,10 @@ def _bn_model() -> keras.Model:
     )
 
 
-@pytest.mark.parametrize("method", ["auto", "fast", "vectorized"])
-def test_batch_normalization_in_training_mode_is_refused(method):
+@pytest.mark.parametrize("strategy", ["auto", "ghost", "generic"])
+def test_batch_normalization_in_training_mode_is_refused(strategy):
     with pytest.raises(RecordMixingLayerError) as info:
-        PerExampleGradientEngine(_bn_model(), LOSS, method=method)
+        PerExampleGradientEngine(_bn_model(), LOSS, strategy=strategy)
     err = info.value
     assert isinstance(err, ValueError) and isinstance(err, DPLedgerError)
     assert isinstance(err, UnsupportedLayerError)
@@ -51,7 +51,7 @@ def test_frozen_batch_normalization_runs_in_inference_mode_and_is_accepted():
     x = rng.normal(size=(3, 4)).astype(np.float32)
     y = np.array([0, 1, 1], np.int32)
     expected = squared_norms(per_example_gradients(model, LOSS, x, y))
-    norms = PerExampleGradientEngine(model, LOSS, method="fast").norms(x, y)
+    norms = PerExampleGradientEngine(model, LOSS, strategy="ghost").norms(x, y)
     for got, want in zip(norms.squared_norms, expected, strict=True):
         assert_close(got, want, dtype=tf.float32)
 
@@ -67,8 +67,8 @@ def test_bad_constructor_arguments():
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
     with pytest.raises(InvalidParameterError, match="model"):
         PerExampleGradientEngine(keras.layers.Dense(2), LOSS)
-    with pytest.raises(InvalidParameterError, match="method"):
-        PerExampleGradientEngine(model, LOSS, method="ghost")
+    with pytest.raises(InvalidParameterError, match="strategy"):
+        PerExampleGradientEngine(model, LOSS, strategy="fast")
 
 
 class _Subclassed(keras.Model):

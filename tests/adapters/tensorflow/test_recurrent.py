@@ -126,7 +126,7 @@ def test_per_example_gradients_equal_a_float64_loop(name):
     expected_sq = squared_norms(expected)
     factors = [rng.uniform(0.1, 1.0, size=BATCH) for _ in expected]
     expected_sums = weighted_sums(expected, factors)
-    engine = PerExampleGradientEngine(model, loss, method="fast")
+    engine = PerExampleGradientEngine(model, loss, strategy="ghost")
 
     @tf.function
     def step(x, y):
@@ -136,7 +136,7 @@ def test_per_example_gradients_equal_a_float64_loop(name):
         )
 
     sq, sums = step(x, y)
-    assert engine.path == "fast"
+    assert engine.path == "ghost"
     sq_scale = max(float(np.max(e)) for e in expected_sq)
     sum_scale = max(float(np.max(np.abs(e))) for e in expected_sums)
     for j in range(len(expected)):
@@ -156,7 +156,7 @@ def test_recurrent_layers_without_a_rule_run_one_record_at_a_time():
     expected_sq = squared_norms(per_example_gradients(model, _loss(F64), x, y))
     engine = PerExampleGradientEngine(model, _loss(F64))
     sq = tf.function(lambda x, y: engine.norms(x, y).squared_norms)(x, y)
-    assert engine.path == "vectorized"
+    assert engine.path == "generic"
     scale = max(float(np.max(e)) for e in expected_sq)
     for got, want in zip(sq, expected_sq, strict=True):
         assert_close(got, want, dtype=tf.float64, scale=scale)
@@ -185,7 +185,7 @@ def test_private_gradients_of_an_lstm_equal_the_clipped_per_example_loop():
     got = np.concatenate([np.ravel(g) for g in private(x, y)]) * (q * n)
     factors = np.minimum(1.0, bound * (1 - default_clip_margin(F64)) / norms)
     np.testing.assert_allclose(got, factors @ rows, rtol=1e-10, atol=1e-12 * bound)
-    assert private.engine.path == "fast"
+    assert private.engine.path == "ghost"
     assert private.ledger.num_steps == 1
     assert 0 < np.count_nonzero(norms > bound) < len(x)
 
@@ -238,7 +238,7 @@ def test_dp_fit_of_a_text_classifier_records_every_step(build, probe):
     for step in dp.ledger.steps():
         assert step.sampling.sampling_probability == 0.25
         assert [(e.l2_norm_bound, e.noise_stddev) for e in step.queries] == [(1.0, 1.1)]
-    assert dp.dp_step is not None and dp.dp_step.engine.path == "fast"
+    assert dp.dp_step is not None and dp.dp_step.engine.path == "ghost"
     assert all(np.isfinite(history.history["loss"]))
     after = model.trainable_variables
     assert all(not np.array_equal(b, a.numpy()) for b, a in zip(before, after, strict=True))
@@ -319,7 +319,7 @@ def test_dropout_per_example_gradients_are_those_of_the_same_masks():
     expected_sq = squared_norms([np.stack([e[j] for e in expected]) for j in range(len(variables))])
     for v, s in zip(model.non_trainable_variables, state, strict=True):
         v.assign(s)
-    engine = PerExampleGradientEngine(model, _loss(F64), method="fast")
+    engine = PerExampleGradientEngine(model, _loss(F64), strategy="ghost")
     sq = tf.function(lambda x, y: engine.norms(x, y).squared_norms)(x, y)
     scale = max(float(np.max(e)) for e in expected_sq)
     for got, want in zip(sq, expected_sq, strict=True):
@@ -368,4 +368,4 @@ def test_mixed_precision_clipped_contributions_stay_within_the_bound(policy):
         norm = np.sqrt(sum(np.sum(np.square(np.asarray(g, np.float64))) for g in grads))
         assert norm <= bound
         assert norm >= bound * (1 - 2 * default_clip_margin("float32"))
-    assert private.engine.path == "fast"
+    assert private.engine.path == "ghost"

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from dpledger.adapters.tensorflow import (
     DenseRule,
-    LayerGradientRule,
+    LayerRule,
     PerExampleGradientEngine,
     UnsupportedLayerError,
     layer_rule,
@@ -41,7 +41,7 @@ class Scale(keras.layers.Layer):
         return x * self.w
 
 
-class ScaleRule(LayerGradientRule):
+class ScaleRule(LayerRule):
     """∂ℓ_i/∂w = Σ_positions x_i ⊙ G_i."""
 
     def variables(self, layer):
@@ -107,15 +107,15 @@ def test_unregistered_layer_falls_back_and_logs_once(caplog):
         # Another trace (a new shape) and an eager call must not log again.
         tf.function(lambda x, y: engine.norms(x, y).squared_norms)(x[:2], y[:2])
         engine.norms(x, y)
-    assert engine.path == "vectorized"
+    assert engine.path == "generic"
     messages = [r.getMessage() for r in caplog.records if r.name == ENGINE_LOGGER]
     assert len(messages) == 1
     assert "vectorised" in messages[0] and "/w" in messages[0]
 
 
-def test_method_fast_refuses_an_unregistered_layer_at_construction():
+def test_strategy_ghost_refuses_an_unregistered_layer_at_construction():
     with pytest.raises(UnsupportedLayerError, match=r"no fast-path rule.*/w"):
-        PerExampleGradientEngine(_scale_model(), LOSS, method="fast")
+        PerExampleGradientEngine(_scale_model(), LOSS, strategy="ghost")
 
 
 def test_registering_a_rule_enables_the_fast_path():
@@ -125,9 +125,9 @@ def test_registering_a_rule_enables_the_fast_path():
     register_layer_rule(Scale, ScaleRule())
     try:
         assert layer_rule(Scale) is not None and Scale in registered_layer_types()
-        engine = PerExampleGradientEngine(model, LOSS, method="fast")
+        engine = PerExampleGradientEngine(model, LOSS, strategy="ghost")
         _check_against_loop(engine, model, x, y, rng)
-        assert engine.path == "fast"
+        assert engine.path == "ghost"
     finally:
         unregister_layer_rule(Scale)
     assert layer_rule(Scale) is None
@@ -152,7 +152,7 @@ def test_subclass_of_a_registered_type_is_not_matched():
 
     model = keras.Sequential([keras.Input((3,)), MyDense(2)])
     with pytest.raises(UnsupportedLayerError, match="no fast-path rule"):
-        PerExampleGradientEngine(model, LOSS, method="fast")
+        PerExampleGradientEngine(model, LOSS, strategy="ghost")
 
 
 class TiedOutput(keras.Model):
@@ -212,10 +212,10 @@ def test_models_the_fast_path_cannot_see_fall_back(model_type, x_shape, reason, 
     with caplog.at_level(logging.WARNING, logger=ENGINE_LOGGER):
         engine = PerExampleGradientEngine(model, LOSS)
         _check_against_loop(engine, model, x, y, rng)
-    assert engine.path == "vectorized"
+    assert engine.path == "generic"
     assert any(reason in r.getMessage() for r in caplog.records)
 
-    strict = PerExampleGradientEngine(model, LOSS, method="fast")
+    strict = PerExampleGradientEngine(model, LOSS, strategy="ghost")
     with pytest.raises(UnsupportedLayerError, match=reason):
         tf.function(lambda x, y: strict.norms(x, y).squared_norms, autograph=False)(x, y)
 
@@ -236,7 +236,7 @@ def test_vectorised_path_reports_ops_run_in_a_while_loop(caplog):
     x = rng.normal(size=(3, 4)).astype(np.float32)
     y = np.array([0, 1, 0], np.int32)
     with caplog.at_level(logging.WARNING, logger=ENGINE_LOGGER):
-        engine = PerExampleGradientEngine(model, LOSS, method="vectorized")
+        engine = PerExampleGradientEngine(model, LOSS, strategy="generic")
         _check_against_loop(engine, model, x, y, rng)
         engine.norms(x, y)
     messages = [r.getMessage() for r in caplog.records if "tf.while_loop" in r.getMessage()]

@@ -132,7 +132,7 @@ def worker(rank: int, world: int, directory: str) -> None:
             )
             centred(torch.randn(4, 4))
         except RecordDependenceError as err:
-            refusals.append(f"mixing:{err.module_name}")
+            refusals.append(f"mixing:{err.layer_name}")
         # Rank 1 steps on records its sampler did not draw, rank 0 on its real draw: every rank
         # refuses the step together (none waits in a collective), and nothing is recorded.
         m = small_cnn()

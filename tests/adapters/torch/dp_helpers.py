@@ -14,7 +14,7 @@ from tests.adapters.torch.reference import loop_per_example_grads
 
 
 class SmallCNN(nn.Module):
-    """Conv2d, GroupNorm, Linear layers (all with grad samplers) on 1×6×6 inputs, 3 classes."""
+    """Conv2d, GroupNorm, Linear layers (all with layer rules) on 1×6×6 inputs, 3 classes."""
 
     def __init__(self) -> None:
         super().__init__()

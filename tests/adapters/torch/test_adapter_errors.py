@@ -84,7 +84,7 @@ def _names_the_parent_use(info, parent: str, example: str) -> None:
     )
     assert f"whose parent is {parent}" in message
     assert f"F.linear(x, self.{example})" in message
-    assert "register_grad_sampler" in message and "nothing to backpropagate" not in message
+    assert "register_layer_rule" in message and "nothing to backpropagate" not in message
 
 
 @pytest.mark.parametrize("check_steps", [0, 1])
@@ -176,7 +176,7 @@ def test_functional_batch_norm_inside_a_custom_module_names_the_module():
     x, _ = _batch()
     with pytest.raises(RecordDependenceError, match=r"'1' \(OwnBatchNorm\)") as info:
         model(x)
-    assert (info.value.module_name, info.value.module_type) == ("1", "OwnBatchNorm")
+    assert (info.value.layer_name, info.value.layer_type) == ("1", "OwnBatchNorm")
     assert dp.ledger.num_events == 0
 
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from dpledger.adapters.torch import (
     PerExampleGradientEngine,
-    UnsupportedModuleError,
+    UnsupportedLayerError,
 )
 from dpledger.adapters.torch.layer_rules.attention import attention_prefers_per_example
 from tests.adapters.torch.dp_helpers import assert_dp_step_equals_clipped_loop
@@ -207,7 +207,7 @@ def test_unbatched_inputs_are_refused():
     model.add_module("mha", nn.MultiheadAttention(E, HEADS))
     engine = PerExampleGradientEngine(model, loss_reduction="mean")
     x = torch.randn(L, E)
-    with pytest.raises(UnsupportedModuleError, match="batched inputs"):
+    with pytest.raises(UnsupportedLayerError, match="batched inputs"):
         model.mha(x, x, x)
     assert not engine.has_gradients
 

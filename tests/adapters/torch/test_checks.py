@@ -21,11 +21,11 @@ def factory() -> nn.Module:
     return nn.Sequential(nn.Linear(10, 16), nn.Tanh(), nn.Linear(16, 3))
 
 
-def _wrap(model, opt, *, max_grad_norm, noise_multiplier, generator, **kwargs) -> DPOptimizer:
+def _wrap(model, opt, *, l2_norm_bound, noise_multiplier, generator, **kwargs) -> DPOptimizer:
     return DPOptimizer(
         opt,
         model=model,
-        l2_norm_bound=max_grad_norm,
+        l2_norm_bound=l2_norm_bound,
         noise_multiplier=noise_multiplier,
         sampling_probability=Q,
         population_size=N,
@@ -38,11 +38,11 @@ def _wrap(model, opt, *, max_grad_norm, noise_multiplier, generator, **kwargs) -
 
 @pytest.mark.parametrize("strategy", ["auto", "generic"])
 def test_dp_sgd_wrapper_passes_every_check_with_the_fixed_denominator(strategy):
-    def step(model, x, y, *, max_grad_norm, noise_multiplier, lr, generator):
+    def step(model, x, y, *, l2_norm_bound, noise_multiplier, lr, generator):
         dp = _wrap(
             model,
             torch.optim.SGD(model.parameters(), lr=lr),
-            max_grad_norm=max_grad_norm,
+            l2_norm_bound=l2_norm_bound,
             noise_multiplier=noise_multiplier,
             generator=generator,
             strategy=strategy,
@@ -62,14 +62,14 @@ def test_dp_adam_wrapper_passes_the_checks_for_stateful_optimizers():
         dp = _wrap(
             model,
             torch.optim.Adam(model.parameters(), lr=1e-3),
-            max_grad_norm=1.0,
+            l2_norm_bound=1.0,
             noise_multiplier=1.0,
             generator=torch.Generator(),
         )
 
-        def step(model, x, y, *, max_grad_norm, noise_multiplier, lr, generator):
-            dp.max_grad_norm, dp.noise_multiplier, dp.generator = (
-                max_grad_norm,
+        def step(model, x, y, *, l2_norm_bound, noise_multiplier, lr, generator):
+            dp.l2_norm_bound, dp.noise_multiplier, dp.generator = (
+                l2_norm_bound,
                 noise_multiplier,
                 generator,
             )

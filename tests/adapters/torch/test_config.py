@@ -1,8 +1,6 @@
-"""The PyTorch adapter from a DPConfig: same training as the keywords, deprecated aliases."""
+"""The PyTorch adapter from a DPConfig: same training as the keywords."""
 
 from __future__ import annotations
-
-import warnings
 
 import attrs
 import pytest
@@ -77,26 +75,10 @@ def test_defaults_are_the_config_defaults():
     )
 
 
-def test_max_grad_norm_still_works_and_warns():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        new = train(l2_norm_bound=0.7, noise_multiplier=1.3)
-    with pytest.warns(DeprecationWarning, match="l2_norm_bound") as record:
-        old = train(max_grad_norm=0.7, noise_multiplier=1.3)
-    assert any(r.filename == __file__ for r in record)
-    assert_same_run(new, old)
-
-
-def test_max_grad_norm_keeps_its_errors():
+def test_a_missing_bound_is_named():
     model = small_cnn()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     common = {"model": model, "sampling_probability": Q, "population_size": N}
-    with pytest.warns(DeprecationWarning), pytest.raises(InvalidParameterError) as info:
-        DPOptimizer(opt, max_grad_norm=-1.0, noise_multiplier=1.0, **common)
-    assert info.value.parameter == "max_grad_norm"
-    with pytest.raises(InvalidParameterError) as info:
-        DPOptimizer(opt, max_grad_norm=1.0, l2_norm_bound=1.0, noise_multiplier=1.0, **common)
-    assert info.value.parameter == "max_grad_norm"
     with pytest.raises(InvalidParameterError) as info:
         DPOptimizer(opt, noise_multiplier=1.0, **common)
     assert info.value.parameter == "l2_norm_bound"
@@ -114,23 +96,20 @@ def test_max_grad_norm_keeps_its_errors():
         {"scales": {"fc1.weight": 1.0}},
         {"strategy": "auto"},
         {"clip_margin": 0.0},
-        {"max_grad_norm": 1.0},
     ],
 )
 def test_config_with_a_field_it_covers_is_refused(keyword):
     model = small_cnn()
     config = DPConfig(l2_norm_bound=1.0, noise_multiplier=1.0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        with pytest.raises(InvalidParameterError, match="config") as info:
-            DPOptimizer(
-                torch.optim.SGD(model.parameters(), lr=0.1),
-                model=model,
-                config=config,
-                sampling_probability=Q,
-                population_size=N,
-                **keyword,
-            )
+    with pytest.raises(InvalidParameterError, match="config") as info:
+        DPOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            model=model,
+            config=config,
+            sampling_probability=Q,
+            population_size=N,
+            **keyword,
+        )
     assert info.value.parameter == next(iter(keyword))
 
 
@@ -163,17 +142,14 @@ def test_config_checks_the_names_against_the_model():
 def _make_private_run(**privacy):
     model = small_cnn(seed=0)
     x, y = batch(40, seed=3)
-    with warnings.catch_warnings():
-        if "max_grad_norm" not in privacy:  # the new names warn about nothing
-            warnings.simplefilter("error", DeprecationWarning)
-        model, dp, loader = make_private(
-            model,
-            torch.optim.SGD(model.parameters(), lr=0.3),
-            TensorDataset(x, y),
-            sampling_probability=0.25,
-            seed=5,
-            **privacy,
-        )
+    model, dp, loader = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.3),
+        TensorDataset(x, y),
+        sampling_probability=0.25,
+        seed=5,
+        **privacy,
+    )
     for step, (xb, yb) in enumerate(loader):
         if step == 2:
             break
@@ -186,9 +162,6 @@ def _make_private_run(**privacy):
 def test_make_private_config_trains_exactly_as_the_keywords():
     keywords = {"l2_norm_bound": 0.8, "noise_multiplier": 0.9, "groups": "per_layer"}
     assert_same_run(_make_private_run(**keywords), _make_private_run(config=DPConfig(**keywords)))
-    with pytest.warns(DeprecationWarning, match="l2_norm_bound"):
-        old = _make_private_run(max_grad_norm=0.8, noise_multiplier=0.9, groups="per_layer")
-    assert_same_run(_make_private_run(**keywords), old)
 
 
 def test_make_private_calibrates_a_config_target():
@@ -208,10 +181,6 @@ def test_make_private_calibrates_a_config_target():
 def test_gradient_queries_take_the_core_name():
     sizes = {"w": 3, "b": 1}
     new = GradientQueries(sizes, l2_norm_bound=2.0, noise_multiplier=1.0, groups="per_parameter")
-    with pytest.warns(DeprecationWarning, match="l2_norm_bound"):
-        old = GradientQueries(
-            sizes, max_grad_norm=2.0, noise_multiplier=1.0, groups="per_parameter"
-        )
-    assert new.queries == old.queries and new.l2_norm_bound == old.max_grad_norm == 2.0
+    assert new.l2_norm_bound == 2.0
     evolved = attrs.evolve(DPConfig(l2_norm_bound=2.0, noise_multiplier=1.0), groups="per_layer")
     assert evolved.groups == "per_layer"

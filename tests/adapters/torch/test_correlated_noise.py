@@ -157,11 +157,11 @@ def test_changing_the_clip_bound_or_noise_mid_stream_is_refused() -> None:
     batches = iter(loader)
     _step(model, opt, *next(batches))
     before = model.weight.detach().clone()
-    for name, value in (("max_grad_norm", 0.25), ("noise_multiplier", 0.5)):
+    for name, value in (("l2_norm_bound", 0.25), ("noise_multiplier", 0.5)):
         setattr(opt, name, value)
         with pytest.raises(InvalidParameterError, match=r"one\s+clip bound"):
             _step(model, opt, *next(batches))  # refused before its draw is claimed
-        setattr(opt, name, {"max_grad_norm": 0.5, "noise_multiplier": 1.3}[name])
+        setattr(opt, name, {"l2_norm_bound": 0.5, "noise_multiplier": 1.3}[name])
         batches = iter(loader)  # a new pass: step 1's batch again
     assert torch.equal(model.weight, before)
     _step(model, opt, *next(batches))  # step 1 with the release's values

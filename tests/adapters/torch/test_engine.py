@@ -13,11 +13,11 @@ from dpledger.adapters.torch import (
     EngineStateError,
     FunctionalPerExampleEngine,
     PerExampleGradientEngine,
-    RecordMixingModuleError,
-    UnsupportedModuleError,
+    RecordMixingLayerError,
+    UnsupportedLayerError,
     UnsupportedParameterUseError,
-    register_grad_sampler,
-    unregister_grad_sampler,
+    register_layer_rule,
+    unregister_layer_rule,
 )
 from dpledger.errors import DPLedgerError, InvalidParameterError
 from tests.adapters.torch.reference import (
@@ -218,7 +218,7 @@ def test_user_registered_layer_is_used():
         g = (backprops * activations[0]).reshape(backprops.shape[0], -1, module.w.numel())
         return {"w": (factors["w"].view(-1, 1) * g.sum(1)).sum(0) * d}
 
-    register_grad_sampler(Scale, norm_fn=norm_fn, clipped_sum_fn=clipped_sum_fn)
+    register_layer_rule(Scale, norm_fn=norm_fn, clipped_sum_fn=clipped_sum_fn)
     try:
         model, inputs, y = mixed_model()
         want = loop_per_example_grads(model, F.cross_entropy, inputs, y)
@@ -232,29 +232,29 @@ def test_user_registered_layer_is_used():
         # No per_example_fn: materialising (here, for per_example_gradients) uses torch.func.
         assert_close_dicts(engine.per_example_gradients(), want)
     finally:
-        unregister_grad_sampler(Scale)
+        unregister_layer_rule(Scale)
 
 
 def test_registry_rejects_bad_registrations():
     with pytest.raises(InvalidParameterError, match="module_type"):
-        register_grad_sampler(int, per_example_fn=lambda *a: {})
+        register_layer_rule(int, per_example_fn=lambda *a: {})
     with pytest.raises(InvalidParameterError, match="norm_fn"):
-        register_grad_sampler(Scale, clipped_sum_fn=lambda *a: {})
+        register_layer_rule(Scale, clipped_sum_fn=lambda *a: {})
     with pytest.raises(InvalidParameterError, match="per_example_fn"):
-        register_grad_sampler(Scale)
+        register_layer_rule(Scale)
     with pytest.raises(InvalidParameterError, match="callable"):
-        register_grad_sampler(Scale, per_example_fn="nope")
+        register_layer_rule(Scale, per_example_fn="nope")
     with pytest.raises(InvalidParameterError, match="replace=True"):
-        register_grad_sampler(nn.Linear, per_example_fn=lambda *a: {})
+        register_layer_rule(nn.Linear, per_example_fn=lambda *a: {})
     with pytest.raises(InvalidParameterError, match="applies_fn"):
-        register_grad_sampler(Scale, per_example_fn=lambda *a: {}, applies_fn=True)
+        register_layer_rule(Scale, per_example_fn=lambda *a: {}, applies_fn=True)
 
 
 def test_a_sampler_that_does_not_apply_leaves_the_module_to_the_generic_path():
     def per_example_fn(module, activations, backprops):
         raise AssertionError("not called for a module the sampler does not apply to")
 
-    register_grad_sampler(
+    register_layer_rule(
         Scale, per_example_fn=per_example_fn, applies_fn=lambda m: bool(m.w.numel() > 100)
     )
     try:
@@ -265,7 +265,7 @@ def test_a_sampler_that_does_not_apply_leaves_the_module_to_the_generic_path():
         _step(engine, model, inputs, y)
         assert_close_dicts(engine.per_example_gradients(), want)
     finally:
-        unregister_grad_sampler(Scale)
+        unregister_layer_rule(Scale)
 
 
 # ---------------------------------------------------------------- BatchNorm refusal
@@ -282,18 +282,18 @@ def test_a_sampler_that_does_not_apply_leaves_the_module_to_the_generic_path():
 )
 def test_training_batchnorm_is_refused_with_advice(make):
     model = nn.Sequential(nn.Linear(3, 4), make())
-    with pytest.raises(RecordMixingModuleError) as err:
+    with pytest.raises(RecordMixingLayerError) as err:
         PerExampleGradientEngine(model, loss_reduction="mean")
     assert isinstance(err.value, ValueError) and isinstance(err.value, DPLedgerError)
     msg = str(err.value)
     assert "GroupNorm" in msg and "LayerNorm" in msg and "'1'" in msg
-    with pytest.raises(RecordMixingModuleError):
+    with pytest.raises(RecordMixingLayerError):
         FunctionalPerExampleEngine(model, F.cross_entropy)
 
 
 def test_batchnorm_without_running_stats_is_refused_even_in_eval():
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4, track_running_stats=False)).eval()
-    with pytest.raises(RecordMixingModuleError, match="track_running_stats"):
+    with pytest.raises(RecordMixingLayerError, match="track_running_stats"):
         PerExampleGradientEngine(model, loss_reduction="mean")
 
 
@@ -304,15 +304,15 @@ def test_batchnorm_switched_back_to_training_is_refused_at_forward():
     model(torch.randn(2, 3)).sum().backward()
     engine.squared_norms()
     model.train()
-    with pytest.raises(RecordMixingModuleError, match="training mode"):
+    with pytest.raises(RecordMixingLayerError, match="training mode"):
         model(torch.randn(2, 3))
-    with torch.no_grad(), pytest.raises(RecordMixingModuleError):
+    with torch.no_grad(), pytest.raises(RecordMixingLayerError):
         model(torch.randn(2, 3))  # running statistics would learn from the batch too
 
 
 def test_scale_grad_by_freq_is_refused():
     model = nn.Sequential(nn.Embedding(5, 3, scale_grad_by_freq=True))
-    with pytest.raises(UnsupportedModuleError, match="scale_grad_by_freq"):
+    with pytest.raises(UnsupportedLayerError, match="scale_grad_by_freq"):
         PerExampleGradientEngine(model, loss_reduction="mean")
 
 

@@ -18,7 +18,7 @@ from dpledger.adapters.torch import PerExampleGradientEngine  # noqa: E402
 from dpledger.adapters.torch.layer_rules.hugging_face import (  # noqa: E402
     llama_rms_norm_per_example,
 )
-from dpledger.adapters.torch.registry import get_grad_sampler  # noqa: E402
+from dpledger.adapters.torch.registry import layer_rule  # noqa: E402
 from tests.adapters.torch.reference import (  # noqa: E402
     DEVICES,
     assert_close_dicts,
@@ -170,7 +170,7 @@ def test_gpt2_registers_conv1d_and_ties_lm_head_to_the_token_embedding():
     model = _gpt2().double()
     assert model.lm_head.weight is model.transformer.wte.weight
     conv1d = type(model.transformer.h[0].attn.c_attn)
-    assert get_grad_sampler(conv1d) is not None and get_grad_sampler(conv1d).has_fast_path
+    assert layer_rule(conv1d) is not None and layer_rule(conv1d).has_fast_path
     engine = PerExampleGradientEngine(model, loss_reduction="mean")
     assert "transformer.wte.weight" in engine.parameter_names
     assert "lm_head.weight" not in engine.parameter_names  # one tensor, one name
@@ -206,15 +206,15 @@ def test_llama_style_rms_norms_are_recognised_by_their_forward():
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
     from transformers.models.mistral.modeling_mistral import MistralRMSNorm
 
-    assert get_grad_sampler(LlamaRMSNorm) is not None
-    assert get_grad_sampler(MistralRMSNorm) is not None  # the same forward, another name
+    assert layer_rule(LlamaRMSNorm) is not None
+    assert layer_rule(MistralRMSNorm) is not None  # the same forward, another name
 
     class ShiftedRMSNorm(LlamaRMSNorm):  # a forward of its own: not Llama's
         def forward(self, hidden_states):
             return super().forward(hidden_states) + 1.0
 
     ShiftedRMSNorm.__module__ = "transformers.models.custom.modeling_custom"
-    assert get_grad_sampler(ShiftedRMSNorm) is None
+    assert layer_rule(ShiftedRMSNorm) is None
     # The registered rule against autograd on a single module, one record at a time.
     norm = LlamaRMSNorm(5, eps=1e-5).double()
     with torch.no_grad():

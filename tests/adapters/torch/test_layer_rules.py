@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from dpledger.adapters.torch import PerExampleGradientEngine, registered_module_types
+from dpledger.adapters.torch import PerExampleGradientEngine, registered_layer_types
 from dpledger.adapters.torch.layer_rules.conv import conv_norms
 from dpledger.errors import InvalidParameterError
 from tests.adapters.torch.reference import (
@@ -107,7 +107,7 @@ def test_every_registered_type_has_a_case():
     from tests.adapters.torch.test_recurrent import RECURRENT_TYPES
 
     covered = {type(CASES[n][0]()) for n in CASES} | RECURRENT_TYPES | {nn.MultiheadAttention}
-    assert set(registered_module_types()) <= covered
+    assert set(registered_layer_types()) <= covered
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -202,16 +202,3 @@ def test_prefer_per_example_decisions():
     conv2 = nn.Conv2d(16, 32, 4, 2)  # G_i (8192) larger than input + output (3504): fast path
     x2 = torch.zeros(2, 16, 13, 13)
     assert not conv_prefers_per_example(conv2, (x2,), conv2(x2))
-
-
-def test_former_package_name_is_a_deprecated_alias_of_layer_rules() -> None:
-    import importlib
-    import sys
-
-    from dpledger.adapters.torch import layer_rules
-
-    sys.modules.pop("dpledger.adapters.torch.samplers", None)
-    with pytest.warns(DeprecationWarning, match="layer_rules"):
-        former = importlib.import_module("dpledger.adapters.torch.samplers")
-    assert former.linear is layer_rules.linear
-    assert importlib.import_module("dpledger.adapters.torch.samplers.conv") is layer_rules.conv

@@ -16,7 +16,7 @@ from torch import nn
 
 from dpledger.adapters.torch import DPOptimizer, PerExampleGradientEngine
 from dpledger.adapters.torch import loss_reduction as loss_reduction_module
-from dpledger.adapters.torch.errors import LossReductionWarning
+from dpledger.errors import LossReductionWarning
 
 BATCH = 6
 

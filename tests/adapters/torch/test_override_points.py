@@ -1,4 +1,4 @@
-"""DPOptimizer's override points: clip, add_noise and release, and the deprecated backend=."""
+"""DPOptimizer's override points: clip, add_noise and release."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from torch import nn
 
 from dpledger import PrivacyLedger
 from dpledger.adapters.torch import DPOptimizer
-from dpledger.adapters.torch.backend import TorchBackend
 from dpledger.ledger import SumQueryEvent
 
 Q, N = 0.05, 200
@@ -76,14 +75,3 @@ def test_clip_and_release_are_called_once_per_step_with_the_documented_arguments
     dp, _ = _step(Watched, noise_multiplier=1.0, seed=0)
     assert calls == [("clip", 6, [4]), ("release", 6, Q)]
     assert dp.ledger.num_steps == 1
-
-
-def test_backend_is_deprecated_and_only_supplies_the_noise():
-    class Halved(TorchBackend):
-        def add_gaussian_noise(self, x, *, stddev, generator):
-            return super().add_gaussian_noise(x, stddev=stddev / 2, generator=generator)
-
-    with pytest.warns(DeprecationWarning, match="add_noise") as record:
-        dp, _ = _step(DPOptimizer, noise_multiplier=1.0, seed=0, backend=Halved())
-    assert any(r.filename == __file__ for r in record)
-    assert _stddevs(dp)[0] == pytest.approx(1.0)

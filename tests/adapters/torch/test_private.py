@@ -219,7 +219,7 @@ def test_a_loss_whose_reduction_contradicts_the_declaration_is_warned_about(
 ):
     import warnings
 
-    from dpledger.adapters.torch.errors import LossReductionWarning
+    from dpledger.errors import LossReductionWarning
 
     model = small_cnn(dtype=torch.float32)
     _, dp, loader = make_private(

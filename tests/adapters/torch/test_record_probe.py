@@ -15,8 +15,8 @@ from dpledger import PrivacyLedger
 from dpledger.adapters.torch import (
     DPOptimizer,
     RecordDependenceError,
-    RecordMixingModuleError,
-    UnsupportedModuleError,
+    RecordMixingLayerError,
+    UnsupportedLayerError,
     make_private,
     probe_record_independence,
 )
@@ -135,10 +135,10 @@ def test_mixing_model_is_refused_at_the_first_forward_naming_the_module(case):
     x, y = _batch(shape)
     with pytest.raises(RecordDependenceError) as info:
         F.cross_entropy(model(x), y).backward()
-    assert info.value.module_name == name
+    assert info.value.layer_name == name
     if type_name is not None:
-        assert info.value.module_type == type_name
-    assert isinstance(info.value, RecordMixingModuleError)
+        assert info.value.layer_type == type_name
+    assert isinstance(info.value, RecordMixingLayerError)
     assert "mixes the records" in str(info.value)
     assert dp.ledger.num_steps == 0 and dp.ledger.num_events == 0
     assert all(p.grad is None for p in model.parameters())
@@ -200,7 +200,7 @@ def test_mixing_only_in_the_backward_is_refused_naming_the_parameters():
     _wrap(model)
     with pytest.raises(RecordDependenceError, match="the backward mixes records") as info:
         model(_batch((B, D))[0])
-    assert info.value.module_name is None
+    assert info.value.layer_name is None
     assert "0.weight" in info.value.parameters
 
 
@@ -413,6 +413,6 @@ def test_generic_path_failure_is_a_typed_error_naming_the_module_without_the_pro
     dp = _wrap(model, check_record_independence=False)
     x, y = _batch((B, D))
     F.cross_entropy(model(x), y).backward()
-    with pytest.raises(UnsupportedModuleError, match=r"'2' \(ParametrisedBatchNorm\)"):
+    with pytest.raises(UnsupportedLayerError, match=r"'2' \(ParametrisedBatchNorm\)"):
         dp.step()
     assert dp.ledger.num_events == 0

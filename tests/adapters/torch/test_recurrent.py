@@ -14,7 +14,7 @@ from dpledger import PrivacyLedger
 from dpledger.adapters.torch import (
     EngineStateError,
     PerExampleGradientEngine,
-    UnsupportedModuleError,
+    UnsupportedLayerError,
     make_private,
 )
 from dpledger.adapters.torch.layer_rules.recurrent import recurrent_prefers_per_example
@@ -325,14 +325,14 @@ def test_make_private_trains_an_lstm_classifier_with_a_ledger():
 def test_projections_are_refused_at_construction():
     torch.manual_seed(0)
     model = Probe(nn.LSTM(IN, H, proj_size=2, batch_first=True))
-    with pytest.raises(UnsupportedModuleError, match="proj_size"):
+    with pytest.raises(UnsupportedLayerError, match="proj_size"):
         PerExampleGradientEngine(model, loss_reduction="mean")
 
 
 def test_inter_layer_dropout_in_training_is_refused():
     torch.manual_seed(0)
     rnn = nn.GRU(IN, H, num_layers=2, dropout=0.3, batch_first=True)
-    with pytest.raises(UnsupportedModuleError, match=r"nn\.Dropout between them"):
+    with pytest.raises(UnsupportedLayerError, match=r"nn\.Dropout between them"):
         PerExampleGradientEngine(Probe(rnn), loss_reduction="mean")
     model = Probe(rnn).eval()  # evaluation mode: no dropout, accepted
     engine = PerExampleGradientEngine(model, loss_reduction="mean")
@@ -340,7 +340,7 @@ def test_inter_layer_dropout_in_training_is_refused():
     model(x).sum().backward()
     assert engine.squared_norms()["rnn.weight_ih_l0"].shape == (B,)
     model.train()  # switched to training after construction: refused at the forward
-    with pytest.raises(UnsupportedModuleError, match=r"dropout=0\.3"):
+    with pytest.raises(UnsupportedLayerError, match=r"dropout=0\.3"):
         model(x)
     assert not engine.has_gradients
     with pytest.raises(EngineStateError):
@@ -379,10 +379,10 @@ def test_packed_and_unbatched_inputs_are_refused_before_anything_is_recorded():
     engine = PerExampleGradientEngine(model, loss_reduction="sum")
     x = torch.randn(B, T, IN, generator=torch.Generator().manual_seed(1))
     lengths = torch.tensor([4, 2, 3, 1, 4])
-    with pytest.raises(UnsupportedModuleError, match="PackedSequence"):
+    with pytest.raises(UnsupportedLayerError, match="PackedSequence"):
         model(x, lengths, how="packed")
     assert not engine.has_gradients
-    with pytest.raises(UnsupportedModuleError, match="batched input"):
+    with pytest.raises(UnsupportedLayerError, match="batched input"):
         model(x, how="unbatched")
     assert not engine.has_gradients
     with torch.no_grad():  # nothing is recorded without gradients: not refused

@@ -1,4 +1,4 @@
-"""Built-in per-layer gradient rules (grad samplers), registered on import.
+"""Built-in per-layer gradient rules (layer rules), registered on import.
 
 nn.Linear, nn.Conv1d, nn.Conv2d and nn.Embedding have the fast path (ghost norms and
 book-keeping clipped sums) and can also materialise per-example gradients; the normalisation

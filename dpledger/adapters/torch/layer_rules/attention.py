@@ -33,7 +33,7 @@ way, self- and cross-attention, ``key_padding_mask``, ``attn_mask``, ``is_causal
 with attention dropout (``dropout > 0``), ``bias_k``/``bias_v`` or ``add_zero_attn`` keeps the
 generic path (:func:`attention_applies`), which replays the layer's random draws and is exact for
 any configuration. Inputs without a batch dimension are refused
-(:class:`~dpledger.adapters.torch.errors.UnsupportedModuleError`).
+(:class:`~dpledger.errors.UnsupportedLayerError`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from dpledger.adapters.torch.errors import UnsupportedModuleError
 from dpledger.adapters.torch.layer_rules.linear import (
     affine_bias_clipped_sum,
     affine_bias_norms,
@@ -55,7 +54,8 @@ from dpledger.adapters.torch.layer_rules.linear import (
     keeping_per_example_is_cheaper,
 )
 from dpledger.adapters.torch.layer_rules.step_cache import cached_per_step
-from dpledger.adapters.torch.registry import register_grad_sampler
+from dpledger.adapters.torch.registry import register_layer_rule
+from dpledger.errors import UnsupportedLayerError
 
 __all__ = [
     "attention_applies",
@@ -99,14 +99,14 @@ def attention_check(module: nn.MultiheadAttention, activations: tuple | None) ->
         activations: its forward arguments, or None to check its configuration only.
 
     Raises:
-        UnsupportedModuleError: the query is not a 3-D tensor.
+        UnsupportedLayerError: the query is not a 3-D tensor.
     """
     if activations is None:
         return
     query = activations[0] if activations else None
     if not isinstance(query, torch.Tensor) or query.dim() != 3:
         shape = tuple(query.shape) if isinstance(query, torch.Tensor) else type(query).__name__
-        raise UnsupportedModuleError(
+        raise UnsupportedLayerError(
             f"the query has shape {shape}; per-example gradients need batched inputs "
             "(B, L, E) with batch_first=True or (L, B, E)"
         )
@@ -306,7 +306,7 @@ def attention_prefers_per_example(
     )
 
 
-register_grad_sampler(
+register_layer_rule(
     nn.MultiheadAttention,
     norm_fn=attention_norms,
     clipped_sum_fn=attention_clipped_sum,

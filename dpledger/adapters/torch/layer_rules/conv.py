@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from dpledger.adapters.torch.registry import register_grad_sampler
+from dpledger.adapters.torch.registry import register_layer_rule
 from dpledger.errors import InvalidParameterError
 
 __all__ = ["conv_clipped_sum", "conv_norms", "conv_per_example", "conv_prefers_per_example"]
@@ -268,7 +268,7 @@ def conv_per_example(
 
 
 for _conv_type in (nn.Conv1d, nn.Conv2d):
-    register_grad_sampler(
+    register_layer_rule(
         _conv_type,
         norm_fn=conv_norms,
         clipped_sum_fn=conv_clipped_sum,

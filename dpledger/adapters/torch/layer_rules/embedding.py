@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from dpledger.adapters.torch.layer_rules.linear import chunk_budget
-from dpledger.adapters.torch.registry import register_cross_term, register_grad_sampler
+from dpledger.adapters.torch.registry import register_cross_term, register_layer_rule
 
 __all__ = [
     "embedding_clipped_sum",
@@ -114,7 +114,7 @@ def embedding_per_example(
     return {"weight": out.view(batch, module.num_embeddings, module.embedding_dim)}
 
 
-register_grad_sampler(
+register_layer_rule(
     nn.Embedding,
     norm_fn=embedding_norms,
     clipped_sum_fn=embedding_clipped_sum,

@@ -1,4 +1,4 @@
-"""Grad samplers for layer types of Hugging Face ``transformers`` (imported only when met).
+"""Layer rules for layer types of Hugging Face ``transformers`` (imported only when met).
 
 * ``transformers.pytorch_utils.Conv1D`` (GPT-2's projections): y = x W + b with W of shape
   (d_in, d_out), i.e. ``nn.Linear`` with the weight transposed. Its per-example quantities are
@@ -10,7 +10,7 @@
   dtype. The per-example gradient of w is Σ_t b_it ⊙ cast(x̂_it).
 
 The types are recognised by their qualified names when the engine first meets them (a resolver,
-see :func:`~dpledger.adapters.torch.registry.register_sampler_resolver`), so dpledger does not
+see :func:`~dpledger.adapters.torch.registry.register_rule_resolver`), so dpledger does not
 import ``transformers`` and a model without it pays nothing. An RMSNorm class whose ``forward``
 differs from Llama's (Gemma's 1 + w, T5's) is left to the generic path, which is exact for any
 forward.
@@ -33,7 +33,7 @@ from dpledger.adapters.torch.layer_rules.linear import (
     linear_prefers_per_example,
 )
 from dpledger.adapters.torch.layer_rules.normalization import _affine
-from dpledger.adapters.torch.registry import GradSampler, register_sampler_resolver
+from dpledger.adapters.torch.registry import LayerRule, register_rule_resolver
 
 __all__ = [
     "conv1d_clipped_sum",
@@ -132,20 +132,20 @@ def _is_llama_rms_norm(module_type: type) -> bool:
     return ours is not None and ours == theirs
 
 
-def _resolve(module_type: type[nn.Module]) -> GradSampler | None:
+def _resolve(module_type: type[nn.Module]) -> LayerRule | None:
     """The sampler of a ``transformers`` layer type, or None for any other type."""
     if not module_type.__module__.startswith("transformers."):
         return None
     if _qualified(module_type) == _CONV1D:
-        return GradSampler(
+        return LayerRule(
             norm_fn=conv1d_norms,
             clipped_sum_fn=conv1d_clipped_sum,
             per_example_fn=conv1d_per_example,
             prefer_per_example=conv1d_prefers_per_example,
         )
     if _is_llama_rms_norm(module_type):
-        return GradSampler(per_example_fn=llama_rms_norm_per_example)
+        return LayerRule(per_example_fn=llama_rms_norm_per_example)
     return None
 
 
-register_sampler_resolver(_resolve)
+register_rule_resolver(_resolve)

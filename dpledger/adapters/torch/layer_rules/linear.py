@@ -30,7 +30,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from dpledger.adapters.torch.registry import register_grad_sampler
+from dpledger.adapters.torch.registry import register_layer_rule
 from dpledger.errors import InvalidParameterError
 
 __all__ = [
@@ -224,7 +224,7 @@ def linear_per_example(
 # name; the attention uses its weight directly, so the engine differentiates it with the
 # attention's generic unit whenever the layer is not called itself.
 for _linear_type in (nn.Linear, nn.modules.linear.NonDynamicallyQuantizableLinear):
-    register_grad_sampler(
+    register_layer_rule(
         _linear_type,
         norm_fn=linear_norms,
         clipped_sum_fn=linear_clipped_sum,

@@ -13,7 +13,7 @@ the engine derives the norms and clipped sums from them. x̂ is recomputed from 
 by the same functional the layer uses, without its affine parameters.
 
 BatchNorm that normalises with batch statistics (training mode, or no running statistics) mixes
-records and is refused (:class:`RecordMixingModuleError`); the engine checks this on every
+records and is refused (:class:`RecordMixingLayerError`); the engine checks this on every
 forward. A LayerNorm whose ``normalized_shape`` covers the batch dimension mixes records too.
 """
 
@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from dpledger.adapters.torch.errors import RecordMixingModuleError
-from dpledger.adapters.torch.registry import register_grad_sampler
+from dpledger.adapters.torch.registry import register_layer_rule
+from dpledger.errors import RecordMixingLayerError
 
 __all__ = [
     "batch_norm_per_example",
@@ -82,7 +82,7 @@ def layer_norm_per_example(
     x = activations[0]
     shape = tuple(module.normalized_shape)
     if x.dim() <= len(shape):
-        raise RecordMixingModuleError(
+        raise RecordMixingLayerError(
             f"LayerNorm{shape} normalises over the batch dimension of an input of shape "
             f"{tuple(x.shape)}: every example's output depends on the others. Give the records "
             "their own leading dimension."
@@ -98,7 +98,7 @@ def rms_norm_per_example(
     x = activations[0]
     shape = tuple(module.normalized_shape)
     if x.dim() <= len(shape):
-        raise RecordMixingModuleError(
+        raise RecordMixingLayerError(
             f"RMSNorm{shape} normalises over the batch dimension of an input of shape "
             f"{tuple(x.shape)}: every example's output depends on the others."
         )
@@ -121,10 +121,10 @@ def batch_norm_per_example(
     """Per-example gradients of a frozen BatchNorm's weight and bias, shape (B, C).
 
     Raises:
-        RecordMixingModuleError: the layer normalises with batch statistics.
+        RecordMixingLayerError: the layer normalises with batch statistics.
     """
     if uses_batch_statistics(module):
-        raise RecordMixingModuleError(batch_norm_refusal_message(module))
+        raise RecordMixingLayerError(batch_norm_refusal_message(module))
     x = activations[0]
     mean, var = module.running_mean.to(x.dtype), module.running_var.to(x.dtype)
     xhat = F.batch_norm(x, mean, var, None, None, False, 0.0, module.eps)
@@ -157,4 +157,4 @@ for _norm_type, _fn in (
     (nn.BatchNorm2d, batch_norm_per_example),
     (nn.BatchNorm3d, batch_norm_per_example),
 ):
-    register_grad_sampler(_norm_type, per_example_fn=_fn)
+    register_layer_rule(_norm_type, per_example_fn=_fn)

@@ -40,7 +40,7 @@ directions, ``batch_first`` either way, with or without biases, with or without 
 any subset of the parameters trainable, an initial state computed by other layers (an encoder's
 h_n). The model's own inputs keep their records along dimension 0 (a time-major layer inside a
 model that transposes is fine). Refused with
-:class:`~dpledger.adapters.torch.errors.UnsupportedModuleError`:
+:class:`~dpledger.errors.UnsupportedLayerError`:
 
 * ``PackedSequence`` inputs (pad the batch instead, and mask the loss);
 * inputs without a batch dimension;
@@ -61,7 +61,6 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
-from dpledger.adapters.torch.errors import UnsupportedModuleError
 from dpledger.adapters.torch.layer_rules.linear import (
     affine_bias_clipped_sum,
     affine_bias_norms,
@@ -71,7 +70,8 @@ from dpledger.adapters.torch.layer_rules.linear import (
     keeping_per_example_is_cheaper,
 )
 from dpledger.adapters.torch.layer_rules.step_cache import cached_per_step
-from dpledger.adapters.torch.registry import register_grad_sampler
+from dpledger.adapters.torch.registry import register_layer_rule
+from dpledger.errors import UnsupportedLayerError
 
 __all__ = [
     "recurrent_check",
@@ -102,18 +102,18 @@ def recurrent_check(module: nn.RNNBase, activations: tuple | None) -> None:
         activations: its positional forward arguments, or None to check its configuration only.
 
     Raises:
-        UnsupportedModuleError: a projection, inter-layer dropout in training mode, a
+        UnsupportedLayerError: a projection, inter-layer dropout in training mode, a
             ``PackedSequence`` or an input without a batch dimension.
     """
     if module.mode not in _GATES:
-        raise UnsupportedModuleError(f"unknown recurrent mode {module.mode!r}")
+        raise UnsupportedLayerError(f"unknown recurrent mode {module.mode!r}")
     if getattr(module, "proj_size", 0) > 0:
-        raise UnsupportedModuleError(
+        raise UnsupportedLayerError(
             f"proj_size={module.proj_size} (LSTM with projections) is not supported by the "
-            "recurrent grad sampler; use proj_size=0 and an nn.Linear after the LSTM"
+            "recurrent layer rule; use proj_size=0 and an nn.Linear after the LSTM"
         )
     if module.training and module.dropout > 0 and module.num_layers > 1:
-        raise UnsupportedModuleError(
+        raise UnsupportedLayerError(
             f"dropout={module.dropout} between the {module.num_layers} layers in training mode: "
             "its masks are drawn inside the fused kernel and the per-example gradients cannot "
             "reproduce them. Stack single-layer modules with nn.Dropout between them (the same "
@@ -123,13 +123,13 @@ def recurrent_check(module: nn.RNNBase, activations: tuple | None) -> None:
         return
     x = activations[0] if activations else None
     if isinstance(x, PackedSequence):
-        raise UnsupportedModuleError(
+        raise UnsupportedLayerError(
             "PackedSequence inputs are not supported; pass the padded batch (records along the "
             "batch dimension) and leave the padded positions out of the loss"
         )
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise UnsupportedModuleError(
+        raise UnsupportedLayerError(
             f"the input has shape {shape}; per-example gradients need a batched input "
             "(B, T, features) with batch_first=True or (T, B, features)"
         )
@@ -339,7 +339,7 @@ def recurrent_prefers_per_example(module: nn.RNNBase, activations: tuple, backpr
 
 
 for _module_type in (nn.RNN, nn.GRU, nn.LSTM):
-    register_grad_sampler(
+    register_layer_rule(
         _module_type,
         norm_fn=recurrent_norms,
         clipped_sum_fn=recurrent_clipped_sum,

@@ -1,4 +1,4 @@
-"""One recomputation per step for grad samplers that rebuild a layer's internals.
+"""One recomputation per step for layer rules that rebuild a layer's internals.
 
 The recurrent and attention samplers recompute a layer's forward on the whole batch to get the
 gradients of values the layer does not expose (gate pre-activations; projected queries, keys and
