@@ -24,11 +24,12 @@ re-exports them. The report states, in this order:
 
 from __future__ import annotations
 
-import json
+import functools
 import logging
 import os
-import warnings
+import re
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dpledger.accountants.base import (
@@ -40,15 +41,16 @@ from dpledger.accountants.base import (
 )
 from dpledger.accountants.commands import accountant_names
 from dpledger.errors import (
+    ComputationBudgetError,
     DPLedgerError,
     InvalidParameterError,
     LedgerVerificationError,
     UnsupportedLedgerError,
 )
 from dpledger.ledger.commands import load_for_command, sum_query_summary
-from dpledger.ledger.ledger import LedgerWarning, PrivacyLedger
+from dpledger.ledger.ledger import PrivacyLedger
 from dpledger.ledger.steps import CompressedLedger
-from dpledger.ledger.verify import verify_ledger
+from dpledger.report.audit_file import MAX_AUDIT_BYTES, load_audit
 from dpledger.report.contents import (
     AccountantRow,
     AuditClaim,
@@ -62,6 +64,7 @@ from dpledger.validation import check_delta
 __all__ = [
     "DEFAULT_CURVE_POINTS",
     "KIND_LABELS",
+    "MAX_AUDIT_BYTES",
     "TRADEOFF_ACCOUNTANTS",
     "AccountantRow",
     "AuditClaim",
@@ -70,11 +73,17 @@ __all__ = [
     "TradeoffView",
     "Verification",
     "accountant_names",
+    "altered_report",
     "build_report",
+    "check_expect_head",
     "load_audit",
+    "report_of_ledger",
+    "verification_of",
 ]
 
 logger = logging.getLogger(__name__)
+
+_HASH = re.compile(r"[0-9a-f]{64}")
 
 DEFAULT_CURVE_POINTS = 20
 """Step counts at which each accountant's ε-vs-steps curve is computed."""
@@ -95,40 +104,6 @@ def _no_progress(items: Iterable[Any], total: int, desc: str) -> Iterable[Any]:
     return items
 
 
-# ------------------------------------------------------------------------------ inputs
-def load_audit(path: str) -> dict[str, Any]:
-    """Read an audit result: a JSON object with ``lower_bound`` (or ``epsilon_lower_bound``), a
-    number ≥ 0, and optionally ``delta``, ``confidence`` and ``method``.
-
-    Raises:
-        InvalidParameterError: the file is not such a JSON object (named as ``audit``).
-        OSError: the file cannot be read.
-    """
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
-    expected = 'a JSON file with an ε lower bound: {"lower_bound": number >= 0, ...}'
-    try:
-        data = json.loads(text)
-    except ValueError:
-        raise InvalidParameterError("audit", path, expected) from None
-    if not isinstance(data, dict):
-        raise InvalidParameterError("audit", path, expected)
-    bound = data.get("lower_bound", data.get("epsilon_lower_bound"))
-    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound >= 0:
-        raise InvalidParameterError("audit", path, expected)
-    out: dict[str, Any] = {"lower_bound": float(bound)}
-    for key in ("delta", "confidence"):
-        value = data.get(key)
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1
-        ):
-            raise InvalidParameterError("audit", path, f"{key} in [0, 1] when given")
-        out[key] = None if value is None else float(value)
-    method = data.get("method")
-    out["method"] = None if method is None else str(method)
-    return out
-
-
 # ------------------------------------------------------------------------------ building
 def build_report(
     path: str | os.PathLike[str],
@@ -145,7 +120,8 @@ def build_report(
 
     A file that fails verification (a line was altered) gets a report with its verification
     only: no number is computed from it. A file cut short or not closed is reported for the
-    steps it holds, with that stated first in :attr:`Verification.warnings`.
+    steps it holds, with that stated first in :attr:`Verification.warnings`. The file is read
+    once (:func:`report_of_ledger` does the rest).
 
     Args:
         path: the ledger file.
@@ -156,71 +132,148 @@ def build_report(
         audit: an audit result from :func:`load_audit`, shown beside the claim.
         audit_source: where the audit result came from (its file).
         curve_points: step counts on each accountant's ε-vs-steps curve (≥ 1).
-        progress: wraps the accountants' work for a progress display.
+        progress: wraps the report's stages for a progress display.
 
     Raises:
         InvalidParameterError: a bad argument.
         MissingHeaderError, NotALedgerError, OSError: the file holds no ledger.
     """
     delta = check_delta("delta", delta)
+    _check_options(expect_head, curve_points)
+    spath = os.fspath(path)
+    try:
+        ledger, notes, _ = load_for_command(spath, keep_events=True)
+    except LedgerVerificationError as exc:
+        return altered_report(spath, exc, delta=delta, expect_head=expect_head)
+    return report_of_ledger(
+        spath,
+        ledger,
+        notes,
+        delta=delta,
+        accountants=accountants,
+        expect_head=expect_head,
+        audit=audit,
+        audit_source=audit_source,
+        curve_points=curve_points,
+        progress=progress,
+    )
+
+
+def check_expect_head(expect_head: str | None) -> str | None:
+    """``expect_head`` when it is None or a SHA-256 hash (64 lowercase hex digits).
+
+    Raises:
+        InvalidParameterError: any other value.
+    """
+    if expect_head is not None and not (
+        isinstance(expect_head, str) and _HASH.fullmatch(expect_head)
+    ):
+        raise InvalidParameterError(
+            "expect_head", expect_head, "a SHA-256 hash: 64 lowercase hexadecimal digits"
+        )
+    return expect_head
+
+
+def _check_options(expect_head: str | None, curve_points: int) -> None:
+    check_expect_head(expect_head)
     if isinstance(curve_points, bool) or not isinstance(curve_points, int) or curve_points < 1:
         raise InvalidParameterError("curve_points", curve_points, "an integer >= 1")
-    names = list(ACCOUNTANT_MODULES) if accountants is None else list(accountants)
-    every = accountants is None
-    progress = progress or _no_progress
-    spath = os.fspath(path)
-    report = verify_ledger(spath, expect_head=expect_head)  # checks expect_head's form
-    head_matches = None if expect_head is None else report.head_hash == expect_head
-    try:
-        ledger, notes, _ = load_for_command(spath)
-    except LedgerVerificationError as exc:
-        verification = Verification(
-            path=spath,
-            intact=False,
-            altered=True,
-            first_bad_line=exc.line_number,
-            reason=exc.reason,
-            closed=False,
-            head_hash=None,
-            expected_head=expect_head,
-            head_matches=None if expect_head is None else False,
-            num_events=0,
-            num_steps=0,
-            warnings=(
-                f"VERIFICATION FAILED: line {exc.line_number}: {exc.reason}. The file was "
-                "altered after it was written; no privacy number is reported for it.",
-            ),
-        )
-        return PrivacyReport(delta=delta, verification=verification)
-    verification = _verification(spath, ledger, notes, report, expect_head, head_matches)
-    full = _load_events(spath)
+
+
+def altered_report(
+    path: str, exc: LedgerVerificationError, *, delta: float, expect_head: str | None
+) -> PrivacyReport:
+    """The report of a file that fails verification at ``exc``'s line: its verification only."""
+    verification = Verification(
+        path=path,
+        intact=False,
+        altered=True,
+        first_bad_line=exc.line_number,
+        reason=exc.reason,
+        closed=False,
+        head_hash=None,
+        expected_head=expect_head,
+        head_matches=None if expect_head is None else False,
+        num_events=0,
+        num_steps=0,
+        warnings=(
+            f"VERIFICATION FAILED: line {exc.line_number}: {exc.reason}. The file was "
+            "altered after it was written; no privacy number is reported for it.",
+        ),
+    )
+    return PrivacyReport(delta=delta, verification=verification)
+
+
+def report_of_ledger(
+    path: str,
+    ledger: PrivacyLedger,
+    notes: Sequence[str],
+    *,
+    delta: float,
+    accountants: Sequence[str] | None = None,
+    expect_head: str | None = None,
+    audit: dict[str, Any] | None = None,
+    audit_source: str | None = None,
+    curve_points: int = DEFAULT_CURVE_POINTS,
+    progress: Progress | None = None,
+) -> PrivacyReport:
+    """The privacy report of a ledger already loaded (and verified) from ``path`` with its
+    events (``keep_events=True``); ``notes`` are the warnings its loading gave. The arguments
+    are those of :func:`build_report`.
+
+    The work is done in stages shown through ``progress``: the sum-query summary, each
+    accountant's ε at δ, then its ε-vs-steps curve, then the trade-off view. An accountant
+    whose curve cannot be computed (a ledger with a correlated-noise release, a curve over the
+    accountant's work budget) keeps its ε: :attr:`AccountantRow.curve_unavailable` says why.
+    """
+    delta = check_delta("delta", delta)
+    _check_options(expect_head, curve_points)
+    names = list(ACCOUNTANT_MODULES) if accountants is None else list(dict.fromkeys(accountants))
+    verification = verification_of(path, ledger, notes, expect_head=expect_head)
     comp = ledger.compressed()
-    if every:
+    if accountants is None:
         names = [
             n
             for n in names
             if n not in SCHEME_SPECIFIC_ACCOUNTANTS
             or SCHEME_SPECIFIC_ACCOUNTANTS[n] in comp.schemes
         ]
-    accounted: list[AccountantRow] = []
-    view: TradeoffView | None = None
-    tasks: list[str | None] = [*names, None]  # None: the trade-off, after the accountants
-    for task in progress(tasks, len(tasks), "accountants and trade-off"):
-        if task is None:
-            view = tradeoff_view(comp, delta, accounted)
-        else:
-            accounted.append(_account(task, comp, delta, curve_points))
-    rows = tuple(accounted)
+    rows: dict[str, AccountantRow] = {}
+    found: dict[str, Any] = {}
+
+    def summarise() -> None:
+        found["sum_queries"] = tuple(sum_query_summary(ledger))
+
+    def answer(name: str) -> None:
+        rows[name] = _account(name, comp, delta)
+
+    def curve(name: str) -> None:
+        rows[name] = _with_curve(rows[name], name, comp, delta, curve_points)
+
+    def view() -> None:
+        found["tradeoff"] = tradeoff_view(comp, delta, tuple(rows.values()))
+
+    stages = [_Stage("the sum queries", summarise)]
+    for name in names:
+        stages.append(_Stage(f"{name}: ε at δ = {delta:g}", functools.partial(answer, name)))
+        stages.append(
+            _Stage(
+                f"{name}: ε against steps ({curve_points} points)", functools.partial(curve, name)
+            )
+        )
+    stages.append(_Stage("the trade-off view", view))
+    for stage in (progress or _no_progress)(stages, len(stages), "report"):
+        stage.run()
     result = PrivacyReport(
         delta=delta,
         verification=verification,
         header=_header(ledger),
         samplers=tuple(_samplers(comp)),
-        sum_queries=tuple(sum_query_summary(full)),
-        correlated_releases=tuple(_correlated_releases(full)),
+        sum_queries=found["sum_queries"],
+        correlated_releases=tuple(_correlated_releases(ledger)),
         runs=tuple(_runs(ledger)),
-        accountants=rows,
-        tradeoff=view,
+        accountants=tuple(rows[n] for n in names),
+        tradeoff=found["tradeoff"],
     )
     if audit is not None:
         best = result.smallest_upper_bound
@@ -238,14 +291,24 @@ def build_report(
     return result
 
 
-def _verification(
-    path: str,
-    ledger: PrivacyLedger,
-    notes: list[str],
-    report: Any,
-    expect_head: str | None,
-    head_matches: bool | None,
+@dataclass(frozen=True)
+class _Stage:
+    """One stage of the report's work: its description (what a progress display shows) and
+    the function that does it."""
+
+    label: str
+    run: Callable[[], None]
+
+    def __str__(self) -> str:
+        return self.label
+
+
+def verification_of(
+    path: str, ledger: PrivacyLedger, notes: Sequence[str], *, expect_head: str | None
 ) -> Verification:
+    """What the loading of ``ledger`` from ``path`` found (``notes``: its warnings), with the
+    warnings a reader must see before any number, in the order they are shown."""
+    head_matches = None if expect_head is None else ledger.head_hash == expect_head
     torn = ledger.torn_tail
     closed = bool(ledger.closed_cleanly)
     shown: list[str] = []
@@ -281,13 +344,6 @@ def _verification(
         num_steps=ledger.num_steps,
         warnings=tuple(shown),
     )
-
-
-def _load_events(path: str) -> PrivacyLedger:
-    """The ledger with its events (for the sum queries), warnings already reported."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", LedgerWarning)
-        return PrivacyLedger.load(path, keep_events=True)
 
 
 def _header(ledger: PrivacyLedger) -> dict[str, Any]:
@@ -371,19 +427,14 @@ def _curve_steps(total: int, points: int) -> list[int]:
     return sorted({max(1, round(total * (i + 1) / points)) for i in range(points)})
 
 
-def _account(name: str, comp: CompressedLedger, delta: float, points: int) -> AccountantRow:
+def _account(name: str, comp: CompressedLedger, delta: float) -> AccountantRow:
+    """The accountant's ε at δ, or why it refused the ledger."""
     try:
         acc = make_accountant(name)
     except ImportError as exc:
         return AccountantRow(name, None, None, None, refused=f"not installed ({exc})")
     try:
         result: PrivacyResult = acc.epsilon(comp, delta=delta)
-        curve: tuple[tuple[int, float], ...] = ()
-        if comp.num_steps:
-            steps = _curve_steps(comp.num_steps, points)
-            curve = tuple(
-                (r.num_steps, r.epsilon) for r in acc.epsilon_curve(comp, delta=delta, steps=steps)
-            )
     except UnsupportedLedgerError as exc:
         return AccountantRow(name, None, None, None, refused=str(exc))
     except DPLedgerError as exc:  # beyond its budget, or outside what its arithmetic handles
@@ -398,5 +449,30 @@ def _account(name: str, comp: CompressedLedger, delta: float, points: int) -> Ac
         upper=result.upper,
         seconds=result.seconds,
         warnings=tuple(result.warnings),
-        curve=curve,
     )
+
+
+def _with_curve(
+    row: AccountantRow, name: str, comp: CompressedLedger, delta: float, points: int
+) -> AccountantRow:
+    """``row`` with the accountant's ε-vs-steps curve, or with why there is none. A curve that
+    cannot be computed never turns an ε into a refusal: the ε stands, the curve is missing."""
+    if row.refused is not None:
+        return row
+    if comp.correlated:
+        why = (
+            f"the ledger holds {len(comp.correlated)} correlated-noise release(s), each one "
+            "mechanism over its whole stream, so ε after a number of steps is not defined for it"
+        )
+        return replace(row, curve_unavailable=why)
+    if not comp.num_steps:
+        return row
+    steps = _curve_steps(comp.num_steps, points)
+    try:
+        results = make_accountant(name).epsilon_curve(comp, delta=delta, steps=steps)
+    except ComputationBudgetError as exc:
+        why = f"{exc}; or ask for fewer points on the curve (--curve, now {points})"
+        return replace(row, curve_unavailable=why)
+    except DPLedgerError as exc:
+        return replace(row, curve_unavailable=str(exc))
+    return replace(row, curve=tuple((r.num_steps, r.epsilon) for r in results))

@@ -6,6 +6,10 @@ is still written, stating only that), ``--strict`` or ``--require-closed`` refus
 short or unclosed (nothing is written), or ``--expect-head`` does not match (the report is
 written, saying so first); 2 when the command could not run (bad options, a missing file,
 every accountant refusing the ledger).
+
+Progress goes to stderr, stage by stage (reading the ledger, the sum queries, each accountant's
+ε and its ε-vs-steps curve, the trade-off view): a tqdm bar on a terminal, otherwise one line
+per stage as it starts, beginning with :data:`PROGRESS_PREFIX`.
 """
 
 from __future__ import annotations
@@ -19,20 +23,26 @@ from typing import Any
 
 from dpledger.accountants.commands import add_accounting_arguments
 from dpledger.errors import InvalidParameterError, LedgerVerificationError
-from dpledger.ledger.commands import add_ledger_checks, load_for_command, print_warnings
+from dpledger.ledger.commands import add_ledger_checks, load_for_command, one_line, print_warnings
 from dpledger.report.build import (
     DEFAULT_CURVE_POINTS,
     PrivacyReport,
     accountant_names,
-    build_report,
+    altered_report,
+    check_expect_head,
     load_audit,
+    report_of_ledger,
+    verification_of,
 )
 from dpledger.validation import check_delta
 
-__all__ = ["MAX_CURVE_POINTS", "register"]
+__all__ = ["MAX_CURVE_POINTS", "PROGRESS_PREFIX", "register"]
 
 MAX_CURVE_POINTS = 1000
 """The most step counts on each accountant's ε-vs-steps curve (each is one evaluation)."""
+
+PROGRESS_PREFIX = "dpledger report: progress: "
+"""How each progress line on stderr starts when stderr is not a terminal."""
 
 _OUT_NAMES = {"html": "report.html", "markdown": "report.md", "json": "report.json"}
 
@@ -108,14 +118,29 @@ def _outputs(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _progress(items: Iterable[Any], total: int, desc: str) -> Iterable[Any]:
-    """A tqdm bar on stderr when stderr is a terminal (and tqdm is installed)."""
-    if not sys.stderr.isatty():
-        return items
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover - tqdm is an optional extra
-        return items
-    return tqdm(items, total=total, desc=desc, unit="task", file=sys.stderr)
+    """Progress on stderr: a tqdm bar when stderr is a terminal (and tqdm is installed), else one
+    plain line per stage as it starts (``dpledger report: progress: [i/total] stage``), so that
+    a run in a pipeline or a batch job shows where it is too."""
+    if sys.stderr.isatty():
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:  # pragma: no cover - tqdm is an optional extra
+            pass
+        else:
+            return _tqdm_stages(tqdm(items, total=total, desc=desc, unit="stage", file=sys.stderr))
+    return _progress_lines(items, total)
+
+
+def _tqdm_stages(bar: Any) -> Iterable[Any]:
+    for item in bar:
+        bar.set_postfix_str(str(item), refresh=True)
+        yield item
+
+
+def _progress_lines(items: Iterable[Any], total: int) -> Iterable[Any]:
+    for i, item in enumerate(items, 1):
+        print(f"{PROGRESS_PREFIX}[{i}/{total}] {one_line(str(item))}", file=sys.stderr, flush=True)
+        yield item
 
 
 def _write(report: PrivacyReport, outputs: dict[str, str], args: argparse.Namespace) -> None:
@@ -146,6 +171,7 @@ def _report(args: argparse.Namespace) -> int:
         raise InvalidParameterError(
             "curve", args.curve, f"a number of points from 1 to {MAX_CURVE_POINTS}"
         )
+    check_expect_head(args.expect_head)
     outputs = _outputs(args)
     audit = None if args.audit is None else load_audit(args.audit)
     common: dict[str, Any] = {
@@ -157,25 +183,27 @@ def _report(args: argparse.Namespace) -> int:
         "curve_points": args.curve,
         "progress": _progress,
     }
+    for _ in _progress_lines(["reading and verifying the ledger"], 1):
+        pass
     try:
-        _, _, problem = load_for_command(
-            args.ledger, strict=args.strict, require_closed=args.require_closed
+        ledger, notes, problem = load_for_command(
+            args.ledger, strict=args.strict, require_closed=args.require_closed, keep_events=True
         )
-    except LedgerVerificationError:
-        report = build_report(args.ledger, **common)  # a report stating the failure only
+    except LedgerVerificationError as exc:
+        report = altered_report(args.ledger, exc, delta=delta, expect_head=args.expect_head)
         _write(report, outputs, args)
-        v = report.verification
         print(
-            f"dpledger report: verification failed: {args.ledger}: line {v.first_bad_line}: "
-            f"{v.reason}",
+            f"dpledger report: verification failed: {args.ledger}: line {exc.line_number}: "
+            f"{exc.reason}",
             file=sys.stderr,
         )
         return 1
     if problem is not None:
         print(f"dpledger report: verification failed: {problem}", file=sys.stderr)
         return 1
-    report = build_report(args.ledger, **common)
-    print_warnings("report", list(report.verification.warnings))
+    verification = verification_of(args.ledger, ledger, notes, expect_head=args.expect_head)
+    print_warnings("report", list(verification.warnings))
+    report = report_of_ledger(args.ledger, ledger, notes, **common)
     _write(report, outputs, args)
     if report.verification.head_matches is False:
         return 1

@@ -71,6 +71,8 @@ class AccountantRow:
         warnings: the accountant's warnings.
         refused: why the accountant refused the ledger (None when it answered).
         curve: (steps, ε) pairs of the ε-vs-steps curve.
+        curve_unavailable: why the accountant has no ε-vs-steps curve although it answered (a
+            ledger with a correlated-noise release, a curve beyond its work budget), or None.
     """
 
     accountant: str
@@ -83,6 +85,7 @@ class AccountantRow:
     warnings: tuple[str, ...] = ()
     refused: str | None = None
     curve: tuple[tuple[int, float], ...] = ()
+    curve_unavailable: str | None = None
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,11 @@ def report_sections(report: PrivacyReport) -> list[Section]:
                 "that answered. Approximations are dashed and carry no guarantee.",
             ),
             plot="epsilon_curve",
+            notes=tuple(
+                f"{r.accountant}: no curve: {r.curve_unavailable}"
+                for r in report.answered
+                if r.curve_unavailable is not None
+            ),
         )
     )
     sections.append(_tradeoff(report))

@@ -82,6 +82,7 @@ def type_two_error(
     epsilons: np.ndarray,
     *,
     refine: bool = True,
+    deltas: np.ndarray | None = None,
 ) -> np.ndarray:
     """β(α) = max over ε of max(0, 1 − δ(ε) − e^ε α, e^{−ε}(1 − δ(ε) − α)) (module docstring).
 
@@ -95,12 +96,18 @@ def type_two_error(
         alphas: false-positive rates in [0, 1].
         epsilons: the ε grid, sorted, ≥ 0.
         refine: refine each maximum between its neighbouring grid points.
+        deltas: δ(ε) at ``epsilons``, when already computed (``delta_of_epsilon`` is then
+            called only to refine).
 
     Returns:
         β at each α, in [0, 1].
     """
     eps = np.asarray(epsilons, dtype=float)
-    deltas = np.clip(np.asarray(delta_of_epsilon(eps), dtype=float), 0.0, 1.0)
+    if deltas is None:
+        deltas = np.asarray(delta_of_epsilon(eps), dtype=float)
+    deltas = np.clip(np.asarray(deltas, dtype=float), 0.0, 1.0)
+    if deltas.shape != eps.shape:
+        raise ValueError(f"deltas has shape {deltas.shape}, epsilons {eps.shape}")
     out = np.empty(len(alphas))
     for i, alpha in enumerate(alphas):
         values = _lines(eps, deltas, float(alpha))
@@ -127,10 +134,11 @@ def true_positive_rate(
     epsilons: np.ndarray,
     *,
     refine: bool = True,
+    deltas: np.ndarray | None = None,
 ) -> np.ndarray:
     """The best attacker's TPR = 1 − β(α) at each false-positive rate α (see
     :func:`type_two_error`); an upper bound when ``delta_of_epsilon`` is one."""
-    return 1.0 - type_two_error(delta_of_epsilon, alphas, epsilons, refine=refine)
+    return 1.0 - type_two_error(delta_of_epsilon, alphas, epsilons, refine=refine, deltas=deltas)
 
 
 def gaussian_delta(mu: float, epsilons: np.ndarray) -> np.ndarray:

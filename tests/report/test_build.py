@@ -155,6 +155,7 @@ def test_json_keys_are_stable(report: PrivacyReport) -> None:
     assert sorted(data["accountants"][0]) == [
         "accountant",
         "curve",
+        "curve_unavailable",
         "epsilon",
         "kind",
         "kind_label",
@@ -201,6 +202,85 @@ def test_a_bad_audit_file_is_refused(tmp_path: Path, content: str) -> None:
     with pytest.raises(InvalidParameterError) as info:
         load_audit(str(path))
     assert info.value.parameter == "audit"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"[" * 100_000 + b"]" * 100_000, b'{"lower_bound": 1, "method": "\xff"}',
+     b'{"lower_bound": Infinity}', b'{"lower_bound": 1e400}', b'{"lower_bound": NaN}',
+     b'{"lower_bound": 1' + b"0" * 400 + b"}", b'{"epsilon_lower_bound": -Infinity}',
+     b'{"lower_bound": 1, "delta": Infinity}', b'{"lower_bound": 1, "method": {"a": 1}}',
+     b" " * (2**20 + 1)],
+)  # fmt: skip
+def test_an_audit_file_that_is_no_finite_lower_bound_is_refused(
+    tmp_path: Path, content: bytes
+) -> None:
+    """Deep nesting, bytes that are not UTF-8, an infinite or overflowing lower bound, a file
+    over 1 MiB: a typed error naming ``audit``, never an internal error nor a bound of ∞."""
+    path = tmp_path / "audit.json"
+    path.write_bytes(content)
+    with pytest.raises(InvalidParameterError) as info:
+        load_audit(str(path))
+    assert info.value.parameter == "audit"
+
+
+@pytest.mark.slow
+def test_a_huge_epsilon_gives_a_finite_tradeoff(tmp_path: Path) -> None:
+    """20 Poisson steps at q = 0.9, z = 0.3, with no PLD row to size the grid: the ε grid once
+    reached 1024 > 709, where e^ε overflows in dp-accounting's δ(ε) and the TPR came out NaN.
+    The grid now stops at MAX_GRID_EPSILON (leaving out lines of larger ε only overstates the
+    TPR, by at most e^−700): every TPR is a number in [α, 1]."""
+    from dpledger.report.tradeoff_view import MAX_GRID_EPSILON
+
+    path = tmp_path / "leaky.dpl"
+    with PrivacyLedger(path) as ledger:
+        for _ in range(20):
+            ledger.record_sample(sampling_probability=0.9)
+            ledger.record_sum_query(l2_norm_bound=1.0, noise_stddev=0.3)
+    report = build_report(path, delta=DELTA, accountants=["rdp"], curve_points=1)
+    view = report.tradeoff
+    assert view is not None and view.unavailable is None and view.accountant in ("pld", "prv")
+    assert f"in [0, {MAX_GRID_EPSILON:.4g}]" in view.basis
+    for alpha, tpr in (*view.tpr_at_fpr, *view.curve):
+        assert math.isfinite(tpr) and alpha - 1e-12 <= tpr <= 1.0
+    assert "nan" not in render_markdown(report).lower()
+
+
+def test_a_curve_over_the_work_budget_keeps_the_epsilon(
+    shared_ledger: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An accountant that refuses the curve (here: over its budget) still answered ε at δ: the
+    row keeps its ε and says why it has no curve, naming the option that asks for fewer
+    points."""
+    from dpledger.errors import ComputationBudgetError
+
+    def over_budget(self, ledger, *, delta, steps):  # type: ignore[no-untyped-def]
+        raise ComputationBudgetError(
+            parameter="value_discretization_interval", value=1e-4, estimated_bytes=2**40,
+            budget_bytes=2**28, suggestion="a coarser grid", accountant="pld",
+        )  # fmt: skip
+
+    monkeypatch.setattr(PldAccountant, "epsilon_curve", over_budget)
+    report = build_report(shared_ledger, delta=DELTA, accountants=["pld"], curve_points=3)
+    (row,) = report.accountants
+    own = PldAccountant().epsilon(PrivacyLedger.load(shared_ledger), delta=DELTA)
+    assert row.refused is None and row.epsilon == own.epsilon and row.curve == ()
+    assert row.curve_unavailable is not None and "--curve, now 3" in row.curve_unavailable
+    assert "pld: no curve: " in render_markdown(report)
+
+
+def test_the_tradeoff_falls_back_to_prv_when_the_pld_profile_is_over_budget(
+    shared_ledger: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The PLD profile's cost is estimated before it is computed; over the time budget, the
+    PRV accountant's certified δ(ε) gives the view, which says why."""
+    from dpledger.report import tradeoff_view as view_module
+
+    monkeypatch.setattr(view_module, "SECONDS_PER_PROFILE_POINT", 1.0)
+    report = build_report(shared_ledger, delta=DELTA, accountants=["rdp"], curve_points=1)
+    view = report.tradeoff
+    assert view is not None and view.accountant == "prv" and view.unavailable is None
+    assert "would need about" in view.basis
 
 
 def test_an_altered_ledger_gets_no_number(ledger_file: Path) -> None:

@@ -11,15 +11,19 @@ import pytest
 
 from dpledger.cli import main
 from dpledger.ledger import PrivacyLedger
+from dpledger.report.commands import PROGRESS_PREFIX
 from tests.report.conftest import DELTA
 
 FAST = ["--accountant", "rdp,gdp", "--curve", "2"]
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """The exit code, stdout and stderr of the command, stderr without its progress lines
+    (:func:`test_progress_lines_name_each_stage_when_stderr_is_not_a_terminal` checks them)."""
     code = main(list(argv))
     captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    err = captured.err.splitlines(keepends=True)
+    return code, captured.out, "".join(e for e in err if not e.startswith(PROGRESS_PREFIX))
 
 
 def test_out_writes_the_three_twins(shared_ledger: Path, tmp_path: Path, capsys) -> None:
@@ -129,12 +133,52 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_progress_is_shown_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere(
+    monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
     from dpledger.report.commands import _progress
 
     items = ["rdp", "pld"]
-    assert _progress(items, 2, "accountants") is items  # stderr is not a terminal under pytest
+    assert list(_progress(items, 2, "report")) == items  # stderr is not a terminal under pytest
+    assert capsys.readouterr().err == (f"{PROGRESS_PREFIX}[1/2] rdp\n{PROGRESS_PREFIX}[2/2] pld\n")
     terminal = _Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
-    assert list(_progress(items, 2, "accountants")) == items
-    assert "accountants" in terminal.getvalue() and "2/2" in terminal.getvalue()
+    assert list(_progress(items, 2, "report")) == items
+    shown = terminal.getvalue()
+    assert "report" in shown and "2/2" in shown and PROGRESS_PREFIX not in shown
+
+
+def test_progress_lines_name_each_stage_when_stderr_is_not_a_terminal(
+    shared_ledger: Path, capsys
+) -> None:
+    """One line per stage, each before its work, numbered, then nothing but the report."""
+    code = main(["report", str(shared_ledger), "--delta", "1e-5", *FAST])
+    captured = capsys.readouterr()
+    assert code == 0 and captured.out.startswith("# Privacy report: ")
+    stages = [
+        "[1/1] reading and verifying the ledger",
+        "[1/6] the sum queries",
+        "[2/6] rdp: ε at δ = 1e-05",
+        "[3/6] rdp: ε against steps (2 points)",
+        "[4/6] gdp: ε at δ = 1e-05",
+        "[5/6] gdp: ε against steps (2 points)",
+        "[6/6] the trade-off view",
+    ]
+    assert captured.err == "".join(f"{PROGRESS_PREFIX}{stage}\n" for stage in stages)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"[" * 100_000, b'{"lower_bound": 1, "method": "\xff\xfe"}', b'{"lower_bound": Infinity}',
+     b'{"lower_bound": 1e400}'],
+)  # fmt: skip
+def test_a_hostile_audit_file_exits_2_with_a_typed_error(
+    shared_ledger: Path, tmp_path: Path, capsys, content: bytes
+) -> None:
+    audit = tmp_path / "audit.json"
+    audit.write_bytes(content)
+    code, out, err = run(capsys, "report", str(shared_ledger), "--delta", "1e-5",
+                         "--audit", str(audit), *FAST)  # fmt: skip
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"dpledger report: error: --audit='{audit}' is invalid")
+    assert "internal error" not in err
