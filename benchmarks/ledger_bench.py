@@ -3,10 +3,14 @@
 What it measures (medians over repeats; the machine is shared and noisy, so ratios matter more
 than seconds):
 
-* recording events in memory and to a file with default buffering (events per second), and, as
-  the peer, Opacus's accountant history (``RDPAccountant().step(noise_multiplier=,
-  sample_rate=)``), which keeps a run-length history of (σ, q) per optimizer step, with the
-  ratio of the time per step;
+* recording events in memory, to a file with default buffering, and to a file with one write
+  per step (``flush()`` after each step's events: the write-ahead write a mechanism's step
+  makes), timed interleaved (events per second), and, as the peer, Opacus's accountant history
+  (``RDPAccountant().step(noise_multiplier=, sample_rate=)``), which keeps a run-length history
+  of (σ, q) per optimizer step, with the ratio of the time per step;
+* steps of a NumPy mechanism (``sampled_step`` and one ``GaussianSumQuery.release`` of a
+  ``--dim``-coordinate sum) with an in-memory ledger and with a ledger file (default buffering):
+  what a training step pays for its ledger file, the write-ahead write of each step included;
 * loading, verifying and compressing a ledger of ``--steps`` steps (two events each) with
   ``keep_events=False`` and ``keep_events=True``, for a noise schedule with few distinct values
   and for a worst case where every step has a different q;
@@ -33,9 +37,13 @@ import tempfile
 import time
 import tracemalloc
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from dpledger import PrivacyLedger, __version__
+from dpledger.mechanisms import GaussianSumQuery, sampled_step
 
 ROOT = Path(__file__).resolve().parents[1]
 SIGMA_EVERY = 10_000  # the noise schedule changes every this many steps
@@ -45,13 +53,18 @@ def sigma_at(step: int) -> float:
     return 1.0 + 0.01 * (step // SIGMA_EVERY)
 
 
-def record_steps(ledger: PrivacyLedger, steps: int, *, distinct_q: bool = False) -> None:
+def record_steps(
+    ledger: PrivacyLedger, steps: int, *, distinct_q: bool = False, write_ahead: bool = False
+) -> None:
     sample = ledger.record_sample
     query = ledger.record_sum_query
+    flush = ledger.flush
     for i in range(steps):
         q = 0.004 + i * 1e-12 if distinct_q else 0.004
         sample(sampling_probability=q, population_size=60_000)
         query(l2_norm_bound=1.0, noise_stddev=sigma_at(i), label="model")
+        if write_ahead:
+            flush()  # one write per step, as a mechanism's release makes
 
 
 def median_time(fn, repeats: int) -> tuple[float, list[float]]:
@@ -63,6 +76,18 @@ def median_time(fn, repeats: int) -> tuple[float, list[float]]:
     return statistics.median(times), times
 
 
+def interleaved_medians(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+    """The median time of each function over ``repeats`` rounds that call each once, in turn,
+    so that a change in the machine's load hits every function alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def bench_recording(events: int, repeats: int, tmp: Path) -> dict[str, float]:
     steps = events // 2
 
@@ -71,20 +96,26 @@ def bench_recording(events: int, repeats: int, tmp: Path) -> dict[str, float]:
 
     counter = iter(range(10**9))
 
-    def to_file() -> None:
+    def to_file(write_ahead: bool = False) -> None:
         path = tmp / f"rec-{next(counter)}.dpl"
         with PrivacyLedger(path) as ledger:  # default buffering; close() flushes and fsyncs
-            record_steps(ledger, steps)
+            record_steps(ledger, steps, write_ahead=write_ahead)
         path.unlink()
 
-    mem, _ = median_time(in_memory, repeats)
-    fil, _ = median_time(to_file, repeats)
+    med = interleaved_medians(
+        {"memory": in_memory, "file": to_file, "ahead": lambda: to_file(write_ahead=True)},
+        repeats,
+    )
+    mem, fil, ahead = med["memory"], med["file"], med["ahead"]
     out = {
         "events": 2 * steps,
         "memory_s": mem,
         "memory_events_per_s": 2 * steps / mem,
         "file_s": fil,
         "file_events_per_s": 2 * steps / fil,
+        "file_write_ahead_s": ahead,
+        "file_write_ahead_events_per_s": 2 * steps / ahead,
+        "write_ahead_cost_us_per_step": (ahead - fil) / steps * 1e6,
     }
     try:
         from opacus.accountants import RDPAccountant
@@ -104,6 +135,40 @@ def bench_recording(events: int, repeats: int, tmp: Path) -> dict[str, float]:
     out["ratio_memory_step_vs_opacus_step"] = mem / opa
     out["ratio_file_step_vs_opacus_step"] = fil / opa
     return out
+
+
+def bench_mechanism_steps(steps: int, dim: int, repeats: int, tmp: Path) -> dict[str, float]:
+    """``steps`` mechanism steps (a Poisson sample, one Gaussian sum query of a ``dim``-coordinate
+    sum) in memory and to a file; the file's cost per step is the difference."""
+    query = GaussianSumQuery(l2_norm_bound=1.0, noise_stddev=1.1, label="model")
+    clipped = [np.zeros(dim)]
+
+    def run(ledger: PrivacyLedger) -> None:
+        rng = np.random.default_rng(0)
+        for _ in range(steps):
+            with sampled_step(
+                ledger, sampling_probability=0.004, population_size=60_000, generator=rng
+            ) as step:
+                step.release(query, clipped, num_records=240)
+
+    counter = iter(range(10**9))
+
+    def to_file() -> None:
+        path = tmp / f"mech-{next(counter)}.dpl"
+        with PrivacyLedger(path) as ledger:  # default buffering
+            run(ledger)
+        path.unlink()
+
+    med = interleaved_medians({"memory": lambda: run(PrivacyLedger()), "file": to_file}, repeats)
+    mem, fil = med["memory"], med["file"]
+    return {
+        "steps": steps,
+        "dim": dim,
+        "memory_us_per_step": mem / steps * 1e6,
+        "file_us_per_step": fil / steps * 1e6,
+        "file_cost_us_per_step": (fil - mem) / steps * 1e6,
+        "ratio_file_vs_memory": fil / mem,
+    }
 
 
 def write_ledger(path: Path, steps: int, *, distinct_q: bool) -> float:
@@ -232,12 +297,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=1_000_000, help="events to record")
     parser.add_argument("--steps", type=int, default=1_000_000, help="steps in the loaded ledger")
+    parser.add_argument(
+        "--mechanism-steps", type=int, default=100_000, help="NumPy mechanism steps to time"
+    )
+    parser.add_argument("--dim", type=int, default=100, help="coordinates of a mechanism's sum")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="small sizes, 2 repeats")
     parser.add_argument("--json", metavar="FILE", help="also write the results to FILE")
     args = parser.parse_args()
     if args.quick:
         args.events, args.steps, args.repeats = 100_000, 50_000, 2
+        args.mechanism_steps = 20_000
     info = machine()
     print("machine:", json.dumps(info))
     with tempfile.TemporaryDirectory(prefix="dpledger-bench-") as tmpdir:
@@ -246,6 +316,10 @@ def main() -> None:
         print(f"\nrecording {rec['events']:,} events ({args.repeats} repeats, medians)")
         print(f"  in memory            {rec['memory_events_per_s']:>12,.0f} events/s")
         print(f"  to a file (default)  {rec['file_events_per_s']:>12,.0f} events/s")
+        print(
+            f"  to a file, one write per step {rec['file_write_ahead_events_per_s']:>12,.0f} "
+            f"events/s (+{rec['write_ahead_cost_us_per_step']:.2f} µs per step)"
+        )
         if "opacus_s" in rec:
             print(f"  Opacus history       {rec['opacus_steps_per_s']:>12,.0f} steps/s")
             print(
@@ -253,6 +327,16 @@ def main() -> None:
                 f"in memory {rec['ratio_memory_step_vs_opacus_step']:.2f}x, "
                 f"to a file {rec['ratio_file_step_vs_opacus_step']:.2f}x"
             )
+        mech = bench_mechanism_steps(args.mechanism_steps, args.dim, args.repeats, tmp)
+        print(
+            f"\n{mech['steps']:,} NumPy mechanism steps (sample + one sum query of "
+            f"{mech['dim']} coordinates; {args.repeats} repeats, medians)"
+        )
+        print(f"  in memory            {mech['memory_us_per_step']:>9.2f} µs/step")
+        print(
+            f"  to a file (default)  {mech['file_us_per_step']:>9.2f} µs/step "
+            f"(+{mech['file_cost_us_per_step']:.2f} µs, {mech['ratio_file_vs_memory']:.2f}x)"
+        )
         load = bench_loading(args.steps, min(args.repeats, 3), tmp)
         print(f"\nload + verify + compress, {args.steps:,} steps ({2 * args.steps:,} events)")
         for name, label in (("schedule", "noise schedule"), ("distinct_q", "distinct q per step")):
@@ -283,7 +367,10 @@ def main() -> None:
             )
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"machine": info, "recording": rec, "loading": load}, indent=2)
+            json.dumps(
+                {"machine": info, "recording": rec, "mechanism_steps": mech, "loading": load},
+                indent=2,
+            )
         )
 
 

@@ -17,9 +17,11 @@ forward, ``optimizer.backward(loss)`` (only the gradients with respect to layer 
 user's own ``loss.backward()``, and ``optimizer.step()``, which computes the per-example norms,
 the flat clip factors on the device, the clipped sum, the sensitivity check, float64 Gaussian noise
 from a seeded generator, the ledger's sampling and sum-query events (an in-memory ledger), the
-fixed-denominator average sum/(q·n) and SGD's own step. "bias metrics on" adds the per-step
-clipping-bias callback (one more book-keeping pass and a copy to the host); "strategy=generic"
-uses torch.func for every layer.
+fixed-denominator average sum/(q·n) and SGD's own step. "ledger file" (optimizer.backward)
+records to a ledger file with default buffering instead (each step's events are written before
+the step returns: the write-ahead write). "bias metrics on" adds the per-step clipping-bias
+callback (one more book-keeping pass and a copy to the host); "strategy=generic" uses
+torch.func for every layer.
 
 Rows "ours fast"/"ours generic" time the per-example gradient engine alone, as before the
 wrapper existed (norms, factors on the device, clipped sum, float32 noise, SGD step):
@@ -52,7 +54,9 @@ import argparse
 import copy
 import logging
 import platform
+import shutil
 import statistics
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -169,7 +173,11 @@ def _flat_factors(norms: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def build_steps(
-    name: str, device: torch.device, with_opacus: bool, with_metrics: bool = True
+    name: str,
+    device: torch.device,
+    with_opacus: bool,
+    with_metrics: bool = True,
+    ledger_dir: str | None = None,
 ) -> dict[str, Callable]:
     base, data, batch = make_model(name)
     base = base.to(device)
@@ -206,8 +214,11 @@ def build_steps(
 
         return step
 
-    def wrapped(fast_backward: bool, *, metrics: bool = False, strategy: str = "auto") -> Callable:
+    def wrapped(
+        fast_backward: bool, *, metrics: bool = False, strategy: str = "auto", file: bool = False
+    ) -> Callable:
         m, o = fresh()
+        path = os.path.join(ledger_dir, f"{name}.dpl") if file and ledger_dir else None
         opt = DPOptimizer(
             o,
             model=m,
@@ -215,7 +226,7 @@ def build_steps(
             noise_multiplier=SIGMA,
             sampling_probability=batch / POPULATION,
             population_size=POPULATION,
-            ledger=PrivacyLedger(),
+            ledger=PrivacyLedger(path),
             seed=0,
             strategy=strategy,
             bias_callback=(lambda step, metrics: None) if metrics else None,
@@ -234,6 +245,8 @@ def build_steps(
 
     steps["DPOptimizer (optimizer.backward)"] = wrapped(True)
     steps["DPOptimizer (loss.backward)"] = wrapped(False)
+    if ledger_dir is not None:
+        steps["DPOptimizer, ledger file"] = wrapped(True, file=True)
     if with_metrics:
         steps["DPOptimizer, bias metrics on"] = wrapped(True, metrics=True)
     steps["DPOptimizer, strategy=generic"] = wrapped(True, strategy="generic")
@@ -346,6 +359,9 @@ def main() -> None:
     parser.add_argument("--no-opacus", action="store_true")
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--no-metrics", action="store_true", help="leave out the bias-metrics row")
+    parser.add_argument(
+        "--no-ledger-file", action="store_true", help="leave out the ledger-file row"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     if args.threads:
@@ -363,23 +379,28 @@ def main() -> None:
         f"python {platform.python_version()}, torch {torch.__version__}, {peer}; "
         f"torch threads {torch.get_num_threads()}, device {device}"
     )
-    for name in args.models.split(","):
-        steps = build_steps(name, device, not args.no_opacus, not args.no_metrics)
-        model, _, batch = make_model(name)
-        nparams = sum(p.numel() for p in model.parameters())
-        med = time_steps(steps, args.repeats, args.warmup)
-        base = med["non-private"]
-        print(f"\n## {name}: {nparams} parameters, batch {batch}, {args.repeats} repeats")
-        opacus_best = min((v for k, v in med.items() if k.startswith("opacus")), default=None)
-        print(f"{'method':40s} {'ms/step':>9s} {'x non-private':>14s} {'x best opacus':>14s}")
-        for k, v in med.items():
-            rel = f"{v / opacus_best:14.2f}" if opacus_best else f"{'-':>14s}"
-            print(f"{k:40s} {v * 1e3:9.2f} {v / base:14.2f} {rel}")
-        if not args.no_memory and device.type == "cpu":
-            mem = {k: peak_memory(f) for k, f in steps.items()}
-            print(f"{'peak memory in a step':40s} {'MB':>9s} {'x non-private':>14s}")
-            for k, v in mem.items():
-                print(f"{k:40s} {v / 1e6:9.2f} {v / mem['non-private']:14.2f}")
+    ledger_dir = None if args.no_ledger_file else tempfile.mkdtemp(prefix="dpledger-bench-")
+    try:
+        for name in args.models.split(","):
+            steps = build_steps(name, device, not args.no_opacus, not args.no_metrics, ledger_dir)
+            model, _, batch = make_model(name)
+            nparams = sum(p.numel() for p in model.parameters())
+            med = time_steps(steps, args.repeats, args.warmup)
+            base = med["non-private"]
+            print(f"\n## {name}: {nparams} parameters, batch {batch}, {args.repeats} repeats")
+            opacus_best = min((v for k, v in med.items() if k.startswith("opacus")), default=None)
+            print(f"{'method':40s} {'ms/step':>9s} {'x non-private':>14s} {'x best opacus':>14s}")
+            for k, v in med.items():
+                rel = f"{v / opacus_best:14.2f}" if opacus_best else f"{'-':>14s}"
+                print(f"{k:40s} {v * 1e3:9.2f} {v / base:14.2f} {rel}")
+            if not args.no_memory and device.type == "cpu":
+                mem = {k: peak_memory(f) for k, f in steps.items()}
+                print(f"{'peak memory in a step':40s} {'MB':>9s} {'x non-private':>14s}")
+                for k, v in mem.items():
+                    print(f"{k:40s} {v / 1e6:9.2f} {v / mem['non-private']:14.2f}")
+    finally:
+        if ledger_dir is not None:
+            shutil.rmtree(ledger_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

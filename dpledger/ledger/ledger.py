@@ -94,11 +94,23 @@ class PrivacyLedger:
         >>> ledger.num_steps, ledger.runs()[0].noise_multiplier
         (1, 1.1)
 
-    With a path, every event is also appended to that file (buffered; see :meth:`flush`)::
+    With a path, every event is also appended to that file::
 
         with PrivacyLedger("run.dpl", neighboring="add_remove", metadata={"model": "cnn"}) as led:
             ...
         ledger = PrivacyLedger.load("run.dpl")
+
+    **Write-ahead.** A step's events reach the file (at least the operating system's buffer)
+    before the step changes any parameter, so a crash, even a ``kill -9`` right after a
+    weights-only checkpoint, may lose a step that was not applied but never one that was.
+    The write-ahead point is :meth:`flush`: every dpledger mechanism calls it once per release,
+    after recording the release's events and before returning its noisy output (the Gaussian
+    sum queries, grouped or not, and so every PyTorch and TensorFlow step, also on rank 0 of a
+    distributed run), and :meth:`record_correlated_release` and :meth:`record_stream_step`,
+    which are recorded just before their noise is used, write at once. Events recorded
+    directly with :meth:`record_sample` and :meth:`record_sum_query` are held in a buffer
+    until that point: code that draws its own noise after recording them must call
+    :meth:`flush` before it uses the noisy values.
 
     Args:
         path: file to create, or None for an in-memory ledger. A path that exists is an error
@@ -110,10 +122,15 @@ class PrivacyLedger:
             continues after them, and a ``resume`` marker starts the new session. A torn final
             line from a crash is moved aside to ``<path>.torn-<offset>`` first. The file is
             created if it does not exist.
-        buffer_size: events held in memory before they are written to the file.
-        flush_interval: seconds after which an append writes the buffer even if it is not full
-            (checked when an event is recorded; there is no background thread).
-        fsync: also ``os.fsync`` on every flush (durable against power loss, slower).
+        buffer_size: at most this many events recorded directly (:meth:`record_sample`,
+            :meth:`record_sum_query`) are held before they are written, even with no
+            write-ahead point in between (bulk recording without noise). It never holds an
+            event past a write-ahead point, however few are buffered.
+        flush_interval: seconds after which recording an event writes the buffer even if it is
+            neither full nor at a write-ahead point (checked when an event is recorded; there is
+            no background thread).
+        fsync: also ``os.fsync`` on every write, each write-ahead point included (durable
+            against power loss, not only a crash of the process; one ``fsync`` per step).
 
     A ledger is not thread-safe: record from one thread, or guard the calls with a lock.
 
@@ -392,7 +409,8 @@ class PrivacyLedger:
         Record it once, before the first noisy output of the stream is used: it stands for the
         whole release B·(C·X + Z) (``docs/correlated-noise.md``). It is no step: it ends the
         open step, and the stream's steps record no sampling or sum-query events of their own:
-        each records one stream step (:meth:`record_stream_step`), which changes no ε.
+        each records one stream step (:meth:`record_stream_step`), which changes no ε. The
+        event is written to the file at once (a write-ahead point, like :meth:`flush`).
         Build the event with :func:`dpledger.mechanisms.correlated.release_event`, which
         computes C's hash and sensitivity from C itself.
 
@@ -413,12 +431,14 @@ class PrivacyLedger:
         self._store.add_correlated(event)
         if self._journal is not None:
             self._journal.write_correlated(event)
+            self._journal.flush()  # write-ahead: the release's noise is used next
 
     def record_stream_step(self, *, release: int, step: int) -> None:
         """Record that step ``step`` of a correlated-noise release's stream was taken.
 
         Record it at every step of the stream, after the step's sensitivity check and before
-        its noisy output is used (the first step: the release, then step 0). It changes no ε
+        its noisy output is used (the first step: the release, then step 0); the event is
+        written to the file at once (a write-ahead point, like :meth:`flush`). It changes no ε
         (the release accounts for all T steps of its stream); it keeps how far the stream went,
         so that a run resumed from an older checkpoint, which would add the noise of steps
         already taken to other gradients, can be refused (``docs/correlated-noise.md``). A
@@ -472,6 +492,7 @@ class PrivacyLedger:
         store.add_stream_step(event)
         if self._journal is not None:
             self._journal.write_stream_step(event)
+            self._journal.flush()  # write-ahead: the step's noise is used next
 
     def stream_progress(self, release: int) -> int:
         """The number of steps recorded for a correlated-noise release's stream.
@@ -501,7 +522,11 @@ class PrivacyLedger:
     def flush(self) -> None:
         """Write buffered events to the file (and ``fsync`` if the ledger was opened so).
 
-        Every event recorded before a flush survives a crash of the process after it. If the
+        This is the write-ahead point (see the class docstring): every event recorded before a
+        flush survives a crash of the process after it (and, with ``fsync=True``, a power
+        loss). dpledger's mechanisms call it before they return a release's noisy output;
+        call it yourself after recording events with :meth:`record_sample` and
+        :meth:`record_sum_query` and before using noise you drew for them. If the
         write fails (disk full, …) the exception propagates and the bytes not written stay
         buffered for the next flush; the events are recorded in memory either way. No-op for an
         in-memory ledger.

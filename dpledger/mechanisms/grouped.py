@@ -29,7 +29,12 @@ from dpledger.mechanisms.backend import (
     array_norms,
     resolve_backend,
 )
-from dpledger.mechanisms.sum_query import GaussianSumQuery, _record, as_members, check_ledger
+from dpledger.mechanisms.sum_query import (
+    GaussianSumQuery,
+    as_members,
+    check_ledger,
+    record_releases,
+)
 
 __all__ = ["GroupedSumQuery", "PreparedRelease"]
 
@@ -198,8 +203,8 @@ class PreparedRelease:
 
     def commit(self, *, ledger: PrivacyLedger, generator: Any) -> list[list[Array]]:
         """Draw the noise of every group (one draw for all arrays where the backend batches),
-        append one sum-query event per group to ``ledger`` and return the noised sums, per
-        group.
+        append one sum-query event per group to ``ledger``, write the step's events to the
+        ledger's file (write-ahead) and return the noised sums, per group.
 
         Raises:
             LedgerStateError: no step is open in the ledger, or the release was committed.
@@ -216,8 +221,7 @@ class PreparedRelease:
         stddevs = [sd for p in prepared for sd in p.stddevs]
         flat = add_noise_to_all(be, arrays, stddevs=stddevs, generator=generator)
         self._committed = True
-        for p in prepared:
-            _record(p, ledger)
+        record_releases(prepared, ledger)  # every group's event, written before the sums return
         out = []
         start = 0
         for p in prepared:

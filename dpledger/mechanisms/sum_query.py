@@ -25,8 +25,9 @@ does all stages on materialised records arrays and gives bit-identical results.
 
 Order of operations in a release (so a rejected call leaves the ledger unchanged and nothing is
 released without its event): validate everything, run the sensitivity check (‖clipped sum‖ ≤
-|R|·S_g, with an allowance for rounding), draw the noise, append the sum-query event, and only
-then return the noised sums. The checks are in :mod:`dpledger.mechanisms.sum_query_checks`.
+|R|·S_g, with an allowance for rounding), draw the noise, append the sum-query event, write it
+to the ledger's file (write-ahead: before any parameter can change) and only then return the
+noised sums. The checks are in :mod:`dpledger.mechanisms.sum_query_checks`.
 """
 
 from __future__ import annotations
@@ -361,7 +362,7 @@ class GaussianSumQuery:
 
         Runs the sensitivity check (unless ``check_sensitivity`` is False), draws
         N(0, σ̃_g² I) for every array (N(0, (α_j σ̃_g)² I) for block j under joint clipping),
-        appends one event (S_g, σ̃_g, label) to ``ledger`` and returns the noised sums.
+        appends one event (S_g, σ̃_g, label) to ``ledger``, flushes it and returns the noised sums.
 
         Args:
             clipped_sums: Σ_i f_i·v_ij for each array j of the group (one array, or a sequence).
@@ -381,7 +382,7 @@ class GaussianSumQuery:
         prepared = self._prepare(clipped_sums, num_records, backend)
         check_ledger(ledger)
         noised = _draw(prepared, generator)
-        _record(prepared, ledger)
+        record_releases([prepared], ledger)
         return noised
 
     def run(
@@ -392,7 +393,7 @@ class GaussianSumQuery:
         generator: Any,
         backend: ArrayBackend | None = None,
     ) -> list[Array]:
-        """Stages (a)–(c) on materialised records arrays: clip, sum, noise, record.
+        """Stages (a)–(c) on materialised records arrays: clip, sum, noise, record, write.
 
         Args:
             records: the group's records arrays (one array, or a sequence with the same
@@ -407,7 +408,7 @@ class GaussianSumQuery:
         prepared = self._prepare_run(records, backend)
         check_ledger(ledger)
         noised = _draw(prepared, generator)
-        _record(prepared, ledger)
+        record_releases([prepared], ledger)
         return noised
 
     def _prepare_run(self, records: Any, backend: ArrayBackend | None) -> _Prepared:
@@ -426,14 +427,14 @@ def _draw(prepared: _Prepared, generator: Any) -> list[Array]:
     )
 
 
-def _record(prepared: _Prepared, ledger: PrivacyLedger) -> None:
-    q = prepared.query
-    ledger.record_sum_query(
-        l2_norm_bound=q.l2_norm_bound, noise_stddev=q.noise_stddev, label=q.label
-    )
-    logger.debug(
-        "released sum query %r: S=%r, noise_stddev=%r", q.label, q.l2_norm_bound, q.noise_stddev
-    )
+def record_releases(prepared: Sequence[_Prepared], ledger: PrivacyLedger) -> None:
+    """Append one sum-query event per release to ``ledger``, then write the step's events to
+    its file in one write before the noised sums are returned (write-ahead; ledger.flush)."""
+    for p in prepared:
+        q, s, sigma = p.query, p.query.l2_norm_bound, p.query.noise_stddev
+        ledger.record_sum_query(l2_norm_bound=s, noise_stddev=sigma, label=q.label)
+        logger.debug("released sum query %r: S=%r, noise_stddev=%r", q.label, s, sigma)
+    ledger.flush()
 
 
 @attrs.frozen(kw_only=True)

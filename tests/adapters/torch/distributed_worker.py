@@ -50,14 +50,17 @@ def train(model, sampler, ledger, sigma: float, out: Path) -> None:
         noise_multiplier=sigma,
         seed=NOISE_SEED,
     )
-    sizes = []
+    sizes, on_disk = [], []
     for x, y in loader:
         dp.zero_grad()
         F.cross_entropy(model(x), y).backward()
         dp.step()
         sizes.append(len(y))
+        if ledger is not None:  # the steps the file holds when step() returns (write-ahead)
+            with open(ledger.path, encoding="utf-8") as fp:
+                on_disk.append(fp.read().count('"kind":"sample"'))
     params = [p.detach().clone() for p in model.parameters()]
-    torch.save({"params": params, "sizes": sizes}, out)
+    torch.save({"params": params, "sizes": sizes, "on_disk": on_disk}, out)
 
 
 def single_process(directory: Path) -> None:

@@ -38,6 +38,9 @@ def test_two_gloo_ranks_equal_one_process_on_the_union(tmp_path):
         reference = PrivacyLedger.load(tmp_path / f"single_{sigma}.dpl")
         assert list(ledger.events()) == list(reference.events())
         assert [s.sampling for s in ledger.steps()] == [SamplingEvent(w.Q, w.N)] * w.STEPS
+        # rank 0 wrote each step to the file before its step() returned
+        assert ranks[0]["on_disk"] == list(range(1, w.STEPS + 1))
+        assert ranks[1]["on_disk"] == []  # no ledger on rank 1
     assert not list(tmp_path.glob("rank1*.dpl"))
     assert torch.load(tmp_path / "refusals0.pt") == [
         "sampler",
