@@ -507,7 +507,8 @@ class PrvAccountant(Accountant):
             f"PRV numerical check failed ({reason}); reporting the RDP upper bound instead "
             f"(order {order:g})"
         )
-        logger.warning(message)
+        # the answer carries the warning; whoever shows the answer shows it (once)
+        logger.info(message)
         return Answer(
             eps,
             lower=None,
