@@ -712,7 +712,7 @@ def compose_prefixes(
     totals = counts.sum(axis=1)
     shift_lam = coupling_lambdas(float(totals.min()), float(totals.max()), h, eta_shift)
     shift_table = (shift_lam, coupling_log_mgf(steps, shift_lam))
-    plans = []
+    plans: list[tuple[bool, tuple[float, float], int, float]] = []
     for row in counts:
         chernoff = _Chernoff(steps, row, eta_wrap, lam, log_mgf)
         lo_t, hi_t = _support(steps, row)
