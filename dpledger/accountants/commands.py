@@ -221,6 +221,12 @@ def _epsilon(args: argparse.Namespace) -> int:
         except UnsupportedLedgerError as exc:
             rows.append(_error_row(name, delta, str(exc)))
             continue
+        except DPLedgerError as exc:
+            if len(names) == 1:
+                raise  # the one accountant asked for: its refusal is the command's error
+            # beyond its budget or its arithmetic: that accountant's row, as `report` shows it
+            rows.append(_error_row(name, delta, f"could not compute: {exc}"))
+            continue
         row = result.to_dict()
         if steps:
             row["curve"] = [
@@ -248,6 +254,7 @@ def _epsilon(args: argparse.Namespace) -> int:
         _plot(curves, args.plot, delta)
         if not args.json:
             print(f"plot written to {args.plot}")
+    # as `dpledger report`: 0 when some accountant answered, 2 when every one refused
     ok = any("error" not in row for row in rows)
     return 0 if ok else 2
 

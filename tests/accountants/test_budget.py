@@ -24,6 +24,7 @@ from dpledger.accountants.budget import (
     subsampled_loss_width,
 )
 from dpledger.accountants.prv import PrvNumericalError
+from dpledger.accountants.prv import accountant as prv_accountant_module
 from dpledger.errors import (
     AccountingNumericalError,
     ComputationBudgetError,
@@ -177,10 +178,18 @@ def test_gdp_clt_term_is_not_zero_times_infinity() -> None:
     assert result.epsilon == math.inf
 
 
-def test_untyped_numerical_failures_become_typed() -> None:
-    # PRV cannot discretise z = 5e-324: a typed error naming the accountant and the ledger
-    with pytest.raises(AccountingNumericalError, match=r"prv accountant.*z=5e-324"):
+def test_untyped_numerical_failures_become_typed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # PRV cannot discretise z = 5e-324: refused before any grid is built, naming the budget
+    with pytest.raises(PrvNumericalError, match=r"memory_budget"):
         PrvAccountant().delta(_ledger((0.01, 5e-324, 10)), epsilon=1.0)
+
+    # an untyped failure inside the computation: a typed error naming the accountant and ledger
+    def overflowing(*_args: object, **_kwargs: object) -> None:
+        raise FloatingPointError("overflow encountered")
+
+    monkeypatch.setattr(prv_accountant_module, "discretise_steps", overflowing)
+    with pytest.raises(AccountingNumericalError, match=r"prv accountant.*z=0\.5.*overflow"):
+        PrvAccountant().delta(_ledger((0.01, 0.5, 10)), epsilon=1.0)
 
 
 def test_keyboard_interrupt_propagates(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -236,3 +238,50 @@ def test_epsilon_table_never_shows_less_than_the_upper_bound(
         if words and words[0] in rows and rows[words[0]]["kind"] == "upper_bound":
             assert float(words[1]) >= rows[words[0]]["epsilon"]
             assert float(words[4]) >= rows[words[0]]["upper"]
+
+
+def _beyond_every_grid(tmp_path: Path) -> str:
+    """Three steps with z = 10⁻⁶: no PLD grid fits its memory budget (a refusal) and PRV falls
+    back to the RDP bound (a warning)."""
+    return _write(tmp_path / "tiny_z.dpl", [(0.01, 1e-6)] * 3)
+
+
+def test_a_budget_refusal_under_all_is_that_accountants_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Exit status as for `dpledger report`: 0 when some accountant answered, 2 when none did."""
+    path = _beyond_every_grid(tmp_path)
+    assert main(["epsilon", path, "--delta", "1e-7", "--json"]) == 0
+    rows = {r["accountant"]: r for r in _json_lines(capsys.readouterr().out)}
+    assert rows["pld"]["epsilon"] is None
+    assert rows["pld"]["error"].startswith("could not compute: the pld accountant would need")
+    assert rows["rdp"]["epsilon"] > 0 and rows["prv"]["kind"] == "upper_bound"
+    assert main(["epsilon", path, "--delta", "1e-7"]) == 0
+    out = capsys.readouterr().out
+    assert "pld         refused: could not compute: the pld accountant would need" in out
+    assert main(["epsilon", path, "--delta", "1e-7", "--accountant", "pld,pld", "--json"]) == 2
+    assert all("error" in r for r in _json_lines(capsys.readouterr().out))
+    # the one accountant asked for: its refusal is the command's error, as before
+    assert main(["epsilon", path, "--delta", "1e-7", "--accountant", "pld"]) == 2
+    assert capsys.readouterr().err.startswith("dpledger epsilon: error: the pld accountant")
+
+
+def test_the_prv_fallback_warning_is_shown_once_with_its_row(tmp_path: Path) -> None:
+    """Run as a user runs it (a subprocess: no test logging handlers), every stderr line is the
+    CLI's own, and the fallback's warning appears once, under the prv row."""
+    path = _beyond_every_grid(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    result = subprocess.run(
+        [sys.executable, "-m", "dpledger", "epsilon", path, "--delta", "1e-7"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert all(line.startswith("dpledger epsilon: ") for line in result.stderr.splitlines())
+    both = result.stdout + result.stderr
+    assert both.count("PRV numerical check failed") == 1
+    lines = result.stdout.splitlines()
+    prv = next(i for i, line in enumerate(lines) if line.startswith("prv "))
+    assert "warning: PRV numerical check failed" in lines[prv + 1]

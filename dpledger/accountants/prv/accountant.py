@@ -67,8 +67,14 @@ from dpledger.accountants.budget import (
     DEFAULT_TIME_BUDGET_S,
     check_memory_budget,
     check_time_budget,
+    composed_points,
 )
-from dpledger.accountants.prv.composition import ComposedLoss, compose, compose_prefixes
+from dpledger.accountants.prv.composition import (
+    MAX_MESH_INDEX,
+    ComposedLoss,
+    compose,
+    compose_prefixes,
+)
 from dpledger.accountants.prv.deadline import (
     _DEADLINE,
     PrvNumericalError,
@@ -98,6 +104,8 @@ _MAX_COARSENINGS = 6
 _SHIFT_SHARE = 1.2  # the mesh aims at a lower-bound shift t of about 1.4 eps_error
 MAX_DISTINCT_STEPS = 10_000  # about 0.4 MB of atoms each
 _BYTES_PER_SEGMENT = 256.0  # edges, tails, masses, widths and atoms of one 256-point segment
+_BYTES_PER_ATOM = 320.0  # positions, masses, tails and temporaries of one atom (~200 measured)
+_REACH_MARGIN = 4.0  # the reach estimate may overstate; compose checks the exact window
 _BYTES_PER_WINDOW_POINT = 32  # complex128 spectrum and one temporary per FFT window point
 _BYTES_PER_CURVE_CELL = 256.0  # per (curve point, distinct step): counts, spectra powers
 _TINY_BUDGET = 1e-300  # a truncation budget below this underflows the mesh arithmetic
@@ -311,6 +319,16 @@ class PrvAccountant(Accountant):
         h = tuning.shift / math.sqrt(k * log_eta / 2)
         h = min(h, self.eps_error / 4) * (2.0**tuning.coarsen)
         lam = math.sqrt(8 * log_eta / k) / h  # where the lower bound's Chernoff bound is tight
+        # the composed loss's reach in mesh widths, estimated before anything is allocated: a
+        # mesh on which it lies far beyond exact index arithmetic cannot be composed
+        reach = sum(
+            composed_points(q, z / plan.sensitivity, float(c), h)[1] for q, z, c in plan.runs
+        )
+        if not reach <= _REACH_MARGIN * MAX_MESH_INDEX:
+            raise MemoryError(
+                f"the composed privacy loss reaches about {reach:.3g} mesh widths of {h!r} "
+                f"(limit {MAX_MESH_INDEX:.3g})"
+            )
         remove, add = discretise_steps(
             [StepPair(q, z, plan.replace_one) for q, z, _ in plan.runs],
             [c for _, _, c in plan.runs],
@@ -318,6 +336,7 @@ class PrvAccountant(Accountant):
             out_mass=eta_out / k,
             shift_lambda=lam,
             max_segments=self.memory_budget / _BYTES_PER_SEGMENT,
+            max_atoms=self.memory_budget / _BYTES_PER_ATOM,
         )
         return _Mesh(h=h, remove=remove, add=add)
 
@@ -488,7 +507,8 @@ class PrvAccountant(Accountant):
             f"PRV numerical check failed ({reason}); reporting the RDP upper bound instead "
             f"(order {order:g})"
         )
-        logger.warning(message)
+        # the answer carries the warning; whoever shows the answer shows it (once)
+        logger.info(message)
         return Answer(
             eps,
             lower=None,
@@ -545,7 +565,7 @@ class PrvAccountant(Accountant):
             try:
                 mesh = self._mesh(plan, tuning)
                 sides = [
-                    _compose_in_groups(side, counts, mus, budget)
+                    _compose_in_groups(side, counts, mus, budget, self._window_limit)
                     for side in (mesh.remove, mesh.add)
                     if side is not None
                 ]
@@ -642,7 +662,7 @@ class PrvAccountant(Accountant):
 
 # ---------------------------------------------------------------------------- helpers
 def _compose_in_groups(
-    steps: DiscreteSteps, counts: np.ndarray, mus: np.ndarray, budget: float
+    steps: DiscreteSteps, counts: np.ndarray, mus: np.ndarray, budget: float, max_points: int
 ) -> list[ComposedLoss | None]:
     """:func:`compose_prefixes` on all prefixes, then again on those it left out (the earliest,
     which need their own narrower window), up to three rounds."""
@@ -658,6 +678,7 @@ def _compose_in_groups(
             eta_wrap=0.05 * budget,
             eta_band=0.1 * budget,
             eta_shift=0.5 * budget,
+            max_points=max_points,
         )
         for index, loss in zip(todo, done, strict=True):
             out[index] = loss

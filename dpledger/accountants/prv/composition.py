@@ -55,13 +55,25 @@ from dpledger.accountants.prv.discretisation import (
 )
 from dpledger.accountants.prv.gaussian import gaussian_delta
 
-__all__ = ["ComposedLoss", "compose", "compose_prefixes", "coupling_shift"]
+__all__ = [
+    "MAX_MESH_INDEX",
+    "ComposedLoss",
+    "check_index_range",
+    "compose",
+    "compose_prefixes",
+    "coupling_shift",
+]
 
 _U = np.finfo(float).eps
 _MAX_CLOSED_FORM_BAND = 8192
 _MAX_BAND_WORK = 4e9
 _PI_LONG = np.longdouble("3.14159265358979323846264338327950288")
 _TARGET_TRUNCATION = 1e-21
+MAX_MESH_INDEX = 2**46
+"""The largest |mesh index| a composed window may reach. Beyond it (a loss of 7·10¹³ mesh
+widths: ledgers of ~10¹⁰ steps and more, whose mesh is fine and whose loss is large) float64
+positions j·h and the int64 phase products j·m are no longer exact, and an overflow there once
+placed the whole composed law in a two-point window (ε = 0)."""
 
 
 # ---------------------------------------------------------------------------- MGF and window
@@ -88,8 +100,26 @@ def mgf_block(lam: np.ndarray, h: float) -> int:
 
 
 def _support(steps: DiscreteSteps, counts: np.ndarray) -> tuple[int, int]:
-    """Mesh indices of the smallest and largest value S̃ can take."""
-    return int(counts @ steps.lowest), int(counts @ steps.highest)
+    """Mesh indices of the smallest and largest value S̃ can take, in exact integers (a
+    count of 10¹⁵ steps times an index of 10⁷ overflows int64)."""
+    k = [int(c) for c in counts]
+    lo = sum(c * int(x) for c, x in zip(k, steps.lowest, strict=True))
+    hi = sum(c * int(x) for c, x in zip(k, steps.highest, strict=True))
+    return lo, hi
+
+
+def check_index_range(start: int, size: int, band: int) -> None:
+    """Raise MemoryError (the caller coarsens the mesh) unless the window's mesh arithmetic is
+    exact: every index |j| ≤ :data:`MAX_MESH_INDEX` (so j and j·h are exact in float64 and ε/h
+    converts to an index without overflow), and 2·size·(band + 1) < 2⁶² (the phase products
+    j·m reduced modulo the window stay within int64)."""
+    far = max(abs(start), abs(start + size))
+    if far > MAX_MESH_INDEX or 2 * size * (band + 1) >= 2**62:
+        raise MemoryError(
+            f"the composed window reaches mesh index {far:.3g} with {size:.3g} points and "
+            f"band {band}: beyond exact int64/float64 index arithmetic (|index| <= "
+            f"{MAX_MESH_INDEX:.3g}); the mesh must be coarser"
+        )
 
 
 class _Chernoff:
@@ -396,13 +426,13 @@ class ComposedLoss:
         """
         n = self.size
         m, hh, tau, one_minus_z, one_minus_zh, one_minus_h = self._kernel_parts()
-        j0 = np.maximum(self.start, np.floor(epsilon / self.h).astype(np.int64) + 1)
+        j0 = self._first_index(epsilon)
         count = self.start + n - j0
         live = count > 0
         j0, count = j0[live], count[live]
         real = hh.dtype.type if hasattr(hh, "dtype") else np.float64
         scale = np.exp(epsilon[live].astype(real) - j0.astype(real) * hh)  # ≤ 1
-        phase0 = (tau / n) * np.mod(np.outer(j0, m), n).astype(real)
+        phase0 = (tau / n) * np.mod(np.outer(np.mod(j0, n), m), n).astype(real)
         phase_count = (tau / n) * np.mod(np.outer(count, m), n).astype(real)
         first = -np.expm1(1j * phase_count) / one_minus_z
         second = (
@@ -417,6 +447,12 @@ class ComposedLoss:
         out = np.zeros(epsilon.size)
         out[live] = np.maximum(value.astype(float), 0.0)
         return out
+
+    def _first_index(self, epsilon: np.ndarray) -> np.ndarray:
+        """The first window index above each ε (start … start + size), clipped in float64
+        before the conversion to int64, so that no ε (however large) overflows it."""
+        first = np.floor(epsilon / self.h) + 1.0
+        return np.clip(first, self.start, self.start + self.size).astype(np.int64)
 
     def _density(self) -> np.ndarray:
         cache = self.__dict__
@@ -444,7 +480,7 @@ class ComposedLoss:
     def _materialised(self, epsilon: np.ndarray) -> np.ndarray:
         """δ(ε) = U(i₀) + (1 − e^{ε − s_{i₀}})·V(i₀) for the first window point s_{i₀} > ε."""
         u, v = self._suffix()
-        i0 = np.maximum(np.floor(epsilon / self.h).astype(np.int64) + 1 - self.start, 0)
+        i0 = self._first_index(epsilon) - self.start
         live = i0 < self.size
         out = np.zeros(epsilon.size)
         idx = i0[live]
@@ -506,18 +542,14 @@ def compose(
     chernoff = _Chernoff(steps, counts, eta_wrap)
     s_lo, s_hi = chernoff.quantiles(eta_wrap)
     lo, hi = _support(steps, counts)
-    j_lo = max(math.floor(s_lo / h), lo)  # S̃ cannot leave [Σ k_r·min_r, Σ k_r·max_r]
-    j_hi = max(min(math.ceil(s_hi / h), hi), j_lo)
-    n = scipy.fft.next_fast_len(j_hi - j_lo + 1, real=True)
-    if n % 2:
-        n = scipy.fft.next_fast_len(n + 1, real=True)
-    j_hi = j_lo + n - 1
+    j_lo, j_hi, n = _window(s_lo, s_hi, h, lo, hi)
     above = 0.0 if j_hi >= hi else chernoff.above((j_hi + 1) * h)
     below = 0.0 if j_lo <= lo else chernoff.below((j_lo - 1) * h)
     full_cost = used.size * n * math.log2(n) * 2.0
     band, band_error = n // 2, 0.0
     if n > 4096 and method != "full":
         band, band_error = band_limit(steps, counts, n, eta_band)
+    check_index_range(j_lo, n, band)
     use_band = False
     if band < n // 2:
         block, terms, remainder = _spectral_block(chernoff.block, n, band)
@@ -526,9 +558,10 @@ def compose(
         use_band = band_cost < full_cost or n > max_points
         if use_band and band_cost > _MAX_BAND_WORK:
             raise MemoryError(f"a band of {band} frequencies over {blocks} blocks is too large")
+    if n > max_points and (not use_band or gaussian_mu > 0 or band >= _MAX_CLOSED_FORM_BAND):
+        # the full spectrum, the Gaussian fold and the materialised δ all use the whole window
+        raise MemoryError(f"window of {n} points exceeds the limit of {max_points}")
     if not use_band:
-        if n > max_points:
-            raise MemoryError(f"window of {n} points exceeds the limit of {max_points}")
         band, band_error, remainder = n // 2, 0.0, 0.0
     if use_band:
         spectra = steps.band_spectrum(n, band, block, terms, precise)[used]
@@ -550,6 +583,28 @@ def compose(
         eta_shift=eta_shift,
         method="band" if use_band else "full",
     )
+
+
+def _window(s_lo: float, s_hi: float, h: float, lo: int, hi: int) -> tuple[int, int, int]:
+    """(j_lo, j_hi, n): the window [s_lo, s_hi] in mesh indices, within the support [lo, hi]
+    (S̃ cannot leave [Σ k_r·min_r, Σ k_r·max_r]), widened to an even FFT-friendly size n.
+
+    Raises:
+        MemoryError: when the window reaches beyond :data:`MAX_MESH_INDEX` (checked on the
+            float quantiles, before any conversion to an integer).
+    """
+    far = max(abs(s_lo), abs(s_hi)) / h
+    if not far <= MAX_MESH_INDEX:  # also NaN
+        raise MemoryError(
+            f"the composed window reaches mesh index {far:.3g}: beyond exact int64/float64 "
+            f"index arithmetic (|index| <= {MAX_MESH_INDEX:.3g}); the mesh must be coarser"
+        )
+    j_lo = max(math.floor(s_lo / h), lo)
+    j_hi = max(min(math.ceil(s_hi / h), hi), j_lo)
+    n = scipy.fft.next_fast_len(j_hi - j_lo + 1, real=True)
+    if n % 2:
+        n = scipy.fft.next_fast_len(n + 1, real=True)
+    return j_lo, j_lo + n - 1, n
 
 
 def _log(values: np.ndarray) -> np.ndarray:
@@ -622,6 +677,7 @@ def compose_prefixes(
     eta_wrap: float,
     eta_band: float,
     eta_shift: float,
+    max_points: int,
 ) -> list[ComposedLoss | None]:
     """:func:`compose` for many count vectors (the prefixes of a ledger) on one window.
 
@@ -634,7 +690,11 @@ def compose_prefixes(
         steps: the discretised distinct steps.
         counts: (prefixes × steps) composition counts, each row with a count ≥ 1.
         gaussian_mu: μ of the exact Gaussian part of each prefix.
-        eta_wrap, eta_band, eta_shift: as for :func:`compose`.
+        eta_wrap, eta_band, eta_shift, max_points: as for :func:`compose`.
+
+    Raises:
+        MemoryError: when the window lies beyond exact index arithmetic
+            (:func:`check_index_range`).
     """
     h = steps.h
     counts = np.asarray(counts, dtype=np.int64)
@@ -646,17 +706,13 @@ def compose_prefixes(
     full = _Chernoff(steps, last, eta_wrap, lam, log_mgf)
     s_lo, s_hi = full.quantiles(eta_wrap)
     lo, hi = _support(steps, last)
-    j_lo = max(math.floor(s_lo / h), lo)
-    j_hi = max(min(math.ceil(s_hi / h), hi), j_lo)
-    n = scipy.fft.next_fast_len(j_hi - j_lo + 1, real=True)
-    if n % 2:
-        n = scipy.fft.next_fast_len(n + 1, real=True)
-    j_hi = j_lo + n - 1
+    j_lo, j_hi, n = _window(s_lo, s_hi, h, lo, hi)
+    check_index_range(j_lo, n, 0)
     log_beta = band_bounds(steps, n, np.arange(len(steps))) if n > 4096 else None
     totals = counts.sum(axis=1)
     shift_lam = coupling_lambdas(float(totals.min()), float(totals.max()), h, eta_shift)
     shift_table = (shift_lam, coupling_log_mgf(steps, shift_lam))
-    plans = []
+    plans: list[tuple[bool, tuple[float, float], int, float]] = []
     for row in counts:
         chernoff = _Chernoff(steps, row, eta_wrap, lam, log_mgf)
         lo_t, hi_t = _support(steps, row)
@@ -667,6 +723,8 @@ def compose_prefixes(
         else:
             band, band_error = n // 2, 0.0
         good = max(above, below) <= eta_wrap and band < min(n // 2, _MAX_CLOSED_FORM_BAND)
+        # the Gaussian fold evaluates the density on the whole window
+        good = good and (n <= max_points or gaussian_mu[len(plans)] == 0)
         plans.append((good, (below, above), band, band_error))
     bands = [band for good, _, band, _ in plans if good]
     if not bands:
@@ -674,6 +732,7 @@ def compose_prefixes(
     # the first prefixes, narrow distributions on the last prefix's wide window, need far more
     # frequencies than the rest: they are left to the caller rather than widening every band
     top = min(max(bands), 4 * int(np.median(bands)) + 16)
+    check_index_range(j_lo, n, top)
     plans = [(good and band <= top, wraps, band, err) for good, wraps, band, err in plans]
     spec_block, terms, remainder = _spectral_block(block, n, top)
     blocks = steps.block_moments(spec_block, terms)[0].size

@@ -404,6 +404,7 @@ def discretise_steps(
     budget: float = 8.0,
     stride: int = 256,
     max_segments: float = math.inf,
+    max_atoms: float = math.inf,
 ) -> tuple[DiscreteSteps, DiscreteSteps | None]:
     """Discretise the distinct steps of a ledger for the remove and (unless symmetric) add sides.
 
@@ -417,13 +418,16 @@ def discretise_steps(
         stride: the widest bin, in units of h (a power of two).
         max_segments: the most stride-wide segments (over all steps) the truncated ranges may
             span; checked from the range ends alone, before any array is allocated.
+        max_atoms: the most bin end points (atoms, over all steps); checked once the bin
+            widths are chosen from the segments' masses, before any atom is computed (a step
+            whose mass is spread over h-wide bins has ``stride`` atoms per segment).
 
     Returns:
         (remove, add): the laws of L under P, and of −L under Q (None for symmetric pairs).
 
     Raises:
-        MemoryError: when the ranges span more than ``max_segments`` segments (the caller
-            coarsens the mesh or refuses).
+        MemoryError: when the ranges span more than ``max_segments`` segments or the bins
+            need more than ``max_atoms`` atoms (the caller coarsens the mesh or refuses).
     """
     replace = pairs[0].replace_one
     q = np.array([p.q for p in pairs])
@@ -454,6 +458,12 @@ def discretise_steps(
     seg_mass = _bin_masses(le, gt)[inner]
     seg_run = edge_run[:-1][inner]
     width = _choose_widths(k[seg_run] * seg_mass, stride, h, shift_lambda, budget)
+    atoms = float(np.sum(stride // width)) + len(pairs)
+    if not atoms <= max_atoms:
+        raise MemoryError(
+            f"the bins of the truncated privacy-loss ranges need {atoms:.3g} atoms at mesh "
+            f"width {h!r} (limit {max_atoms:.3g})"
+        )
     seg_start = edges[:-1][inner]
     widths = stride >> np.arange(int(math.log2(stride)) + 1)[::-1]
     removes: list[DiscretePrv] = []
