@@ -31,6 +31,13 @@ the enclosure proves them. Against an 80-digit evaluation, for μ from 1e-8 to 1
 1e-300 to 0.9, each is within a relative 1e-12 + 3e-13/μ of the exact ε
 (``tests/accountants/test_gaussian_profile.py``): the bound is as loose as the cancellation makes
 the float64 evaluation (about 1e-13/μ), no looser.
+
+:func:`gaussian_delta_bounds` returns the same enclosure of δ_μ(ε) itself (the exponentials
+rounded outwards): its upper end is never below the exact δ and, wherever the exact δ is at
+least 1e-300, above it by less than a relative 64u·(1 + x)²·(1 + (1 + ε/μ)/μ), x = ε/μ + μ/2
+(the argument rounding, amplified by the cancellation like 1/μ; 8e-5 at μ = 1e-10, ε = 0, and
+below 1e-10 for μ ≥ 1 at δ ≥ 1e-300). The ε bounds are proven on it, so ε and δ agree: the upper
+end of δ at the upper ε is at most δ.
 """
 
 from __future__ import annotations
@@ -41,12 +48,13 @@ from collections.abc import Callable
 from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
-__all__ = ["gaussian_epsilon_bounds", "gaussian_log_delta_bounds"]
+__all__ = ["gaussian_delta_bounds", "gaussian_epsilon_bounds", "gaussian_log_delta_bounds"]
 
 _U = 2.0**-52
 _C = 8.0  # ulps allowed per library function (log_ndtr, exp, expm1, log)
 _FLOOR = -1e4  # log δ values below this are all "far below any δ > 0" for the root search
 _HUGE = 1e150
+_TINY = _C * 5e-324  # a few subnormal ulps: exp's absolute error where its result is subnormal
 
 
 def _log_phi_bounds(x: float, error: float) -> tuple[float, float]:
@@ -79,8 +87,10 @@ def gaussian_log_delta_bounds(mu: float, epsilon: float) -> tuple[float, float]:
     """
     t = epsilon / mu
     half = 0.5 * mu
+    if not half < _HUGE:
+        return -math.inf, 0.0  # μ beyond 1e150: δ is within a float of 1; only δ ≤ 1 is claimed
     if not abs(t) + half < _HUGE:
-        # Φ(−t ± μ/2) with t or μ beyond 1e150: log δ < −1e299, below every δ > 0
+        # t beyond 1e150 with μ below 2e150: Φ(−t + μ/2) ≤ Φ(−t/2), so log δ < −1e299
         return -math.inf, -1e299
     error = 2.01 * _U * (abs(t) + half)
     a_lo, a_hi = _log_phi_bounds(-t + half, error)
@@ -91,6 +101,24 @@ def gaussian_log_delta_bounds(mu: float, epsilon: float) -> tuple[float, float]:
     hi = min(_log_difference(a_hi, big_lo, up=True), 0.0)
     lo = _log_difference(a_lo, big_hi, up=False)
     return min(lo, hi), hi
+
+
+def gaussian_delta_bounds(mu: float, epsilon: float) -> tuple[float, float]:
+    """An enclosure [lower, upper] of δ_μ(ε) after floating-point error, within [0, 1].
+
+    The exponentials of :func:`gaussian_log_delta_bounds`, rounded outwards: ``upper`` is never
+    below the exact δ_μ(ε) (and never 0, even where the exact value is below the float range),
+    ``lower`` never above it. Where the exact δ is at least 1e-300, ``upper`` exceeds it by less
+    than a relative 64u·(1 + x)²·(1 + (1 + ε/μ)/μ), x = ε/μ + μ/2, u = 2⁻⁵² (module docstring).
+
+    Args:
+        mu: μ > 0 (finite).
+        epsilon: ε ≥ 0 (finite).
+    """
+    lo, hi = gaussian_log_delta_bounds(mu, epsilon)
+    upper = min(1.0, math.exp(hi) * (1.0 + _C * _U) + _TINY)
+    lower = max(0.0, math.exp(lo) * (1.0 - _C * _U) - _TINY)
+    return lower, upper
 
 
 def _outward(start: float, proven: Callable[[float], bool], step_sign: float) -> float:
@@ -109,10 +137,10 @@ def _outward(start: float, proven: Callable[[float], bool], step_sign: float) ->
 def gaussian_epsilon_bounds(mu: float, delta: float) -> tuple[float, float]:
     """(lower, upper) around ε_μ(δ), both certified after floating-point error.
 
-    ``upper`` has δ_μ(upper) ≤ δ proven by :func:`gaussian_log_delta_bounds`, so the μ-GDP
-    mechanism is (upper, δ)-DP; ``lower`` is 0 or has δ_μ(lower) > δ proven, so the mechanism
-    is not (ε, δ)-DP for any ε ≤ lower. (0, 0) when δ_μ(0) ≤ δ is proven; (0, ∞) for
-    μ ≥ 1e150.
+    ``upper`` has δ_μ(upper) ≤ δ proven by :func:`gaussian_delta_bounds` (its upper end is
+    at most δ), so the μ-GDP mechanism is (upper, δ)-DP; ``lower`` is 0 or has δ_μ(lower) > δ
+    proven (the lower end is above δ), so the mechanism is not (ε, δ)-DP for any ε ≤ lower.
+    (0, 0) when δ_μ(0) ≤ δ is proven; (0, ∞) for μ ≥ 1e150.
 
     Args:
         mu: μ > 0 (finite).
@@ -128,16 +156,24 @@ def gaussian_epsilon_bounds(mu: float, delta: float) -> tuple[float, float]:
     def lower_gap(eps: float) -> float:
         return max(gaussian_log_delta_bounds(mu, eps)[0], _FLOOR) - log_delta
 
-    if upper_gap(0.0) <= 0.0:
+    # the root searches run on log δ; what is returned is proven on δ itself, the value
+    # gaussian_delta_bounds gives (so δ(ε) of the same enclosure never contradicts this ε)
+    def upper_proven(eps: float) -> bool:
+        return gaussian_delta_bounds(mu, eps)[1] <= delta
+
+    def lower_proven(eps: float) -> bool:
+        return eps == 0.0 or gaussian_delta_bounds(mu, eps)[0] > delta
+
+    if upper_proven(0.0):
         return 0.0, 0.0
     hi = max(1.0, mu * mu / 2.0 + mu * math.sqrt(2.0 * -log_delta) + 1.0)
-    while upper_gap(hi) > 0.0:
+    while not upper_proven(hi):
         hi *= 2.0
     tol = 4.0 * _U
     root = float(brentq(upper_gap, 0.0, hi, xtol=1e-300, rtol=tol, maxiter=500))
-    upper = _outward(root, lambda e: upper_gap(e) <= 0.0, 1.0)
-    if lower_gap(0.0) <= 0.0:
+    upper = _outward(root, upper_proven, 1.0)
+    if not gaussian_delta_bounds(mu, 0.0)[0] > delta:
         return 0.0, upper
     root = float(brentq(lower_gap, 0.0, upper, xtol=1e-300, rtol=tol, maxiter=500))
-    lower = _outward(root, lambda e: e == 0.0 or lower_gap(e) > 0.0, -1.0)
+    lower = _outward(root, lower_proven, -1.0)
     return lower, upper

@@ -68,7 +68,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy.special import log_ndtr, ndtr
 
 from dpledger.accountants.base import Accountant, Answer, ResultKind
 from dpledger.accountants.bucketing import check_bucketing, maybe_bucket, optimistic_buckets
@@ -83,7 +82,7 @@ from dpledger.accountants.budget import (
     composed_points,
     gaussian_loss_width,
 )
-from dpledger.accountants.gaussian_profile import gaussian_epsilon_bounds
+from dpledger.accountants.gaussian_profile import gaussian_delta_bounds, gaussian_epsilon_bounds
 from dpledger.accountants.gdp_lower_bound import (
     _PLD_DELTA_FLOOR_FACTOR,
     _optimistic_pld,
@@ -106,16 +105,18 @@ _MIN_LOWER_BOUND_Z = 0.2
 
 
 def gdp_delta(mu: float, epsilon: float) -> float:
-    """δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) of a μ-GDP mechanism (0 for μ = 0, 1 for ∞)."""
+    """δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) of a μ-GDP mechanism (0 for μ = 0, 1 for ∞),
+    rounded up after floating-point error: the upper end of an enclosure of the closed form
+    (:func:`~dpledger.accountants.gaussian_profile.gaussian_delta_bounds`), never below the exact
+    value although its two terms cancel for small μ, and above it by less than the relative
+    margin stated there."""
     if mu == 0.0:
         return 0.0
     if math.isinf(mu) or math.isnan(mu):
         return 1.0
     if math.isinf(epsilon):
         return 0.0
-    first = float(ndtr(-epsilon / mu + mu / 2.0))
-    second = math.exp(epsilon + float(log_ndtr(-epsilon / mu - mu / 2.0)))
-    return min(1.0, max(0.0, first - second))
+    return gaussian_delta_bounds(mu, epsilon)[1]
 
 
 def gdp_epsilon(mu: float, delta: float) -> float:
@@ -292,8 +293,9 @@ class GdpAccountant(Accountant):
         delta = gdp_delta(mu, epsilon)
         details: dict[str, Any] = {"mu": mu, "exact": exact}
         if exact:
+            lower = gaussian_delta_bounds(mu, epsilon)[0] if 0.0 < mu < math.inf else delta
             return Answer(
-                delta, lower=delta, upper=delta, kind=ResultKind.UPPER_BOUND, details=details
+                delta, lower=lower, upper=delta, kind=ResultKind.UPPER_BOUND, details=details
             )
         return Answer(delta, kind=ResultKind.APPROXIMATION, details=details)
 

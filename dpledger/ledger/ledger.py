@@ -642,10 +642,30 @@ class PrivacyLedger:
             the relation were add/remove, which understates ε (for 5 full-batch steps at z = 3,
             δ = 1e-5: 3.38 against the correct 7.0). dpledger's own accountants handle the
             relation themselves.
+
+        Raises:
+            UnsupportedSamplingError: the ledger has truncated Poisson steps. dp-accounting's
+                event for them takes the size of the data set holding the differing record (n
+                when it is removed, n + 1 when one is added) and the guarantee is the larger of
+                the two, which one event cannot express: use :meth:`to_dp_events` (or the pld
+                accountant, which accounts both).
         """
         from dpledger.ledger.dp_event import compressed_to_dp_event
 
         return compressed_to_dp_event(self.compressed())
+
+    def to_dp_events(self) -> list[dp_accounting.DpEvent]:
+        """One ``dp_accounting`` event per neighbouring pair the ledger must be analysed for:
+        the ledger's ε(δ) (or δ(ε)) is the largest of theirs.
+
+        One event, :meth:`to_dp_event`'s, unless the ledger has truncated Poisson steps; then
+        two: the neighbour with a record removed (``dataset_size = n``), then the one with a
+        record added (``dataset_size = n + 1``)
+        (:func:`~dpledger.ledger.dp_event.compressed_to_dp_events`).
+        """
+        from dpledger.ledger.dp_event import compressed_to_dp_events
+
+        return compressed_to_dp_events(self.compressed())
 
     def __repr__(self) -> str:
         where = "memory" if self.path is None else repr(self.path)

@@ -79,6 +79,7 @@ def test_the_epoch_takes_the_smallest_noise_of_its_steps() -> None:
 
 
 # ------------------------------------------------------------------ truncated Poisson
+@pytest.mark.slow
 def test_truncated_poisson_through_dp_accountings_pld() -> None:
     """References: with a cap the sample can never reach (max_batch_size = n) the truncated
     PLD is the Poisson PLD, so ε equals dp-accounting's Poisson ε; a tight cap can only cost
@@ -96,9 +97,11 @@ def test_truncated_poisson_through_dp_accountings_pld() -> None:
     )
     ours = pld.epsilon(capped, delta=DELTA).epsilon
     assert ours > poisson.get_epsilon(DELTA)
-    reference = dp_accounting.pld.PLDAccountant()
-    reference.compose(capped.to_dp_event())
-    assert ours == pytest.approx(reference.get_epsilon(DELTA), rel=2e-3)
+    references = []
+    for event in capped.to_dp_events():  # the removed and the added neighbour
+        reference = dp_accounting.pld.PLDAccountant()
+        references.append(reference.compose(event).get_epsilon(DELTA))
+    assert ours == pytest.approx(max(references), rel=2e-3)
 
 
 INTERVAL = 1e-3
@@ -196,6 +199,37 @@ def test_bucketing_never_turns_a_scheme_into_poisson() -> None:
         make_accountant("rdp", bucketing=1e-2).epsilon(ledger, delta=DELTA)
 
 
+@pytest.mark.parametrize(
+    ("q", "n", "cap", "sigma", "larger"),
+    # (the pair whose larger data set has n records, the one with n + 1): neither is always
+    # the larger, so neither alone may stand for the ledger
+    [(0.5, 10, 1, 2.0, 0), (0.05, 10, 3, 2.0, 1)],
+)
+def test_to_dp_events_of_truncated_poisson_needs_both_neighbours(q, n, cap, sigma, larger) -> None:
+    """Oracle: dp-accounting's PLD accountant on each event of ``to_dp_events()`` (dataset_size
+    n, then n + 1). At q = 0.5, n = 10, cap 1, z = 2 the removed record's pair has the larger ε
+    (1.78 against 1.68); at q = 0.05, cap 3 the added record's (0.248 against 0.228). So a
+    single exported event, at n or at n + 1, would understate some ledger's ε: ``to_dp_event``
+    refuses, and the largest ε over ``to_dp_events`` is the PLD accountant's."""
+    ledger = ledger_of([SamplingEvent.truncated_poisson(q, n, cap)], sigma=sigma)
+    with pytest.raises(UnsupportedSamplingError, match="to_dp_events"):
+        ledger.to_dp_event()
+    events = ledger.to_dp_events()
+    sizes = [e.events[0].dataset_size for e in events]
+    assert sizes == [n, n + 1]
+    eps = []
+    for event in events:
+        reference = dp_accounting.pld.PLDAccountant(value_discretization_interval=COARSE)
+        eps.append(reference.compose(event).get_epsilon(DELTA))
+    assert eps[larger] > eps[1 - larger] * 1.02
+    pld = make_accountant("pld", value_discretization_interval=COARSE)
+    ours = pld.epsilon(ledger, delta=DELTA).epsilon
+    assert ours >= max(eps) * (1 - 1e-9) and ours == pytest.approx(max(eps), rel=1e-3)
+
+
+COARSE = 1e-2
+
+
 # ------------------------------------------------------------------ old files, same ε
 def test_the_committed_version_1_file_gives_the_epsilon_of_its_runs() -> None:
     """The format-1 example file replays to exactly the ε of the same runs built by hand, for
@@ -224,11 +258,14 @@ def test_dp_event_of_every_scheme() -> None:
         ],
         neighboring="replace_one",
     )
-    events = ledger.to_dp_event().events
+    removed, added = ledger.to_dp_events()
+    events = removed.events
     assert isinstance(events[0], dp_accounting.SampledWithoutReplacementDpEvent)
     assert events[0].event.noise_multiplier == pytest.approx(1.1 / 2)
     assert isinstance(events[1], dp_accounting.TruncatedSubsampledGaussianDpEvent)
+    assert events[1].dataset_size == 1000 and added.events[1].dataset_size == 1001
     assert isinstance(events[2], dp_accounting.UnsupportedDpEvent)
+    assert added.events[0] == events[0] and added.events[2] == events[2]
     assert StepRun(0.01, 1.1, 1, sampling=SamplingEvent.shuffle(10, 1000)).scheme.value == "shuffle"
 
 

@@ -8,7 +8,8 @@ import dp_accounting
 import pytest
 from dp_accounting import rdp
 
-from dpledger import CompressedLedger, PrivacyLedger, StepRun
+from dpledger import CompressedLedger, PrivacyLedger, SamplingEvent, StepRun
+from dpledger.errors import InvalidParameterError, UnsupportedSamplingError
 from dpledger.ledger.dp_event import compressed_to_dp_event, run_to_dp_event
 
 ORDERS = [1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0, 128.0, 256.0]
@@ -104,3 +105,47 @@ def test_empty_ledger_spends_nothing() -> None:
     assert event == dp_accounting.ComposedDpEvent([])
     assert rdp_epsilon([event]) == 0.0
     assert compressed_to_dp_event(CompressedLedger()) == event
+
+
+def truncated_ledger(steps: int, *, queries: bool = True) -> PrivacyLedger:
+    ledger = PrivacyLedger()
+    for _ in range(steps):
+        ledger.record_sample(event=SamplingEvent.truncated_poisson(0.2, 50, 10))
+        if queries:
+            ledger.record_sum_query(l2_norm_bound=1.0, noise_stddev=1.0)
+    return ledger
+
+
+def test_truncated_poisson_has_no_single_dp_event() -> None:
+    """dp-accounting's truncated event takes the size of the data set holding the differing
+    record (n removed, n + 1 added) and the guarantee is the larger of the two: one event
+    cannot say that, so it is refused, naming the scheme and where both are; every other way
+    in (the compressed ledger, one run) refuses alike."""
+    ledger = truncated_ledger(3)
+    with pytest.raises(UnsupportedSamplingError, match="to_dp_events") as info:
+        ledger.to_dp_event()
+    assert info.value.scheme == "truncated_poisson" and "n = 50" in str(info.value)
+    with pytest.raises(UnsupportedSamplingError):
+        compressed_to_dp_event(ledger.compressed())
+    (run,) = ledger.compressed().runs
+    with pytest.raises(UnsupportedSamplingError):
+        run_to_dp_event(run)
+    with pytest.raises(InvalidParameterError, match="neighbour"):
+        run_to_dp_event(run, neighbour="both")
+
+
+def test_to_dp_events_gives_the_removed_and_the_added_neighbour() -> None:
+    ledger = truncated_ledger(3)
+
+    def truncated(n: int) -> dp_accounting.DpEvent:
+        step = dp_accounting.TruncatedSubsampledGaussianDpEvent(
+            dataset_size=n, sampling_probability=0.2, truncated_batch_size=10, noise_multiplier=1.0
+        )
+        return dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(step, 3)])
+
+    assert ledger.to_dp_events() == [truncated(50), truncated(51)]
+    # without truncated Poisson steps (or with ones that release nothing) there is one pair
+    plain, _ = build_ledger()
+    assert plain.to_dp_events() == [plain.to_dp_event()]
+    silent = truncated_ledger(2, queries=False)
+    assert silent.to_dp_events() == [silent.to_dp_event()]

@@ -84,7 +84,7 @@ from dpledger.accountants.prv.deadline import (
 from dpledger.accountants.prv.discretisation import DiscreteSteps, discretise_steps
 from dpledger.accountants.prv.epsilon_search import _Bounds, _search_epsilon
 from dpledger.accountants.prv.fallback import rdp_epsilon
-from dpledger.accountants.prv.gaussian import gaussian_delta, gaussian_epsilon
+from dpledger.accountants.prv.gaussian import gaussian_delta_bounds, gaussian_epsilon
 from dpledger.accountants.prv.pairs import StepPair
 from dpledger.errors import (
     ComputationBudgetError,
@@ -630,9 +630,9 @@ class PrvAccountant(Accountant):
         plan, info = self._prepare(ledger)
         mu = plan.gaussian_mu()
         if not plan.runs:
-            value = float(gaussian_delta(epsilon, mu))
-            details = {**info, "estimate": value, "method": "gaussian_closed_form", "mu": mu}
-            return Answer(value, lower=value, upper=value, kind=self._kind, details=details)
+            lower, upper = gaussian_delta_bounds(epsilon, mu)  # certified, like ε's closed form
+            details = {**info, "estimate": upper, "method": "gaussian_closed_form", "mu": mu}
+            return Answer(upper, lower=lower, upper=upper, kind=self._kind, details=details)
         budget = self.delta_error if self.delta_error is not None else _DELTA_QUERY_ERROR
         tuning = _Tuning(budget=budget, shift=_SHIFT_SHARE * self.eps_error)
         counts = [c for _, _, c in plan.runs]

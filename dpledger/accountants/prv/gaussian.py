@@ -7,17 +7,23 @@ with multipliers z_i compose to one Gaussian mechanism with μ² = Σ_i (s/z_i)�
 
     δ_μ(ε) = Φ(−ε/μ + μ/2) − e^ε·Φ(−ε/μ − μ/2),
 
-evaluated here in log space so that it neither overflows nor cancels at large ε.
+evaluated here in log space so that it neither overflows nor cancels at large ε. For small μ its
+two terms still cancel: :func:`gaussian_delta` is the float64 value (used inside the composition,
+whose error terms bound the rest), :func:`gaussian_delta_bounds` and :func:`gaussian_epsilon` are
+certified after floating-point error (:mod:`dpledger.accountants.gaussian_profile`).
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import scipy.special
 
+from dpledger.accountants.gaussian_profile import gaussian_delta_bounds as _delta_bounds
 from dpledger.accountants.gaussian_profile import gaussian_epsilon_bounds
 
-__all__ = ["gaussian_delta", "gaussian_epsilon"]
+__all__ = ["gaussian_delta", "gaussian_delta_bounds", "gaussian_epsilon"]
 
 
 def gaussian_delta(epsilon: np.ndarray | float, mu: float) -> np.ndarray:
@@ -28,6 +34,20 @@ def gaussian_delta(epsilon: np.ndarray | float, mu: float) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         out = np.exp(log_a) * -np.expm1(np.minimum(log_b - log_a, 0.0))
     return np.where(np.isfinite(out), out, 0.0)
+
+
+def gaussian_delta_bounds(epsilon: float, mu: float) -> tuple[float, float]:
+    """(lower, upper) around δ_μ(ε) for one ε ≥ 0, certified after floating-point error.
+
+    ``upper`` is never below the exact δ_μ(ε) and ``lower`` never above it
+    (:func:`~dpledger.accountants.gaussian_profile.gaussian_delta_bounds`, which states the
+    relative margin); (0, 0) for μ = 0 and (1, 1) for μ = ∞.
+    """
+    if mu == 0.0:
+        return 0.0, 0.0
+    if not mu < math.inf:
+        return 1.0, 1.0
+    return _delta_bounds(mu, float(epsilon))
 
 
 def gaussian_epsilon(delta: float, mu: float) -> tuple[float, float]:

@@ -12,28 +12,53 @@ A·X + B·Z of the factorization (:mod:`.strategies`). Memory:
 
 ``state_dict()`` holds the generator's bit-generator state, the step and the buffers (float64
 copies): restoring it (``load_state_dict``) continues the stream exactly, for checkpoints.
+
+The buffers grow with d, which the model fixes, so there is no fixed budget: a generator whose
+buffers and one step's draws (8 bytes per float) would exceed the machine's physical memory (as
+``os.sysconf`` reports it) can never work and is refused before anything is allocated
+(``ComputationBudgetError`` naming ``dim``).
 """
 
 from __future__ import annotations
 
 import abc
 import copy
+import math
+import os
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from dpledger.errors import InvalidParameterError, LedgerStateError
+from dpledger.errors import ComputationBudgetError, InvalidParameterError, LedgerStateError
 from dpledger.mechanisms.correlated.strategies import (
     MatrixFactorization,
     _decomposition,
     _honaker_weights,
 )
-from dpledger.validation import check_non_negative_finite, check_positive_int
+from dpledger.validation import FLOAT_INT_MAX, check_non_negative_finite, check_positive_int
 
-__all__ = ["BandedNoise", "BltNoise", "CorrelatedNoise", "TreeNoise", "noise_for"]
+__all__ = [
+    "BandedNoise",
+    "BltNoise",
+    "CorrelatedNoise",
+    "TreeNoise",
+    "noise_for",
+]
 
 Vector = npt.NDArray[np.float64]
+
+_MAX_BYTES = 2**63 - 1  # no NumPy array can be larger
+
+
+def _memory_limit() -> int:
+    """The most bytes a noise generator's buffers may take: the machine's physical memory
+    (``os.sysconf``), or 2⁶³ − 1 (the most any NumPy array can hold) where it is not known."""
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return _MAX_BYTES
+    return min(pages * size, _MAX_BYTES) if pages > 0 and size > 0 else _MAX_BYTES
 
 
 class CorrelatedNoise(abc.ABC):
@@ -44,10 +69,31 @@ class CorrelatedNoise(abc.ABC):
         noise_stddev: σ, the standard deviation of each entry of Z.
         num_steps: T; a step beyond T is refused.
         seed: seeds ``numpy.random.default_rng``.
+        vectors: how many vectors of d float64 values the generator holds at most (its
+            buffers and one step's draws), for the memory check.
+
+    Raises:
+        ComputationBudgetError: ``vectors`` × d float64 values exceed the machine's physical
+            memory (refused before anything is allocated).
     """
 
-    def __init__(self, *, dim: int, noise_stddev: float, num_steps: int, seed: int) -> None:
+    def __init__(
+        self, *, dim: int, noise_stddev: float, num_steps: int, seed: int, vectors: int = 2
+    ) -> None:
         self.dim = check_positive_int("dim", dim)
+        needed, limit = 8 * self.dim * vectors, _memory_limit()
+        if needed > limit:  # in integers: any d, even past the float64 range, is refused
+            raise ComputationBudgetError(
+                parameter="dim",
+                value=self.dim,
+                estimated_bytes=float(needed) if needed <= FLOAT_INT_MAX else math.inf,
+                budget_bytes=float(limit),
+                suggestion=(
+                    f"the noise generator holds {vectors} vectors of d float64 values, more "
+                    "than this machine's physical memory: use fewer parameters (or fewer "
+                    "bands or buffers)"
+                ),
+            )
         self.noise_stddev = check_non_negative_finite("noise_stddev", noise_stddev)
         self.num_steps = check_positive_int("num_steps", num_steps)
         self.rng = np.random.default_rng(seed)
@@ -161,6 +207,8 @@ class BandedNoise(CorrelatedNoise):
         c = factorization.strategy
         t = factorization.num_steps
         b = check_positive_int("bands", bands)
+        if b > t:  # the ring holds b − 1 vectors of d floats: never more bands than steps
+            raise InvalidParameterError("bands", bands, f"at most num_steps={t}")
         offsets = np.subtract.outer(np.arange(c.shape[0]), np.arange(t))
         if c.shape != (t, t) or np.any(c[(offsets < 0) | (offsets >= b)] != 0.0):
             raise InvalidParameterError(
@@ -168,7 +216,8 @@ class BandedNoise(CorrelatedNoise):
             )
         if np.any(np.diag(c) <= 0.0):
             raise InvalidParameterError("factorization", factorization.kind, "C[t, t] > 0")
-        super().__init__(dim=dim, noise_stddev=noise_stddev, num_steps=t, seed=seed)
+        # the ring of b − 1 outputs, one step's draw and its copy
+        super().__init__(dim=dim, noise_stddev=noise_stddev, num_steps=t, seed=seed, vectors=b + 1)
         self.bands = b
         # only the bands are kept: band[t, l] = C[t, t − l]
         self._band = np.zeros((t, b))
@@ -209,8 +258,13 @@ class BltNoise(CorrelatedNoise):
     ) -> None:
         if factorization.kind != "blt":
             raise InvalidParameterError("factorization", factorization.kind, "a 'blt' one")
-        super().__init__(
-            dim=dim, noise_stddev=noise_stddev, num_steps=factorization.num_steps, seed=seed
+        buffers = len(factorization.params["omega"])
+        super().__init__(  # the buffers, their update's temporary, the draw, the output
+            dim=dim,
+            noise_stddev=noise_stddev,
+            num_steps=factorization.num_steps,
+            seed=seed,
+            vectors=2 * buffers + 3,
         )
         self._omega = np.asarray(factorization.params["omega"], dtype=np.float64)
         self._theta = np.asarray(factorization.params["theta"], dtype=np.float64)
@@ -248,8 +302,13 @@ class TreeNoise(CorrelatedNoise):
         if factorization.kind not in ("tree", "tree_honaker"):
             raise InvalidParameterError("factorization", factorization.kind, "a tree")
         t = factorization.num_steps
-        super().__init__(dim=dim, noise_stddev=noise_stddev, num_steps=t, seed=seed)
-        self.honaker = factorization.kind == "tree_honaker"
+        honaker = factorization.kind == "tree_honaker"
+        # one estimate per level (three with Honaker's pending pairs), the prefixes, the draw
+        levels = (t.bit_length() + 1) * (3 if honaker else 1)
+        super().__init__(
+            dim=dim, noise_stddev=noise_stddev, num_steps=t, seed=seed, vectors=levels + 4
+        )
+        self.honaker = honaker
         self._weights = _honaker_weights(t.bit_length() + 1)
         self._levels: dict[int, Vector] = {}  # level -> last completed node estimate
         self._pend: dict[int, list[Vector]] = {}  # level -> its last two estimates (Honaker)
@@ -306,7 +365,13 @@ def noise_for(
     seed: int,
     bands: int | None = None,
 ) -> CorrelatedNoise:
-    """The streaming generator of a factorization (tree, banded Toeplitz or BLT)."""
+    """The streaming generator of a factorization (tree, banded Toeplitz or BLT).
+
+    Raises:
+        ComputationBudgetError: the generator's buffers for ``dim`` coordinates would exceed the
+            machine's physical memory (refused before allocating; module docstring).
+        InvalidParameterError: an unknown kind, or ``bands`` beyond the factorization's T.
+    """
     if factorization.kind in ("tree", "tree_honaker"):
         return TreeNoise(factorization, dim=dim, noise_stddev=noise_stddev, seed=seed)
     if factorization.kind == "blt":

@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 
 from dpledger.errors import InvalidParameterError
+from dpledger.mechanisms.correlated.strategies import _check_bytes
 from dpledger.validation import check_enum, check_positive_int
 
 __all__ = ["ParticipationKind", "ParticipationSchema"]
@@ -100,8 +101,20 @@ class ParticipationSchema:
     def patterns(self) -> list[tuple[int, ...]]:
         """Every maximal pattern for ``cyclic`` and ``single`` (T and b of them); for
         ``min_separation`` every pattern of exactly min(k, fit) steps — exponentially many, meant
-        for small T (exact searches and tests)."""
+        for small T (exact searches and tests).
+
+        Raises:
+            ComputationBudgetError: the patterns would exceed
+                :data:`~.strategies.MAX_MATRIX_BYTES` (refused before they are listed).
+        """
+        from dpledger.mechanisms.correlated.sensitivity import count_patterns
+
         t, k, b = self.num_steps, self.max_participations, self.min_separation
+        count = count_patterns(self)
+        steps = k * count if self.kind is ParticipationKind.MIN_SEPARATION else t
+        # a pointer and an int object per step, a tuple header per pattern
+        advice = "the patterns are listed one by one (for small T): use fewer steps"
+        _check_bytes("num_steps", t, 40 * steps + 64 * count, advice)
         if self.kind is ParticipationKind.SINGLE:
             return [(i,) for i in range(t)]
         if self.kind is ParticipationKind.CYCLIC:

@@ -40,6 +40,7 @@ import numpy.typing as npt
 
 from dpledger.errors import InvalidParameterError
 from dpledger.mechanisms.correlated.participation import ParticipationKind, ParticipationSchema
+from dpledger.mechanisms.correlated.strategies import _check_bytes
 
 __all__ = ["SensitivityResult", "count_patterns", "sensitivity"]
 
@@ -91,12 +92,18 @@ def _monotone_toeplitz(c: npt.NDArray[np.float64]) -> bool:
 
 
 def count_patterns(schema: ParticipationSchema) -> int:
-    """The number of maximal participation patterns (what an exhaustive search visits)."""
+    """The number of maximal participation patterns (what an exhaustive search visits).
+
+    Raises:
+        ComputationBudgetError: for ``min_separation``, T so large that the two tables of
+            counts (T + b Python integers each) would exceed :data:`.MAX_MATRIX_BYTES`.
+    """
     t, k, b = schema.num_steps, schema.max_participations, schema.min_separation
     if schema.kind is ParticipationKind.SINGLE:
         return t
     if schema.kind is ParticipationKind.CYCLIC:
         return b
+    _check_bytes("num_steps", t, 2 * 40 * (t + b + 1), "the counts are tabulated per step")
     # ways[c][i]: maximal patterns of ≤ c more steps starting at or after step i
     prev = [1] * (t + b + 1)
     for _ in range(k):

@@ -64,29 +64,50 @@ StrategyKind = str
 Matrix = npt.NDArray[np.float64]
 
 MAX_MATRIX_BYTES = 2**30
-"""The most memory one materialised factorization (C, B and the checks' products) may take:
-1 GiB. C and B are dense, so T is limited to a few thousand steps (docs/correlated-noise.md,
-"Limits"); beyond it the constructors refuse up front with ComputationBudgetError."""
+"""The most memory a materialised factorization (C, B, the checks' products) or a computation
+over T steps (filter coefficients, prefix errors, patterns) may take: 1 GiB. C and B are dense,
+so T is limited to a few thousand steps (docs/correlated-noise.md, "Limits"); beyond it the
+functions refuse up front with ComputationBudgetError."""
+
+
+def _check_bytes(parameter: str, value: Any, needed: int, suggestion: str) -> None:
+    """Refuse, before allocating, a computation whose estimate ``needed`` (bytes, an int, so that
+    sizes beyond the float64 range are refused too, never overflow) exceeds the budget."""
+    if needed > MAX_MATRIX_BYTES:
+        raise ComputationBudgetError(
+            parameter=parameter,
+            value=value,
+            estimated_bytes=float(needed) if needed <= FLOAT_INT_MAX else math.inf,
+            budget_bytes=MAX_MATRIX_BYTES,
+            suggestion=suggestion,
+        )
 
 
 def _check_size(num_steps: int, rows: int, extra_entries: int = 0) -> None:
     """Refuse, before allocating, factorizations whose dense matrices exceed the budget: C
     (rows × T), B (T × rows), A (T × T) and ``extra_entries`` more, in float64."""
-    # in integers: T beyond the float64 range must be refused, not overflow the estimate
     needed = 8 * (2 * rows * num_steps + num_steps * num_steps + extra_entries)
-    if needed > MAX_MATRIX_BYTES:
-        raise ComputationBudgetError(
-            parameter="num_steps",
-            value=num_steps,
-            estimated_bytes=float(needed) if needed <= FLOAT_INT_MAX else math.inf,
-            budget_bytes=MAX_MATRIX_BYTES,
-            suggestion="a factorization is dense (O(T²) memory): use fewer steps per stream",
-        )
+    suggestion = "a factorization is dense (O(T²) memory): use fewer steps per stream"
+    _check_bytes("num_steps", num_steps, needed, suggestion)
+
+
+def _check_vectors(count: int, per_item: int, parameter: str = "num_steps") -> None:
+    """Refuse a computation holding ``per_item`` float64 values per step (or per buffer, for
+    ``parameter`` ``"omega"`` or ``"buffers"``) of ``count``."""
+    item = "step" if parameter == "num_steps" else "buffer"
+    advice = f"it holds {per_item} float64 values per {item}: use fewer {item}s"
+    _check_bytes(parameter, count, 8 * count * per_item, advice)
 
 
 def prefix_sum_workload(num_steps: int) -> Matrix:
-    """A: the T×T lower-triangular matrix of ones (row t sums steps 0..t)."""
+    """A: the T×T lower-triangular matrix of ones (row t sums steps 0..t).
+
+    Raises:
+        ComputationBudgetError: A would exceed :data:`MAX_MATRIX_BYTES` (refused before
+            allocating).
+    """
     t = check_positive_int("num_steps", num_steps)
+    _check_size(t, 0)
     return np.tril(np.ones((t, t), dtype=np.float64))
 
 
@@ -250,9 +271,19 @@ def inverse_toeplitz_coefficients(coeffs: Sequence[float] | Matrix, num_steps: i
 
     With c_0 ≠ 0: r_0 = 1 / c_0 and r_m = −(Σ_{i=1}^{min(m, len−1)} c_i r_{m−i}) / c_0 (the
     power series 1 / c(x)).
+
+    Raises:
+        InvalidParameterError: ``coeffs`` is not a 1-D finite sequence with c_0 ≠ 0.
+        ComputationBudgetError: T so large that the coefficients would exceed
+            :data:`MAX_MATRIX_BYTES` (refused before allocating).
     """
     c = np.asarray(coeffs, dtype=np.float64)
+    if c.ndim != 1 or c.shape[0] < 1 or not np.all(np.isfinite(c)) or c[0] == 0.0:
+        raise InvalidParameterError(
+            "coeffs", coeffs, "a 1-D sequence of finite floats with c_0 != 0"
+        )
     t = check_positive_int("num_steps", num_steps)
+    _check_vectors(t, 3)  # the impulse, the output and the filter's work
     impulse = np.zeros(t)
     impulse[0] = 1.0
     # the recursion above is the IIR filter 1/c(x) applied to an impulse
@@ -332,6 +363,7 @@ def prefix_error(coefficients: Sequence[float] | Matrix, num_steps: int) -> floa
     With s the prefix sums of C⁻¹'s coefficients, ‖A·C⁻¹‖_F² = Σ_m (T − m) s_m².
     """
     c = _check_coefficients(coefficients)
+    _check_vectors(check_positive_int("num_steps", num_steps), 6)
     s = np.cumsum(inverse_toeplitz_coefficients(c, num_steps))
     weights = num_steps - np.arange(num_steps, dtype=np.float64)
     return float(np.dot(weights, s * s) * np.dot(c, c))
@@ -375,7 +407,10 @@ def optimize_banded_toeplitz(*, num_steps: int, bands: int) -> MatrixFactorizati
 
 
 def _blt_inverse_coefficients(omega: Matrix, theta: Matrix, num_steps: int) -> Matrix:
-    """C⁻¹'s Toeplitz coefficients for BLT parameters: 1, then Σ_i ω_i θ_i^{m−1}."""
+    """C⁻¹'s Toeplitz coefficients for BLT parameters: 1, then Σ_i ω_i θ_i^{m−1} (a T × buffers
+    table, refused before allocating when over the budget)."""
+    _check_vectors(num_steps, 5)
+    _check_vectors(omega.size, 2 * num_steps + 3, "omega")
     lags = np.arange(num_steps - 1, dtype=np.float64)
     tail = (omega[None, :] * theta[None, :] ** lags[:, None]).sum(axis=1)
     return np.concatenate([[1.0], tail])
@@ -385,10 +420,16 @@ def blt_prefix_error(
     *, omega: Sequence[float] | Matrix, theta: Sequence[float] | Matrix, num_steps: int
 ) -> float:
     """‖A·C⁻¹‖_F² · max_j ‖C_j‖² for a BLT (single participation; C Toeplitz, so its first
-    column has the largest norm): the objective :func:`optimize_blt` minimises."""
-    inv = _blt_inverse_coefficients(
-        np.asarray(omega, dtype=np.float64), np.asarray(theta, dtype=np.float64), num_steps
-    )
+    column has the largest norm): the objective :func:`optimize_blt` minimises.
+
+    Raises:
+        ComputationBudgetError: T (or T × buffers) so large that the coefficients would exceed
+            :data:`MAX_MATRIX_BYTES` (refused before allocating).
+    """
+    t = check_positive_int("num_steps", num_steps)
+    w, th = np.asarray(omega, dtype=np.float64), np.asarray(theta, dtype=np.float64)
+    _check_vectors(t, 6)
+    inv = _blt_inverse_coefficients(w, th, t)
     c = inverse_toeplitz_coefficients(inv, num_steps)
     s = np.cumsum(inv)
     weights = num_steps - np.arange(num_steps, dtype=np.float64)
@@ -410,6 +451,8 @@ def _optimized_blt(num_steps: int, buffers: int) -> tuple[tuple[float, ...], tup
 
     def objective(x: Matrix) -> float:
         omega, theta = unpack(x)
+        if not np.all(np.isfinite(omega)):  # C⁻¹'s coefficients would not be finite
+            return 1e300
         value = blt_prefix_error(omega=omega, theta=theta, num_steps=num_steps)
         return math.log(value) if math.isfinite(value) and value > 0 else 1e300
 
@@ -445,5 +488,6 @@ def optimize_blt(*, num_steps: int, buffers: int) -> MatrixFactorization:
     t = check_positive_int("num_steps", num_steps)
     n = check_positive_int("buffers", buffers)
     _check_size(t, t)
+    _check_vectors(n, 2 * t + 3, "buffers")  # the T × buffers table of the objective
     omega, theta = _optimized_blt(t, n)
     return blt_factorization(t, omega=omega, theta=theta)
