@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.sampler_base import RecordSampler
+from dpledger.adapters.tensorflow.sampler_base import RecordedDatasetSampler
 from dpledger.sampling.sampler_properties import scheme_property
 from dpledger.sampling.schemes import BallsInBinsScheme, BatchScheme, ShuffleScheme
 
-__all__ = ["BallsInBinsSampler", "ShuffleSampler"]
+__all__ = ["BallsInBinsDatasetSampler", "ShuffleDatasetSampler"]
 
 
-class _EpochSampler(RecordSampler):
+class _EpochDatasetSampler(RecordedDatasetSampler):
     """A sampler that draws an epoch's batches together, at the start of each iteration."""
 
     def __init__(self, scheme: BatchScheme, *, seed: int | None) -> None:
@@ -44,7 +44,7 @@ class _EpochSampler(RecordSampler):
         return tf.data.Dataset.range(1).flat_map(epoch)
 
 
-class BallsInBinsSampler(_EpochSampler):
+class BallsInBinsDatasetSampler(_EpochDatasetSampler):
     """Balls-in-bins batches: at the start of each epoch every record is put in one of k
     batches uniformly at random, independently of the others; the epoch's k steps are the
     batches in order (``SamplingEvent.balls_in_bins(k, n)``, ``epoch_start`` on the first).
@@ -80,7 +80,7 @@ class BallsInBinsSampler(_EpochSampler):
         return tf.cast(order, tf.int64), bounds
 
 
-class ShuffleSampler(_EpochSampler):
+class ShuffleDatasetSampler(_EpochDatasetSampler):
     """Shuffled batches: at the start of each epoch a uniformly random permutation of the n
     records is cut into consecutive batches of b, the last one smaller when b does not divide n.
     ``drop_last=True`` is accepted only when b divides n (it then changes nothing): leaving the

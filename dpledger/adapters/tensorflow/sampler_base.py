@@ -1,6 +1,6 @@
 """The base of the ``tf.data`` samplers: a population of n records, a seeded generator, the
-datasets made by :meth:`RecordSampler.sample` and the sampling event of each of their batches
-(the schemes are listed in :mod:`~dpledger.adapters.tensorflow.sampling`).
+datasets made by :meth:`RecordedDatasetSampler.sample` and the sampling event of each of their
+batches (the schemes are listed in :mod:`~dpledger.adapters.tensorflow.sampling`).
 
 Randomness: the draws come from a counter-based generator (``tf.random.Generator``, Philox)
 seeded from ``seed``: a Poisson inclusion is u_j < q for a float64 uniform u_j (exact up to
@@ -28,7 +28,7 @@ from dpledger.ledger import SamplingEvent
 from dpledger.sampling.schemes import BatchScheme
 from dpledger.sampling.validation import check_population_size, check_step_position
 
-__all__ = ["RecordSampler"]
+__all__ = ["RecordedDatasetSampler"]
 
 
 # Dataset transformations that pass every element through unchanged.
@@ -43,7 +43,7 @@ def _check_seed(seed: Any) -> int:
     return int(seed)
 
 
-class RecordSampler:
+class RecordedDatasetSampler:
     """The base of the samplers: a population of n records, a seeded generator, the datasets
     made by :meth:`sample` and the sampling event of each of their batches.
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.sampler_base import RecordSampler
+from dpledger.adapters.tensorflow.sampler_base import RecordedDatasetSampler
 from dpledger.sampling.sampler_properties import scheme_property
 from dpledger.sampling.schemes import (
     BatchScheme,
@@ -19,10 +19,10 @@ from dpledger.sampling.schemes import (
 )
 from dpledger.sampling.validation import check_expected_batch_size, check_population_size
 
-__all__ = ["FixedSizeSampler", "PoissonSampler", "TruncatedPoissonSampler"]
+__all__ = ["FixedSizeDatasetSampler", "PoissonDatasetSampler", "TruncatedPoissonDatasetSampler"]
 
 
-class _StepwiseSampler(RecordSampler):
+class _StepwiseDatasetSampler(RecordedDatasetSampler):
     """A sampler whose every step is an independent draw (Poisson, fixed size, truncated)."""
 
     _steps: int
@@ -58,7 +58,7 @@ class _StepwiseSampler(RecordSampler):
         return tf.data.Dataset.range(self._steps).map(self._indices)
 
 
-class PoissonSampler(_StepwiseSampler):
+class PoissonDatasetSampler(_StepwiseDatasetSampler):
     """Poisson sampling of n records with rate q, ``steps_per_epoch`` batches per iteration.
 
     Args:
@@ -74,7 +74,7 @@ class PoissonSampler(_StepwiseSampler):
             is not a non-negative integer.
 
     Example:
-        >>> sampler = PoissonSampler(population_size=1797, sampling_probability=256 / 1797,
+        >>> sampler = PoissonDatasetSampler(population_size=1797, sampling_probability=256 / 1797,
         ...                          seed=0)
         >>> batches = sampler.sample((images, labels))  # doctest: +SKIP
         >>> model.fit(batches, epochs=10)  # doctest: +SKIP
@@ -107,7 +107,7 @@ class PoissonSampler(_StepwiseSampler):
         expected_batch_size: float,
         steps_per_epoch: int | None = None,
         seed: int | None = None,
-    ) -> PoissonSampler:
+    ) -> PoissonDatasetSampler:
         """The sampler with q = expected_batch_size / population_size.
 
         Raises:
@@ -140,7 +140,7 @@ def _uniform_subset(indices: tf.Tensor, size: Any, seed: tf.Tensor) -> tf.Tensor
     return tf.sort(tf.gather(indices, chosen))
 
 
-class FixedSizeSampler(_StepwiseSampler):
+class FixedSizeDatasetSampler(_StepwiseDatasetSampler):
     """Each step, b distinct records drawn uniformly without replacement from the n records,
     independently of the other steps (``SamplingEvent.fixed_size(b, n)``).
 
@@ -183,7 +183,7 @@ class FixedSizeSampler(_StepwiseSampler):
         return _uniform_subset(tf.range(self._n, dtype=tf.int64), self._b, self._seed_pair())
 
 
-class TruncatedPoissonSampler(_StepwiseSampler):
+class TruncatedPoissonDatasetSampler(_StepwiseDatasetSampler):
     """Poisson sampling with rate q, each batch cut to ``max_batch_size`` records: when the
     Poisson draw has more, a uniformly random subset of ``max_batch_size`` of them is kept
     (``SamplingEvent.truncated_poisson(q, n, max_batch_size)``). Gradients are averaged by q·n.

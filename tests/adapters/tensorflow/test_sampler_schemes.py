@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from dpledger.adapters.tensorflow import (
-    BallsInBinsSampler,
-    FixedSizeSampler,
-    PoissonSampler,
-    ShuffleSampler,
-    TruncatedPoissonSampler,
+    BallsInBinsDatasetSampler,
+    FixedSizeDatasetSampler,
+    PoissonDatasetSampler,
+    ShuffleDatasetSampler,
+    TruncatedPoissonDatasetSampler,
 )
 from dpledger.sampling import (
     BallsInBinsScheme,
@@ -22,15 +22,15 @@ from dpledger.sampling import (
 
 CASES = [
     (
-        lambda: PoissonSampler(population_size=20, sampling_probability=0.4, seed=0),
+        lambda: PoissonDatasetSampler(population_size=20, sampling_probability=0.4, seed=0),
         PoissonScheme(population_size=20, sampling_probability=0.4, round_half_up=True),
     ),
     (
-        lambda: FixedSizeSampler(population_size=20, batch_size=8, seed=0),
+        lambda: FixedSizeDatasetSampler(population_size=20, batch_size=8, seed=0),
         FixedSizeScheme(population_size=20, batch_size=8, round_half_up=True),
     ),
     (
-        lambda: TruncatedPoissonSampler(
+        lambda: TruncatedPoissonDatasetSampler(
             population_size=20, sampling_probability=0.3, max_batch_size=4, seed=0
         ),
         TruncatedPoissonScheme(
@@ -38,11 +38,11 @@ CASES = [
         ),
     ),
     (
-        lambda: BallsInBinsSampler(population_size=20, num_batches=6, seed=0),
+        lambda: BallsInBinsDatasetSampler(population_size=20, num_batches=6, seed=0),
         BallsInBinsScheme(population_size=20, num_batches=6),
     ),
     (
-        lambda: ShuffleSampler(population_size=20, batch_size=6, seed=0),
+        lambda: ShuffleDatasetSampler(population_size=20, batch_size=6, seed=0),
         ShuffleScheme(population_size=20, batch_size=6),
     ),
 ]
@@ -62,5 +62,8 @@ def test_sampler_holds_its_scheme(make, scheme) -> None:
 
 def test_default_steps_round_halves_up_as_before() -> None:
     # 1/q = 2.5 and n/b = 2.5: three batches per epoch (PyTorch's samplers round to even: two)
-    assert PoissonSampler(population_size=10, sampling_probability=0.4, seed=0).steps_per_epoch == 3
-    assert FixedSizeSampler(population_size=10, batch_size=4, seed=0).steps_per_epoch == 3
+    assert (
+        PoissonDatasetSampler(population_size=10, sampling_probability=0.4, seed=0).steps_per_epoch
+        == 3
+    )
+    assert FixedSizeDatasetSampler(population_size=10, batch_size=4, seed=0).steps_per_epoch == 3
