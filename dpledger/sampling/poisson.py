@@ -17,6 +17,7 @@ from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms.backend import ArrayBackend
 from dpledger.mechanisms.step import SampledStep, open_step
+from dpledger.sampling.index_draws import poisson
 from dpledger.sampling.validation import (
     MAX_POPULATION,
     check_population_size,
@@ -24,8 +25,6 @@ from dpledger.sampling.validation import (
 )
 
 __all__ = ["MAX_POPULATION", "PoissonSampler"]
-
-_CHUNK = 1 << 22  # uniform draws per chunk when sampling a large population
 
 
 class PoissonSampler:
@@ -64,19 +63,9 @@ class PoissonSampler:
         return self.sampling_probability * self.population_size
 
     def sample(self) -> np.ndarray:
-        """Sorted indices of the records in a fresh sample (each included with probability q)."""
-        if self.sampling_probability == 1.0:
-            return np.arange(self.population_size)
-        n = self.population_size
-        if n <= _CHUNK:
-            keep = self.generator.random(n) < self.sampling_probability
-            return np.flatnonzero(keep)
-        # the same draws as one call of random(n), in chunks: memory ∝ chunk + sample
-        parts = []
-        for start in range(0, n, _CHUNK):
-            keep = self.generator.random(min(_CHUNK, n - start)) < self.sampling_probability
-            parts.append(np.flatnonzero(keep) + start)
-        return np.concatenate(parts)
+        """Sorted indices of the records in a fresh sample (each included with probability q;
+        :func:`~dpledger.sampling.index_draws.poisson`)."""
+        return poisson(self.generator, self.population_size, self.sampling_probability)
 
     @contextlib.contextmanager
     def step(

@@ -8,6 +8,7 @@ Importing this package imports TensorFlow and Keras; ``import dpledger`` and
 """
 
 from dpledger.adapters.tensorflow.backend import TensorFlowBackend, make_generator
+from dpledger.adapters.tensorflow.cyclic_sampler import CyclicDatasetSampler
 from dpledger.adapters.tensorflow.engine import (
     ClippedGradients,
     PerExampleGradientEngine,
@@ -33,12 +34,11 @@ from dpledger.adapters.tensorflow.registry import (
     registered_layer_types,
     unregister_layer_rule,
 )
+from dpledger.adapters.tensorflow.sampler_base import RecordedDatasetSampler
 from dpledger.adapters.tensorflow.sampling import (
     BallsInBinsDatasetSampler,
-    CyclicDatasetSampler,
     FixedSizeDatasetSampler,
     PoissonDatasetSampler,
-    RecordedDatasetSampler,
     ShuffleDatasetSampler,
     TruncatedPoissonDatasetSampler,
 )

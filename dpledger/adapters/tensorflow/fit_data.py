@@ -13,8 +13,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from dpledger.adapters.tensorflow.sampling import PoissonDatasetSampler
 from dpledger.adapters.tensorflow.step_events import StepEvents
-from dpledger.adapters.tensorflow.stepwise_samplers import PoissonDatasetSampler
 from dpledger.errors import InvalidParameterError, SamplerMismatchError, UnsupportedLayerError
 from dpledger.ledger import SamplingScheme
 from dpledger.validation import check_positive_int

@@ -3,6 +3,7 @@ that scheme's events, steps and rate."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from dpledger.adapters.tensorflow import (
@@ -19,6 +20,7 @@ from dpledger.sampling import (
     ShuffleScheme,
     TruncatedPoissonScheme,
 )
+from dpledger.sampling.index_draws import host_generator
 
 CASES = [
     (
@@ -67,3 +69,19 @@ def test_default_steps_round_halves_up_as_before() -> None:
         == 3
     )
     assert FixedSizeDatasetSampler(population_size=10, batch_size=4, seed=0).steps_per_epoch == 3
+
+
+@pytest.mark.parametrize(("make", "scheme"), CASES)
+def test_the_batches_are_the_schemes_host_draws(make, scheme) -> None:
+    """The indices are the core scheme's NumPy draws (dpledger.sampling.index_draws), from one
+    seed pair of the sampler's generator per draw (per epoch for the epoch-based schemes),
+    sorted."""
+    sampler, twin = make(), make()
+    for _ in range(2):  # two epochs: the generator's stream continues
+        got = [b.tolist() for b in sampler.index_dataset().as_numpy_iterator()]
+        if scheme.epoch_based:
+            batches = scheme.draw_epoch(host_generator(twin._seed_pair().numpy()))
+        else:
+            draws = [host_generator(twin._seed_pair().numpy()) for _ in got]
+            batches = [scheme.draw(rng) for rng in draws]
+        assert got == [np.sort(b).tolist() for b in batches]
