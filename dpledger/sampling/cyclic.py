@@ -1,7 +1,7 @@
 """Cyclic batches: the batch selection a correlated-noise release is analysed under.
 
 A matrix-mechanism release (``docs/correlated-noise.md``) is accounted under a participation
-schema (:class:`~dpledger.mechanisms.correlated.ParticipationSchema`); the training data must be
+schema (:class:`~dpledger.sampling.participation.ParticipationSchema`); the training data must be
 drawn so that every record's steps are one of the schema's patterns. :class:`CyclicScheme` is
 that draw (Choquette-Choo et al. 2023, "Multi-Epoch Matrix Factorization Mechanisms for Private
 Machine Learning", section 2, and "Amplified Banded Matrix Factorization", section 3):
@@ -40,21 +40,19 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from dpledger.errors import InvalidParameterError
+from dpledger.sampling.participation import ParticipationSchema
 from dpledger.sampling.validation import (
     MAX_POPULATION,
     check_population_size,
     check_sampling_probability,
 )
 from dpledger.validation import check_non_negative_int, check_positive_int
-
-if TYPE_CHECKING:
-    from dpledger.mechanisms.correlated.participation import ParticipationSchema
 
 __all__ = ["CyclicParticipation", "CyclicScheme"]
 
@@ -198,10 +196,6 @@ class CyclicScheme:
     # ------------------------------------------------------------------ what a release records
     def participation(self) -> CyclicParticipation:
         """The participation schema and q that a release of this scheme's draws records."""
-        # imported here: dpledger.sampling stays importable where scipy's optimisers are not
-        # (the correlated mechanisms need them)
-        from dpledger.mechanisms.correlated.participation import ParticipationSchema
-
         return CyclicParticipation(
             ParticipationSchema.cyclic(num_steps=self._steps, period=self._period), self._q
         )

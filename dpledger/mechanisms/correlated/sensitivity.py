@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpledger.errors import InvalidParameterError
-from dpledger.mechanisms.correlated.participation import ParticipationKind, ParticipationSchema
+from dpledger.sampling.participation import ParticipationKind, ParticipationSchema
 
 __all__ = ["SensitivityResult", "count_patterns", "sensitivity"]
 
