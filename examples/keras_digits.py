@@ -29,7 +29,7 @@ from sklearn.model_selection import train_test_split
 from dpledger import PrivacyLedger
 from dpledger.accountants import calibrate_noise_multiplier, make_accountant
 from dpledger.accountants.base import ACCOUNTANT_MODULES, SCHEME_SPECIFIC_ACCOUNTANTS
-from dpledger.adapters.tensorflow import DPKerasModel, PoissonSampler
+from dpledger.adapters.tensorflow import DPKerasModel, PoissonDatasetSampler
 
 DELTA = 1e-5
 TARGET_EPSILON = 8.0
@@ -98,7 +98,7 @@ def train(
     x_train, x_test, y_train, y_test = train_test_split(
         x, y, test_size=0.2, random_state=seed, stratify=y
     )
-    sampler = PoissonSampler.from_expected_batch_size(
+    sampler = PoissonDatasetSampler.from_expected_batch_size(
         population_size=len(x_train), expected_batch_size=EXPECTED_BATCH, seed=seed
     )
     steps = epochs * sampler.steps_per_epoch

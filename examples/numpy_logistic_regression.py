@@ -20,6 +20,7 @@ from dpledger import PrivacyLedger
 from dpledger.mechanisms import (
     GroupedSumQuery,
     dimension_adjusted_noise,
+    sampled_step,
     split_clip_by_dimension,
 )
 from dpledger.sampling import PoissonSampler
@@ -75,7 +76,7 @@ def main() -> None:
     print(f"test accuracy before training: {accuracy(w, b, x_test, y_test):.3f}")
     ledger = PrivacyLedger(metadata={"example": "numpy_logistic_regression"})
     for _ in range(STEPS):
-        with sampler.step(ledger) as step:
+        with sampled_step(ledger, sampler=sampler) as step:
             idx = step.indices
             grad_w, grad_b = per_example_gradients(w, b, x_train[idx], y_train[idx])
             (noised_w,), (noised_b,) = step.run(queries, [[grad_w], [grad_b]])

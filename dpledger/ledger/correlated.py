@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 PARTICIPATION_KINDS = ("single", "min_separation", "cyclic")
-"""The participation schemas (:mod:`dpledger.mechanisms.correlated.participation`)."""
+"""The participation schemas (:mod:`dpledger.sampling.participation`)."""
 
 SAMPLING_KINDS = ("none", "poisson_within_bands")
 """``none``: every record participates in every step of its pattern (no amplification);

@@ -27,6 +27,7 @@ from dpledger.mechanisms.averaging import fixed_denominator_average, realised_ba
 from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
 from dpledger.mechanisms.grouped import GroupedSumQuery, PreparedRelease
 from dpledger.mechanisms.sum_query import GaussianSumQuery
+from dpledger.sampling.poisson import PoissonSampler
 
 if TYPE_CHECKING:
     from dpledger.mechanisms.adaptive import AdaptiveClipping
@@ -37,8 +38,7 @@ __all__ = ["SampledStep", "sampled_step"]
 class SampledStep:
     """A step whose sampling event is recorded; queries run through it on that sample.
 
-    Created by :func:`sampled_step` (or :meth:`dpledger.sampling.PoissonSampler.step`); not
-    constructed directly.
+    Created by :func:`sampled_step`; not constructed directly.
 
     Attributes:
         ledger: the ledger the step's events go to.
@@ -47,8 +47,9 @@ class SampledStep:
         index: 0-based index of the step in the ledger.
         generator: the random generator used for noise (may be None if only given per call).
         backend: the array backend.
-        indices: the sampled record indices, when the sample was drawn by a
-            :class:`~dpledger.sampling.PoissonSampler` (else None).
+        indices: the sampled record indices, when the step drew its sample from a
+            :class:`~dpledger.sampling.PoissonSampler` (``sampled_step(ledger, sampler=...)``;
+            else None).
         event: the recorded sampling event (its scheme decides the average's denominator).
     """
 
@@ -289,6 +290,7 @@ def sampled_step(
     generator: Any = None,
     backend: ArrayBackend | None = None,
     event: SamplingEvent | None = None,
+    sampler: PoissonSampler | None = None,
 ) -> Iterator[SampledStep]:
     """Record a sampling event and run the step's queries inside a ``with`` block.
 
@@ -306,10 +308,37 @@ def sampled_step(
         generator: the random generator for the step's noise (``numpy.random.Generator`` for
             NumPy); may instead be given per call.
         backend: the array backend (default NumPy).
+        sampler: a :class:`~dpledger.sampling.PoissonSampler` to draw the step's sample from,
+            instead of q, n, the scheme and the event: the step records the sampler's own q and
+            n, holds the drawn record indices in ``step.indices``, and draws its noise from the
+            sampler's generator unless ``generator`` is given.
 
     Yields:
         The :class:`SampledStep`.
+
+    Raises:
+        InvalidParameterError: ``sampler`` is not a ``PoissonSampler``, or is given with q, n,
+            the scheme or the event.
     """
+    indices = None
+    if sampler is not None:
+        if not isinstance(sampler, PoissonSampler):
+            raise InvalidParameterError("sampler", sampler, "a dpledger.sampling.PoissonSampler")
+        given = {
+            "sampling_probability": sampling_probability,
+            "population_size": population_size,
+            "scheme": scheme,
+            "event": event,
+        }
+        for name, value in given.items():
+            if value is not None:
+                raise InvalidParameterError(name, value, "not given with sampler= (its own)")
+        indices = sampler.sample()
+        sampling_probability, population_size = (
+            sampler.sampling_probability,
+            sampler.population_size,
+        )
+        generator = sampler.generator if generator is None else generator
     step = open_step(
         ledger,
         sampling_probability=sampling_probability,
@@ -317,6 +346,7 @@ def sampled_step(
         scheme=scheme,
         generator=generator,
         backend=backend,
+        indices=indices,
         event=event,
     )
     try:

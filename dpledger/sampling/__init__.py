@@ -16,12 +16,17 @@ sampler of a scheme shares, whatever the framework:
 * :mod:`~dpledger.sampling.cyclic`: :class:`CyclicScheme`, the fixed groups visited in turn
   (whole or Poisson-sampled) that a correlated-noise release is analysed under, and the
   participation schema it records.
+* :mod:`~dpledger.sampling.index_draws`: every scheme's draw of record indices, on the host in
+  NumPy (through :meth:`BatchScheme.draw` and :meth:`BatchScheme.draw_epoch`).
+* :mod:`~dpledger.sampling.participation`: the participation schemas a correlated-noise release
+  is analysed under.
 * :class:`PoissonSampler`: Poisson samples of record indices with NumPy, for the framework-free
-  mechanisms (:func:`dpledger.mechanisms.sampled_step`).
+  mechanisms (``dpledger.mechanisms.sampled_step(ledger, sampler=...)``).
 
 The PyTorch batch samplers (:mod:`dpledger.adapters.torch`) and the ``tf.data`` samplers
-(:mod:`dpledger.adapters.tensorflow`) hold a scheme from here and only draw the index batches.
-This package imports neither framework.
+(:mod:`dpledger.adapters.tensorflow`) hold a scheme from here and only turn its index draws into
+their framework's batches. This package imports neither framework, nor the mechanisms (which
+import it).
 
 Example:
     >>> from dpledger.sampling import ShuffleScheme

@@ -1,7 +1,7 @@
 """Cyclic batches: the batch selection a correlated-noise release is analysed under.
 
 A matrix-mechanism release (``docs/correlated-noise.md``) is accounted under a participation
-schema (:class:`~dpledger.mechanisms.correlated.ParticipationSchema`); the training data must be
+schema (:class:`~dpledger.sampling.participation.ParticipationSchema`); the training data must be
 drawn so that every record's steps are one of the schema's patterns. :class:`CyclicScheme` is
 that draw (Choquette-Choo et al. 2023, "Multi-Epoch Matrix Factorization Mechanisms for Private
 Machine Learning", section 2, and "Amplified Banded Matrix Factorization", section 3):
@@ -40,12 +40,13 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from dpledger.errors import InvalidParameterError
+from dpledger.sampling.participation import ParticipationSchema
 from dpledger.sampling.validation import (
     MAX_POPULATION,
     check_population_size,
@@ -53,12 +54,10 @@ from dpledger.sampling.validation import (
 )
 from dpledger.validation import check_non_negative_int, check_positive_int
 
-if TYPE_CHECKING:
-    from dpledger.mechanisms.correlated.participation import ParticipationSchema
-
 __all__ = ["CyclicParticipation", "CyclicScheme"]
 
 _PARTITION, _POISSON = 0, 1  # the two independent streams spawned from the seed
+_STATE_KEYS = frozenset({"population_size", "period", "num_steps", "sampling_probability", "seed"})
 
 
 class CyclicParticipation(NamedTuple):
@@ -197,13 +196,45 @@ class CyclicScheme:
     # ------------------------------------------------------------------ what a release records
     def participation(self) -> CyclicParticipation:
         """The participation schema and q that a release of this scheme's draws records."""
-        # imported here: dpledger.sampling stays importable where scipy's optimisers are not
-        # (the correlated mechanisms need them)
-        from dpledger.mechanisms.correlated.participation import ParticipationSchema
-
         return CyclicParticipation(
             ParticipationSchema.cyclic(num_steps=self._steps, period=self._period), self._q
         )
+
+    def state(self) -> dict[str, Any]:
+        """The scheme's parameters, its seed included, as a dict of plain values: everything its
+        draws depend on (what a sampler's checkpoint keeps; :meth:`from_state` rebuilds it)."""
+        return {
+            "population_size": self._n,
+            "period": self._period,
+            "num_steps": self._steps,
+            "sampling_probability": self._q,
+            "seed": self._seed,
+        }
+
+    @classmethod
+    def from_state(cls, saved: Any, *, like: CyclicScheme, name: str = "state") -> CyclicScheme:
+        """The scheme of a :meth:`state`, checked to be ``like`` up to its seed.
+
+        Only the seed may differ: a sampler built without one drew a partition of its own, and
+        the saved scheme (the partition and the Poisson draws of the run's earlier steps) takes
+        over.
+
+        Args:
+            saved: a :meth:`state`.
+            like: the scheme the saved one must match but for its seed.
+            name: how the error names ``saved``.
+
+        Raises:
+            InvalidParameterError: not a state, or a scheme with another n, period, T or q.
+        """
+        if not isinstance(saved, dict) or set(saved) != _STATE_KEYS:
+            raise InvalidParameterError(name, saved, "the state() of a CyclicScheme")
+        scheme = cls(**saved)
+        if scheme._key()[:4] != like._key()[:4]:
+            raise InvalidParameterError(
+                name, scheme.describe(), f"the scheme {like.describe()} (only its seed may differ)"
+            )
+        return scheme
 
     def describe(self) -> str:
         """The scheme with its parameters, e.g. ``cyclic(period=4, T=16, n=100, q=0.5)``."""

@@ -86,6 +86,28 @@ class PendingDraws:
             )
         return self._queue.popleft()
 
+    def claim_step(
+        self, num_records: int, *, step: int, describe_sampler: Callable[[], str]
+    ) -> Draw:
+        """:meth:`claim` for step ``step`` of a stream whose draws note their step as their
+        position (a cyclic sampler's): the oldest draw must be that step's, of ``num_records``.
+
+        Raises:
+            SamplerMismatchError: no draw is waiting, the oldest draw is of another step (a
+                batch was skipped or trained out of order), or it has another number of
+                records. The draw is consumed either way.
+        """
+        draw = self.claim(num_records, describe_sampler=describe_sampler)
+        if draw.position != step:
+            raise SamplerMismatchError(
+                f"step {step} of the correlated-noise stream, but the oldest batch the cyclic "
+                f"sampler drew is step {draw.position}'s: a batch was skipped or trained out of "
+                "order, and the release's participation pattern would not describe the run; "
+                "every step of the stream must train on its own batch. Nothing was recorded"
+            )
+        self.check_size(draw, num_records)
+        return draw
+
     @staticmethod
     def check_size(draw: Draw, num_records: int) -> None:
         """Refuse a step whose number of records is not the claimed draw's.

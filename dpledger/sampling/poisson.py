@@ -2,21 +2,16 @@
 
 McMahan & Andrew, section 1, step 1: each of the n records is in the sample independently with
 probability q, so the sample size is Binomial(n, q) and may be 0. The sampling event recorded in
-the ledger carries this q — the sampler's own — rather than a batch-size ratio.
+the ledger carries this q — the sampler's own — rather than a batch-size ratio: a step on a
+fresh sample is :func:`dpledger.mechanisms.sampled_step` with ``sampler=`` this sampler.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from typing import Any
-
 import numpy as np
 
 from dpledger.errors import InvalidParameterError
-from dpledger.ledger import PrivacyLedger
-from dpledger.mechanisms.backend import ArrayBackend
-from dpledger.mechanisms.step import SampledStep, open_step
+from dpledger.sampling.index_draws import poisson
 from dpledger.sampling.validation import (
     MAX_POPULATION,
     check_population_size,
@@ -24,8 +19,6 @@ from dpledger.sampling.validation import (
 )
 
 __all__ = ["MAX_POPULATION", "PoissonSampler"]
-
-_CHUNK = 1 << 22  # uniform draws per chunk when sampling a large population
 
 
 class PoissonSampler:
@@ -35,7 +28,7 @@ class PoissonSampler:
 
         sampler = PoissonSampler(population_size=len(data), sampling_probability=0.01,
                                  generator=np.random.default_rng())
-        with sampler.step(ledger) as step:          # records (q, n) and yields the step
+        with sampled_step(ledger, sampler=sampler) as step:  # records (q, n), draws the step
             batch = data[step.indices]
             noised = step.run(query, per_example_gradients(batch))
 
@@ -64,50 +57,9 @@ class PoissonSampler:
         return self.sampling_probability * self.population_size
 
     def sample(self) -> np.ndarray:
-        """Sorted indices of the records in a fresh sample (each included with probability q)."""
-        if self.sampling_probability == 1.0:
-            return np.arange(self.population_size)
-        n = self.population_size
-        if n <= _CHUNK:
-            keep = self.generator.random(n) < self.sampling_probability
-            return np.flatnonzero(keep)
-        # the same draws as one call of random(n), in chunks: memory ∝ chunk + sample
-        parts = []
-        for start in range(0, n, _CHUNK):
-            keep = self.generator.random(min(_CHUNK, n - start)) < self.sampling_probability
-            parts.append(np.flatnonzero(keep) + start)
-        return np.concatenate(parts)
-
-    @contextlib.contextmanager
-    def step(
-        self,
-        ledger: PrivacyLedger,
-        *,
-        generator: Any = None,
-        backend: ArrayBackend | None = None,
-    ) -> Iterator[SampledStep]:
-        """Draw a sample, record its sampling event (q, n) and yield the step.
-
-        The yielded :class:`SampledStep` has the sample's record indices in ``indices``.
-
-        Args:
-            ledger: the ledger to record into.
-            generator: the generator for the step's noise (default: the sampler's generator).
-            backend: the array backend for the step's queries (default NumPy).
-        """
-        indices = self.sample()
-        opened = open_step(
-            ledger,
-            sampling_probability=self.sampling_probability,
-            population_size=self.population_size,
-            generator=self.generator if generator is None else generator,
-            backend=backend,
-            indices=indices,
-        )
-        try:
-            yield opened
-        finally:
-            opened.end()
+        """Sorted indices of the records in a fresh sample (each included with probability q;
+        :func:`~dpledger.sampling.index_draws.poisson`)."""
+        return poisson(self.generator, self.population_size, self.sampling_probability)
 
     def __repr__(self) -> str:
         return (

@@ -4,8 +4,10 @@ A scheme object holds a sampler's validated parameters and answers everything ab
 that does not depend on how the batches are drawn: the rate q recorded with each step, the fixed
 denominator of DP-SGD's average, the batches of one pass over the sampler (an *epoch*), whether
 the epoch's batches are drawn together, the unit of privacy, and the
-:class:`~dpledger.ledger.SamplingEvent` that a step on a given batch records. The PyTorch and
-``tf.data`` samplers hold one and only draw the index batches.
+:class:`~dpledger.ledger.SamplingEvent` that a step on a given batch records; and it draws the
+record indices of its batches on the host in NumPy (:meth:`BatchScheme.draw`,
+:meth:`BatchScheme.draw_epoch`, with :mod:`~dpledger.sampling.index_draws`). The PyTorch and
+``tf.data`` samplers hold one and only turn its index draws into their framework's batches.
 
 =================================  ======================================  =================
 scheme                             event (denominator)                     batches per epoch
@@ -28,7 +30,11 @@ from __future__ import annotations
 import abc
 from typing import Any
 
+import numpy as np
+
 from dpledger.ledger import PrivacyUnit, SamplingEvent
+from dpledger.sampling import index_draws
+from dpledger.sampling.index_draws import Indices
 from dpledger.sampling.validation import (
     check_drop_last,
     check_population_size,
@@ -119,6 +125,24 @@ class BatchScheme(abc.ABC):
         """The scheme with its parameters, e.g. ``shuffle(b=256, n=60000)``."""
         return self._events[False].describe()
 
+    def draw(self, rng: np.random.Generator) -> Indices:
+        """The record indices of one batch of a scheme that draws every step afresh, in
+        increasing order.
+
+        Raises:
+            TypeError: an epoch-based scheme (use :meth:`draw_epoch`) or a user-level one
+                (use :meth:`~dpledger.sampling.index_draws.UserRecords.draw`).
+        """
+        raise TypeError(
+            f"{type(self).__name__} has no per-step draw of its own (epoch-based schemes draw "
+            "with draw_epoch, user-level ones with UserRecords.draw)"
+        )
+
+    def draw_epoch(self, rng: np.random.Generator) -> list[Indices]:
+        """The record indices of the :attr:`steps_per_epoch` batches of one pass, in order
+        (for a scheme that draws every step afresh, that many :meth:`draw` calls)."""
+        return [self.draw(rng) for _ in range(self._steps)]
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.describe()}, steps_per_epoch={self._steps})"
 
@@ -178,6 +202,10 @@ class PoissonScheme(BatchScheme):
         """q·n, the mean batch size."""
         return self._q * self._n
 
+    def draw(self, rng: np.random.Generator) -> Indices:
+        """Each record with probability q (:func:`~dpledger.sampling.index_draws.poisson`)."""
+        return index_draws.poisson(rng, self._n, self._q)
+
 
 class FixedSizeScheme(BatchScheme):
     """Each step, b distinct records drawn uniformly without replacement, independently of the
@@ -219,6 +247,10 @@ class FixedSizeScheme(BatchScheme):
     def batch_size(self) -> int:
         """b, the size of every batch."""
         return self._b
+
+    def draw(self, rng: np.random.Generator) -> Indices:
+        """b distinct records (:func:`~dpledger.sampling.index_draws.fixed_size`)."""
+        return index_draws.fixed_size(rng, self._n, self._b)
 
 
 class TruncatedPoissonScheme(BatchScheme):
@@ -270,6 +302,10 @@ class TruncatedPoissonScheme(BatchScheme):
         """m, the cap on a batch's size."""
         return self._m
 
+    def draw(self, rng: np.random.Generator) -> Indices:
+        """A capped Poisson draw (:func:`~dpledger.sampling.index_draws.truncated_poisson`)."""
+        return index_draws.truncated_poisson(rng, self._n, self._q, self._m)
+
 
 class BallsInBinsScheme(BatchScheme):
     """Each epoch, every record is put into one of k batches uniformly at random; the epoch's k
@@ -302,6 +338,10 @@ class BallsInBinsScheme(BatchScheme):
     def num_batches(self) -> int:
         """k, the batches of an epoch."""
         return self._k
+
+    def draw_epoch(self, rng: np.random.Generator) -> list[Indices]:
+        """The k batches of one epoch (:func:`~dpledger.sampling.index_draws.balls_in_bins`)."""
+        return index_draws.balls_in_bins(rng, self._n, self._k)
 
 
 class ShuffleScheme(BatchScheme):
@@ -344,6 +384,11 @@ class ShuffleScheme(BatchScheme):
     def drop_last(self) -> bool:
         """Whether the last, smaller batch of each epoch is left out."""
         return self._drop_last
+
+    def draw_epoch(self, rng: np.random.Generator) -> list[Indices]:
+        """The batches of one epoch, pieces of a uniform permutation in its order
+        (:func:`~dpledger.sampling.index_draws.shuffle`)."""
+        return index_draws.shuffle(rng, self._n, self._b, self._steps)
 
 
 class UserPoissonScheme(BatchScheme):

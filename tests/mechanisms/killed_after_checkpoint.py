@@ -2,7 +2,8 @@
 
     python killed_after_checkpoint.py LEDGER WEIGHTS K
 
-Each step draws a Poisson sample (:meth:`dpledger.sampling.PoissonSampler.step`), releases the
+Each step draws a Poisson sample (:func:`dpledger.mechanisms.sampled_step` on a
+:class:`~dpledger.sampling.PoissonSampler`), releases the
 clipped sum of the sampled records' gradients of a least-squares model through a
 :class:`~dpledger.mechanisms.GaussianSumQuery`, averages it and updates the parameters. After
 exactly K steps it saves the parameters alone (``numpy.save``) and kills itself with SIGKILL
@@ -18,7 +19,7 @@ import sys
 import numpy as np
 
 from dpledger import PrivacyLedger
-from dpledger.mechanisms import GaussianSumQuery
+from dpledger.mechanisms import GaussianSumQuery, sampled_step
 from dpledger.sampling import PoissonSampler
 
 
@@ -30,7 +31,7 @@ def main(ledger_path: str, weights_path: str, steps: int) -> None:
     sampler = PoissonSampler(population_size=256, sampling_probability=0.05, generator=rng)
     ledger = PrivacyLedger(ledger_path)  # default buffering
     for taken in range(1, steps + 1):
-        with sampler.step(ledger) as step:
+        with sampled_step(ledger, sampler=sampler) as step:
             rows = step.indices
             grads = (x[rows] @ theta - y[rows])[:, None] * x[rows]
             (noised,) = step.run(query, grads)

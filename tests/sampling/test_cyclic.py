@@ -239,3 +239,21 @@ def test_a_step_beyond_the_stream_and_a_bad_group_are_refused() -> None:
         scheme.group(2)
     assert scheme.describe() == "cyclic(period=2, T=4, n=10)"
     assert "seed=0" in repr(scheme)
+
+
+def test_a_scheme_state_rebuilds_the_same_draws_and_only_its_seed_may_differ() -> None:
+    scheme = CyclicScheme(population_size=12, period=3, num_steps=6, sampling_probability=0.5,
+                          seed=4)  # fmt: skip
+    state = scheme.state()
+    assert state == {"population_size": 12, "period": 3, "num_steps": 6,
+                     "sampling_probability": 0.5, "seed": 4}  # fmt: skip
+    other_seed = CyclicScheme(**{**state, "seed": 9})
+    again = CyclicScheme.from_state(state, like=other_seed)
+    assert again == scheme and all(np.array_equal(again.draw(t), scheme.draw(t)) for t in range(6))
+    for bad in ({**state, "period": 2}, {**state, "sampling_probability": None}):
+        with pytest.raises(InvalidParameterError, match="only its seed may differ") as err:
+            CyclicScheme.from_state(bad, like=scheme, name="state['scheme']")
+        assert err.value.parameter == "state['scheme']"
+    for bad in (None, {**state, "extra": 1}, {"seed": 4}):
+        with pytest.raises(InvalidParameterError, match="state"):
+            CyclicScheme.from_state(bad, like=scheme)

@@ -66,3 +66,18 @@ def test_the_epoch_start_moves_to_the_first_recorded_step() -> None:
     assert draws.epoch_recorded(2) and not draws.epoch_recorded(1)
     draws.set_recorded_epoch(None)
     assert not draws.epoch_recorded(2)
+
+
+def test_a_stream_step_claims_its_own_draw_only() -> None:
+    draws = PendingDraws()
+    draws.note(2, None, 0)
+    draws.note(4, None, 1)
+    assert draws.claim_step(2, step=0, describe_sampler=lambda: "cyclic") == Draw(2, None, 0)
+    with pytest.raises(SamplerMismatchError, match="step 2 of the correlated-noise stream"):
+        draws.claim_step(4, step=2, describe_sampler=lambda: "cyclic")
+    assert len(draws) == 0  # consumed either way
+    draws.note(4, None, 2)
+    with pytest.raises(SamplerMismatchError, match="drew a batch of 4"):
+        draws.claim_step(3, step=2, describe_sampler=lambda: "cyclic")
+    with pytest.raises(SamplerMismatchError, match=r"\(cyclic\) drew no batch"):
+        draws.claim_step(3, step=3, describe_sampler=lambda: "cyclic")

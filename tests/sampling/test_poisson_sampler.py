@@ -9,7 +9,7 @@ import pytest
 
 from dpledger import PrivacyLedger, SamplingEvent
 from dpledger.errors import InvalidParameterError
-from dpledger.mechanisms import GaussianSumQuery
+from dpledger.mechanisms import GaussianSumQuery, sampled_step
 from dpledger.sampling import MAX_POPULATION, PoissonSampler
 
 QUERY = GaussianSumQuery(l2_norm_bound=1.0, noise_stddev=1.0, label="q")
@@ -34,7 +34,7 @@ def test_poisson_sampler_step_records_its_own_q_and_n() -> None:
         population_size=1000, sampling_probability=0.05, generator=np.random.default_rng(5)
     )
     assert sampler.expected_batch_size == 50.0
-    with sampler.step(ledger) as step:
+    with sampled_step(ledger, sampler=sampler) as step:
         assert step.indices is not None and step.generator is sampler.generator
         step.run(QUERY, np.ones((step.indices.size, 2)))
     first = next(iter(ledger.steps()))
@@ -42,7 +42,7 @@ def test_poisson_sampler_step_records_its_own_q_and_n() -> None:
     full = PoissonSampler(
         population_size=3, sampling_probability=1.0, generator=np.random.default_rng()
     )
-    with full.step(ledger) as step:
+    with sampled_step(ledger, sampler=full) as step:
         assert step.indices.tolist() == [0, 1, 2]
     assert list(ledger.steps())[1].sampling.scheme.value == "full"
     assert "PoissonSampler" in repr(full)
@@ -78,3 +78,20 @@ def test_zero_rate_is_allowed_and_draws_nothing() -> None:
         population_size=5, sampling_probability=0.0, generator=np.random.default_rng(0)
     )
     assert sampler.sample().size == 0 and sampler.expected_batch_size == 0.0
+
+
+def test_a_step_on_a_sampler_takes_nothing_the_sampler_decides() -> None:
+    sampler = PoissonSampler(
+        population_size=10, sampling_probability=0.5, generator=np.random.default_rng(1)
+    )
+    ledger = PrivacyLedger()
+    for name, value in (("sampling_probability", 0.5), ("population_size", 10), ("scheme", "full")):
+        with pytest.raises(InvalidParameterError) as err:
+            sampled_step(ledger, sampler=sampler, **{name: value}).__enter__()
+        assert err.value.parameter == name
+    with pytest.raises(InvalidParameterError, match="PoissonSampler"):
+        sampled_step(ledger, sampler=object()).__enter__()  # type: ignore[arg-type]
+    assert ledger.num_steps == 0
+    noise = np.random.default_rng(2)
+    with sampled_step(ledger, sampler=sampler, generator=noise) as step:
+        assert step.generator is noise and step.population_size == 10

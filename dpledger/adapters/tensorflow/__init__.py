@@ -8,6 +8,7 @@ Importing this package imports TensorFlow and Keras; ``import dpledger`` and
 """
 
 from dpledger.adapters.tensorflow.backend import TensorFlowBackend, make_generator
+from dpledger.adapters.tensorflow.cyclic_sampler import CyclicDatasetSampler
 from dpledger.adapters.tensorflow.engine import (
     ClippedGradients,
     PerExampleGradientEngine,
@@ -33,14 +34,13 @@ from dpledger.adapters.tensorflow.registry import (
     registered_layer_types,
     unregister_layer_rule,
 )
+from dpledger.adapters.tensorflow.sampler_base import RecordedDatasetSampler
 from dpledger.adapters.tensorflow.sampling import (
-    BallsInBinsSampler,
-    CyclicSampler,
-    FixedSizeSampler,
-    PoissonSampler,
-    RecordSampler,
-    ShuffleSampler,
-    TruncatedPoissonSampler,
+    BallsInBinsDatasetSampler,
+    FixedSizeDatasetSampler,
+    PoissonDatasetSampler,
+    ShuffleDatasetSampler,
+    TruncatedPoissonDatasetSampler,
 )
 from dpledger.errors import (
     LedgerNotAttachedError,
@@ -53,15 +53,15 @@ from dpledger.errors import (
 from dpledger.ledger.correlated import NoiseSeedReuseError, NoiseStreamRollbackError
 
 __all__ = [
-    "BallsInBinsSampler",
+    "BallsInBinsDatasetSampler",
     "ClippedGradients",
     "Conv2DRule",
-    "CyclicSampler",
+    "CyclicDatasetSampler",
     "DPKerasModel",
     "DenseRule",
     "EinsumDenseRule",
     "EmbeddingRule",
-    "FixedSizeSampler",
+    "FixedSizeDatasetSampler",
     "GRURule",
     "GradientQueries",
     "LSTMRule",
@@ -76,14 +76,14 @@ __all__ = [
     "PerExampleLoss",
     "PerExampleLossError",
     "PerExampleNorms",
-    "PoissonSampler",
+    "PoissonDatasetSampler",
     "PrivateGradients",
     "RecordMixingLayerError",
-    "RecordSampler",
-    "ShuffleSampler",
+    "RecordedDatasetSampler",
+    "ShuffleDatasetSampler",
     "SimpleRNNRule",
     "TensorFlowBackend",
-    "TruncatedPoissonSampler",
+    "TruncatedPoissonDatasetSampler",
     "UnrecordedTrainingWarning",
     "UnsupportedLayerError",
     "default_clip_margin",

@@ -4,7 +4,7 @@ and what a saved model keeps of the release.
 
 The soundness ties (``docs/architecture.md``, "Soundness rules", rules 1 and 6):
 
-* the batches come from the model's :class:`~dpledger.adapters.tensorflow.CyclicSampler`,
+* the batches come from the model's :class:`~dpledger.adapters.tensorflow.CyclicDatasetSampler`,
   whose core :class:`~dpledger.sampling.CyclicScheme` gives the participation schema and q the
   release records; ``fit`` on arrays draws from it, and a dataset it did not draw is refused
   before anything is recorded;
@@ -36,7 +36,7 @@ from dpledger.adapters.tensorflow.correlated_step import (
     state_from_json,
     state_to_json,
 )
-from dpledger.adapters.tensorflow.cyclic_sampler import CyclicSampler
+from dpledger.adapters.tensorflow.cyclic_sampler import CyclicDatasetSampler
 from dpledger.adapters.tensorflow.fit_data import BATCH_SOURCES
 from dpledger.adapters.tensorflow.gradient_queries import GradientQueries
 from dpledger.errors import InvalidParameterError, NoiseStreamEndError, SamplerMismatchError
@@ -88,8 +88,8 @@ def stream_of(
     Raises:
         InvalidParameterError: ``noise`` is neither ``"independent"`` nor a
             :class:`~dpledger.mechanisms.correlated.CorrelatedNoiseSpec`; the sampler is not a
-            :class:`CyclicSampler` drawing what the spec asks for; several groups or scales; a
-            noise ``generator`` or a ``bias_callback`` (not supported with correlated noise).
+            :class:`CyclicDatasetSampler` drawing what the spec asks for; several groups or scales;
+            a noise ``generator`` or a ``bias_callback`` (not supported with correlated noise).
     """
     if isinstance(noise, str) and noise == "independent":
         return None
@@ -97,12 +97,12 @@ def stream_of(
         raise InvalidParameterError(
             "noise", noise, "'independent' or a dpledger.mechanisms.correlated.CorrelatedNoiseSpec"
         )
-    if not isinstance(sampler, CyclicSampler) or not noise.matches(sampler.cyclic_scheme):
+    if not isinstance(sampler, CyclicDatasetSampler) or not noise.matches(sampler.cyclic_scheme):
         raise InvalidParameterError(
             "sampler",
             sampler,
-            f"a CyclicSampler drawing what noise={noise.describe()} asks for: "
-            f"CyclicSampler(population_size=n, period={noise.period}, "
+            f"a CyclicDatasetSampler drawing what noise={noise.describe()} asks for: "
+            f"CyclicDatasetSampler(population_size=n, period={noise.period}, "
             f"num_steps={noise.num_steps}, sampling_probability="
             f"{noise.sampling_probability if noise.amplified else None})",
         )
@@ -266,14 +266,18 @@ def correlated_to_json(spec: CorrelatedNoiseSpec, stream: CorrelatedStream) -> d
     }
 
 
-def correlated_from_json(values: dict[str, Any]) -> tuple[CorrelatedNoiseSpec, CyclicSampler, Any]:
+def correlated_from_json(
+    values: dict[str, Any],
+) -> tuple[CorrelatedNoiseSpec, CyclicDatasetSampler, Any]:
     """The spec, the sampler and the stream state :func:`correlated_to_json` saved."""
     spec = CorrelatedNoiseSpec(**values["spec"])
-    sampler = CyclicSampler(**values["sampler"])
+    sampler = CyclicDatasetSampler(**values["sampler"])
     return spec, sampler, state_from_json(values["state"])
 
 
-def attach_release(stream: CorrelatedStream, ledger: PrivacyLedger, sampler: Any) -> CyclicSampler:
+def attach_release(
+    stream: CorrelatedStream, ledger: PrivacyLedger, sampler: Any
+) -> CyclicDatasetSampler:
     """Check the ledger and sampler given to a loaded model with a release; position the
     sampler at the stream's step.
 
@@ -311,7 +315,7 @@ def attach_release(stream: CorrelatedStream, ledger: PrivacyLedger, sampler: Any
     if sampler is None:
         sampler = stream.sampler
     if (
-        not isinstance(sampler, CyclicSampler)
+        not isinstance(sampler, CyclicDatasetSampler)
         or sampler.cyclic_scheme != stream.sampler.cyclic_scheme
     ):
         raise InvalidParameterError(

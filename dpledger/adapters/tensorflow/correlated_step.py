@@ -1,17 +1,17 @@
 """Correlated noise in the Keras DP step: the release recorded once, each step's w_t added to the
 clipped sum (``docs/correlated-noise.md``, "Keras").
 
-:class:`CorrelatedStream` is the host side: at every executed step, in a ``tf.numpy_function``
-(so at execution, never at trace time), it checks that the stream has a step left, that the batch
-is the one the :class:`~dpledger.adapters.tensorflow.CyclicSampler` drew for the stream's step,
-runs the sensitivity check on the clipped sum (‖Σ clipped‖ ≤ |R|·S), records the
-``correlated_release`` event on the first step, then ``stream_step t`` (both before any noisy
-output of the step) and returns the step's float64 noise w_t from the core generator
-(:func:`~dpledger.mechanisms.correlated.noise_for`).
-:class:`CorrelatedDPStep` adds w_t to the clipped sums in float64 and rounds once to the
-variables' dtype, as the independent path does (:mod:`~dpledger.adapters.tensorflow.dp_step`),
-then averages by the sampler's fixed denominator. Under ``tf.distribute`` the release runs once,
-in cross-replica context, on the sum over the replicas.
+:class:`CorrelatedStream` is the host side: at every executed step, in a ``tf.numpy_function`` (so
+at execution, never at trace time), it checks that the stream has a step left, that the batch is the
+one the :class:`~dpledger.adapters.tensorflow.CyclicDatasetSampler` drew for the stream's step, runs
+the sensitivity check on the clipped sum (‖Σ clipped‖ ≤ |R|·S), records the ``correlated_release``
+event on the first step, then ``stream_step t`` (both before any noisy output of the step) and
+returns the step's float64 noise w_t from the core generator
+(:func:`~dpledger.mechanisms.correlated.noise_for`). :class:`CorrelatedDPStep` adds w_t to the
+clipped sums in float64 and rounds once to the variables' dtype, as the independent path does
+(:mod:`~dpledger.adapters.tensorflow.dp_step`), then averages by the sampler's fixed denominator.
+Under ``tf.distribute`` the release runs once, in cross-replica context, on the sum over the
+replicas.
 
 One group, isotropic noise: the release records one clip bound S for a record's whole gradient
 and one σ = z·S for every coordinate of Z, so the model's clipping must be one group (the
@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from dpledger.adapters.tensorflow.backend import TensorFlowBackend
-from dpledger.adapters.tensorflow.cyclic_sampler import CyclicSampler
+from dpledger.adapters.tensorflow.cyclic_sampler import CyclicDatasetSampler
 from dpledger.adapters.tensorflow.dp_step import DPStep
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine
 from dpledger.adapters.tensorflow.gradient_queries import GradientQueries
@@ -54,8 +54,8 @@ class CorrelatedStream:
 
     Args:
         factorization: the strategy C (and decoder B).
-        sampler: the :class:`CyclicSampler` that draws the batches; its participation schema and
-            q are what the release records.
+        sampler: the :class:`CyclicDatasetSampler` that draws the batches; its participation
+            schema and q are what the release records.
         l2_norm_bound: S, the clip bound of a record's whole gradient.
         noise_multiplier: z ≥ 0; σ = z·S.
         dim: d, the number of trainable parameters.
@@ -74,7 +74,7 @@ class CorrelatedStream:
     def __init__(
         self,
         factorization: MatrixFactorization,
-        sampler: CyclicSampler,
+        sampler: CyclicDatasetSampler,
         *,
         l2_norm_bound: float,
         noise_multiplier: float,
@@ -85,17 +85,18 @@ class CorrelatedStream:
         fresh_seed: bool = False,
     ) -> None:
         self.open = not gated
-        if not isinstance(sampler, CyclicSampler):
+        if not isinstance(sampler, CyclicDatasetSampler):
             raise InvalidParameterError(
                 "sampler",
                 sampler,
-                "a CyclicSampler: correlated noise is analysed under the cyclic batches it draws",
+                "a CyclicDatasetSampler: correlated noise is analysed under the cyclic batches it "
+                "draws",
             )
         if factorization.num_steps != sampler.num_steps:
             raise InvalidParameterError(
                 "sampler",
                 sampler,
-                f"a CyclicSampler of num_steps={factorization.num_steps} (the strategy's T)",
+                f"a CyclicDatasetSampler of num_steps={factorization.num_steps} (the strategy's T)",
             )
         participation = sampler.cyclic_scheme.participation()
         s = float(l2_norm_bound)
@@ -165,14 +166,16 @@ class CorrelatedStream:
             if not self.open:
                 raise SamplerMismatchError(
                     "a DPKerasModel with correlated noise takes its steps only in fit(), on the "
-                    "batches of its CyclicSampler (train_on_batch and other entry points are "
+                    "batches of its CyclicDatasetSampler (train_on_batch and other entry points "
+                    "are "
                     "refused); nothing was released"
                 )
             t = self.noise.step
             stale = self.sampler.take_stale_draws()
             if stale:
                 raise SamplerMismatchError(
-                    f"the CyclicSampler drew stream steps {stale} again after they were released "
+                    f"the CyclicDatasetSampler drew stream steps {stale} again after they were "
+                    "released "
                     "(a pass over its dataset started before the previous one ended): such a "
                     "batch repeats an earlier draw instead of the fresh one the release's "
                     f"analysis assumes; step {t} was not released. Iterate the sampler's dataset "

@@ -7,16 +7,16 @@ scheme's own :meth:`~dpledger.sampling.CyclicScheme.draw` of the stream's step t
 function of the seed and t), run in a ``tf.numpy_function``, so that the batches are exactly the
 ones whose participation schema the release records.
 
-One iteration over a dataset made by :meth:`CyclicSampler.sample` is one pass over the groups:
-``period`` batches, for the steps [s, s + period) from the pass's first step s
-(:attr:`CyclicSampler.next_step`). On its own the sampler moves s on by ``period`` at the start
-of every pass. Once a model drives it (:meth:`CyclicSampler.drive`, done by
-``DPKerasModel(noise=spec)``), s moves on only when the model has released the last step of a
-pass: an iterator that ``tf.distribute`` or a peek creates and abandons draws batches (pure
-functions of the seed and the step) but takes no step of the stream, and the model checks at
-every step that the batch's position in its pass is the stream's step's. A step drawn after the
-model released it (a pass started before the previous one ended, whose Poisson draws would
-repeat) is noted, and the model refuses its next step (:meth:`CyclicSampler.take_stale_draws`).
+One iteration over a dataset made by :meth:`CyclicDatasetSampler.sample` is one pass over the
+groups: ``period`` batches, for the steps [s, s + period) from the pass's first step s
+(:attr:`CyclicDatasetSampler.next_step`). On its own the sampler moves s on by ``period`` at the
+start of every pass. Once a model drives it (:meth:`CyclicDatasetSampler.drive`, done by
+``DPKerasModel(noise=spec)``), s moves on only when the model has released the last step of a pass:
+an iterator that ``tf.distribute`` or a peek creates and abandons draws batches (pure functions of
+the seed and the step) but takes no step of the stream, and the model checks at every step that the
+batch's position in its pass is the stream's step's. A step drawn after the model released it (a
+pass started before the previous one ended, whose Poisson draws would repeat) is noted, and the
+model refuses its next step (:meth:`CyclicDatasetSampler.take_stale_draws`).
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.sampler_base import RecordSampler
+from dpledger.adapters.tensorflow.sampler_base import RecordedDatasetSampler
 from dpledger.errors import InvalidParameterError
 from dpledger.sampling import CyclicScheme
 from dpledger.validation import check_non_negative_int
 
-__all__ = ["CyclicSampler"]
+__all__ = ["CyclicDatasetSampler"]
 
 
-class CyclicSampler(RecordSampler):
+class CyclicDatasetSampler(RecordedDatasetSampler):
     """Cyclic batches for a correlated-noise release (:class:`~dpledger.sampling.CyclicScheme`).
 
     Give it to :class:`~dpledger.adapters.tensorflow.DPKerasModel` with ``noise=`` a
@@ -132,7 +132,8 @@ class CyclicSampler(RecordSampler):
         raise InvalidParameterError(
             "sampler",
             self,
-            "a per-step sampler (PoissonSampler, …) for independent noise: a CyclicSampler's "
+            "a per-step sampler (PoissonDatasetSampler, …) for independent noise: a "
+            "CyclicDatasetSampler's "
             "steps are recorded as one correlated-noise release (DPKerasModel(noise=spec))",
         )
 

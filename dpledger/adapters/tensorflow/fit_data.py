@@ -13,8 +13,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from dpledger.adapters.tensorflow.sampling import PoissonDatasetSampler
 from dpledger.adapters.tensorflow.step_events import StepEvents
-from dpledger.adapters.tensorflow.stepwise_samplers import PoissonSampler
 from dpledger.errors import InvalidParameterError, SamplerMismatchError, UnsupportedLayerError
 from dpledger.ledger import SamplingScheme
 from dpledger.validation import check_positive_int
@@ -65,7 +65,7 @@ def check_sampled_batches(x: Any, batch_size: Any, *, events: StepEvents, sample
             "batch_size",
             batch_size,
             "None: the batches come from the sampler (sampler.sample((x, y)) of a "
-            "PoissonSampler, ShuffleSampler, …), which decides their size",
+            "PoissonDatasetSampler, ShuffleDatasetSampler, …), which decides their size",
         )
     if not isinstance(x, BATCH_SOURCES):
         raise InvalidParameterError(
@@ -73,7 +73,7 @@ def check_sampled_batches(x: Any, batch_size: Any, *, events: StepEvents, sample
             f"<{type(x).__name__}>",
             "a dataset of sampled batches (sampler.sample((x, y))), not arrays: Keras would "
             "shuffle arrays into fixed-size batches, whose sampling is not the one recorded "
-            "in the ledger (for shuffled batches, ShuffleSampler records them as such)",
+            "in the ledger (for shuffled batches, ShuffleDatasetSampler records them as such)",
         )
     drew = getattr(sampler, "drew", None)
     if drew is not None and not drew(x):
@@ -85,9 +85,9 @@ def check_sampled_batches(x: Any, batch_size: Any, *, events: StepEvents, sample
             ".with_options(); a dataset shuffled and batched (or batched, filtered, mapped, "
             "taken, cached …) after or instead of sampling has other batches. For shuffled "
             "fixed-size batches like dataset.shuffle(n).batch(b), use "
-            "ShuffleSampler(population_size=n, batch_size=b), recorded truthfully as "
+            "ShuffleDatasetSampler(population_size=n, batch_size=b), recorded truthfully as "
             "shuffle(b, n) (analysed under neighboring='replace_one', without amplification); "
-            "for amplification by sampling, PoissonSampler. Nothing was recorded"
+            "for amplification by sampling, PoissonDatasetSampler. Nothing was recorded"
         )
 
 
@@ -96,7 +96,7 @@ def poisson_batches(
 ) -> tf.data.Dataset:
     """Poisson batches of the arrays ``x`` (and ``y``, ``sample_weight`` popped from
     ``kwargs``) drawn with the recorded q: by ``sampler`` when it is a
-    :class:`~dpledger.adapters.tensorflow.PoissonSampler`, else by a new one.
+    :class:`~dpledger.adapters.tensorflow.PoissonDatasetSampler`, else by a new one.
 
     Raises:
         InvalidParameterError: naming what does not match the recorded sampling.
@@ -108,7 +108,7 @@ def poisson_batches(
             f"<{type(x).__name__}>",
             "a dataset of sampled batches (sampler.sample((x, y))), not arrays: Keras would "
             "shuffle arrays into fixed-size batches, whose sampling is not the one recorded "
-            f"in the ledger ({event.describe()}; for shuffled batches, ShuffleSampler "
+            f"in the ledger ({event.describe()}; for shuffled batches, ShuffleDatasetSampler "
             "records them as such)",
         )
     leaves = tf.nest.flatten(x)
@@ -136,8 +136,8 @@ def poisson_batches(
                 f"{b / n!r}); build the model with sampling_probability=batch_size / len(x) "
                 "to train at another rate",
             )
-    if not isinstance(sampler, PoissonSampler):
-        sampler = PoissonSampler(population_size=n, sampling_probability=q)
+    if not isinstance(sampler, PoissonDatasetSampler):
+        sampler = PoissonDatasetSampler(population_size=n, sampling_probability=q)
     data = x if y is None else (x, y)
     if kwargs.get("sample_weight") is not None:
         data = (x, y, kwargs.pop("sample_weight"))

@@ -109,7 +109,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
 
     Example::
 
-        sampler = PoissonSampler(population_size=len(x), sampling_probability=256 / len(x),
+        sampler = PoissonDatasetSampler(population_size=len(x), sampling_probability=256 / len(x),
                                  seed=0)
         dp_model = DPKerasModel(model, l2_norm_bound=1.0, noise_multiplier=1.1,
                                 sampler=sampler, ledger=PrivacyLedger("run.ledger"), seed=1)
@@ -128,12 +128,13 @@ class DPKerasModel(SavedDPModel, keras.Model):
         l2_norm_bound: S* > 0, the bound on each example's gradient (split over groups).
         noise_multiplier: z ≥ 0 (the step's z_eff; 0 is recorded and means ε = ∞).
         sampler: the sampler that makes the training batches (a
-            :class:`~dpledger.adapters.tensorflow.PoissonSampler`, ``FixedSizeSampler``,
-            ``TruncatedPoissonSampler``, ``BallsInBinsSampler`` or ``ShuffleSampler``); each
-            step records the event of its batch (:meth:`RecordSampler.event_for_step` of the
-            batch's position in its iteration over the sampler's dataset, so ``epoch_start``
-            marks the first batch of each iteration); or give ``sampling_probability`` and
-            ``population_size`` of the Poisson pipeline you use.
+            :class:`~dpledger.adapters.tensorflow.PoissonDatasetSampler`,
+            ``FixedSizeDatasetSampler``, ``TruncatedPoissonDatasetSampler``,
+            ``BallsInBinsDatasetSampler`` or ``ShuffleDatasetSampler``); each step records the event
+            of its batch (:meth:`RecordedDatasetSampler.event_for_step` of the batch's position in
+            its iteration over the sampler's dataset, so ``epoch_start`` marks the first batch of
+            each iteration); or give ``sampling_probability`` and ``population_size`` of the Poisson
+            pipeline you use.
         sampling_probability: q in (0, 1].
         population_size: n ≥ 1.
         ledger: the ledger to record into (default: a new in-memory ledger, add/remove unless
@@ -163,7 +164,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
         noise: ``"independent"`` (DP-SGD, default) or a
             :class:`~dpledger.mechanisms.correlated.CorrelatedNoiseSpec`: one correlated-noise
             release over the spec's T steps, with σ = z·S, drawn from a
-            :class:`~dpledger.adapters.tensorflow.CyclicSampler` given as ``sampler``
+            :class:`~dpledger.adapters.tensorflow.CyclicDatasetSampler` given as ``sampler``
             (:mod:`~dpledger.adapters.tensorflow.correlated_model`; one group, no ``generator``).
 
     The fields of :class:`~dpledger.mechanisms.DPConfig` given as None take the defaults above,
@@ -276,21 +277,21 @@ class DPKerasModel(SavedDPModel, keras.Model):
         """``keras.Model.fit`` on batches that the data pipeline has already sampled.
 
         ``x`` yields the batches (a ``tf.data.Dataset`` such as a sampler's
-        :meth:`~dpledger.adapters.tensorflow.RecordSampler.sample`, a ``keras.utils.PyDataset``
-        or an iterator). Arrays or tensors are accepted when the model records record-level
-        Poisson sampling of their n = len(x) records: the batches are then drawn by a
-        :class:`~dpledger.adapters.tensorflow.PoissonSampler` with the recorded q (the model's
-        own sampler when it has one), round(1/q) per epoch, and the q is logged; a
-        ``batch_size`` must then give that q as batch_size / len(x) (Poisson batches vary in
-        size around it). Keras's own batches of arrays (shuffled, fixed-size) are never used:
-        they are not the samples that the ledger records.
+        :meth:`~dpledger.adapters.tensorflow.RecordedDatasetSampler.sample`, a
+        ``keras.utils.PyDataset`` or an iterator). Arrays or tensors are accepted when the model
+        records record-level Poisson sampling of their n = len(x) records: the batches are then
+        drawn by a :class:`~dpledger.adapters.tensorflow.PoissonDatasetSampler` with the recorded q
+        (the model's own sampler when it has one), round(1/q) per epoch, and the q is logged; a
+        ``batch_size`` must then give that q as batch_size / len(x) (Poisson batches vary in size
+        around it). Keras's own batches of arrays (shuffled, fixed-size) are never used: they are
+        not the samples that the ledger records.
 
         ``shuffle`` defaults to False (Keras cannot shuffle a dataset's batches anyway).
 
         When the model was given its ``sampler``, ``x`` must be that sampler's
-        :meth:`~dpledger.adapters.tensorflow.RecordSampler.sample` dataset (optionally
+        :meth:`~dpledger.adapters.tensorflow.RecordedDatasetSampler.sample` dataset (optionally
         prefetched): every step is then one of its draws. A pipeline such as
-        ``dataset.shuffle(n).batch(b)`` is refused; ``ShuffleSampler(population_size=n,
+        ``dataset.shuffle(n).batch(b)`` is refused; ``ShuffleDatasetSampler(population_size=n,
         batch_size=b).sample(...)`` draws the same kind of batches and records them as such.
 
         Raises:

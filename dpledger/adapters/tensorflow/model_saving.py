@@ -9,7 +9,7 @@ ledger (a file the user owns: a loaded model records nothing until it is given o
 state, and the noise generator (a loaded model draws fresh noise).
 
 A model trained with a correlated-noise release (``noise=spec``) saves instead of the sampling
-event the spec, its :class:`~dpledger.adapters.tensorflow.CyclicSampler`'s parameters and the
+event the spec, its :class:`~dpledger.adapters.tensorflow.CyclicDatasetSampler`'s parameters and the
 noise stream's state (generator, step, float64 buffers, whether the release is recorded;
 :func:`~dpledger.adapters.tensorflow.correlated_model.correlated_to_json`): once given the
 ledger that holds its release, the loaded model continues the stream where it was saved and
@@ -286,7 +286,7 @@ class SavedDPModel:
                 recorded, the ledger that holds it (``PrivacyLedger(path, resume=True)``).
             sampler: the sampler that draws the batches from now on; its sampling event must
                 be the saved one. Needed unless the saved sampling is record-level Poisson.
-                With correlated noise: None (the saved CyclicSampler) or one drawing the same
+                With correlated noise: None (the saved CyclicDatasetSampler) or one drawing the same
                 batches; the stream continues at its saved step (the end of a pass).
             generator: the noise ``tf.random.Generator``; or ``seed`` (None: OS entropy). The
                 saved model's noise generator is not restored.

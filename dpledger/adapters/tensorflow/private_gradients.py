@@ -71,7 +71,7 @@ class PrivateGradients:
 
     Example::
 
-        sampler = PoissonSampler(population_size=n, sampling_probability=q, seed=1)
+        sampler = PoissonDatasetSampler(population_size=n, sampling_probability=q, seed=1)
         private = PrivateGradients(model, keras.losses.SparseCategoricalCrossentropy(
             from_logits=True, reduction="none"), l2_norm_bound=1.0, noise_multiplier=1.1,
             sampler=sampler, ledger=ledger, seed=2)
@@ -93,10 +93,10 @@ class PrivateGradients:
         l2_norm_bound: S* > 0 (see :func:`~dpledger.adapters.tensorflow.gradient_queries`).
         noise_multiplier: z ≥ 0.
         sampler: the sampler whose batches are passed (a
-            :class:`~dpledger.adapters.tensorflow.PoissonSampler`, ``FixedSizeSampler``,
-            ``TruncatedPoissonSampler``, ``BallsInBinsSampler`` or ``ShuffleSampler``), for its
-            sampling event; or give a Poisson sample's ``sampling_probability`` and
-            ``population_size``.
+            :class:`~dpledger.adapters.tensorflow.PoissonDatasetSampler`,
+            ``FixedSizeDatasetSampler``, ``TruncatedPoissonDatasetSampler``,
+            ``BallsInBinsDatasetSampler`` or ``ShuffleDatasetSampler``), for its sampling event; or
+            give a Poisson sample's ``sampling_probability`` and ``population_size``.
         sampling_probability: q in (0, 1].
         population_size: n ≥ 1.
         ledger: where the events go (default: a new in-memory ledger, add/remove unless the
@@ -124,7 +124,7 @@ class PrivateGradients:
             :meth:`probe` once eagerly first. False switches it off and logs a warning.
         noise: ``"independent"`` (default) or a
             :class:`~dpledger.mechanisms.correlated.CorrelatedNoiseSpec` with a
-            :class:`~dpledger.adapters.tensorflow.CyclicSampler` as ``sampler``: one
+            :class:`~dpledger.adapters.tensorflow.CyclicDatasetSampler` as ``sampler``: one
             correlated-noise release (as for ``DPKerasModel(noise=spec)``), each call one step
             of its stream; ``step_in_epoch`` (the batch's position in its pass) is required.
 

@@ -1,14 +1,14 @@
 """The base of the ``tf.data`` samplers: a population of n records, a seeded generator, the
-datasets made by :meth:`RecordSampler.sample` and the sampling event of each of their batches
-(the schemes are listed in :mod:`~dpledger.adapters.tensorflow.sampling`).
+datasets made by :meth:`RecordedDatasetSampler.sample` and the sampling event of each of their
+batches (the schemes are listed in :mod:`~dpledger.adapters.tensorflow.sampling`).
 
-Randomness: the draws come from a counter-based generator (``tf.random.Generator``, Philox)
-seeded from ``seed``: a Poisson inclusion is u_j < q for a float64 uniform u_j (exact up to
-2⁻⁵³), a uniform subset is the records with the largest float64 keys, a permutation sorts by
-them and a balls-in-bins allocation draws uniform integers. Every iteration over a dataset made by
-a sampler continues the generator's stream, so epochs differ, and a new sampler with the same
-seed repeats the same sequence of batches. Philox is not a cryptographically secure generator;
-seed from OS entropy (``seed=None``) in deployment.
+Randomness: each draw takes a seed pair from a counter-based generator (``tf.random.Generator``,
+Philox) seeded from ``seed``, and the scheme draws the record indices on the host in NumPy from it
+(:mod:`~dpledger.sampling.index_draws`, the draws of the PyTorch samplers too), in a
+``tf.numpy_function``. Every iteration over a dataset made by a sampler continues the generator's
+stream, so epochs differ, and a new sampler with the same seed repeats the same sequence of
+batches. Neither Philox nor NumPy's PCG64 is a cryptographically secure generator; seed from OS
+entropy (``seed=None``) in deployment.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ import tensorflow as tf
 
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import SamplingEvent
+from dpledger.sampling.index_draws import host_generator
 from dpledger.sampling.schemes import BatchScheme
 from dpledger.sampling.validation import check_population_size, check_step_position
 
-__all__ = ["RecordSampler"]
+__all__ = ["RecordedDatasetSampler"]
 
 
 # Dataset transformations that pass every element through unchanged.
@@ -43,7 +44,7 @@ def _check_seed(seed: Any) -> int:
     return int(seed)
 
 
-class RecordSampler:
+class RecordedDatasetSampler:
     """The base of the samplers: a population of n records, a seeded generator, the datasets
     made by :meth:`sample` and the sampling event of each of their batches.
 
@@ -145,6 +146,35 @@ class RecordSampler:
 
     def _seed_pair(self) -> tf.Tensor:
         return self._generator.make_seeds(1)[:, 0]
+
+    def _host_draw(self, seed: tf.Tensor) -> tf.Tensor:
+        """The scheme's batch drawn from ``seed`` (:meth:`~dpledger.sampling.BatchScheme.draw`),
+        as an int64 vector."""
+        scheme = self._scheme
+        assert scheme is not None
+
+        def draw(words: np.ndarray) -> np.ndarray:
+            return scheme.draw(host_generator(words))
+
+        out = tf.numpy_function(draw, [seed], tf.int64, stateful=False)
+        out.set_shape([None])
+        return out
+
+    def _host_epoch(self, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """The scheme's epoch drawn from ``seed`` (:meth:`~dpledger.sampling.BatchScheme.
+        draw_epoch`): its records in batch order and the batch boundaries."""
+        scheme = self._scheme
+        assert scheme is not None
+
+        def draw(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            batches = scheme.draw_epoch(host_generator(words))
+            sizes = np.array([b.size for b in batches], dtype=np.int64)
+            return np.concatenate(batches), np.concatenate([[0], np.cumsum(sizes)])
+
+        order, bounds = tf.numpy_function(draw, [seed], [tf.int64, tf.int64], stateful=False)
+        order.set_shape([None])
+        bounds.set_shape([None])
+        return order, bounds
 
     def sample(self, data: Any) -> tf.data.Dataset:
         """A dataset of ``steps_per_epoch`` batches of ``data`` drawn by this sampler.

@@ -47,7 +47,7 @@ class StepEvents:
     def at(self, position: int) -> SamplingEvent:
         """The event of the step at 0-based ``position`` in its epoch (taken modulo the
         sampler's steps per epoch): the sampler's
-        :meth:`~dpledger.adapters.tensorflow.RecordSampler.event_for_step`."""
+        :meth:`~dpledger.adapters.tensorflow.RecordedDatasetSampler.event_for_step`."""
         if not self.epoch_based:
             return self.event
         assert self.steps_per_epoch is not None
@@ -89,8 +89,9 @@ def step_events_of(
             raise InvalidParameterError(
                 "sampler",
                 sampler,
-                "a sampler of dpledger.adapters.tensorflow (PoissonSampler, FixedSizeSampler, "
-                "TruncatedPoissonSampler, BallsInBinsSampler, ShuffleSampler) or one with "
+                "a sampler of dpledger.adapters.tensorflow (PoissonDatasetSampler, "
+                "FixedSizeDatasetSampler, TruncatedPoissonDatasetSampler, "
+                "BallsInBinsDatasetSampler, ShuffleDatasetSampler) or one with "
                 "sampling_probability and population_size",
             )
         sampling_probability, population_size = q, n
@@ -98,7 +99,8 @@ def step_events_of(
         raise InvalidParameterError(
             "sampling_probability",
             sampling_probability,
-            "the sampler's q in (0, 1] and population_size n (or sampler=PoissonSampler(...)); "
+            "the sampler's q in (0, 1] and population_size n (or "
+            "sampler=PoissonDatasetSampler(...)); "
             "q must be the probability with which the data pipeline includes each record",
         )
     q = check_sampling_probability(sampling_probability)

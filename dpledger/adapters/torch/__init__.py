@@ -33,12 +33,12 @@ from dpledger.adapters.torch.backend import TorchBackend
 from dpledger.adapters.torch.bam import per_example_gradients_and_losses
 from dpledger.adapters.torch.batch_samplers import (
     BallsInBinsBatchSampler,
+    CyclicBatchSampler,
     FixedSizeBatchSampler,
     ShuffleBatchSampler,
     TruncatedPoissonBatchSampler,
     private_data_loader,
 )
-from dpledger.adapters.torch.cyclic_sampler import CyclicBatchSampler
 from dpledger.adapters.torch.distributed import DistributedPoissonBatchSampler
 from dpledger.adapters.torch.engine import LossReduction, PerExampleGradientEngine, Strategy
 from dpledger.adapters.torch.factors import expand_factors

@@ -1,4 +1,5 @@
-"""Batch samplers of the sampling schemes other than Poisson, each recording its own event.
+"""Batch samplers of the sampling schemes other than Poisson, each recording its own event, and
+the cyclic batch sampler of a correlated-noise release (:class:`CyclicBatchSampler`).
 
 Each sampler draws index batches from its ``torch.Generator`` and, when a DP step claims one of
 its draws (:meth:`~dpledger.adapters.torch.sampler_base.RecordedBatchSampler.claim_draw`), says
@@ -29,7 +30,7 @@ sample over the ranks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -44,8 +45,10 @@ from dpledger.adapters.torch.sampler_base import (
 )
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import SamplingEvent
+from dpledger.mechanisms.correlated.spec import CorrelatedNoiseSpec
 from dpledger.sampling import (
     BallsInBinsScheme,
+    CyclicScheme,
     FixedSizeScheme,
     ShuffleScheme,
     TruncatedPoissonScheme,
@@ -54,6 +57,7 @@ from dpledger.sampling.sampler_properties import scheme_property
 
 __all__ = [
     "BallsInBinsBatchSampler",
+    "CyclicBatchSampler",
     "FixedSizeBatchSampler",
     "ShuffleBatchSampler",
     "TruncatedPoissonBatchSampler",
@@ -61,15 +65,11 @@ __all__ = [
 ]
 
 
-def _sorted_list(indices: torch.Tensor) -> list[int]:
-    return indices.sort().values.tolist()
-
-
 class FixedSizeBatchSampler(StepwiseBatchSampler):
     """Each step, a uniformly random subset of exactly b of the n records (without replacement).
 
-    Batches are drawn independently per step (``torch.randperm(n)[:b]``), as lists of indices in
-    increasing order. A step records ``SamplingEvent.fixed_size(b, n)``
+    Batches are drawn independently per step (:meth:`~dpledger.sampling.FixedSizeScheme.draw`),
+    as lists of indices in increasing order. A step records ``SamplingEvent.fixed_size(b, n)``
     (``fixed_size_without_replacement``) and averages over b. The scheme is analysed under the
     replace-one relation only (Wang, Balle & Kasiviswanathan 2019): record into a
     ``PrivacyLedger(..., neighboring="replace_one")``; an accountant without an analysis of it
@@ -100,21 +100,8 @@ class FixedSizeBatchSampler(StepwiseBatchSampler):
         )
         super().__init__(population_size=scheme.population_size, generator=generator, seed=seed)
         self._use_scheme(scheme)
-        self._b = scheme.batch_size
 
-    @property
-    def batch_size(self) -> int:
-        """b, the size of every batch."""
-        return self._b
-
-    def sample(self) -> list[int]:
-        """Draw one batch of b distinct indices; kept until a step claims it."""
-        if self._b == self._n:
-            batch = list(range(self._n))
-        else:
-            batch = _sorted_list(torch.randperm(self._n, generator=self._generator)[: self._b])
-        self._note_draw(len(batch))
-        return batch
+    batch_size = scheme_property(FixedSizeScheme.batch_size)
 
 
 class TruncatedPoissonBatchSampler(StepwiseBatchSampler):
@@ -159,38 +146,17 @@ class TruncatedPoissonBatchSampler(StepwiseBatchSampler):
         )
         super().__init__(population_size=scheme.population_size, generator=generator, seed=seed)
         self._use_scheme(scheme)
-        self._q = scheme.sampling_probability
-        self._m = scheme.max_batch_size
 
-    @property
-    def sampling_probability(self) -> float:
-        """q, the Poisson rate before the cap."""
-        return self._q
-
-    @property
-    def max_batch_size(self) -> int:
-        """m, the largest batch."""
-        return self._m
-
-    def sample(self) -> list[int]:
-        """Draw one capped Poisson batch; kept until a step claims it."""
-        if self._q == 1.0:
-            drawn = torch.arange(self._n)
-        else:
-            drawn = (torch.rand(self._n, generator=self._generator) < self._q).nonzero().view(-1)
-        if len(drawn) > self._m:
-            keep = torch.randperm(len(drawn), generator=self._generator)[: self._m]
-            drawn = drawn[keep].sort().values
-        batch = drawn.tolist()
-        self._note_draw(len(batch))
-        return batch
+    sampling_probability = scheme_property(TruncatedPoissonScheme.sampling_probability)
+    max_batch_size = scheme_property(TruncatedPoissonScheme.max_batch_size)
 
 
 class BallsInBinsBatchSampler(EpochBatchSampler):
     """Each epoch, every record is put into one of k batches uniformly at random.
 
     One iteration over the sampler is one epoch: at its start every one of the n records is
-    assigned to batch ``torch.randint(k)`` independently, and the epoch yields the k batches in
+    assigned to a uniformly random batch independently
+    (:meth:`~dpledger.sampling.BallsInBinsScheme.draw_epoch`), and the epoch yields the k batches in
     order (indices in increasing order; sizes ~ Binomial(n, 1/k), so a batch may be empty: step
     it with ``optimizer.empty_step()`` or an empty forward, as for Poisson). A step records
     ``SamplingEvent.balls_in_bins(k, n, epoch_start=...)``, ``epoch_start=True`` on the first
@@ -220,40 +186,24 @@ class BallsInBinsBatchSampler(EpochBatchSampler):
         scheme = BallsInBinsScheme(population_size=population_size, num_batches=num_batches)
         super().__init__(population_size=scheme.population_size, generator=generator, seed=seed)
         self._scheme = scheme
-        self._k = scheme.num_batches
 
-    @property
-    def num_batches(self) -> int:
-        """k, the batches of an epoch."""
-        return self._k
-
-    def sampling_event(self, *, epoch_start: bool = False) -> SamplingEvent:
-        """``SamplingEvent.balls_in_bins(k, n, epoch_start=epoch_start)``."""
-        return self._scheme.event(epoch_start=epoch_start)
-
-    def __len__(self) -> int:
-        return self._k
-
-    def _epoch(self) -> list[list[int]]:
-        bins = torch.randint(self._k, (self._n,), generator=self._generator)
-        order = torch.argsort(bins, stable=True)  # indices grouped by bin, increasing in each
-        counts = torch.bincount(bins, minlength=self._k).tolist()
-        return [part.tolist() for part in torch.split(order, counts)]
+    num_batches = scheme_property(BallsInBinsScheme.num_batches)
 
 
 class ShuffleBatchSampler(EpochBatchSampler):
     """Each epoch, a uniformly random permutation of the n records cut into batches of b.
 
-    One iteration over the sampler is one epoch, what ``DataLoader(shuffle=True)`` does: the
-    batches are consecutive pieces of ``torch.randperm(n)``, ⌈n / b⌉ of them with the last one
-    smaller when b does not divide n. ``drop_last=True`` is accepted only when b divides n (it
-    then changes nothing): leaving the remainder out of every epoch is not the ``shuffle(b, n)``
-    the ledger records, and Chua et al.'s lower bound, which ``dpledger epsilon`` shows for
-    shuffled runs, does not hold for it. A step records
-    ``SamplingEvent.shuffle(b, n, epoch_start=...)``, ``epoch_start=True`` on the first recorded
-    step of each epoch, and averages over b (also for the smaller last batch). Shuffling is
-    analysed under replace-one only and without amplification (each record is in one batch per
-    epoch): record into a ``PrivacyLedger(..., neighboring="replace_one")``.
+    One iteration over the sampler is one epoch, what ``DataLoader(shuffle=True)`` does: the batches
+    are consecutive pieces of a uniform permutation
+    (:meth:`~dpledger.sampling.ShuffleScheme.draw_epoch`), in its order, ⌈n / b⌉ of them with the
+    last one smaller when b does not divide n. ``drop_last=True`` is accepted only when b divides n
+    (it then changes nothing): leaving the remainder out of every epoch is not the ``shuffle(b, n)``
+    the ledger records, and Chua et al.'s lower bound, which ``dpledger epsilon`` shows for shuffled
+    runs, does not hold for it. A step records ``SamplingEvent.shuffle(b, n, epoch_start=...)``,
+    ``epoch_start=True`` on the first recorded step of each epoch, and averages over b (also for the
+    smaller last batch). Shuffling is analysed under replace-one only and without amplification
+    (each record is in one batch per epoch): record into a ``PrivacyLedger(...,
+    neighboring="replace_one")``.
 
     Args:
         population_size: n, the number of records.
@@ -283,23 +233,172 @@ class ShuffleBatchSampler(EpochBatchSampler):
         )
         super().__init__(population_size=scheme.population_size, generator=generator, seed=seed)
         self._scheme = scheme
-        self._b = scheme.batch_size
-        self._steps = scheme.steps_per_epoch
 
     batch_size = scheme_property(ShuffleScheme.batch_size)
     drop_last = scheme_property(ShuffleScheme.drop_last)
 
+
+class CyclicBatchSampler(RecordedBatchSampler):
+    """The batches of a correlated-noise release: cyclic groups, whole or Poisson-sampled.
+
+    Step t of the stream uses group t mod period of a :class:`~dpledger.sampling.CyclicScheme`
+    (its :meth:`~dpledger.sampling.CyclicScheme.draw`; ``docs/correlated-noise.md``). It is the
+    only sampler a :class:`~dpledger.adapters.torch.DPOptimizer` with ``noise=`` a
+    :class:`~dpledger.mechanisms.correlated.CorrelatedNoiseSpec` accepts, because the release it
+    records states the scheme's participation
+    (:meth:`~dpledger.sampling.CyclicScheme.participation`), and each step claims the draw of
+    *its* step of the stream (:meth:`claim_step`): a batch from another loader, a batch of
+    another step, or a skipped batch is refused before anything is released.
+
+    One pass over the sampler is one epoch (``period`` steps, fewer at the end of the stream);
+    the pass continues the stream from the first step not yet claimed, and yields nothing once
+    all T steps were claimed. The draws depend only on the scheme's seed and the step, so a run
+    resumed from a checkpoint (:meth:`state_dict`, which holds the scheme with its seed) draws
+    the same batches, also in a sampler built with another seed (``seed=None``): the
+    checkpoint's scheme takes over. Its draws record no sampling event (the stream's steps are
+    covered by the one correlated release): :meth:`sampling_event` refuses, so that a
+    ``DPOptimizer`` with independent noise refuses this sampler.
+
+    Args:
+        scheme: the :class:`~dpledger.sampling.CyclicScheme` to draw.
+
+    Raises:
+        InvalidParameterError: ``scheme`` is not a ``CyclicScheme``.
+    """
+
+    def __init__(self, *, scheme: CyclicScheme) -> None:
+        if not isinstance(scheme, CyclicScheme):
+            raise InvalidParameterError("scheme", scheme, "a dpledger.sampling.CyclicScheme")
+        super().__init__(population_size=scheme.population_size, seed=scheme.seed)
+        self._cyclic = scheme
+        self._next_claim = 0  # the first step of the stream not claimed yet
+
+    @classmethod
+    def for_spec(
+        cls, spec: CorrelatedNoiseSpec, *, population_size: int, seed: int
+    ) -> CyclicBatchSampler:
+        """The sampler of ``spec``'s cyclic scheme over ``population_size`` records."""
+        if not isinstance(spec, CorrelatedNoiseSpec):
+            raise InvalidParameterError("spec", spec, "a CorrelatedNoiseSpec")
+        return cls(scheme=spec.scheme(population_size=population_size, seed=seed))
+
+    @property
+    def cyclic_scheme(self) -> CyclicScheme:
+        """The scheme drawn."""
+        return self._cyclic
+
+    @property
+    def next_step(self) -> int:
+        """The stream step the next claimed batch must be."""
+        return self._next_claim
+
+    @property
+    def denominator(self) -> float:
+        """The fixed denominator of the average: the expected batch size (n / period)·q."""
+        return self._cyclic.average_denominator
+
     def sampling_event(self, *, epoch_start: bool = False) -> SamplingEvent:
-        """``SamplingEvent.shuffle(b, n, epoch_start=epoch_start)``."""
-        return self._scheme.event(epoch_start=epoch_start)
+        """Refused: a cyclic draw records no sampling event of its own.
+
+        Raises:
+            InvalidParameterError: always, naming what to use instead.
+        """
+        raise InvalidParameterError(
+            "sampler",
+            f"CyclicBatchSampler({self._cyclic.describe()})",
+            "a sampler with a sampling event for independent noise: a cyclic sampler's "
+            "batches are covered only by a correlated-noise release; use "
+            "DPOptimizer(..., noise=CorrelatedNoiseSpec(...)) or "
+            "make_private(..., noise=spec) with this sampler",
+        )
+
+    def _describe(self) -> str:
+        return f"CyclicBatchSampler, {self._cyclic.describe()}"
 
     def __len__(self) -> int:
-        return self._steps
+        return max(0, min(self._cyclic.period, self._cyclic.num_steps - self._next_claim))
 
-    def _epoch(self) -> list[list[int]]:
-        perm = torch.randperm(self._n, generator=self._generator)
-        batches = [part.tolist() for part in torch.split(perm, self._b)]
-        return batches[: len(self)]
+    def __iter__(self) -> Iterator[list[int]]:
+        self._new_pass()
+        start = self._next_claim
+        for t in range(start, start + len(self)):
+            batch = self._cyclic.draw(t).tolist()
+            self._note_draw(len(batch), None, t)
+            yield batch
+
+    def claim_draw(self, num_records: int) -> SamplingEvent:
+        """Refused: steps of a correlated stream claim with :meth:`claim_step`.
+
+        Raises:
+            InvalidParameterError: always.
+        """
+        return self.sampling_event()
+
+    def claim_step(self, num_records: int, *, step: int) -> None:
+        """Tie stream step ``step`` to the oldest unclaimed draw, which must be that step's.
+
+        Raises:
+            SamplerMismatchError: no draw is waiting (the records came from another loader), the
+                oldest draw is of another step (a batch was skipped), or it has another number
+                of records. The draw is consumed either way.
+        """
+        self._draws.claim_step(num_records, step=step, describe_sampler=self._describe)
+
+    def step_released(self, step: int) -> None:
+        """Stream step ``step`` was released: the next pass starts after it.
+
+        A step refused after its claim (a failed sensitivity check) is not released: the next
+        pass draws its batch again, and the stream's noise of that step is still unused.
+        """
+        self._next_claim = step + 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """The next stream step to claim and the scheme
+        (:meth:`~dpledger.sampling.CyclicScheme.state`: the draws depend only on the scheme,
+        its seed included, and the step)."""
+        return {"next_step": self._next_claim, "scheme": self._cyclic.state()}
+
+    def scheme_of_state(self, state: Any) -> CyclicScheme:
+        """The scheme a :meth:`state_dict` was taken of, checked against this sampler's
+        (:meth:`~dpledger.sampling.CyclicScheme.from_state`: only the seed may differ; a
+        sampler built with ``seed=None``, ``make_private``'s default, drew a partition of its
+        own, and the checkpoint's scheme takes over on :meth:`load_state_dict`).
+
+        Raises:
+            InvalidParameterError: not a state of this class, or a scheme with another
+                population, period, T or q.
+        """
+        saved = state.get("scheme") if isinstance(state, dict) else None
+        return CyclicScheme.from_state(saved, like=self._cyclic, name="state['scheme']")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` of a sampler of the same scheme up to its seed; the
+        checkpoint's scheme (its seed) takes over, so the batches are the checkpointed run's.
+
+        Raises:
+            InvalidParameterError: the state is of another scheme (:meth:`scheme_of_state`),
+                or its step is out of range.
+        """
+        scheme = self.scheme_of_state(state)
+        step = state.get("next_step")
+        if type(step) is not int or not 0 <= step <= scheme.num_steps:
+            raise InvalidParameterError("state['next_step']", step, f"0..{scheme.num_steps}")
+        self._draws.clear()
+        self._cyclic = scheme
+        self._next_claim = step
+
+    def reseed(self, seed: int) -> None:
+        """Refused: a cyclic stream's draws are fixed by its scheme.
+
+        Raises:
+            InvalidParameterError: always.
+        """
+        raise InvalidParameterError(
+            "seed", seed, "no reseeding: the cyclic partition is fixed for the whole stream"
+        )
+
+    def __repr__(self) -> str:
+        return f"CyclicBatchSampler(scheme={self._cyclic!r})"
 
 
 def private_data_loader(

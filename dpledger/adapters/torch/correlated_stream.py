@@ -336,7 +336,7 @@ def cyclic_sampler_of(
     """
     from torch.utils.data import DataLoader
 
-    from dpledger.adapters.torch.cyclic_sampler import CyclicBatchSampler
+    from dpledger.adapters.torch.batch_samplers import CyclicBatchSampler
 
     if sampling_probability is not None or population_size is not None:
         raise InvalidParameterError(

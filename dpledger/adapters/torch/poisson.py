@@ -40,9 +40,11 @@ class PoissonBatchSampler(StepwiseBatchSampler):
     """Yields, for each step, the indices of the records drawn by Poisson sampling.
 
     Each of ``population_size`` records is included independently with probability
-    ``sampling_probability`` in every batch; batches are lists of indices in increasing order and
-    may be empty. A step on one of its draws records ``SamplingEvent.poisson(q, n)``
-    (``scheme="full"`` when q = 1), the scheme every accountant analyses.
+    ``sampling_probability`` in every batch (:meth:`~dpledger.sampling.PoissonScheme.draw`, the
+    indices i with U_i < q for fresh uniforms U_0..U_{n-1}); batches are lists of indices in
+    increasing order and may be empty. A step on one of its draws records
+    ``SamplingEvent.poisson(q, n)`` (``scheme="full"`` when q = 1), the scheme every accountant
+    analyses.
 
     Args:
         population_size: n, the number of records (``len(dataset)``).
@@ -73,29 +75,9 @@ class PoissonBatchSampler(StepwiseBatchSampler):
         )
         super().__init__(population_size=scheme.population_size, generator=generator, seed=seed)
         self._use_scheme(scheme)
-        self._q = scheme.sampling_probability
 
     sampling_probability = scheme_property(PoissonScheme.sampling_probability)
     expected_batch_size = scheme_property(PoissonScheme.expected_batch_size)
-
-    def sample(self) -> list[int]:
-        """Draw one batch: the indices i with U_i < q for fresh uniforms U_1..U_n.
-
-        The draw's size is kept until a step claims it (:meth:`claim_draw`).
-        """
-        batch = self._select(self._draw())
-        self._note_draw(len(batch))
-        return batch
-
-    def _draw(self) -> list[int]:
-        if self._q == 1.0:
-            return list(range(self._n))
-        mask = torch.rand(self._n, generator=self._generator) < self._q
-        return mask.nonzero().view(-1).tolist()
-
-    def _select(self, indices: list[int]) -> list[int]:
-        """The part of a drawn sample that this process trains on (all of it here)."""
-        return indices
 
 
 class EmptyBatchCollate:

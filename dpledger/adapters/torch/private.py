@@ -34,9 +34,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from dpledger.accountants import Accountant, CalibrationResult
-from dpledger.adapters.torch.batch_samplers import private_data_loader
+from dpledger.adapters.torch.batch_samplers import CyclicBatchSampler, private_data_loader
 from dpledger.adapters.torch.correlated_stream import check_noise
-from dpledger.adapters.torch.cyclic_sampler import CyclicBatchSampler
 from dpledger.adapters.torch.distributed import distributed_world
 from dpledger.adapters.torch.noise_calibration import (
     _calibration,

@@ -17,9 +17,12 @@ to the next claimed batch, so the ledger never joins two epochs' steps into one.
 run resumed from a checkpoint continues the same epoch with the same permutation.
 
 What does not need torch lives in :mod:`dpledger.sampling`: each sampler holds its scheme
-(:attr:`RecordedBatchSampler.scheme`: checked parameters, q, denominator, epoch layout, events)
-and keeps its draws in a :class:`~dpledger.sampling.PendingDraws`; the classes here draw the
-index batches from a ``torch.Generator`` and keep its state.
+(:attr:`RecordedBatchSampler.scheme`: checked parameters, q, denominator, epoch layout, events),
+which draws the record indices on the host in NumPy (:meth:`~dpledger.sampling.BatchScheme.draw`,
+the same draws as the ``tf.data`` samplers'), and keeps its draws in a
+:class:`~dpledger.sampling.PendingDraws`. The classes here seed each draw from a
+``torch.Generator`` (:meth:`RecordedBatchSampler.host_rng`), whose state the checkpoints keep,
+and hand the indices to ``torch.utils.data`` as lists.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import abc
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Sampler
 
@@ -35,6 +39,7 @@ from dpledger.errors import InvalidParameterError
 from dpledger.ledger import SamplingEvent
 from dpledger.sampling import BatchScheme
 from dpledger.sampling.draws import Draw, PendingDraws
+from dpledger.sampling.index_draws import host_generator
 from dpledger.sampling.validation import check_population_size
 
 __all__ = ["EpochBatchSampler", "RecordedBatchSampler"]
@@ -136,6 +141,12 @@ class RecordedBatchSampler(Sampler[list[int]], abc.ABC):
         return value
 
     # ------------------------------------------------------------------ draws
+    def host_rng(self) -> np.random.Generator:
+        """A NumPy generator for one draw, seeded from two words of :attr:`generator` (which
+        advances, so that the next draw differs and a checkpoint of it resumes the stream)."""
+        words = torch.randint(0, 1 << 62, (2,), generator=self._generator, dtype=torch.int64)
+        return host_generator(words.tolist())
+
     def _note_draw(self, num_records: int, epoch: int | None = None, index: int = 0) -> None:
         self._draws.note(num_records, epoch, index)
 
@@ -197,9 +208,8 @@ class StepwiseBatchSampler(RecordedBatchSampler):
     Poisson, users): one pass over the sampler is ``steps`` independent draws, and every step
     records the same event.
 
-    Subclasses call :meth:`_use_scheme` (or set ``self._steps`` and ``self._event``) in their
-    constructor and implement :meth:`sample`, which draws one batch and notes it
-    (``_note_draw``).
+    Subclasses call :meth:`_use_scheme` in their constructor; :meth:`sample` draws the scheme's
+    batch (:meth:`~dpledger.sampling.BatchScheme.draw`) and notes it.
     """
 
     _steps: int
@@ -211,9 +221,17 @@ class StepwiseBatchSampler(RecordedBatchSampler):
         self._steps = scheme.steps_per_epoch
         self._event = scheme.event()
 
-    @abc.abstractmethod
     def sample(self) -> list[int]:
-        """Draw one batch; kept until a step claims it."""
+        """Draw one batch of the scheme (indices in increasing order); kept until a step claims
+        it (:meth:`claim_draw`)."""
+        assert self._scheme is not None
+        batch = self._select(self._scheme.draw(self.host_rng()).tolist())
+        self._note_draw(len(batch))
+        return batch
+
+    def _select(self, indices: list[int]) -> list[int]:
+        """The part of a drawn batch that this process trains on (all of it here)."""
+        return indices
 
     @property
     def steps(self) -> int:
@@ -236,9 +254,10 @@ class StepwiseBatchSampler(RecordedBatchSampler):
 class EpochBatchSampler(RecordedBatchSampler):
     """Base of the epoch-based samplers: one pass over the sampler is one epoch.
 
-    Subclasses implement :meth:`_epoch`, which draws the epoch's batches (all of them, from the
-    generator, when the pass starts). See the module docstring for ``epoch_start`` and for the
-    position in the epoch that :meth:`state_dict` keeps.
+    Subclasses set ``self._scheme`` in their constructor; :meth:`_epoch` draws the epoch's
+    batches (all of them, :meth:`~dpledger.sampling.BatchScheme.draw_epoch`, when the pass
+    starts). See the module docstring for ``epoch_start`` and for the position in the epoch that
+    :meth:`state_dict` keeps.
     """
 
     def __init__(
@@ -254,9 +273,19 @@ class EpochBatchSampler(RecordedBatchSampler):
         self._done = 0  # batches of the current pass consumed (claimed, refused or discarded)
         self._resume: tuple[int, bool] | None = None  # (batches done, start recorded)
 
-    @abc.abstractmethod
     def _epoch(self) -> list[list[int]]:
-        """Draw one epoch's batches from the generator."""
+        """Draw one epoch's batches."""
+        assert self._scheme is not None
+        return [batch.tolist() for batch in self._scheme.draw_epoch(self.host_rng())]
+
+    def sampling_event(self, *, epoch_start: bool = False) -> SamplingEvent:
+        """The scheme's event, ``epoch_start=True`` for the first recorded step of an epoch."""
+        assert self._scheme is not None
+        return self._scheme.event(epoch_start=epoch_start)
+
+    def __len__(self) -> int:
+        assert self._scheme is not None
+        return self._scheme.steps_per_epoch
 
     def __iter__(self) -> Iterator[list[int]]:
         self._new_pass()

@@ -27,6 +27,7 @@ from dpledger.errors import InvalidParameterError
 from dpledger.ledger import SamplingEvent
 from dpledger.sampling import UserPoissonScheme
 from dpledger.sampling.draws import Draw
+from dpledger.sampling.index_draws import UserRecords
 
 __all__ = ["UserBatch", "UserPoissonBatchSampler"]
 
@@ -125,11 +126,7 @@ class UserPoissonBatchSampler(StepwiseBatchSampler):
         self._q = scheme.sampling_probability
         self._k = scheme.max_records_per_user
         self._users: tuple[Hashable, ...] = tuple(slot_of)
-        slot = torch.tensor(slots, dtype=torch.int64)
-        # the records sorted by user (stably, so each user's records stay in increasing order)
-        self._order = torch.argsort(slot, stable=True)
-        self._slot_sorted = slot[self._order]
-        self._counts = torch.bincount(slot, minlength=len(self._users))
+        self._records = UserRecords(slots)
         self._groups: deque[torch.Tensor] = deque()  # the user slots of each unclaimed draw
         self._claimed: torch.Tensor | None = None
 
@@ -157,7 +154,7 @@ class UserPoissonBatchSampler(StepwiseBatchSampler):
     @property
     def records_per_user(self) -> torch.Tensor:
         """The number of records of each user (in the order of :attr:`users`)."""
-        return self._counts.clone()
+        return torch.from_numpy(self._records.records_per_user)
 
     @property
     def expected_num_users(self) -> float:
@@ -166,25 +163,14 @@ class UserPoissonBatchSampler(StepwiseBatchSampler):
 
     # ------------------------------------------------------------------ draws
     def sample(self) -> list[int]:
-        """Draw one batch; its size and its records' users are kept until a step claims it."""
-        num_users = len(self._users)
-        if self._q == 1.0:
-            chosen = torch.ones(num_users, dtype=torch.bool)
-        else:
-            chosen = torch.rand(num_users, generator=self._generator) < self._q
-        positions = chosen[self._slot_sorted].nonzero().view(-1)  # into self._order
-        if len(positions) and int(self._counts[chosen].max()) > self._k:
-            # a uniformly random order within each user (a random permutation, then a stable
-            # sort by user), of which each user's first k are kept
-            shuffled = positions[torch.randperm(len(positions), generator=self._generator)]
-            shuffled = shuffled[torch.argsort(self._slot_sorted[shuffled], stable=True)]
-            counts = self._counts[chosen]
-            starts = torch.cumsum(counts, 0) - counts
-            rank = torch.arange(len(shuffled)) - torch.repeat_interleave(starts, counts)
-            positions = shuffled[rank < self._k].sort().values
-        batch = self._order[positions].tolist()
+        """Draw one batch (:meth:`~dpledger.sampling.index_draws.UserRecords.draw`); its size
+        and its records' users are kept until a step claims it."""
+        records, users = self._records.draw(
+            self.host_rng(), sampling_probability=self._q, max_records_per_user=self._k
+        )
+        batch = records.tolist()
         self._note_draw(len(batch))
-        self._groups.append(self._slot_sorted[positions])
+        self._groups.append(torch.from_numpy(users))
         return batch
 
     def _new_pass(self) -> None:

@@ -27,7 +27,6 @@ from dpledger.mechanisms.correlated.noise import (
     TreeNoise,
     noise_for,
 )
-from dpledger.mechanisms.correlated.participation import ParticipationKind, ParticipationSchema
 from dpledger.mechanisms.correlated.rebuild import strategy_matrix
 from dpledger.mechanisms.correlated.release import (
     CorrelatedNoiseRelease,
@@ -59,6 +58,7 @@ from dpledger.mechanisms.correlated.verification import (
     recompute_release,
     verified_release,
 )
+from dpledger.sampling.participation import ParticipationKind, ParticipationSchema
 
 __all__ = [
     "BandedNoise",

@@ -18,11 +18,11 @@ from dpledger.ledger.correlated import CorrelatedReleaseEvent, check_new_release
 from dpledger.ledger.ledger import PrivacyLedger
 from dpledger.mechanisms.clipping import rounding_clip_margin
 from dpledger.mechanisms.correlated.noise import CorrelatedNoise, noise_for
-from dpledger.mechanisms.correlated.participation import ParticipationKind, ParticipationSchema
 from dpledger.mechanisms.correlated.rebuild import strategy_matrix
 from dpledger.mechanisms.correlated.sensitivity import sensitivity
 from dpledger.mechanisms.correlated.strategies import MatrixFactorization, matrix_hash
 from dpledger.mechanisms.sum_query import SensitivityCheckError, clip_records
+from dpledger.sampling.participation import ParticipationKind, ParticipationSchema
 from dpledger.validation import check_positive_finite, check_probability
 
 __all__ = ["CorrelatedNoiseRelease", "count_bands", "release_event"]

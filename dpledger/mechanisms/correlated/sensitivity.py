@@ -39,8 +39,8 @@ import numpy as np
 import numpy.typing as npt
 
 from dpledger.errors import InvalidParameterError
-from dpledger.mechanisms.correlated.participation import ParticipationKind, ParticipationSchema
 from dpledger.mechanisms.correlated.strategies import _check_bytes
+from dpledger.sampling.participation import ParticipationKind, ParticipationSchema
 
 __all__ = ["SensitivityResult", "count_patterns", "sensitivity"]
 

@@ -25,22 +25,20 @@ Example:
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
 from dpledger.errors import InvalidParameterError
-from dpledger.mechanisms.correlated.participation import ParticipationSchema
 from dpledger.mechanisms.correlated.strategies import (
     MatrixFactorization,
     optimize_banded_toeplitz,
     optimize_blt,
     tree_factorization,
 )
+from dpledger.sampling.cyclic import CyclicScheme
+from dpledger.sampling.participation import ParticipationSchema
 from dpledger.validation import check_enum, check_positive_int, check_probability
-
-if TYPE_CHECKING:
-    from dpledger.sampling.cyclic import CyclicScheme
 
 __all__ = ["CorrelatedNoiseSpec", "NoiseStrategy"]
 
@@ -176,8 +174,6 @@ class CorrelatedNoiseSpec:
             population_size: n, at least ``period``.
             seed: the seed of the partition and of the Poisson draws.
         """
-        from dpledger.sampling.cyclic import CyclicScheme  # sampling imports mechanisms
-
         return CyclicScheme(
             population_size=population_size,
             period=self.period,

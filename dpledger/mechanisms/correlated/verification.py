@@ -29,11 +29,11 @@ import attrs
 
 from dpledger.errors import ComputationBudgetError, InvalidParameterError, UnsupportedLedgerError
 from dpledger.ledger.correlated import CorrelatedReleaseEvent, ReleaseMismatchError
-from dpledger.mechanisms.correlated.participation import ParticipationSchema
 from dpledger.mechanisms.correlated.rebuild import strategy_matrix
 from dpledger.mechanisms.correlated.release import count_bands
 from dpledger.mechanisms.correlated.sensitivity import sensitivity
 from dpledger.mechanisms.correlated.strategies import matrix_hash
+from dpledger.sampling.participation import ParticipationSchema
 
 __all__ = ["RELATIVE_TOLERANCE", "RecomputedRelease", "recompute_release", "verified_release"]
 

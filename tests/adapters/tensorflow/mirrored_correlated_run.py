@@ -19,7 +19,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dpledger import PrivacyLedger  # noqa: E402
-from dpledger.adapters.tensorflow import CyclicSampler, DPKerasModel  # noqa: E402
+from dpledger.adapters.tensorflow import CyclicDatasetSampler, DPKerasModel  # noqa: E402
 from dpledger.ledger import StreamStepEvent  # noqa: E402
 from dpledger.mechanisms.correlated import CorrelatedNoiseSpec  # noqa: E402
 
@@ -37,7 +37,7 @@ def _model() -> keras.Model:
 def _train(strategy, x, y):  # type: ignore[no-untyped-def]
     scope = strategy.scope() if strategy is not None else tf.name_scope("single")
     ledger = PrivacyLedger()
-    sampler = CyclicSampler(population_size=N, period=PERIOD, num_steps=T, seed=1)
+    sampler = CyclicDatasetSampler(population_size=N, period=PERIOD, num_steps=T, seed=1)
     with scope:
         model = _model()
         dp = DPKerasModel(

@@ -17,7 +17,7 @@ tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfigu
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dpledger.adapters.tensorflow import DPKerasModel, PoissonSampler  # noqa: E402
+from dpledger.adapters.tensorflow import DPKerasModel, PoissonDatasetSampler  # noqa: E402
 
 Q, N = 0.1, 100
 
@@ -86,7 +86,7 @@ def main() -> None:
     noisy, _, steps = _train(strategy, x, y, clip=0.05, sigma=2.0)
     out["noise"] = {"difference": (noisy - exact).tolist(), "steps": steps}
     # Poisson batches (uneven and empty per-replica shards): one ledger step per step
-    sampler = PoissonSampler(population_size=10, sampling_probability=0.15, seed=1)
+    sampler = PoissonDatasetSampler(population_size=10, sampling_probability=0.15, seed=1)
     with strategy.scope():
         dp = DPKerasModel(
             _model(), l2_norm_bound=1.0, noise_multiplier=1.0, sampler=sampler, seed=2

@@ -9,7 +9,7 @@ import pytest
 from dpledger import DPConfig, PrivacyLedger
 from dpledger.adapters.tensorflow import (
     DPKerasModel,
-    PoissonSampler,
+    PoissonDatasetSampler,
     PrivateGradients,
     gradient_queries,
 )
@@ -44,7 +44,7 @@ def _paths(model: keras.Model) -> list[str]:
 def _fit(**privacy):
     """Weights and ledger events after one epoch of fit with seeded model, sampling and noise."""
     x, y = _data()
-    sampler = PoissonSampler(population_size=24, sampling_probability=0.25, seed=4)
+    sampler = PoissonDatasetSampler(population_size=24, sampling_probability=0.25, seed=4)
     dp = DPKerasModel(_model(), sampler=sampler, ledger=PrivacyLedger(), seed=1, **privacy)
     dp.compile(optimizer=keras.optimizers.SGD(0.1), loss=_loss())
     dp.fit(sampler.sample((x, y)), epochs=1, verbose=0)

@@ -27,13 +27,13 @@ import tensorflow as tf
 from dpledger import PrivacyLedger
 from dpledger.accountants.base import make_accountant
 from dpledger.adapters.tensorflow import (
-    CyclicSampler,
+    CyclicDatasetSampler,
     DPKerasModel,
     LedgerNotAttachedError,
     NoiseSeedReuseError,
     NoiseStreamEndError,
     NoiseStreamRollbackError,
-    PoissonSampler,
+    PoissonDatasetSampler,
     PrivateGradients,
 )
 from dpledger.adapters.tensorflow.correlated_step import (
@@ -69,8 +69,8 @@ def _data() -> tuple[np.ndarray, np.ndarray]:
     return rng.normal(size=(N, 5)), rng.integers(0, 3, N).astype(np.int32)
 
 
-def _sampler(spec: CorrelatedNoiseSpec, seed: int = 5) -> CyclicSampler:
-    return CyclicSampler(
+def _sampler(spec: CorrelatedNoiseSpec, seed: int = 5) -> CyclicDatasetSampler:
+    return CyclicDatasetSampler(
         population_size=N,
         period=spec.period,
         num_steps=spec.num_steps,
@@ -274,7 +274,10 @@ def test_sensitivity_check_runs_before_the_release_is_recorded():
 @pytest.mark.parametrize(
     ("kwargs", "parameter"),
     [
-        ({"sampler": PoissonSampler(population_size=N, sampling_probability=0.1)}, "sampler"),
+        (
+            {"sampler": PoissonDatasetSampler(population_size=N, sampling_probability=0.1)},
+            "sampler",
+        ),
         ({"groups": "per_parameter"}, "groups"),
         ({"generator": tf.random.Generator.from_seed(0), "seed": None}, "generator"),
         ({"bias_callback": lambda step, metrics: None}, "bias_callback"),
@@ -295,7 +298,7 @@ def test_bad_set_ups_are_refused(kwargs, parameter):
 
 def test_a_sampler_of_another_spec_and_an_unknown_noise_are_refused():
     spec = SPECS["tree_honaker"]
-    wrong = CyclicSampler(population_size=N, period=2, num_steps=T, seed=0)
+    wrong = CyclicDatasetSampler(population_size=N, period=2, num_steps=T, seed=0)
     with pytest.raises(InvalidParameterError, match="sampler"):
         DPKerasModel(
             _linear_model(), l2_norm_bound=S, noise_multiplier=Z, sampler=wrong, noise=spec
@@ -385,7 +388,7 @@ def test_a_seedless_run_saved_and_loaded_continues_the_uninterrupted_run(tmp_pat
     spec = SPECS["bandmf_amplified"]
     x, y = _data()
     x = x.astype(np.float32)
-    sampler = CyclicSampler(
+    sampler = CyclicDatasetSampler(
         population_size=N,
         period=spec.period,
         num_steps=spec.num_steps,

@@ -1,11 +1,11 @@
-"""CyclicSampler: the tf.data draws of the core CyclicScheme, pass after pass."""
+"""CyclicDatasetSampler: the tf.data draws of the core CyclicScheme, pass after pass."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from dpledger.adapters.tensorflow import CyclicSampler
+from dpledger.adapters.tensorflow import CyclicDatasetSampler
 from dpledger.errors import InvalidParameterError
 from dpledger.sampling import CyclicScheme
 
@@ -13,7 +13,7 @@ from dpledger.sampling import CyclicScheme
 @pytest.mark.parametrize("q", [None, 0.5])
 def test_batches_are_the_core_schemes_draws_of_the_streams_steps(q):
     """Reference: ``CyclicScheme.draw(t)`` of a scheme built here with the same parameters."""
-    sampler = CyclicSampler(
+    sampler = CyclicDatasetSampler(
         population_size=30, period=3, num_steps=9, sampling_probability=q, seed=4
     )
     scheme = CyclicScheme(population_size=30, period=3, num_steps=9, sampling_probability=q, seed=4)
@@ -25,7 +25,7 @@ def test_batches_are_the_core_schemes_draws_of_the_streams_steps(q):
 
 
 def test_peeking_does_not_advance_and_seek_resumes_a_pass():
-    sampler = CyclicSampler(population_size=12, period=2, num_steps=6, seed=0)
+    sampler = CyclicDatasetSampler(population_size=12, period=2, num_steps=6, seed=0)
     data = sampler.sample(np.arange(12))
     with sampler.preserved_state():
         next(iter(data))
@@ -41,10 +41,10 @@ def test_peeking_does_not_advance_and_seek_resumes_a_pass():
 
 def test_bad_arguments_and_per_step_events_are_refused():
     with pytest.raises(InvalidParameterError, match="num_steps"):
-        CyclicSampler(population_size=12, period=4, num_steps=6, seed=0)
+        CyclicDatasetSampler(population_size=12, period=4, num_steps=6, seed=0)
     with pytest.raises(InvalidParameterError, match="period"):
-        CyclicSampler(population_size=3, period=4, num_steps=8, seed=0)
-    sampler = CyclicSampler(population_size=12, period=2, num_steps=6, seed=0)
+        CyclicDatasetSampler(population_size=3, period=4, num_steps=8, seed=0)
+    sampler = CyclicDatasetSampler(population_size=12, period=2, num_steps=6, seed=0)
     with pytest.raises(InvalidParameterError, match="correlated-noise release"):
         sampler.sampling_event  # noqa: B018
     assert sampler.average_denominator == 6.0

@@ -10,16 +10,20 @@ import keras
 import numpy as np
 import pytest
 
-from dpledger.adapters.tensorflow import DPKerasModel, PoissonSampler, UnrecordedTrainingWarning
+from dpledger.adapters.tensorflow import (
+    DPKerasModel,
+    PoissonDatasetSampler,
+    UnrecordedTrainingWarning,
+)
 
 N = 16
 
 
-def _setup() -> tuple[keras.Model, DPKerasModel, PoissonSampler, np.ndarray, np.ndarray]:
+def _setup() -> tuple[keras.Model, DPKerasModel, PoissonDatasetSampler, np.ndarray, np.ndarray]:
     keras.utils.set_random_seed(0)
     inner = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     inner.compile(optimizer="sgd", loss="mse")
-    sampler = PoissonSampler(population_size=N, sampling_probability=0.25, seed=1)
+    sampler = PoissonDatasetSampler(population_size=N, sampling_probability=0.25, seed=1)
     dp = DPKerasModel(inner, l2_norm_bound=1.0, noise_multiplier=1.0, sampler=sampler, seed=2)
     dp.compile(optimizer="sgd", loss=keras.losses.MeanSquaredError())
     rng = np.random.default_rng(0)

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from dpledger import PrivacyLedger
 from dpledger._version import __version__
-from dpledger.adapters.tensorflow import DPKerasModel, PoissonSampler
+from dpledger.adapters.tensorflow import DPKerasModel, PoissonDatasetSampler
 from dpledger.errors import DeltaTooLargeWarning
 from dpledger.mechanisms import DPConfig
 
@@ -21,7 +21,7 @@ def _model() -> keras.Model:
 
 
 def test_a_new_ledger_holds_the_runs_intent() -> None:
-    sampler = PoissonSampler(population_size=1000, sampling_probability=0.01, seed=0)
+    sampler = PoissonDatasetSampler(population_size=1000, sampling_probability=0.01, seed=0)
     dp = DPKerasModel(
         _model(),
         config=DPConfig(l2_norm_bound=1.0, noise_multiplier=1.1, delta=1e-5),
@@ -41,7 +41,7 @@ def test_a_new_ledger_holds_the_runs_intent() -> None:
 
 
 def test_a_given_ledger_keeps_its_header_and_the_intent_is_logged(caplog) -> None:
-    sampler = PoissonSampler(population_size=1000, sampling_probability=0.01, seed=0)
+    sampler = PoissonDatasetSampler(population_size=1000, sampling_probability=0.01, seed=0)
     ledger = PrivacyLedger(metadata={"model": "dense"})
     with caplog.at_level(logging.INFO, logger="dpledger"):
         dp = DPKerasModel(
@@ -52,7 +52,7 @@ def test_a_given_ledger_keeps_its_header_and_the_intent_is_logged(caplog) -> Non
 
 
 def test_delta_of_at_least_one_over_n_is_warned_about() -> None:
-    sampler = PoissonSampler(population_size=100, sampling_probability=0.1, seed=0)
+    sampler = PoissonDatasetSampler(population_size=100, sampling_probability=0.1, seed=0)
     config = DPConfig(l2_norm_bound=1.0, noise_multiplier=1.1, delta=0.01)
     with pytest.warns(DeltaTooLargeWarning) as caught:
         DPKerasModel(_model(), config=config, sampler=sampler)

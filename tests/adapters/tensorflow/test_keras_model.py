@@ -13,9 +13,9 @@ from dpledger import PrivacyLedger
 from dpledger.adapters.tensorflow import (
     DPKerasModel,
     PerExampleLossError,
-    PoissonSampler,
+    PoissonDatasetSampler,
     RecordMixingLayerError,
-    ShuffleSampler,
+    ShuffleDatasetSampler,
     UnsupportedLayerError,
     make_private,
 )
@@ -51,7 +51,7 @@ def _loss(reduction: str = "sum_over_batch_size") -> keras.losses.Loss:
 @pytest.mark.parametrize("steps_per_execution", [1, 3])
 def test_fit_records_one_sampling_event_per_executed_step(steps_per_execution):
     x, y = _data(20)
-    sampler = PoissonSampler(population_size=20, sampling_probability=0.1, seed=4)
+    sampler = PoissonDatasetSampler(population_size=20, sampling_probability=0.1, seed=4)
     dp = DPKerasModel(_model(), l2_norm_bound=1.0, noise_multiplier=1.0, sampler=sampler, seed=1)
     dp.compile(
         optimizer=keras.optimizers.SGD(0.1),
@@ -70,7 +70,7 @@ def test_fit_records_one_sampling_event_per_executed_step(steps_per_execution):
     assert set(history.history) == {"loss", "accuracy"}
     # the batches fit saw (a sampler with the same seed repeats them) had varying sizes,
     # empty ones included, and every one was a step
-    twin = PoissonSampler(population_size=20, sampling_probability=0.1, seed=4)
+    twin = PoissonDatasetSampler(population_size=20, sampling_probability=0.1, seed=4)
     sizes = [int(b[0].shape[0]) for _ in range(3) for b in twin.sample((x, y))]
     assert len(sizes) == 30 and min(sizes) == 0 and len(set(sizes)) >= 3
     # a second fit continues the same ledger
@@ -150,7 +150,7 @@ def test_update_queries_changes_what_later_steps_record_without_retracing():
 
 def test_bias_callback_is_called_once_per_nonempty_step():
     x, y = _data()
-    sampler = PoissonSampler(population_size=60, sampling_probability=0.1, seed=2)
+    sampler = PoissonDatasetSampler(population_size=60, sampling_probability=0.1, seed=2)
     seen = []
     dp = DPKerasModel(
         _model(),
@@ -221,7 +221,7 @@ def test_fit_refuses_arrays_that_keras_would_cut_into_fixed_size_batches():
     # Poisson sample of rate q the ledger would record for every step. Arrays are drawn from
     # by Poisson sampling at the recorded q only, so a batch_size that gives another q is refused.
     x, y = _data(40)
-    sampler = PoissonSampler(population_size=40, sampling_probability=0.1, seed=0)
+    sampler = PoissonDatasetSampler(population_size=40, sampling_probability=0.1, seed=0)
     dp = DPKerasModel(_model(), l2_norm_bound=1.0, noise_multiplier=1.0, sampler=sampler, seed=1)
     dp.compile(optimizer="sgd", loss=_loss())
     with pytest.raises(InvalidParameterError, match=r"batch_size=20 is invalid.*= 0.1"):
@@ -232,7 +232,7 @@ def test_fit_refuses_arrays_that_keras_would_cut_into_fixed_size_batches():
         _model(),
         l2_norm_bound=1.0,
         noise_multiplier=1.0,
-        sampler=ShuffleSampler(population_size=40, batch_size=4, seed=0),
+        sampler=ShuffleDatasetSampler(population_size=40, batch_size=4, seed=0),
         ledger=PrivacyLedger(neighboring="replace_one"),
     )
     shuffled.compile(optimizer="sgd", loss=_loss())
@@ -330,13 +330,15 @@ def _tied_model(sampler):
         # the sampler's batches, some dropped
         lambda s, x, y: s.sample((x, y)).filter(lambda a, b: tf.shape(b)[0] > 0),
         # another sampler's batches
-        lambda s, x, y: PoissonSampler(population_size=60, sampling_probability=0.1).sample((x, y)),
+        lambda s, x, y: PoissonDatasetSampler(population_size=60, sampling_probability=0.1).sample(
+            (x, y)
+        ),
     ],
     ids=["shuffle_batch", "rebatched", "filtered", "other_sampler"],
 )
 def test_fit_refuses_batches_the_recorded_sampler_did_not_draw(pipeline):
     x, y = _data(60)
-    sampler = PoissonSampler(population_size=60, sampling_probability=0.1, seed=4)
+    sampler = PoissonDatasetSampler(population_size=60, sampling_probability=0.1, seed=4)
     dp = _tied_model(sampler)
     with pytest.raises(SamplerMismatchError, match="did not draw"):
         dp.fit(pipeline(sampler, x, y), epochs=1, verbose=0)
@@ -345,7 +347,7 @@ def test_fit_refuses_batches_the_recorded_sampler_did_not_draw(pipeline):
 
 def test_fit_accepts_the_samplers_draws_behind_prefetch_and_options():
     x, y = _data(20)
-    sampler = PoissonSampler(population_size=20, sampling_probability=0.1, seed=4)
+    sampler = PoissonDatasetSampler(population_size=20, sampling_probability=0.1, seed=4)
     dp = _tied_model(sampler)
     options = tf.data.Options()
     options.deterministic = True
@@ -371,8 +373,8 @@ def test_fit_on_arrays_draws_poisson_batches_at_the_recorded_q(caplog):
     assert dp.ledger.num_steps == 20  # round(1/q) per epoch
     assert {(s.sampling_probability, s.population_size) for s in dp.ledger.steps()} == {(0.1, 40)}
     assert {s.sampling.scheme.value for s in dp.ledger.steps()} == {"poisson"}
-    # the model's own PoissonSampler draws the batches when it has one
-    sampler = PoissonSampler(population_size=40, sampling_probability=0.1, seed=0)
+    # the model's own PoissonDatasetSampler draws the batches when it has one
+    sampler = PoissonDatasetSampler(population_size=40, sampling_probability=0.1, seed=0)
     own = DPKerasModel(_model(), l2_norm_bound=1.0, noise_multiplier=1.0, sampler=sampler, seed=1)
     own.compile(optimizer="sgd", loss=_loss())
     own.fit(x, y, epochs=1, verbose=0)

@@ -17,8 +17,8 @@ from dpledger import PrivacyLedger
 from dpledger.adapters.tensorflow import (
     DPKerasModel,
     LedgerNotAttachedError,
-    PoissonSampler,
-    ShuffleSampler,
+    PoissonDatasetSampler,
+    ShuffleDatasetSampler,
     UnrecordedTrainingWarning,
 )
 from dpledger.adapters.tensorflow.model_saving import (
@@ -77,7 +77,7 @@ def _no_unrecorded_training():
 def test_round_trip_restores_the_model_its_weights_and_its_dp_configuration(tmp_path):
     """Reference: the saved model itself (its weights, DPConfig, sampling event, optimizer)."""
     x, y = _data()
-    sampler = PoissonSampler(population_size=N, sampling_probability=0.25, seed=3)
+    sampler = PoissonDatasetSampler(population_size=N, sampling_probability=0.25, seed=3)
     dp = DPKerasModel(_inner(), config=CONFIG, sampler=sampler, seed=1)
     _compile(dp)
     dp.fit(sampler.sample((x, y)), epochs=1, verbose=0)
@@ -110,7 +110,9 @@ def test_a_loaded_model_records_nothing_until_it_is_given_a_ledger(tmp_path):
     _compile(dp)
     dp.save(tmp_path / "model.keras")
     loaded = keras.models.load_model(tmp_path / "model.keras")
-    batches = PoissonSampler(population_size=N, sampling_probability=0.25, seed=0).sample((x, y))
+    batches = PoissonDatasetSampler(population_size=N, sampling_probability=0.25, seed=0).sample(
+        (x, y)
+    )
     with pytest.raises(LedgerNotAttachedError, match="resume=True"):
         loaded.fit(batches, epochs=1, verbose=0)
     with pytest.raises(LedgerNotAttachedError, match="attach_ledger"):
@@ -128,7 +130,7 @@ def test_training_after_load_continues_the_resumed_ledger_file(tmp_path):
     save, which the resumed file keeps."""
     x, y = _data()
     ledger_path = tmp_path / "run.ledger"
-    sampler = PoissonSampler(population_size=N, sampling_probability=0.25, seed=3)
+    sampler = PoissonDatasetSampler(population_size=N, sampling_probability=0.25, seed=3)
     ledger = PrivacyLedger(ledger_path)
     dp = DPKerasModel(
         _inner(), l2_norm_bound=2.0, noise_multiplier=1.5, groups="per_layer",
@@ -160,9 +162,10 @@ def test_training_after_load_continues_the_resumed_ledger_file(tmp_path):
 
 
 def test_an_epoch_based_scheme_needs_its_sampler_back(tmp_path):
-    """Reference: the ShuffleSampler's own events (epoch_start on each epoch's first batch)."""
+    """Reference: the ShuffleDatasetSampler's own events (epoch_start on each epoch's first
+    batch)."""
     x, y = _data()
-    sampler = ShuffleSampler(population_size=N, batch_size=6, seed=5)
+    sampler = ShuffleDatasetSampler(population_size=N, batch_size=6, seed=5)
     dp = DPKerasModel(
         _inner(), l2_norm_bound=1.0, noise_multiplier=1.0, sampler=sampler,
         ledger=PrivacyLedger(neighboring="replace_one"), seed=1,
@@ -172,7 +175,7 @@ def test_an_epoch_based_scheme_needs_its_sampler_back(tmp_path):
     loaded = keras.models.load_model(tmp_path / "model.keras")
     with pytest.raises(InvalidParameterError, match="shuffle"):
         loaded.attach_ledger(PrivacyLedger(neighboring="replace_one"))
-    other = ShuffleSampler(population_size=N, batch_size=4, seed=5)
+    other = ShuffleDatasetSampler(population_size=N, batch_size=4, seed=5)
     with pytest.raises(InvalidParameterError, match="saved sampling"):
         loaded.attach_ledger(PrivacyLedger(neighboring="replace_one"), sampler=other)
     with pytest.raises(InvalidParameterError):  # shuffling is analysed under replace-one only

@@ -13,13 +13,13 @@ import tensorflow as tf
 
 from dpledger.accountants import make_accountant
 from dpledger.adapters.tensorflow import (
-    BallsInBinsSampler,
+    BallsInBinsDatasetSampler,
     DPKerasModel,
-    FixedSizeSampler,
-    PoissonSampler,
+    FixedSizeDatasetSampler,
+    PoissonDatasetSampler,
     PrivateGradients,
-    ShuffleSampler,
-    TruncatedPoissonSampler,
+    ShuffleDatasetSampler,
+    TruncatedPoissonDatasetSampler,
 )
 from dpledger.errors import (
     InvalidParameterError,
@@ -33,14 +33,16 @@ LR = 0.1
 
 def _samplers(seed: int = 5) -> dict:
     return {
-        "fixed": FixedSizeSampler(population_size=N, batch_size=3, seed=seed),
-        "truncated": TruncatedPoissonSampler(
+        "fixed": FixedSizeDatasetSampler(population_size=N, batch_size=3, seed=seed),
+        "truncated": TruncatedPoissonDatasetSampler(
             population_size=N, sampling_probability=0.25, max_batch_size=2, seed=seed
         ),
-        "balls": BallsInBinsSampler(population_size=N, num_batches=3, seed=seed),
-        "shuffle": ShuffleSampler(population_size=N, batch_size=5, seed=seed),
+        "balls": BallsInBinsDatasetSampler(population_size=N, num_batches=3, seed=seed),
+        "shuffle": ShuffleDatasetSampler(population_size=N, batch_size=5, seed=seed),
         # drop_last is accepted where b divides n (a no-op there)
-        "shuffle_drop": ShuffleSampler(population_size=N, batch_size=4, drop_last=True, seed=seed),
+        "shuffle_drop": ShuffleDatasetSampler(
+            population_size=N, batch_size=4, drop_last=True, seed=seed
+        ),
     }
 
 
@@ -169,24 +171,24 @@ def test_replace_one_only_schemes_refuse_an_add_remove_ledger_before_recording(s
 
 def test_fit_refuses_a_users_shuffled_batches_and_names_the_shuffle_sampler():
     x, y = _data()
-    sampler = ShuffleSampler(population_size=N, batch_size=4, seed=0)
+    sampler = ShuffleDatasetSampler(population_size=N, batch_size=4, seed=0)
     dp = DPKerasModel(
         _linear(), l2_norm_bound=1.0, noise_multiplier=1.0, sampler=sampler, ledger=_ledger(sampler)
     )
     dp.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
     users = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(N).batch(4)
-    with pytest.raises(SamplerMismatchError, match="ShuffleSampler") as info:
+    with pytest.raises(SamplerMismatchError, match="ShuffleDatasetSampler") as info:
         dp.fit(users, epochs=1, verbose=0)
-    assert "PoissonSampler" in str(info.value)
-    other = ShuffleSampler(population_size=N, batch_size=4, seed=0).sample((x, y))
+    assert "PoissonDatasetSampler" in str(info.value)
+    other = ShuffleDatasetSampler(population_size=N, batch_size=4, seed=0).sample((x, y))
     with pytest.raises(SamplerMismatchError, match="did not draw"):
         dp.fit(other, epochs=1, verbose=0)
     assert dp.ledger.num_steps == 0
     # and with a Poisson sampler too
-    poisson = PoissonSampler(population_size=N, sampling_probability=0.25, seed=0)
+    poisson = PoissonDatasetSampler(population_size=N, sampling_probability=0.25, seed=0)
     dp = DPKerasModel(_linear(), l2_norm_bound=1.0, noise_multiplier=1.0, sampler=poisson)
     dp.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
-    with pytest.raises(SamplerMismatchError, match="ShuffleSampler"):
+    with pytest.raises(SamplerMismatchError, match="ShuffleDatasetSampler"):
         dp.fit(users, epochs=1, verbose=0)
     assert dp.ledger.num_steps == 0
 
@@ -196,7 +198,7 @@ def test_epoch_starts_follow_the_iterations_when_fit_keeps_an_iterator_across_ep
     # when it runs out; a fit that stops early abandons its iterator. The epoch starts are
     # where the sampler's iterations start, whatever Keras calls an epoch.
     x, y = _data()
-    sampler = ShuffleSampler(population_size=N, batch_size=4, seed=0)  # 3 batches an epoch
+    sampler = ShuffleDatasetSampler(population_size=N, batch_size=4, seed=0)  # 3 batches an epoch
     dp = DPKerasModel(
         _linear(), l2_norm_bound=1.0, noise_multiplier=1.0, sampler=sampler, ledger=_ledger(sampler)
     )
@@ -217,7 +219,7 @@ def test_epoch_starts_follow_the_iterations_when_fit_keeps_an_iterator_across_ep
 
 def test_private_gradients_with_an_epoch_based_sampler():
     x, y = _data()
-    sampler = BallsInBinsSampler(population_size=N, num_batches=3, seed=2)
+    sampler = BallsInBinsDatasetSampler(population_size=N, num_batches=3, seed=2)
     private = PrivateGradients(
         _linear(),
         keras.losses.MeanSquaredError(reduction="none"),

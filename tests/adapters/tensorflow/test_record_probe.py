@@ -122,14 +122,14 @@ def test_fit_with_the_probe_trains_on_the_batches_it_would_have_drawn_without_it
     # The probe peeks at the first batch of the sampler's dataset; the sampler's generator is
     # restored, so the Poisson batches (and so the trained weights) are those of a run without
     # the probe.
-    from dpledger.adapters.tensorflow import PoissonSampler
+    from dpledger.adapters.tensorflow import PoissonDatasetSampler
 
     rng = np.random.default_rng(1)
     x = rng.standard_normal((40, D)).astype("float32")
     y = rng.integers(0, C, 40)
     weights = []
     for check in (True, False):
-        sampler = PoissonSampler(population_size=40, sampling_probability=0.2, seed=3)
+        sampler = PoissonDatasetSampler(population_size=40, sampling_probability=0.2, seed=3)
         dp = DPKerasModel(
             _model(),
             l2_norm_bound=1.0,

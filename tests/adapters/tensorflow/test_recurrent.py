@@ -19,7 +19,7 @@ from dpledger import PrivacyLedger
 from dpledger.adapters.tensorflow import (
     DPKerasModel,
     PerExampleGradientEngine,
-    PoissonSampler,
+    PoissonDatasetSampler,
     PrivateGradients,
     RecordMixingLayerError,
     UnsupportedLayerError,
@@ -222,7 +222,7 @@ def test_dp_fit_of_a_text_classifier_records_every_step(build, probe):
     y = (x[:, 1] > VOCAB // 2).astype(np.int32)  # the label depends on one token
     model = build()
     before = [v.numpy().copy() for v in model.trainable_variables]
-    sampler = PoissonSampler(population_size=n, sampling_probability=0.25, seed=3)
+    sampler = PoissonDatasetSampler(population_size=n, sampling_probability=0.25, seed=3)
     dp = DPKerasModel(
         model,
         l2_norm_bound=1.0,

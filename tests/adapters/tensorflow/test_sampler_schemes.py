@@ -3,14 +3,15 @@ that scheme's events, steps and rate."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from dpledger.adapters.tensorflow import (
-    BallsInBinsSampler,
-    FixedSizeSampler,
-    PoissonSampler,
-    ShuffleSampler,
-    TruncatedPoissonSampler,
+    BallsInBinsDatasetSampler,
+    FixedSizeDatasetSampler,
+    PoissonDatasetSampler,
+    ShuffleDatasetSampler,
+    TruncatedPoissonDatasetSampler,
 )
 from dpledger.sampling import (
     BallsInBinsScheme,
@@ -19,18 +20,19 @@ from dpledger.sampling import (
     ShuffleScheme,
     TruncatedPoissonScheme,
 )
+from dpledger.sampling.index_draws import host_generator
 
 CASES = [
     (
-        lambda: PoissonSampler(population_size=20, sampling_probability=0.4, seed=0),
+        lambda: PoissonDatasetSampler(population_size=20, sampling_probability=0.4, seed=0),
         PoissonScheme(population_size=20, sampling_probability=0.4, round_half_up=True),
     ),
     (
-        lambda: FixedSizeSampler(population_size=20, batch_size=8, seed=0),
+        lambda: FixedSizeDatasetSampler(population_size=20, batch_size=8, seed=0),
         FixedSizeScheme(population_size=20, batch_size=8, round_half_up=True),
     ),
     (
-        lambda: TruncatedPoissonSampler(
+        lambda: TruncatedPoissonDatasetSampler(
             population_size=20, sampling_probability=0.3, max_batch_size=4, seed=0
         ),
         TruncatedPoissonScheme(
@@ -38,11 +40,11 @@ CASES = [
         ),
     ),
     (
-        lambda: BallsInBinsSampler(population_size=20, num_batches=6, seed=0),
+        lambda: BallsInBinsDatasetSampler(population_size=20, num_batches=6, seed=0),
         BallsInBinsScheme(population_size=20, num_batches=6),
     ),
     (
-        lambda: ShuffleSampler(population_size=20, batch_size=6, seed=0),
+        lambda: ShuffleDatasetSampler(population_size=20, batch_size=6, seed=0),
         ShuffleScheme(population_size=20, batch_size=6),
     ),
 ]
@@ -62,5 +64,24 @@ def test_sampler_holds_its_scheme(make, scheme) -> None:
 
 def test_default_steps_round_halves_up_as_before() -> None:
     # 1/q = 2.5 and n/b = 2.5: three batches per epoch (PyTorch's samplers round to even: two)
-    assert PoissonSampler(population_size=10, sampling_probability=0.4, seed=0).steps_per_epoch == 3
-    assert FixedSizeSampler(population_size=10, batch_size=4, seed=0).steps_per_epoch == 3
+    assert (
+        PoissonDatasetSampler(population_size=10, sampling_probability=0.4, seed=0).steps_per_epoch
+        == 3
+    )
+    assert FixedSizeDatasetSampler(population_size=10, batch_size=4, seed=0).steps_per_epoch == 3
+
+
+@pytest.mark.parametrize(("make", "scheme"), CASES)
+def test_the_batches_are_the_schemes_host_draws(make, scheme) -> None:
+    """The indices are the core scheme's NumPy draws (dpledger.sampling.index_draws), from one
+    seed pair of the sampler's generator per draw (per epoch for the epoch-based schemes),
+    sorted."""
+    sampler, twin = make(), make()
+    for _ in range(2):  # two epochs: the generator's stream continues
+        got = [b.tolist() for b in sampler.index_dataset().as_numpy_iterator()]
+        if scheme.epoch_based:
+            batches = scheme.draw_epoch(host_generator(twin._seed_pair().numpy()))
+        else:
+            draws = [host_generator(twin._seed_pair().numpy()) for _ in got]
+            batches = [scheme.draw(rng) for rng in draws]
+        assert got == [np.sort(b).tolist() for b in batches]

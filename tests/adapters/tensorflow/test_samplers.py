@@ -11,12 +11,12 @@ import tensorflow as tf
 from scipy import stats
 
 from dpledger.adapters.tensorflow import (
-    BallsInBinsSampler,
-    FixedSizeSampler,
-    PoissonSampler,
-    RecordSampler,
-    ShuffleSampler,
-    TruncatedPoissonSampler,
+    BallsInBinsDatasetSampler,
+    FixedSizeDatasetSampler,
+    PoissonDatasetSampler,
+    RecordedDatasetSampler,
+    ShuffleDatasetSampler,
+    TruncatedPoissonDatasetSampler,
 )
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import SamplingEvent, SamplingScheme
@@ -36,7 +36,7 @@ def _index_sets(dataset) -> list[list[int]]:
     return [batch.tolist() for batch in dataset.as_numpy_iterator()]
 
 
-def _epochs(sampler: RecordSampler, epochs: int) -> list[list[list[int]]]:
+def _epochs(sampler: RecordedDatasetSampler, epochs: int) -> list[list[list[int]]]:
     """``epochs`` iterations of the sampler's index dataset (each draws a new epoch), read
     through one iterator: ``repeat`` iterates the dataset again for every repetition."""
     batches = _index_sets(sampler.index_dataset().repeat(epochs))
@@ -49,16 +49,16 @@ def _chi2_ok(statistic: float, dof: int) -> bool:
     return stats.chi2.ppf(TAIL, dof) < statistic < stats.chi2.ppf(1 - TAIL, dof)
 
 
-def _all_samplers(seed: int = 3) -> list[RecordSampler]:
+def _all_samplers(seed: int = 3) -> list[RecordedDatasetSampler]:
     return [
-        PoissonSampler(population_size=12, sampling_probability=0.25, seed=seed),
-        FixedSizeSampler(population_size=12, batch_size=5, seed=seed),
-        TruncatedPoissonSampler(
+        PoissonDatasetSampler(population_size=12, sampling_probability=0.25, seed=seed),
+        FixedSizeDatasetSampler(population_size=12, batch_size=5, seed=seed),
+        TruncatedPoissonDatasetSampler(
             population_size=12, sampling_probability=0.5, max_batch_size=4, seed=seed
         ),
-        BallsInBinsSampler(population_size=12, num_batches=3, seed=seed),
-        ShuffleSampler(population_size=12, batch_size=5, seed=seed),
-        ShuffleSampler(population_size=12, batch_size=4, drop_last=True, seed=seed),
+        BallsInBinsDatasetSampler(population_size=12, num_batches=3, seed=seed),
+        ShuffleDatasetSampler(population_size=12, batch_size=5, seed=seed),
+        ShuffleDatasetSampler(population_size=12, batch_size=4, drop_last=True, seed=seed),
     ]
 
 
@@ -69,7 +69,9 @@ _IDS = ["poisson", "fixed", "truncated", "balls", "shuffle", "shuffle_drop"]
 @pytest.mark.statistical
 def test_fixed_size_batches_are_uniform_subsets_drawn_independently_per_step():
     n, b, steps = 30, 7, 600
-    sampler = FixedSizeSampler(population_size=n, batch_size=b, steps_per_epoch=steps, seed=11)
+    sampler = FixedSizeDatasetSampler(
+        population_size=n, batch_size=b, steps_per_epoch=steps, seed=11
+    )
     batches = _index_sets(sampler.index_dataset())
     assert len(batches) == steps
     counts = np.zeros(n)
@@ -96,7 +98,7 @@ def test_fixed_size_batches_are_uniform_subsets_drawn_independently_per_step():
 @pytest.mark.statistical
 def test_truncated_poisson_is_a_poisson_draw_cut_to_a_uniform_subset():
     n, q, m, steps = 30, 0.4, 10, 800
-    sampler = TruncatedPoissonSampler(
+    sampler = TruncatedPoissonDatasetSampler(
         population_size=n, sampling_probability=q, max_batch_size=m, steps_per_epoch=steps, seed=5
     )
     batches = _index_sets(sampler.index_dataset())
@@ -124,7 +126,7 @@ def test_truncated_poisson_is_a_poisson_draw_cut_to_a_uniform_subset():
 @pytest.mark.statistical
 def test_balls_in_bins_partitions_each_epoch_with_uniform_independent_bins():
     n, k, epochs = 40, 4, 200
-    sampler = BallsInBinsSampler(population_size=n, num_batches=k, seed=21)
+    sampler = BallsInBinsDatasetSampler(population_size=n, num_batches=k, seed=21)
     table = np.zeros((n, k))  # table[j, c]: epochs in which record j was in batch c
     sizes = []
     previous = None
@@ -154,15 +156,15 @@ def test_balls_in_bins_partitions_each_epoch_with_uniform_independent_bins():
 def test_shuffle_refuses_drop_last_unless_b_divides_n():
     """Leaving the remainder out of every epoch is not the recorded shuffle(b, n)."""
     with pytest.raises(InvalidParameterError, match="does not divide"):
-        ShuffleSampler(population_size=10, batch_size=4, drop_last=True)
-    exact = ShuffleSampler(population_size=12, batch_size=4, drop_last=True)
+        ShuffleDatasetSampler(population_size=10, batch_size=4, drop_last=True)
+    exact = ShuffleDatasetSampler(population_size=12, batch_size=4, drop_last=True)
     assert exact.steps_per_epoch == 3
 
 
 @pytest.mark.statistical
 def test_shuffle_cuts_a_fresh_uniform_permutation_into_batches():
     n, b, epochs = 10, 4, 400
-    sampler = ShuffleSampler(population_size=n, batch_size=b, seed=9)
+    sampler = ShuffleDatasetSampler(population_size=n, batch_size=b, seed=9)
     shape = [4, 4, 2]
     assert sampler.steps_per_epoch == len(shape)
     table = np.zeros((n, len(shape)))
@@ -240,24 +242,28 @@ def test_events_of_every_step_and_their_denominators():
     n = 12
     cases = [
         (
-            FixedSizeSampler(population_size=n, batch_size=5, seed=0),
+            FixedSizeDatasetSampler(population_size=n, batch_size=5, seed=0),
             SamplingEvent.fixed_size(5, n),
             5.0,
         ),
         (
-            TruncatedPoissonSampler(
+            TruncatedPoissonDatasetSampler(
                 population_size=n, sampling_probability=0.25, max_batch_size=4, seed=0
             ),
             SamplingEvent.truncated_poisson(0.25, n, 4),
             3.0,
         ),
         (
-            BallsInBinsSampler(population_size=n, num_batches=3, seed=0),
+            BallsInBinsDatasetSampler(population_size=n, num_batches=3, seed=0),
             SamplingEvent.balls_in_bins(3, n),
             4.0,
         ),
-        (ShuffleSampler(population_size=n, batch_size=5, seed=0), SamplingEvent.shuffle(5, n), 5.0),
-        (PoissonSampler(population_size=n, sampling_probability=0.5, seed=0), None, 6.0),
+        (
+            ShuffleDatasetSampler(population_size=n, batch_size=5, seed=0),
+            SamplingEvent.shuffle(5, n),
+            5.0,
+        ),
+        (PoissonDatasetSampler(population_size=n, sampling_probability=0.5, seed=0), None, 6.0),
     ]
     for sampler, event, denominator in cases:
         if event is None:
@@ -274,10 +280,14 @@ def test_events_of_every_step_and_their_denominators():
         for bad in (-1, sampler.steps_per_epoch, 1.0, True):
             with pytest.raises(InvalidParameterError, match="step"):
                 sampler.event_for_step(bad)
-    assert ShuffleSampler(population_size=n, batch_size=5).steps_per_epoch == 3
-    assert ShuffleSampler(population_size=10, batch_size=5, drop_last=True).steps_per_epoch == 2
-    assert FixedSizeSampler(population_size=n, batch_size=5).steps_per_epoch == 2  # round(2.4)
-    balls = BallsInBinsSampler(population_size=n, num_batches=3, seed=1)
+    assert ShuffleDatasetSampler(population_size=n, batch_size=5).steps_per_epoch == 3
+    assert (
+        ShuffleDatasetSampler(population_size=10, batch_size=5, drop_last=True).steps_per_epoch == 2
+    )
+    assert (
+        FixedSizeDatasetSampler(population_size=n, batch_size=5).steps_per_epoch == 2
+    )  # round(2.4)
+    balls = BallsInBinsDatasetSampler(population_size=n, num_batches=3, seed=1)
     assert balls.steps_per_epoch == 3
     assert balls.sampling_event.scheme is SamplingScheme.BALLS_IN_BINS
     assert "num_batches=3" in repr(balls) and "seed=1" in repr(balls)
@@ -297,30 +307,30 @@ def _fields(event: SamplingEvent) -> dict:
 @pytest.mark.parametrize(
     ("make", "parameter"),
     [
-        (lambda: FixedSizeSampler(population_size=10, batch_size=0), "batch_size"),
-        (lambda: FixedSizeSampler(population_size=10, batch_size=11), "batch_size"),
-        (lambda: FixedSizeSampler(population_size=0, batch_size=1), "population_size"),
-        (lambda: FixedSizeSampler(population_size=10, batch_size=2, seed=-1), "seed"),
+        (lambda: FixedSizeDatasetSampler(population_size=10, batch_size=0), "batch_size"),
+        (lambda: FixedSizeDatasetSampler(population_size=10, batch_size=11), "batch_size"),
+        (lambda: FixedSizeDatasetSampler(population_size=0, batch_size=1), "population_size"),
+        (lambda: FixedSizeDatasetSampler(population_size=10, batch_size=2, seed=-1), "seed"),
         (
-            lambda: FixedSizeSampler(population_size=10, batch_size=2, steps_per_epoch=0),
+            lambda: FixedSizeDatasetSampler(population_size=10, batch_size=2, steps_per_epoch=0),
             "steps_per_epoch",
         ),
         (
-            lambda: TruncatedPoissonSampler(
+            lambda: TruncatedPoissonDatasetSampler(
                 population_size=10, sampling_probability=0.0, max_batch_size=2
             ),
             "sampling_probability",
         ),
         (
-            lambda: TruncatedPoissonSampler(
+            lambda: TruncatedPoissonDatasetSampler(
                 population_size=10, sampling_probability=0.5, max_batch_size=11
             ),
             "max_batch_size",
         ),
-        (lambda: BallsInBinsSampler(population_size=10, num_batches=0), "num_batches"),
-        (lambda: BallsInBinsSampler(population_size=10, num_batches=11), "num_batches"),
-        (lambda: ShuffleSampler(population_size=10, batch_size=2.5), "batch_size"),
-        (lambda: ShuffleSampler(population_size=10, batch_size=2, drop_last=1), "drop_last"),
+        (lambda: BallsInBinsDatasetSampler(population_size=10, num_batches=0), "num_batches"),
+        (lambda: BallsInBinsDatasetSampler(population_size=10, num_batches=11), "num_batches"),
+        (lambda: ShuffleDatasetSampler(population_size=10, batch_size=2.5), "batch_size"),
+        (lambda: ShuffleDatasetSampler(population_size=10, batch_size=2, drop_last=1), "drop_last"),
     ],
 )
 def test_bad_parameters_are_refused(make, parameter):
@@ -330,7 +340,7 @@ def test_bad_parameters_are_refused(make, parameter):
 
 
 def test_data_of_the_wrong_size_is_refused():
-    sampler = ShuffleSampler(population_size=12, batch_size=5, seed=0)
+    sampler = ShuffleDatasetSampler(population_size=12, batch_size=5, seed=0)
     x, y = _population(13)
     with pytest.raises(InvalidParameterError, match="population_size=12"):
         sampler.sample((x, y))

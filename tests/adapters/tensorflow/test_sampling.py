@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 from scipy import stats
 
-from dpledger.adapters.tensorflow.sampling import PoissonSampler
+from dpledger.adapters.tensorflow.sampling import PoissonDatasetSampler
 from dpledger.errors import InvalidParameterError
 
 N = 60
@@ -25,7 +25,7 @@ def _index_sets(dataset) -> list[list[int]]:
 @pytest.mark.statistical
 def test_inclusion_frequencies_match_the_binomial():
     q, steps = 0.2, 500
-    sampler = PoissonSampler(
+    sampler = PoissonDatasetSampler(
         population_size=N, sampling_probability=q, steps_per_epoch=steps, seed=1234
     )
     batches = _index_sets(sampler.sample(_population()))
@@ -57,7 +57,7 @@ def test_inclusion_frequencies_match_the_binomial():
 
 
 def test_empty_batches_keep_their_shapes():
-    sampler = PoissonSampler(
+    sampler = PoissonDatasetSampler(
         population_size=5, sampling_probability=0.01, steps_per_epoch=20, seed=0
     )
     x, y = _population(5)
@@ -73,20 +73,22 @@ def test_empty_batches_keep_their_shapes():
 
 def test_same_seed_same_batches_and_each_epoch_differs():
     x, y = _population()
-    a = PoissonSampler(population_size=N, sampling_probability=0.1, seed=7).sample((x, y))
-    b = PoissonSampler(population_size=N, sampling_probability=0.1, seed=7).sample((x, y))
+    a = PoissonDatasetSampler(population_size=N, sampling_probability=0.1, seed=7).sample((x, y))
+    b = PoissonDatasetSampler(population_size=N, sampling_probability=0.1, seed=7).sample((x, y))
     epoch_a1, epoch_a2 = _index_sets(a), _index_sets(a)
     assert epoch_a1 == _index_sets(b)
     assert epoch_a2 == _index_sets(b)
     assert epoch_a1 != epoch_a2
-    other = PoissonSampler(population_size=N, sampling_probability=0.1, seed=8).sample((x, y))
+    other = PoissonDatasetSampler(population_size=N, sampling_probability=0.1, seed=8).sample(
+        (x, y)
+    )
     assert _index_sets(other) != epoch_a1
 
 
 def test_dataset_source_gives_the_same_batches_as_arrays():
     x, y = _population()
-    from_arrays = PoissonSampler(population_size=N, sampling_probability=0.15, seed=3)
-    from_dataset = PoissonSampler(population_size=N, sampling_probability=0.15, seed=3)
+    from_arrays = PoissonDatasetSampler(population_size=N, sampling_probability=0.15, seed=3)
+    from_dataset = PoissonDatasetSampler(population_size=N, sampling_probability=0.15, seed=3)
     arrays = list(from_arrays.sample((x, y)).as_numpy_iterator())
     dataset = list(
         from_dataset.sample(tf.data.Dataset.from_tensor_slices((x, y))).as_numpy_iterator()
@@ -99,7 +101,7 @@ def test_dataset_source_gives_the_same_batches_as_arrays():
 
 
 def test_index_dataset_and_dict_structures():
-    sampler = PoissonSampler(population_size=N, sampling_probability=0.3, seed=5)
+    sampler = PoissonDatasetSampler(population_size=N, sampling_probability=0.3, seed=5)
     for idx in sampler.index_dataset().as_numpy_iterator():
         assert idx.dtype == np.int64 and np.all(np.diff(idx) > 0)
         assert idx.size == 0 or (idx.min() >= 0 and idx.max() < N)
@@ -110,30 +112,32 @@ def test_index_dataset_and_dict_structures():
 
 
 def test_properties_and_default_steps_per_epoch():
-    sampler = PoissonSampler(population_size=1797, sampling_probability=256 / 1797, seed=1)
+    sampler = PoissonDatasetSampler(population_size=1797, sampling_probability=256 / 1797, seed=1)
     assert sampler.population_size == 1797
     assert sampler.sampling_probability == 256 / 1797
     assert sampler.expected_batch_size == pytest.approx(256)
     assert sampler.steps_per_epoch == 7  # round(1797 / 256) = round(7.02)
-    assert PoissonSampler(population_size=10, sampling_probability=0.4).steps_per_epoch == 3
-    assert PoissonSampler(population_size=10, sampling_probability=1.0).steps_per_epoch == 1
+    assert PoissonDatasetSampler(population_size=10, sampling_probability=0.4).steps_per_epoch == 3
+    assert PoissonDatasetSampler(population_size=10, sampling_probability=1.0).steps_per_epoch == 1
     assert (
-        PoissonSampler(
+        PoissonDatasetSampler(
             population_size=10, sampling_probability=0.3, steps_per_epoch=11
         ).steps_per_epoch
         == 11
     )
-    fixed = PoissonSampler.from_expected_batch_size(population_size=200, expected_batch_size=50)
+    fixed = PoissonDatasetSampler.from_expected_batch_size(
+        population_size=200, expected_batch_size=50
+    )
     assert fixed.sampling_probability == 0.25 and fixed.steps_per_epoch == 4
-    assert isinstance(PoissonSampler(population_size=3, sampling_probability=0.5).seed, int)
+    assert isinstance(PoissonDatasetSampler(population_size=3, sampling_probability=0.5).seed, int)
     assert "sampling_probability=0.5" in repr(
-        PoissonSampler(population_size=3, sampling_probability=0.5, seed=1)
+        PoissonDatasetSampler(population_size=3, sampling_probability=0.5, seed=1)
     )
 
 
 def test_q_one_takes_every_record():
     x, y = _population(7)
-    sampler = PoissonSampler(population_size=7, sampling_probability=1.0, seed=0)
+    sampler = PoissonDatasetSampler(population_size=7, sampling_probability=1.0, seed=0)
     assert _index_sets(sampler.sample((x, y))) == [list(range(7))]
 
 
@@ -156,18 +160,18 @@ def test_q_one_takes_every_record():
 )
 def test_bad_parameters_are_refused(kwargs, parameter):
     with pytest.raises(InvalidParameterError) as info:
-        PoissonSampler(**kwargs)
+        PoissonDatasetSampler(**kwargs)
     assert info.value.parameter == parameter
 
 
 @pytest.mark.parametrize("size", [0, -1, 11, float("nan"), "5", True])
 def test_bad_expected_batch_sizes_are_refused(size):
     with pytest.raises(InvalidParameterError, match="expected_batch_size"):
-        PoissonSampler.from_expected_batch_size(population_size=10, expected_batch_size=size)
+        PoissonDatasetSampler.from_expected_batch_size(population_size=10, expected_batch_size=size)
 
 
 def test_data_of_the_wrong_size_is_refused():
-    sampler = PoissonSampler(population_size=N, sampling_probability=0.5, seed=0)
+    sampler = PoissonDatasetSampler(population_size=N, sampling_probability=0.5, seed=0)
     x, y = _population(N + 1)
     with pytest.raises(InvalidParameterError, match="population_size=60"):
         sampler.sample((x, y))

@@ -1,5 +1,9 @@
 """Participation schemas: how often, and how far apart, one record may enter the stream.
 
+A batch selection's participation pattern: the sampling concept that a correlated-noise release
+(:mod:`dpledger.mechanisms.correlated`) is analysed under and that a cyclic draw
+(:class:`~dpledger.sampling.CyclicScheme`) produces.
+
 The sensitivity of a matrix mechanism (``docs/correlated-noise.md``) is a maximum over the
 *participation patterns* a schema allows: the sets Π ⊂ {0, …, T−1} of steps in which one record
 contributes. Three schemas (Choquette-Choo et al. 2023, "Multi-Epoch Matrix Factorization
