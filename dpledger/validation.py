@@ -16,11 +16,13 @@ import sys
 import warnings
 from typing import Any, TypeVar
 
-from dpledger.errors import DeltaTooLargeWarning
+from dpledger.errors import ComputationBudgetError, DeltaTooLargeWarning
 from dpledger.errors import InvalidParameterError as InvalidParameterError
 
 __all__ = [
     "FLOAT_INT_MAX",
+    "MAX_MATRIX_BYTES",
+    "check_allocation",
     "check_delta",
     "check_enum",
     "check_finite",
@@ -40,6 +42,30 @@ FLOAT_INT_MAX = int(sys.float_info.max)
 population in a denominator q·n, a number of records in a bound |R|·S, a size in bytes) must
 not exceed it: Python raises ``OverflowError`` converting a larger int. Pass it as ``maximum``
 of :func:`check_positive_int` or :func:`check_non_negative_int`."""
+
+MAX_MATRIX_BYTES = 2**30
+"""The most memory a materialised correlated-noise factorization (C, B, the checks' products) or a
+computation over T steps (filter coefficients, prefix errors, participation patterns) may take:
+1 GiB. C and B are dense, so T is limited to a few thousand steps (docs/correlated-noise.md,
+"Limits"); beyond it the functions refuse up front with ComputationBudgetError."""
+
+
+def check_allocation(parameter: str, value: Any, needed: int, suggestion: str) -> None:
+    """Refuse, before allocating, a computation whose estimate ``needed`` (bytes, an int, so that
+    sizes beyond the float64 range are refused too, never overflow) exceeds
+    :data:`MAX_MATRIX_BYTES`.
+
+    Raises:
+        ComputationBudgetError: ``needed`` exceeds the budget; names ``parameter`` and ``value``.
+    """
+    if needed > MAX_MATRIX_BYTES:
+        raise ComputationBudgetError(
+            parameter=parameter,
+            value=value,
+            estimated_bytes=float(needed) if needed <= FLOAT_INT_MAX else math.inf,
+            budget_bytes=MAX_MATRIX_BYTES,
+            suggestion=suggestion,
+        )
 
 
 def check_enum(name: str, value: Any, enum_type: type[_E]) -> _E:

@@ -470,21 +470,21 @@ def package_cycles(modules: Mapping[str, Module]) -> list[str]:
 
 
 KNOWN_CYCLES = (
-    "dpledger.ledger <-> dpledger.mechanisms: dpledger/ledger/dp_event.py:117: "
+    "dpledger.ledger <-> dpledger.mechanisms: dpledger/ledger/dp_event.py: "
     "from dpledger.mechanisms.correlated.verification import verified_release",
 )
 """The cycles between core packages not removed yet, each named by its import from the package
 that should not make it (a ratchet: a new cycle fails, and so does removing one of these without
-deleting its line)."""
+deleting its line). Line numbers are left out, so that edits elsewhere in a file do not break
+the ratchet."""
 
 
 def test_no_cycle_between_core_packages(modules: dict[str, Module]) -> None:
     """The core packages depend on each other one way (``docs/architecture.md``, "Layers"):
     ``sampling`` never imports ``mechanisms``, which imports ``sampling``."""
     found = package_cycles(modules)
-    assert [f.split(" | ")[0] for f in found] == list(KNOWN_CYCLES), (
-        "import cycles between core packages:\n" + "\n".join(found)
-    )
+    named = [re.sub(r"\.py:\d+:", ".py:", f.split(" | ")[0]) for f in found]
+    assert named == list(KNOWN_CYCLES), "import cycles between core packages:\n" + "\n".join(found)
 
 
 def test_the_checker_reports_a_cycle_hidden_in_a_function() -> None:

@@ -24,10 +24,9 @@ from typing import Any
 import attrs
 
 from dpledger.errors import InvalidParameterError
-from dpledger.mechanisms.correlated.strategies import _check_bytes
-from dpledger.validation import check_enum, check_positive_int
+from dpledger.validation import check_allocation, check_enum, check_positive_int
 
-__all__ = ["ParticipationKind", "ParticipationSchema"]
+__all__ = ["ParticipationKind", "ParticipationSchema", "count_patterns"]
 
 
 class ParticipationKind(str, enum.Enum):
@@ -111,14 +110,12 @@ class ParticipationSchema:
             ComputationBudgetError: the patterns would exceed
                 :data:`~.strategies.MAX_MATRIX_BYTES` (refused before they are listed).
         """
-        from dpledger.mechanisms.correlated.sensitivity import count_patterns
-
         t, k, b = self.num_steps, self.max_participations, self.min_separation
         count = count_patterns(self)
         steps = k * count if self.kind is ParticipationKind.MIN_SEPARATION else t
         # a pointer and an int object per step, a tuple header per pattern
         advice = "the patterns are listed one by one (for small T): use fewer steps"
-        _check_bytes("num_steps", t, 40 * steps + 64 * count, advice)
+        check_allocation("num_steps", t, 40 * steps + 64 * count, advice)
         if self.kind is ParticipationKind.SINGLE:
             return [(i,) for i in range(t)]
         if self.kind is ParticipationKind.CYCLIC:
@@ -134,3 +131,29 @@ class ParticipationSchema:
 
         extend((), 0)
         return out
+
+
+def count_patterns(schema: ParticipationSchema) -> int:
+    """The number of maximal participation patterns (what an exhaustive search visits).
+
+    Raises:
+        ComputationBudgetError: for ``min_separation``, T so large that the two tables of
+            counts (T + b Python integers each) would exceed
+            :data:`~dpledger.validation.MAX_MATRIX_BYTES`.
+    """
+    t, k, b = schema.num_steps, schema.max_participations, schema.min_separation
+    if schema.kind is ParticipationKind.SINGLE:
+        return t
+    if schema.kind is ParticipationKind.CYCLIC:
+        return b
+    check_allocation("num_steps", t, 2 * 40 * (t + b + 1), "the counts are tabulated per step")
+    # ways[c][i]: maximal patterns of ≤ c more steps starting at or after step i
+    prev = [1] * (t + b + 1)
+    for _ in range(k):
+        cur = [1] * (t + b + 1)
+        cur[t] = 0
+        for i in range(t - 1, -1, -1):
+            cur[i] = cur[i + 1] + prev[i + b]
+        cur[t] = 1
+        prev = cur
+    return prev[0]

@@ -33,11 +33,7 @@ from dpledger.mechanisms.correlated.release import (
     count_bands,
     release_event,
 )
-from dpledger.mechanisms.correlated.sensitivity import (
-    SensitivityResult,
-    count_patterns,
-    sensitivity,
-)
+from dpledger.mechanisms.correlated.sensitivity import SensitivityResult, sensitivity
 from dpledger.mechanisms.correlated.spec import CorrelatedNoiseSpec, NoiseStrategy
 from dpledger.mechanisms.correlated.strategies import (
     MatrixFactorization,
@@ -58,7 +54,11 @@ from dpledger.mechanisms.correlated.verification import (
     recompute_release,
     verified_release,
 )
-from dpledger.sampling.participation import ParticipationKind, ParticipationSchema
+from dpledger.sampling.participation import (
+    ParticipationKind,
+    ParticipationSchema,
+    count_patterns,
+)
 
 __all__ = [
     "BandedNoise",

@@ -39,10 +39,9 @@ import numpy as np
 import numpy.typing as npt
 
 from dpledger.errors import InvalidParameterError
-from dpledger.mechanisms.correlated.strategies import _check_bytes
-from dpledger.sampling.participation import ParticipationKind, ParticipationSchema
+from dpledger.sampling.participation import ParticipationKind, ParticipationSchema, count_patterns
 
-__all__ = ["SensitivityResult", "count_patterns", "sensitivity"]
+__all__ = ["SensitivityResult", "sensitivity"]
 
 DEFAULT_MAX_PATTERNS = 200_000
 
@@ -89,31 +88,6 @@ def _monotone_toeplitz(c: npt.NDArray[np.float64]) -> bool:
     idx = np.subtract.outer(np.arange(t), np.arange(t))
     expected = np.where(idx >= 0, coeffs[np.clip(idx, 0, t - 1)], 0.0)
     return bool(np.array_equal(c, expected))
-
-
-def count_patterns(schema: ParticipationSchema) -> int:
-    """The number of maximal participation patterns (what an exhaustive search visits).
-
-    Raises:
-        ComputationBudgetError: for ``min_separation``, T so large that the two tables of
-            counts (T + b Python integers each) would exceed :data:`.MAX_MATRIX_BYTES`.
-    """
-    t, k, b = schema.num_steps, schema.max_participations, schema.min_separation
-    if schema.kind is ParticipationKind.SINGLE:
-        return t
-    if schema.kind is ParticipationKind.CYCLIC:
-        return b
-    _check_bytes("num_steps", t, 2 * 40 * (t + b + 1), "the counts are tabulated per step")
-    # ways[c][i]: maximal patterns of ≤ c more steps starting at or after step i
-    prev = [1] * (t + b + 1)
-    for _ in range(k):
-        cur = [1] * (t + b + 1)
-        cur[t] = 0
-        for i in range(t - 1, -1, -1):
-            cur[i] = cur[i + 1] + prev[i + b]
-        cur[t] = 1
-        prev = cur
-    return prev[0]
 
 
 def sensitivity(

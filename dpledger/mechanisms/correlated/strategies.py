@@ -38,8 +38,8 @@ import numpy.typing as npt
 import scipy.optimize
 import scipy.signal
 
-from dpledger.errors import ComputationBudgetError, InvalidParameterError
-from dpledger.validation import FLOAT_INT_MAX, check_positive_int
+from dpledger.errors import InvalidParameterError
+from dpledger.validation import MAX_MATRIX_BYTES, check_allocation, check_positive_int
 
 __all__ = [
     "MAX_MATRIX_BYTES",
@@ -63,32 +63,13 @@ StrategyKind = str
 
 Matrix = npt.NDArray[np.float64]
 
-MAX_MATRIX_BYTES = 2**30
-"""The most memory a materialised factorization (C, B, the checks' products) or a computation
-over T steps (filter coefficients, prefix errors, patterns) may take: 1 GiB. C and B are dense,
-so T is limited to a few thousand steps (docs/correlated-noise.md, "Limits"); beyond it the
-functions refuse up front with ComputationBudgetError."""
-
-
-def _check_bytes(parameter: str, value: Any, needed: int, suggestion: str) -> None:
-    """Refuse, before allocating, a computation whose estimate ``needed`` (bytes, an int, so that
-    sizes beyond the float64 range are refused too, never overflow) exceeds the budget."""
-    if needed > MAX_MATRIX_BYTES:
-        raise ComputationBudgetError(
-            parameter=parameter,
-            value=value,
-            estimated_bytes=float(needed) if needed <= FLOAT_INT_MAX else math.inf,
-            budget_bytes=MAX_MATRIX_BYTES,
-            suggestion=suggestion,
-        )
-
 
 def _check_size(num_steps: int, rows: int, extra_entries: int = 0) -> None:
     """Refuse, before allocating, factorizations whose dense matrices exceed the budget: C
     (rows × T), B (T × rows), A (T × T) and ``extra_entries`` more, in float64."""
     needed = 8 * (2 * rows * num_steps + num_steps * num_steps + extra_entries)
     suggestion = "a factorization is dense (O(T²) memory): use fewer steps per stream"
-    _check_bytes("num_steps", num_steps, needed, suggestion)
+    check_allocation("num_steps", num_steps, needed, suggestion)
 
 
 def _check_vectors(count: int, per_item: int, parameter: str = "num_steps") -> None:
@@ -96,7 +77,7 @@ def _check_vectors(count: int, per_item: int, parameter: str = "num_steps") -> N
     ``parameter`` ``"omega"`` or ``"buffers"``) of ``count``."""
     item = "step" if parameter == "num_steps" else "buffer"
     advice = f"it holds {per_item} float64 values per {item}: use fewer {item}s"
-    _check_bytes(parameter, count, 8 * count * per_item, advice)
+    check_allocation(parameter, count, 8 * count * per_item, advice)
 
 
 def prefix_sum_workload(num_steps: int) -> Matrix:
