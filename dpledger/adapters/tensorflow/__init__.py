@@ -8,12 +8,12 @@ Importing this package imports TensorFlow and Keras; ``import dpledger`` and
 """
 
 from dpledger.adapters.tensorflow.backend import TensorFlowBackend, make_generator
+from dpledger.adapters.tensorflow.dp_step import gradient_queries
 from dpledger.adapters.tensorflow.engine import (
     ClippedGradients,
     PerExampleGradientEngine,
     PerExampleNorms,
 )
-from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, gradient_queries
 from dpledger.adapters.tensorflow.keras_model import DPKerasModel, make_private
 from dpledger.adapters.tensorflow.layer_rules import (
     Conv2DRule,
@@ -63,7 +63,6 @@ __all__ = [
     "EmbeddingRule",
     "FixedSizeSampler",
     "GRURule",
-    "GradientQueries",
     "LSTMRule",
     "LayerCall",
     "LayerNormalizationRule",

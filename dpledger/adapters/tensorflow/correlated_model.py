@@ -38,13 +38,13 @@ from dpledger.adapters.tensorflow.correlated_step import (
 )
 from dpledger.adapters.tensorflow.cyclic_sampler import CyclicSampler
 from dpledger.adapters.tensorflow.fit_data import BATCH_SOURCES
-from dpledger.adapters.tensorflow.gradient_queries import GradientQueries
 from dpledger.errors import InvalidParameterError, NoiseStreamEndError, SamplerMismatchError
 from dpledger.ledger import NeighboringRelation, PrivacyLedger
 from dpledger.ledger.correlated import check_stream_resume
 from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent
 from dpledger.mechanisms import DPConfig
 from dpledger.mechanisms.correlated import CorrelatedNoiseSpec
+from dpledger.mechanisms.gradient_queries import GradientQueries
 
 __all__ = [
     "attach_release",

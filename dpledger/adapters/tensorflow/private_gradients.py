@@ -25,9 +25,8 @@ from dpledger.adapters.tensorflow.correlated_model import (
     stream_of,
 )
 from dpledger.adapters.tensorflow.correlated_step import CorrelatedDPStep
-from dpledger.adapters.tensorflow.dp_step import DPStep, default_clip_margin
+from dpledger.adapters.tensorflow.dp_step import DPStep, default_clip_margin, variable_layout
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
-from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, settings_of_arguments
 from dpledger.adapters.tensorflow.record_probe import (
     check_probe_switch,
     probe_record_independence,
@@ -42,6 +41,7 @@ from dpledger.diagnostics.bias import ClippingBiasCallback
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, DPConfig, GaussianSumQuery
+from dpledger.mechanisms.gradient_queries import GradientQueries, settings_of_arguments
 
 # DPStep, StepEvents and the constructors' checks lived here before the step was split into
 # dp_step, step_events and construction_checks; they stay importable from this module.
@@ -90,7 +90,7 @@ class PrivateGradients:
         config: the step's :class:`~dpledger.mechanisms.DPConfig`, instead of the keyword
             arguments of its fields; giving both (or ``queries``) is an
             :class:`~dpledger.errors.InvalidParameterError`. Its ``noise_multiplier`` is needed.
-        l2_norm_bound: S* > 0 (see :func:`~dpledger.adapters.tensorflow.gradient_queries`).
+        l2_norm_bound: S* > 0 (see :func:`~dpledger.adapters.tensorflow.dp_step.gradient_queries`).
         noise_multiplier: z ≥ 0.
         sampler: the sampler whose batches are passed (a
             :class:`~dpledger.adapters.tensorflow.PoissonSampler`, ``FixedSizeSampler``,
@@ -106,8 +106,8 @@ class PrivateGradients:
         generator: the noise ``tf.random.Generator``; or ``seed`` (None: OS entropy).
         seed: seed of the noise generator.
         clipping: the queries' clipping strategy, as in
-            :func:`~dpledger.adapters.tensorflow.gradient_queries` (None: the default, or the
-            value of ``config``); the same holds for the next five.
+            :func:`~dpledger.adapters.tensorflow.dp_step.gradient_queries` (None: the default,
+            or the value of ``config``); the same holds for the next five.
         groups: the groups of variables.
         clip_split: how S* is split over the groups.
         noise_allocation: how the noise is allocated over the groups.
@@ -169,7 +169,7 @@ class PrivateGradients:
         check_built(model)
         self._compiled: Callable[..., Any] | None = None
         self._last_position: int | None = None  # the last eager step_in_epoch that stepped
-        queries = settings.queries_for(engine.trainable_variables)
+        queries = settings.queries_for(**variable_layout(engine.trainable_variables))
         stream = stream_of(
             noise, sampler, queries, model, settings.config, generator, seed, bias_callback
         )

@@ -49,7 +49,6 @@ from dpledger.adapters.torch.functional_gradients import (
     per_example_gradients,
     squared_norms_of,
 )
-from dpledger.adapters.torch.gradient_queries import GradientQueries
 from dpledger.adapters.torch.module_checks import (
     check_module_configuration,
     check_no_record_mixing,
@@ -101,7 +100,6 @@ __all__ = [
     "EpochBatchSampler",
     "FixedSizeBatchSampler",
     "FunctionalPerExampleEngine",
-    "GradientQueries",
     "LayerRule",
     "LossReduction",
     "NoiseSeedReuseError",
