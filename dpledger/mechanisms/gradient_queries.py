@@ -42,6 +42,7 @@ from dpledger.errors import InvalidParameterError
 from dpledger.mechanisms.allocation import allocate, check_allocation_methods
 from dpledger.mechanisms.clipping import ClippingStrategy, check_clip_margin
 from dpledger.mechanisms.config import FLAT_LABEL, DPConfig, check_groups, check_strategy
+from dpledger.mechanisms.construction_checks import config_with_noise
 from dpledger.mechanisms.grouped import GroupedSumQuery
 from dpledger.mechanisms.sum_query import GaussianSumQuery, ScaledGaussianSumQuery
 from dpledger.validation import check_non_negative_finite, check_positive_finite
@@ -385,14 +386,12 @@ def adapter_settings(
     fields.update(
         l2_norm_bound=l2_norm_bound, groups=groups, strategy=strategy, clip_margin=clip_margin
     )
-    config = DPConfig.resolve(config, **fields)
-    if config.noise_multiplier is None:
-        raise InvalidParameterError(
-            "target_epsilon",
-            config.target_epsilon,
-            "None: the Keras adapters take noise_multiplier= (calibrate z for a target with "
-            "dpledger.accountants.calibrate_noise_multiplier)",
-        )
+    config = config_with_noise(
+        config,
+        calibrate="the Keras adapters take noise_multiplier= (calibrate z for a target with "
+        "dpledger.accountants.calibrate_noise_multiplier)",
+        **fields,
+    )
     return AdapterSettings(
         config=config,
         groups=config.groups,

@@ -43,6 +43,7 @@ from dpledger.ledger import NeighboringRelation, PrivacyLedger
 from dpledger.ledger.correlated import check_stream_resume
 from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent
 from dpledger.mechanisms import DPConfig
+from dpledger.mechanisms.construction_checks import check_ledger
 from dpledger.mechanisms.correlated import CorrelatedNoiseSpec
 from dpledger.mechanisms.gradient_queries import GradientQueries
 
@@ -193,10 +194,10 @@ def ledger_for_release(
         return PrivacyLedger(
             neighboring=NeighboringRelation.ADD_REMOVE, metadata={INTENT_KEY: intent}
         )
-    if not isinstance(ledger, PrivacyLedger):
-        raise InvalidParameterError("ledger", ledger, "a dpledger.PrivacyLedger or None")
-    note_intent(ledger, intent)
-    return ledger
+    checked = check_ledger(ledger)
+    assert checked is not None
+    note_intent(checked, intent)
+    return checked
 
 
 def correlated_batches(

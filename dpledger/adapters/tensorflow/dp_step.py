@@ -69,15 +69,14 @@ import tensorflow as tf
 
 from dpledger.adapters.tensorflow.backend import TensorFlowBackend
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine
-from dpledger.adapters.tensorflow.host_release import SummaryBackend, SumSummary
-from dpledger.adapters.tensorflow.step_events import StepEvents
 from dpledger.diagnostics.bias import ClippingBiasCallback, clipping_bias_from_sums
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms import fixed_denominator_average
+from dpledger.mechanisms.backend import SummaryBackend, SumSummary
 from dpledger.mechanisms.clipping import rounding_clip_margin
 from dpledger.mechanisms.gradient_queries import GradientQueries
-from dpledger.mechanisms.step import open_step
+from dpledger.mechanisms.step import StepEvents, open_step
 
 __all__ = ["DPStep", "default_clip_margin", "gradient_queries", "variable_layout"]
 

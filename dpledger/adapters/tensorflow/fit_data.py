@@ -13,10 +13,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.step_events import StepEvents
 from dpledger.adapters.tensorflow.stepwise_samplers import PoissonSampler
 from dpledger.errors import InvalidParameterError, SamplerMismatchError, UnsupportedLayerError
 from dpledger.ledger import SamplingScheme
+from dpledger.mechanisms.step import StepEvents
 from dpledger.validation import check_positive_int
 
 __all__ = [

@@ -53,7 +53,6 @@ import keras
 import tensorflow as tf
 
 from dpledger.adapters.tensorflow.construction_checks import (
-    check_bias_callback,
     generator_of,
     ledger_with_intent,
 )
@@ -81,13 +80,14 @@ from dpledger.adapters.tensorflow.record_probe import (
     check_probe_switch,
     probe_record_independence,
 )
-from dpledger.adapters.tensorflow.step_events import StepEvents, step_events_of
 from dpledger.adapters.tensorflow.train_function import dp_train_function
 from dpledger.diagnostics.bias import ClippingBiasCallback
 from dpledger.errors import InvalidParameterError, LedgerNotAttachedError, PerExampleLossError
 from dpledger.ledger import PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, DPConfig, GaussianSumQuery
+from dpledger.mechanisms.construction_checks import check_bias_callback
 from dpledger.mechanisms.gradient_queries import GradientQueries, settings_of_arguments
+from dpledger.mechanisms.step import StepEvents, step_events_of
 
 __all__ = ["DPKerasModel", "make_private"]
 

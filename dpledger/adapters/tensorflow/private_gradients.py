@@ -1,9 +1,9 @@
 """Privatised gradients for a custom training loop: :class:`PrivateGradients`.
 
 Each call is one DP step (:class:`~dpledger.adapters.tensorflow.dp_step.DPStep`, shared with
-Keras ``fit``; its module docstring states the stages and their precision). The step's parts
-live beside this module and are re-exported here: the step (``dp_step``), its sampling events
-(``step_events``) and the constructors' checks (``construction_checks``).
+Keras ``fit``; its module docstring states the stages and their precision). Its sampling events
+are :class:`~dpledger.mechanisms.step.StepEvents`; the constructors' checks are in
+``construction_checks``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Any
 import tensorflow as tf
 
 from dpledger.adapters.tensorflow.construction_checks import (
-    check_bias_callback,
     generator_of,
     ledger_of,
 )
@@ -25,38 +24,21 @@ from dpledger.adapters.tensorflow.correlated_model import (
     stream_of,
 )
 from dpledger.adapters.tensorflow.correlated_step import CorrelatedDPStep
-from dpledger.adapters.tensorflow.dp_step import DPStep, default_clip_margin, variable_layout
+from dpledger.adapters.tensorflow.dp_step import DPStep, variable_layout
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
 from dpledger.adapters.tensorflow.record_probe import (
     check_probe_switch,
     probe_record_independence,
 )
-from dpledger.adapters.tensorflow.step_events import (
-    StepEvents,
-    check_relation,
-    sampling_of,
-    step_events_of,
-)
 from dpledger.diagnostics.bias import ClippingBiasCallback
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, DPConfig, GaussianSumQuery
+from dpledger.mechanisms.construction_checks import check_bias_callback
 from dpledger.mechanisms.gradient_queries import GradientQueries, settings_of_arguments
+from dpledger.mechanisms.step import step_events_of
 
-# DPStep, StepEvents and the constructors' checks lived here before the step was split into
-# dp_step, step_events and construction_checks; they stay importable from this module.
-__all__ = [
-    "DPStep",
-    "PrivateGradients",
-    "StepEvents",
-    "check_bias_callback",
-    "check_relation",
-    "default_clip_margin",
-    "generator_of",
-    "ledger_of",
-    "sampling_of",
-    "step_events_of",
-]
+__all__ = ["PrivateGradients"]
 
 _log = logging.getLogger(__name__)
 

@@ -103,7 +103,6 @@ from dpledger.adapters.torch.construction_checks import (
     check_user_level,
     default_clip_margin,
     distributed_setting,
-    ledger_location,
     noise_generator,
     resolve_config,
     resolve_ledger,
@@ -122,6 +121,7 @@ from dpledger.errors import EngineStateError, LedgerStateError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms import ClippingStrategy
 from dpledger.mechanisms.config import DPConfig, Grouping
+from dpledger.mechanisms.construction_checks import ledger_location
 from dpledger.mechanisms.correlated.spec import CorrelatedNoiseSpec
 from dpledger.mechanisms.gradient_queries import GradientQueries
 
