@@ -46,8 +46,8 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from dpledger import PrivacyLedger
-from dpledger.accountants import make_accountant
-from dpledger.adapters.torch import calibrated_noise_multiplier, make_private
+from dpledger.accountants import calibrate_noise_multiplier, make_accountant
+from dpledger.adapters.torch import make_private
 from dpledger.mechanisms.correlated import CorrelatedNoiseSpec, noise_for, release_event
 
 # The digits task is the example's: its CNN and its data split.
@@ -261,9 +261,9 @@ def main() -> None:
         TOTAL_STEPS[task.name] = total
         corr = specs(n, args.batch, total, args.bands)
         z = {
-            "dpsgd": calibrated_noise_multiplier(
+            "dpsgd": calibrate_noise_multiplier(
                 target_epsilon=args.epsilon, delta=DELTA, sampling_probability=q, steps=total
-            ),
+            ).value,
             **{k: calibrate(s, args.epsilon, n) for k, s in corr.items()},
         }
         d = sum(p.numel() for p in task.model().parameters())

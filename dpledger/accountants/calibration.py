@@ -26,6 +26,12 @@ dozen evaluations and the step search in about 2·log₂(max_steps); every evalu
 accountant call under that accountant's own memory and time budgets. On top of that the whole
 calibration stops with :class:`~dpledger.errors.ComputationBudgetError` once ``time_budget_s``
 (default 60 s) has passed, naming the evaluations done and a faster accountant.
+
+A planned run's length is given as ``steps=`` or as ``epochs=`` of :func:`steps_per_epoch`
+(round(1/q)) steps each, the length of the PyTorch Poisson data loader.
+
+This module is a little over 500 lines because it is one concept: the three calibrations share
+their objective, bracket checks, safe-side finish and the planned run's length.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from dpledger.accountants.result import _warnings_tuple
 from dpledger.errors import ComputationBudgetError, InvalidParameterError
 from dpledger.ledger.events import NeighboringRelation
 from dpledger.ledger.steps import CompressedLedger
+from dpledger.sampling.validation import check_sampling_probability, default_steps
 from dpledger.validation import (
     check_delta,
     check_positive_finite,
@@ -61,6 +68,7 @@ __all__ = [
     "calibrate_noise_multiplier",
     "calibrate_sampling_probability",
     "calibrate_steps",
+    "steps_per_epoch",
 ]
 
 _BRENT_RTOL = 1e-6
@@ -262,12 +270,35 @@ def _finish(
     )
 
 
+def steps_per_epoch(sampling_probability: float) -> int:
+    """round(1/q) (at least 1): the steps in which Poisson sampling sees n records on average,
+    the length of an *epoch* of a planned run (and of the PyTorch Poisson data loader).
+
+    Raises:
+        InvalidParameterError: q outside (0, 1].
+    """
+    return default_steps(1.0 / check_sampling_probability(sampling_probability))
+
+
+def _planned_steps(sampling_probability: float, steps: Any, epochs: Any) -> int:
+    """T from ``steps``, or from ``epochs`` as max(1, round(epochs·round(1/q)))."""
+    if (steps is None) == (epochs is None):
+        raise InvalidParameterError(
+            "steps", steps, "exactly one of steps= and epochs= (the length of the run)"
+        )
+    if steps is not None:
+        return check_positive_int("steps", steps)
+    e = check_positive_finite("epochs", epochs)
+    return max(1, round(e * steps_per_epoch(sampling_probability)))
+
+
 def calibrate_noise_multiplier(
     *,
     target_epsilon: float,
     delta: float,
     sampling_probability: float,
-    steps: int,
+    steps: int | None = None,
+    epochs: float | None = None,
     accountant: str | Accountant = "prv",
     bracket: tuple[float, float] | None = None,
     neighboring: NeighboringRelation | str = NeighboringRelation.ADD_REMOVE,
@@ -281,7 +312,9 @@ def calibrate_noise_multiplier(
         target_epsilon: the ε to meet.
         delta: δ in (0, 1).
         sampling_probability: q of every step, in (0, 1].
-        steps: T, the number of steps.
+        steps: T, the number of steps; or
+        epochs: the number of epochs of the planned run (T = max(1, round(epochs·E)) with
+            E = :func:`steps_per_epoch` = round(1/q) steps per epoch).
         accountant: an accountant or its name (``"prv"``, default: the PRV accountant's
             certified upper bound, the tightest valid ε; ``"rdp"``, ``"pld"``, ``"gdp"``).
         bracket: (low, high) to search; None searches from (0.5, 4), doubling or halving within
@@ -310,7 +343,7 @@ def calibrate_noise_multiplier(
     q = check_probability("sampling_probability", sampling_probability)
     if q == 0.0:
         raise InvalidParameterError("sampling_probability", sampling_probability, "q in (0, 1]")
-    t = check_positive_int("steps", steps)
+    t = _planned_steps(q, steps, epochs)
     relation = NeighboringRelation.parse(neighboring)
     objective = _Objective(
         _resolve(accountant),

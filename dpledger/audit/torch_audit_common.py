@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from dpledger.accountants import calibrate_noise_multiplier
 from dpledger.adapters.torch.backend import TorchBackend
-from dpledger.adapters.torch.noise_calibration import calibrated_noise_multiplier
 from dpledger.adapters.torch.optimizer import DPOptimizer
 from dpledger.adapters.torch.poisson import PoissonBatchSampler
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
@@ -353,7 +353,7 @@ class CalibratedAuditConfig:
     ) -> _Config:
         """The configuration whose z is the smallest that keeps the run within (ε, δ).
 
-        z comes from :func:`~dpledger.adapters.torch.calibrated_noise_multiplier` for the
+        z comes from :func:`~dpledger.accountants.calibrate_noise_multiplier` for the
         configuration's q and T; ``settings`` are the other attributes.
 
         Raises:
@@ -364,12 +364,14 @@ class CalibratedAuditConfig:
                 "noise_multiplier", settings["noise_multiplier"], "not given with target_epsilon"
             )
         probe: Any = cls(noise_multiplier=1.0, **settings)  # type: ignore[call-arg]
-        z = calibrated_noise_multiplier(
-            target_epsilon=target_epsilon,
-            delta=delta,
-            sampling_probability=probe.sampling_probability,
-            steps=probe.steps,
-            accountant=accountant,
+        z = float(
+            calibrate_noise_multiplier(
+                target_epsilon=target_epsilon,
+                delta=delta,
+                sampling_probability=probe.sampling_probability,
+                steps=probe.steps,
+                accountant=accountant,
+            ).value
         )
         return cast(_Config, attrs.evolve(probe, noise_multiplier=z))
 

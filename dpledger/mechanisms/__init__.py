@@ -48,6 +48,7 @@ from dpledger.mechanisms.clipping import (
     rounding_clip_margin,
 )
 from dpledger.mechanisms.config import DPConfig
+from dpledger.mechanisms.gradient_queries import GradientQueries
 from dpledger.mechanisms.grouped import GroupedSumQuery, PreparedRelease
 from dpledger.mechanisms.step import SampledStep, open_step, sampled_step
 from dpledger.mechanisms.sum_query import (
@@ -67,6 +68,7 @@ __all__ = [
     "FlatClipping",
     "GaussianSumQuery",
     "GlobalClipping",
+    "GradientQueries",
     "GroupedSumQuery",
     "NoiseAllocation",
     "NumpyBackend",

@@ -39,6 +39,12 @@ synchronisation and one random draw instead of one per array. The noise of a bat
 N(0, σ̃_j² I) on every array j all the same; only which standard normal lands on which
 coordinate differs from drawing array by array.
 
+Releases on summaries. A release (the sensitivity check, the events, the noise standard
+deviations) needs only the float64 norms, shapes and dtypes of the clipped sums, not the sums:
+:class:`SummaryBackend` runs the mechanisms' release on the host over :class:`SumSummary` values
+while the sums stay on the device, and answers each noise draw with a :class:`NoiseOrder` that
+the caller carries out on the device (the TensorFlow adapter's graph does).
+
 Randomness: ``generator`` is the backend's own generator type (``numpy.random.Generator`` here).
 Note that general-purpose PRNGs are not cryptographically secure; seed from OS entropy in
 deployment, and use a fixed seed only for tests and reproducible experiments.
@@ -56,7 +62,10 @@ from dpledger.errors import InvalidParameterError
 __all__ = [
     "Array",
     "ArrayBackend",
+    "NoiseOrder",
     "NumpyBackend",
+    "SumSummary",
+    "SummaryBackend",
     "add_noise_to_all",
     "array_norms",
     "resolve_backend",
@@ -300,3 +309,64 @@ def scale_all(backend: ArrayBackend, xs: list[Array], factor: float) -> list[Arr
     if batched is not None:
         return list(batched(xs, factor))
     return [backend.scale(x, factor) for x in xs]
+
+
+class SumSummary:
+    """What a release needs of a clipped sum: its float64 norm, its shape, its dtype's eps and
+    tiny."""
+
+    __slots__ = ("eps", "norm", "shape", "tiny")
+
+    def __init__(self, *, norm: float, shape: tuple[int, ...], eps: float, tiny: float) -> None:
+        self.norm, self.shape, self.eps, self.tiny = norm, shape, eps, tiny
+
+
+class NoiseOrder:
+    """A release's request: add N(0, stddev² I) to this sum (carried out on the device)."""
+
+    __slots__ = ("stddev", "summary")
+
+    def __init__(self, summary: SumSummary, stddev: float) -> None:
+        self.summary, self.stddev = summary, float(stddev)
+
+
+class SummaryBackend:
+    """An :class:`ArrayBackend` over :class:`SumSummary` values.
+
+    It lets the mechanisms' release validate, sensitivity-check and record a step whose sums
+    stay on the device: the noise draw is returned as a :class:`NoiseOrder`, which the caller
+    executes with its own backend. Operations on records or arrays are not part of a release
+    and raise ``NotImplementedError``.
+    """
+
+    name = "host-summary"
+
+    def shape(self, x: Any) -> tuple[int, ...]:
+        return tuple(x.shape)
+
+    def float_info(self, x: Any) -> tuple[float, float]:
+        return x.eps, x.tiny
+
+    def record_norms(self, x: Any) -> np.ndarray:
+        raise NotImplementedError("a release on summaries has no records")  # pragma: no cover
+
+    def norm(self, x: Any) -> float:
+        return float(x.norm)
+
+    def weighted_sum(self, x: Any, factors: np.ndarray) -> Any:
+        raise NotImplementedError("a release on summaries has no records")  # pragma: no cover
+
+    def scale_records(self, x: Any, factors: np.ndarray) -> Any:
+        raise NotImplementedError("a release on summaries has no records")  # pragma: no cover
+
+    def scale(self, x: Any, factor: float) -> Any:
+        raise NotImplementedError("averaging happens on the device")  # pragma: no cover
+
+    def add_gaussian_noise(self, x: Any, *, stddev: float, generator: Any) -> Any:
+        return NoiseOrder(x, stddev)
+
+    def to_host(self, x: Any) -> np.ndarray:
+        raise NotImplementedError("a release on summaries has no arrays")  # pragma: no cover
+
+    def from_host(self, values: np.ndarray, *, like: Any | None) -> Any:
+        raise NotImplementedError("a release on summaries has no arrays")  # pragma: no cover

@@ -8,6 +8,10 @@ and backend, so each query call is short, and it knows q and n for the fixed-den
         kernel, bias = step.run(layer_query, [kernel_grads, bias_grads])
         kernel_avg, bias_avg = step.average([kernel, bias])
 
+:class:`StepEvents` is the sampling event of every step of a run, from the sampler that draws
+its batches (with ``epoch_start`` on the first step of each epoch of the epoch-based schemes;
+docs/architecture.md, "Soundness rules", rule 6).
+
 A query through a step that has ended (the ``with`` block exited, or a later sampling event was
 recorded in the same ledger) is refused with :class:`~dpledger.errors.LedgerStateError`, so a
 query can never be attributed to the wrong sample.
@@ -22,17 +26,18 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from dpledger.errors import InvalidParameterError, LedgerStateError
-from dpledger.ledger import PrivacyLedger, SamplingEvent, SamplingScheme
+from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingEvent, SamplingScheme
 from dpledger.mechanisms.averaging import fixed_denominator_average, realised_batch_average
 from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
 from dpledger.mechanisms.grouped import GroupedSumQuery, PreparedRelease
 from dpledger.mechanisms.sum_query import GaussianSumQuery
 from dpledger.sampling.poisson import PoissonSampler
+from dpledger.validation import check_positive_int, check_probability
 
 if TYPE_CHECKING:
     from dpledger.mechanisms.adaptive import AdaptiveClipping
 
-__all__ = ["SampledStep", "sampled_step"]
+__all__ = ["SampledStep", "StepEvents", "open_step", "sampled_step", "step_events_of"]
 
 
 class SampledStep:
@@ -353,3 +358,105 @@ def sampled_step(
         yield step
     finally:
         step.end()
+
+
+class StepEvents:
+    """The sampling event of every step of a DP run, from its sampler.
+
+    Built by :func:`step_events_of` from an adapter's ``sampler`` (or from
+    ``sampling_probability`` and ``population_size``, a Poisson sample).
+
+    Attributes:
+        event: the event of every step, with ``epoch_start=False``.
+        epoch_based: whether the first step of each epoch is recorded with ``epoch_start``.
+        steps_per_epoch: the sampler's batches per epoch (None without a sampler).
+    """
+
+    def __init__(self, event: SamplingEvent, sampler: Any = None) -> None:
+        self.event = event
+        self._sampler = sampler
+        self.epoch_based = bool(getattr(sampler, "epoch_based", False))
+        self.steps_per_epoch: int | None = getattr(sampler, "steps_per_epoch", None)
+
+    @property
+    def denominator(self) -> float:
+        """The fixed denominator of every step's average (the event's; q·n for Poisson)."""
+        value = self.event.average_denominator
+        assert value is not None  # every event here has its n
+        return value
+
+    def at(self, position: int) -> SamplingEvent:
+        """The event of the step at 0-based ``position`` in its epoch (taken modulo the
+        sampler's steps per epoch): the sampler's ``event_for_step``."""
+        if not self.epoch_based:
+            return self.event
+        assert self.steps_per_epoch is not None
+        event: SamplingEvent = self._sampler.event_for_step(position % self.steps_per_epoch)
+        return event
+
+    @property
+    def relations(self) -> tuple[NeighboringRelation, ...]:
+        """The neighbouring relations dpledger can analyse the steps under."""
+        return self.event.relations
+
+
+def step_events_of(
+    sampler: Any, sampling_probability: float | None, population_size: int | None
+) -> StepEvents:
+    """The steps' events from a sampler or from an explicit Poisson (q, n), validated.
+
+    Args:
+        sampler: a sampler with a ``sampling_event`` (and, when ``epoch_based``,
+            ``event_for_step(step)``), or one with ``sampling_probability`` and
+            ``population_size``; None for the explicit (q, n).
+        sampling_probability: q of an explicit Poisson sample.
+        population_size: n of an explicit Poisson sample.
+
+    Raises:
+        InvalidParameterError: a sampler with (q, n) too, a sampler without what is needed, or
+            neither a sampler nor a valid (q, n).
+    """
+    if sampler is not None:
+        if sampling_probability is not None or population_size is not None:
+            raise InvalidParameterError(
+                "sampler",
+                sampler,
+                "either a sampler or sampling_probability and population_size, not both",
+            )
+        event = getattr(sampler, "sampling_event", None)
+        if isinstance(event, SamplingEvent):
+            if event.epoch_start or event.population_size is None:
+                raise InvalidParameterError(
+                    "sampler", sampler, "a sampler whose sampling_event has n and no epoch_start"
+                )
+            if getattr(sampler, "epoch_based", False) and not callable(
+                getattr(sampler, "event_for_step", None)
+            ):
+                raise InvalidParameterError(
+                    "sampler", sampler, "an epoch-based sampler with event_for_step(step)"
+                )
+            return StepEvents(event, sampler)
+        q = getattr(sampler, "sampling_probability", None)
+        n = getattr(sampler, "population_size", None)
+        if q is None or n is None:
+            raise InvalidParameterError(
+                "sampler",
+                sampler,
+                "a sampler of the adapter (with a sampling_event) or one with "
+                "sampling_probability and population_size",
+            )
+        sampling_probability, population_size = q, n
+    if sampling_probability is None or population_size is None:
+        raise InvalidParameterError(
+            "sampling_probability",
+            sampling_probability,
+            "the sampler's q in (0, 1] and population_size n (or sampler=PoissonSampler(...)); "
+            "q must be the probability with which the data pipeline includes each record",
+        )
+    q = check_probability("sampling_probability", sampling_probability)
+    if q == 0.0:
+        raise InvalidParameterError(
+            "sampling_probability", q, "a probability in (0, 1] (q = 0 never samples)"
+        )
+    n = check_positive_int("population_size", population_size)
+    return StepEvents(SamplingEvent.poisson(q, n))

@@ -12,6 +12,7 @@ from dpledger.accountants.calibration import (
     calibrate_noise_multiplier,
     calibrate_sampling_probability,
     calibrate_steps,
+    steps_per_epoch,
 )
 from dpledger.accountants.gdp import GdpAccountant
 from dpledger.accountants.pld import PldAccountant
@@ -221,3 +222,33 @@ def _dp_accounting_pld_epsilon(q: float, z: float, t: int) -> float:
     )
     accountant.compose(event)
     return float(accountant.get_epsilon(DELTA))
+
+
+def test_a_run_planned_in_epochs_has_round_one_over_q_steps_each() -> None:
+    assert [steps_per_epoch(q) for q in (0.1, 0.3, 0.6, 1.0)] == [10, 3, 2, 1]
+    common = {"target_epsilon": 3.0, "delta": 1e-5, "sampling_probability": 0.1}
+    rdp = RdpAccountant()
+    by_epochs = calibrate_noise_multiplier(**common, epochs=3, accountant=rdp)
+    assert by_epochs.steps == 30
+    assert by_epochs.value == calibrate_noise_multiplier(**common, steps=30, accountant=rdp).value
+    assert calibrate_noise_multiplier(**common, epochs=0.01, accountant=rdp).steps == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({}, "steps"),
+        ({"steps": 10, "epochs": 1.0}, "steps"),
+        ({"epochs": 0.0}, "epochs"),
+        ({"epochs": math.inf}, "epochs"),
+    ],
+)
+def test_the_planned_run_has_exactly_one_length(kwargs: dict, name: str) -> None:
+    with pytest.raises(InvalidParameterError) as info:
+        calibrate_noise_multiplier(
+            target_epsilon=3.0, delta=1e-5, sampling_probability=0.1, **kwargs
+        )
+    assert info.value.parameter == name
+    with pytest.raises(InvalidParameterError) as info:
+        steps_per_epoch(0.0)
+    assert info.value.parameter == "sampling_probability"

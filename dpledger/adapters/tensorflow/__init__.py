@@ -7,14 +7,16 @@ Importing this package imports TensorFlow and Keras; ``import dpledger`` and
 ``import dpledger.adapters`` do not.
 """
 
+import keras  # noqa: F401  (a missing TensorFlow or Keras fails here, by name)
+import tensorflow  # noqa: F401
+
 from dpledger.adapters.tensorflow.backend import TensorFlowBackend, make_generator
-from dpledger.adapters.tensorflow.cyclic_sampler import CyclicDatasetSampler
+from dpledger.adapters.tensorflow.dp_step import default_clip_margin, gradient_queries
 from dpledger.adapters.tensorflow.engine import (
     ClippedGradients,
     PerExampleGradientEngine,
     PerExampleNorms,
 )
-from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, gradient_queries
 from dpledger.adapters.tensorflow.keras_model import DPKerasModel, make_private
 from dpledger.adapters.tensorflow.layer_rules import (
     Conv2DRule,
@@ -24,7 +26,7 @@ from dpledger.adapters.tensorflow.layer_rules import (
     LayerNormalizationRule,
 )
 from dpledger.adapters.tensorflow.losses import PerExampleLoss, per_example_loss
-from dpledger.adapters.tensorflow.private_gradients import PrivateGradients, default_clip_margin
+from dpledger.adapters.tensorflow.private_gradients import PrivateGradients
 from dpledger.adapters.tensorflow.recurrent_rules import GRURule, LSTMRule, SimpleRNNRule
 from dpledger.adapters.tensorflow.registry import (
     LayerCall,
@@ -63,7 +65,6 @@ __all__ = [
     "EmbeddingRule",
     "FixedSizeDatasetSampler",
     "GRURule",
-    "GradientQueries",
     "LSTMRule",
     "LayerCall",
     "LayerNormalizationRule",

@@ -1,6 +1,8 @@
-"""The checks of the Keras adapters' constructors: the bias callback, the noise generator and
-the ledger with the run's intent (:class:`~dpledger.adapters.tensorflow.DPKerasModel` and
-:class:`~dpledger.adapters.tensorflow.PrivateGradients`).
+"""The checks of the Keras adapters' constructors
+(:class:`~dpledger.adapters.tensorflow.DPKerasModel` and
+:class:`~dpledger.adapters.tensorflow.PrivateGradients`) that need TensorFlow: the noise
+generator and the ledger with the run's intent (its framework and version). The framework-free
+checks are :mod:`dpledger.mechanisms.construction_checks`.
 """
 
 from __future__ import annotations
@@ -10,25 +12,16 @@ from typing import Any
 import tensorflow as tf
 
 from dpledger.adapters.tensorflow.backend import make_generator
-from dpledger.adapters.tensorflow.step_events import StepEvents, check_relation
-from dpledger.diagnostics.bias import ClippingBiasCallback
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingScheme
 from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent
 from dpledger.mechanisms import DPConfig
-from dpledger.sampling.relations import default_relation
+from dpledger.mechanisms.construction_checks import check_ledger
+from dpledger.mechanisms.step import StepEvents
+from dpledger.sampling.relations import check_ledger_relation, default_relation
 from dpledger.validation import warn_if_delta_too_large
 
-__all__ = ["check_bias_callback", "generator_of", "ledger_of", "ledger_with_intent"]
-
-
-def check_bias_callback(callback: Any) -> ClippingBiasCallback | None:
-    """None or a callable ``callback(step, metrics)``."""
-    if callback is not None and not callable(callback):
-        raise InvalidParameterError(
-            "bias_callback", callback, "None or a callable callback(step, ClippingBias)"
-        )
-    return callback
+__all__ = ["generator_of", "ledger_of", "ledger_with_intent"]
 
 
 def generator_of(generator: Any, seed: int | None) -> tf.random.Generator:
@@ -45,14 +38,13 @@ def generator_of(generator: Any, seed: int | None) -> tf.random.Generator:
 def ledger_of(ledger: Any, events: StepEvents | None = None) -> PrivacyLedger:
     """The ledger given, or a new in-memory one (add/remove, or the relation the steps' scheme
     is analysed under when that is not add/remove); checked against the steps' scheme."""
+    ledger = check_ledger(ledger)
     if ledger is None:
         if events is None:
             return PrivacyLedger(neighboring=NeighboringRelation.ADD_REMOVE)
         return PrivacyLedger(neighboring=default_relation(events.event))
-    if not isinstance(ledger, PrivacyLedger):
-        raise InvalidParameterError("ledger", ledger, "a dpledger.PrivacyLedger or None")
     if events is not None:
-        check_relation(events, ledger)
+        check_ledger_relation(events.event, ledger.neighboring)
     return ledger
 
 

@@ -38,13 +38,14 @@ from dpledger.adapters.tensorflow.correlated_step import (
 )
 from dpledger.adapters.tensorflow.cyclic_sampler import CyclicDatasetSampler
 from dpledger.adapters.tensorflow.fit_data import BATCH_SOURCES
-from dpledger.adapters.tensorflow.gradient_queries import GradientQueries
 from dpledger.errors import InvalidParameterError, NoiseStreamEndError, SamplerMismatchError
 from dpledger.ledger import NeighboringRelation, PrivacyLedger
 from dpledger.ledger.correlated import check_stream_resume
 from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent
 from dpledger.mechanisms import DPConfig
+from dpledger.mechanisms.construction_checks import check_ledger
 from dpledger.mechanisms.correlated import CorrelatedNoiseSpec
+from dpledger.mechanisms.gradient_queries import GradientQueries
 
 __all__ = [
     "attach_release",
@@ -193,10 +194,10 @@ def ledger_for_release(
         return PrivacyLedger(
             neighboring=NeighboringRelation.ADD_REMOVE, metadata={INTENT_KEY: intent}
         )
-    if not isinstance(ledger, PrivacyLedger):
-        raise InvalidParameterError("ledger", ledger, "a dpledger.PrivacyLedger or None")
-    note_intent(ledger, intent)
-    return ledger
+    checked = check_ledger(ledger)
+    assert checked is not None
+    note_intent(checked, intent)
+    return checked
 
 
 def correlated_batches(

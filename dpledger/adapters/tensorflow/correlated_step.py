@@ -32,12 +32,12 @@ from dpledger.adapters.tensorflow.backend import TensorFlowBackend
 from dpledger.adapters.tensorflow.cyclic_sampler import CyclicDatasetSampler
 from dpledger.adapters.tensorflow.dp_step import DPStep
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine
-from dpledger.adapters.tensorflow.gradient_queries import GradientQueries
 from dpledger.errors import InvalidParameterError, NoiseStreamEndError, SamplerMismatchError
 from dpledger.ledger import PrivacyLedger
 from dpledger.ledger.correlated import CorrelatedReleaseEvent, check_new_release_seed
 from dpledger.mechanisms import ScaledGaussianSumQuery, fixed_denominator_average
 from dpledger.mechanisms.correlated import MatrixFactorization, noise_for, release_event
+from dpledger.mechanisms.gradient_queries import GradientQueries
 from dpledger.mechanisms.sum_query_checks import check_sensitivity
 
 __all__ = [

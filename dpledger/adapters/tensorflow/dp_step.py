@@ -69,17 +69,65 @@ import tensorflow as tf
 
 from dpledger.adapters.tensorflow.backend import TensorFlowBackend
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine
-from dpledger.adapters.tensorflow.gradient_queries import GradientQueries
-from dpledger.adapters.tensorflow.host_release import SummaryBackend, SumSummary
-from dpledger.adapters.tensorflow.step_events import StepEvents
 from dpledger.diagnostics.bias import ClippingBiasCallback, clipping_bias_from_sums
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms import fixed_denominator_average
+from dpledger.mechanisms.backend import SummaryBackend, SumSummary
 from dpledger.mechanisms.clipping import rounding_clip_margin
-from dpledger.mechanisms.step import open_step
+from dpledger.mechanisms.gradient_queries import GradientQueries
+from dpledger.mechanisms.step import StepEvents, open_step
 
-__all__ = ["DPStep", "default_clip_margin"]
+__all__ = ["DPStep", "default_clip_margin", "gradient_queries", "variable_layout"]
+
+
+def _path(variable: Any) -> str:
+    return str(getattr(variable, "path", None) or getattr(variable, "name", repr(variable)))
+
+
+def variable_layout(variables: Sequence[Any]) -> dict[str, Any]:
+    """The ``sizes``, ``layers`` and ``aliases`` of
+    :class:`~dpledger.mechanisms.gradient_queries.GradientQueries` for Keras variables: each
+    variable by its Keras 3 path (``"dense_1/kernel"``), its layer the path's folder (the
+    variable's own path when it has none), and its ``name`` accepted where it is unique."""
+    paths = [_path(v) for v in variables]
+    sizes = {
+        p: int(math.prod(int(d) for d in v.shape)) for p, v in zip(paths, variables, strict=True)
+    }
+    if len(sizes) != len(paths):
+        repeated = sorted({p for p in paths if paths.count(p) > 1})
+        raise InvalidParameterError("model", repeated, "trainable variables with distinct paths")
+    names = [str(getattr(v, "name", "")) for v in variables]
+    aliases = {
+        n: p
+        for n, p in zip(names, paths, strict=True)
+        if n and n not in sizes and names.count(n) == 1
+    }
+    return {
+        "sizes": sizes,
+        "layers": {p: p.rpartition("/")[0] or p for p in paths},
+        "aliases": aliases,
+    }
+
+
+def gradient_queries(variables: Sequence[Any], **arguments: Any) -> GradientQueries:
+    """The Gaussian sum queries of a DP step over Keras ``variables``.
+
+    Args:
+        variables: the trainable variables, in the order of the gradients.
+        **arguments: the keyword arguments of
+            :class:`~dpledger.mechanisms.gradient_queries.GradientQueries` (``l2_norm_bound``,
+            ``noise_multiplier``, ``clipping``, ``groups``, ``clip_split``,
+            ``noise_allocation``, ``scales`` or ``queries``); names in ``groups`` and
+            ``scales`` are variable paths (``variable.path``).
+
+    Raises:
+        InvalidParameterError: for any bad argument, naming it.
+    """
+    variables = tuple(variables)
+    if not variables:
+        raise InvalidParameterError("variables", variables, "at least one trainable variable")
+    return GradientQueries(**variable_layout(variables), **arguments)
 
 
 def default_clip_margin(dtype: Any) -> float:
@@ -141,11 +189,11 @@ class DPStep:
         if self._clip_margin is None:
             margins = tuple(
                 max(default_clip_margin(self._dtypes[j]) for j in members)
-                for members in queries.members
+                for members in queries.positions
             )
         else:
-            margins = (float(self._clip_margin),) * len(queries.members)
-        if len(queries.members) != len(getattr(self, "queries", queries).members):
+            margins = (float(self._clip_margin),) * len(queries.positions)
+        if len(queries.positions) != len(getattr(self, "queries", queries).positions):
             raise InvalidParameterError(
                 "queries", "a different number of groups", "the same groups as before"
             )
@@ -170,7 +218,7 @@ class DPStep:
                 queries, margins = self.queries, self.margins
             out = []
             for query, members, margin in zip(
-                queries.queries, queries.members, margins, strict=True
+                queries.queries, queries.positions, margins, strict=True
             ):
                 norms = query.group_norms(squared_norms=[vectors[j] for j in members])
                 out.append(query.clip_factors(norms, margin=margin))
@@ -205,13 +253,13 @@ class DPStep:
             try:
                 released = step.release(
                     queries.grouped,
-                    [[summaries[j] for j in members] for members in queries.members],
+                    [[summaries[j] for j in members] for members in queries.positions],
                     num_records=int(num_records),
                 )
             finally:
                 step.end()
             stddevs = np.zeros(len(summaries), dtype=np.float64)
-            for members, orders in zip(queries.members, released, strict=True):
+            for members, orders in zip(queries.positions, released, strict=True):
                 for j, order in zip(members, orders, strict=True):
                     stddevs[j] = order.stddev
             return stddevs
@@ -254,7 +302,7 @@ class DPStep:
         """Stages 1–3 on this replica's records: clipped sums, counts, losses, predictions."""
         norms = self.engine.norms(inputs, targets, sample_weight=sample_weight)
         squared = list(norms.squared_norms)
-        count = len(self.queries.members)
+        count = len(self.queries.positions)
         factors = tf.numpy_function(
             self._host_factors, squared, [tf.float64] * count, stateful=True, name="dp_factors"
         )

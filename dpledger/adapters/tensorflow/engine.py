@@ -83,11 +83,30 @@ __all__ = [
     "PerExampleGradientEngine",
     "PerExampleNorms",
     "check_built",
+    "engine_strategy",
 ]
 
 _log = logging.getLogger(__name__)
 
 _STRATEGIES = ("auto", "ghost", "generic")
+
+
+def engine_strategy(strategy: str | None) -> str:
+    """The engine's ``strategy`` (``"auto"``, ``"ghost"``, ``"generic"``; None: ``"auto"``).
+
+    Raises:
+        InvalidParameterError: a value outside the strategies (``"per_example"`` has no
+            TensorFlow engine).
+    """
+    strategy = "auto" if strategy is None else strategy
+    if not isinstance(strategy, str) or strategy not in _STRATEGIES:
+        raise InvalidParameterError(
+            "strategy",
+            strategy,
+            "'auto', 'ghost' or 'generic' with TensorFlow ('generic' materialises the "
+            "per-example gradients of any model; 'per_example' is PyTorch only)",
+        )
+    return strategy
 
 
 @attrs.frozen
@@ -157,10 +176,7 @@ class PerExampleGradientEngine:
     ) -> None:
         if not isinstance(model, keras.Model):
             raise InvalidParameterError("model", model, "a keras.Model")
-        if strategy not in _STRATEGIES:
-            raise InvalidParameterError(
-                "strategy", strategy, f"one of {_STRATEGIES} ('per_example' is PyTorch only)"
-            )
+        strategy = engine_strategy(strategy)
         self._model = model
         self._loss = per_example_loss(loss, auto_reduction=auto_reduction)
         self._strategy = strategy

@@ -14,9 +14,9 @@ import keras
 import tensorflow as tf
 
 from dpledger.adapters.tensorflow.sampling import PoissonDatasetSampler
-from dpledger.adapters.tensorflow.step_events import StepEvents
 from dpledger.errors import InvalidParameterError, SamplerMismatchError, UnsupportedLayerError
 from dpledger.ledger import SamplingScheme
+from dpledger.mechanisms.step import StepEvents
 from dpledger.validation import check_positive_int
 
 __all__ = [

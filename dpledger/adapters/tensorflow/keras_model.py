@@ -53,7 +53,6 @@ import keras
 import tensorflow as tf
 
 from dpledger.adapters.tensorflow.construction_checks import (
-    check_bias_callback,
     generator_of,
     ledger_with_intent,
 )
@@ -66,18 +65,13 @@ from dpledger.adapters.tensorflow.correlated_model import (
     stream_of,
 )
 from dpledger.adapters.tensorflow.correlated_step import CorrelatedDPStep, CorrelatedStream
-from dpledger.adapters.tensorflow.dp_step import DPStep
+from dpledger.adapters.tensorflow.dp_step import DPStep, gradient_queries, variable_layout
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
 from dpledger.adapters.tensorflow.fit_data import (
     BATCH_SOURCES,
     check_sampled_batches,
     poisson_batches,
     refuse_regularizers,
-)
-from dpledger.adapters.tensorflow.gradient_queries import (
-    GradientQueries,
-    gradient_queries,
-    settings_of_arguments,
 )
 from dpledger.adapters.tensorflow.inner_training import warn_on_direct_training
 from dpledger.adapters.tensorflow.losses import per_example_loss
@@ -86,12 +80,14 @@ from dpledger.adapters.tensorflow.record_probe import (
     check_probe_switch,
     probe_record_independence,
 )
-from dpledger.adapters.tensorflow.step_events import StepEvents, step_events_of
 from dpledger.adapters.tensorflow.train_function import dp_train_function
 from dpledger.diagnostics.bias import ClippingBiasCallback
 from dpledger.errors import InvalidParameterError, LedgerNotAttachedError, PerExampleLossError
 from dpledger.ledger import PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, DPConfig, GaussianSumQuery
+from dpledger.mechanisms.construction_checks import check_bias_callback
+from dpledger.mechanisms.gradient_queries import GradientQueries, settings_of_arguments
+from dpledger.mechanisms.step import StepEvents, step_events_of
 
 __all__ = ["DPKerasModel", "make_private"]
 
@@ -212,7 +208,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
         super().__init__(name=name or f"dp_{model.name}")
         refuse_regularizers(model)
         # Built here so that bad clipping arguments fail now, not at the first fit.
-        self._dp_queries = settings.queries_for(model.trainable_variables)
+        self._dp_queries = settings.queries_for(**variable_layout(model.trainable_variables))
         self._dp_sampler, self._dp_noise = sampler, noise
         checks = (generator, seed, bias_callback)  # the stream is gated: steps only in fit()
         self._dp_stream: CorrelatedStream | None = stream_of(
@@ -350,7 +346,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
     def update_queries(self, **query_arguments: Any) -> GradientQueries:
         """Change the privacy parameters from the next executed step on (no retracing).
 
-        Takes the arguments of :func:`~dpledger.adapters.tensorflow.gradient_queries`
+        Takes the arguments of :func:`~dpledger.adapters.tensorflow.dp_step.gradient_queries`
         (``l2_norm_bound``, ``noise_multiplier``, ``clipping``, ``clip_split``,
         ``noise_allocation``, ``scales`` or ``queries``) with the groups fixed at construction;
         the ledger records the new (S_g, σ̃_g) of every later step (e.g. a noise schedule), and

@@ -37,7 +37,6 @@ from dpledger.adapters.tensorflow.correlated_model import (
     correlated_to_json,
     ledger_for_release,
 )
-from dpledger.adapters.tensorflow.step_events import StepEvents, step_events_of
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger, SamplingEvent, SamplingScheme
 from dpledger.mechanisms import DPConfig
@@ -47,6 +46,7 @@ from dpledger.mechanisms.clipping import (
     FlatClipping,
     GlobalClipping,
 )
+from dpledger.mechanisms.step import StepEvents, step_events_of
 from dpledger.sampling.schemes import BallsInBinsScheme, BatchScheme, ShuffleScheme
 
 __all__ = [

@@ -1,9 +1,9 @@
 """Privatised gradients for a custom training loop: :class:`PrivateGradients`.
 
 Each call is one DP step (:class:`~dpledger.adapters.tensorflow.dp_step.DPStep`, shared with
-Keras ``fit``; its module docstring states the stages and their precision). The step's parts
-live beside this module and are re-exported here: the step (``dp_step``), its sampling events
-(``step_events``) and the constructors' checks (``construction_checks``).
+Keras ``fit``; its module docstring states the stages and their precision). Its sampling events
+are :class:`~dpledger.mechanisms.step.StepEvents`; the constructors' checks are in
+``construction_checks``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Any
 import tensorflow as tf
 
 from dpledger.adapters.tensorflow.construction_checks import (
-    check_bias_callback,
     generator_of,
     ledger_of,
 )
@@ -25,38 +24,21 @@ from dpledger.adapters.tensorflow.correlated_model import (
     stream_of,
 )
 from dpledger.adapters.tensorflow.correlated_step import CorrelatedDPStep
-from dpledger.adapters.tensorflow.dp_step import DPStep, default_clip_margin
+from dpledger.adapters.tensorflow.dp_step import DPStep, variable_layout
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
-from dpledger.adapters.tensorflow.gradient_queries import GradientQueries, settings_of_arguments
 from dpledger.adapters.tensorflow.record_probe import (
     check_probe_switch,
     probe_record_independence,
-)
-from dpledger.adapters.tensorflow.step_events import (
-    StepEvents,
-    check_relation,
-    sampling_of,
-    step_events_of,
 )
 from dpledger.diagnostics.bias import ClippingBiasCallback
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import ClippingStrategy, DPConfig, GaussianSumQuery
+from dpledger.mechanisms.construction_checks import check_bias_callback
+from dpledger.mechanisms.gradient_queries import GradientQueries, settings_of_arguments
+from dpledger.mechanisms.step import step_events_of
 
-# DPStep, StepEvents and the constructors' checks lived here before the step was split into
-# dp_step, step_events and construction_checks; they stay importable from this module.
-__all__ = [
-    "DPStep",
-    "PrivateGradients",
-    "StepEvents",
-    "check_bias_callback",
-    "check_relation",
-    "default_clip_margin",
-    "generator_of",
-    "ledger_of",
-    "sampling_of",
-    "step_events_of",
-]
+__all__ = ["PrivateGradients"]
 
 _log = logging.getLogger(__name__)
 
@@ -90,7 +72,7 @@ class PrivateGradients:
         config: the step's :class:`~dpledger.mechanisms.DPConfig`, instead of the keyword
             arguments of its fields; giving both (or ``queries``) is an
             :class:`~dpledger.errors.InvalidParameterError`. Its ``noise_multiplier`` is needed.
-        l2_norm_bound: S* > 0 (see :func:`~dpledger.adapters.tensorflow.gradient_queries`).
+        l2_norm_bound: S* > 0 (see :func:`~dpledger.adapters.tensorflow.dp_step.gradient_queries`).
         noise_multiplier: z ≥ 0.
         sampler: the sampler whose batches are passed (a
             :class:`~dpledger.adapters.tensorflow.PoissonDatasetSampler`,
@@ -106,8 +88,8 @@ class PrivateGradients:
         generator: the noise ``tf.random.Generator``; or ``seed`` (None: OS entropy).
         seed: seed of the noise generator.
         clipping: the queries' clipping strategy, as in
-            :func:`~dpledger.adapters.tensorflow.gradient_queries` (None: the default, or the
-            value of ``config``); the same holds for the next five.
+            :func:`~dpledger.adapters.tensorflow.dp_step.gradient_queries` (None: the default,
+            or the value of ``config``); the same holds for the next five.
         groups: the groups of variables.
         clip_split: how S* is split over the groups.
         noise_allocation: how the noise is allocated over the groups.
@@ -169,7 +151,7 @@ class PrivateGradients:
         check_built(model)
         self._compiled: Callable[..., Any] | None = None
         self._last_position: int | None = None  # the last eager step_in_epoch that stepped
-        queries = settings.queries_for(engine.trainable_variables)
+        queries = settings.queries_for(**variable_layout(engine.trainable_variables))
         stream = stream_of(
             noise, sampler, queries, model, settings.config, generator, seed, bias_callback
         )

@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from dpledger.errors import InvalidParameterError, RecordDependenceError
+from dpledger.mechanisms.construction_checks import check_switch
 
 __all__ = [
     "PROBE_RECORDS",
@@ -206,11 +207,7 @@ def check_probe_switch(check_record_independence: Any) -> bool:
     Raises:
         InvalidParameterError: the value is not a bool.
     """
-    if not isinstance(check_record_independence, bool):
-        raise InvalidParameterError(
-            "check_record_independence", check_record_independence, "True or False"
-        )
-    if not check_record_independence:
+    if not check_switch("check_record_independence", check_record_independence):
         _log.warning(record_probe_off_warning())
     return check_record_independence
 

@@ -21,12 +21,17 @@ Importing this package imports torch; ``import dpledger`` and ``import dpledger.
   noise on the parameters' device, the ledger's events, virtual batches, distributed training,
   checkpoints, BAM, bias metrics; override points :meth:`DPOptimizer.clip`,
   :meth:`DPOptimizer.add_noise` and :meth:`DPOptimizer.release`); :func:`make_private` builds
-  model, optimizer and loader in one call, :func:`calibrated_noise_multiplier` picks z for a
-  target ε.
+  model, optimizer and loader in one call, calibrating z for a target ε
+  (:func:`~dpledger.accountants.calibrate_noise_multiplier`).
 * :func:`probe_record_independence`: the dynamic check, run by :class:`DPOptimizer` before the
   first step, that no record moves another record's outputs or per-example gradient.
 * :class:`TorchBackend`: the mechanisms' array backend on tensors.
+
+Importing this package imports torch (the adapter cannot work without it); ``import dpledger``
+does not.
 """
+
+import torch  # noqa: F401  (a missing torch fails here, by name)
 
 from dpledger.adapters.torch import layer_rules
 from dpledger.adapters.torch.backend import TorchBackend
@@ -49,7 +54,6 @@ from dpledger.adapters.torch.functional_gradients import (
     per_example_gradients,
     squared_norms_of,
 )
-from dpledger.adapters.torch.gradient_queries import GradientQueries
 from dpledger.adapters.torch.module_checks import (
     check_module_configuration,
     check_no_record_mixing,
@@ -62,9 +66,7 @@ from dpledger.adapters.torch.poisson import (
 )
 from dpledger.adapters.torch.private import (
     PrivateTraining,
-    calibrated_noise_multiplier,
     make_private,
-    steps_per_epoch,
 )
 from dpledger.adapters.torch.record_probe import probe_record_independence
 from dpledger.adapters.torch.registry import (
@@ -101,7 +103,6 @@ __all__ = [
     "EpochBatchSampler",
     "FixedSizeBatchSampler",
     "FunctionalPerExampleEngine",
-    "GradientQueries",
     "LayerRule",
     "LossReduction",
     "NoiseSeedReuseError",
@@ -122,7 +123,6 @@ __all__ = [
     "UnsupportedParameterUseError",
     "UserBatch",
     "UserPoissonBatchSampler",
-    "calibrated_noise_multiplier",
     "check_module_configuration",
     "check_no_record_mixing",
     "clipped_sum_of",
@@ -140,7 +140,6 @@ __all__ = [
     "registered_layer_types",
     "split_batch",
     "squared_norms_of",
-    "steps_per_epoch",
     "unregister_layer_rule",
     "virtual_batches",
 ]

@@ -24,10 +24,10 @@ import torch
 
 from dpledger.adapters.torch.factors import expand_factors, strategy_factors
 from dpledger.adapters.torch.functional_gradients import clipped_sum_of, squared_norms_of
-from dpledger.adapters.torch.gradient_queries import GradientQueries
 from dpledger.adapters.torch.user_level import UserBatch, UserPoissonBatchSampler
 from dpledger.errors import EngineStateError, InvalidParameterError, SamplerMismatchError
 from dpledger.mechanisms import ScaledGaussianSumQuery
+from dpledger.mechanisms.gradient_queries import GradientQueries
 
 __all__ = ["ClippedSumAccumulation", "MaterialisedGradients", "refuse_virtual_batches"]
 

@@ -20,10 +20,16 @@ from torch.utils.data import DataLoader
 from dpledger.adapters.torch.backend import check_generator_device
 from dpledger.adapters.torch.distributed import DistributedPoissonBatchSampler, distributed_world
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
-from dpledger.errors import InvalidParameterError, LedgerStateError
+from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger, SamplingEvent
 from dpledger.mechanisms.clipping import rounding_clip_margin
 from dpledger.mechanisms.config import DPConfig
+from dpledger.mechanisms.construction_checks import (
+    check_bias_callback,
+    check_ledger,
+    check_switch,
+    config_with_noise,
+)
 from dpledger.sampling.relations import check_ledger_relation, default_relation
 from dpledger.sampling.validation import check_sampling_probability
 from dpledger.validation import check_non_negative_finite, check_positive_int
@@ -34,7 +40,6 @@ __all__ = [
     "check_user_level",
     "default_clip_margin",
     "distributed_setting",
-    "ledger_location",
     "noise_generator",
     "resolve_config",
     "resolve_ledger",
@@ -48,11 +53,6 @@ _SAMPLERS = (
     "a PoissonBatchSampler, FixedSizeBatchSampler, TruncatedPoissonBatchSampler, "
     "BallsInBinsBatchSampler, ShuffleBatchSampler or UserPoissonBatchSampler"
 )
-
-
-def ledger_location(ledger: PrivacyLedger) -> str:
-    """The ledger's file for messages, or ``(in memory)``."""
-    return repr(str(ledger.path)) if ledger.path is not None else "(in memory)"
 
 
 def check_optimizer_and_model(optimizer: Any, model: Any, *, wrapper: type) -> None:
@@ -69,15 +69,12 @@ def check_optimizer_and_model(optimizer: Any, model: Any, *, wrapper: type) -> N
 def resolve_config(config: DPConfig | None, **fields: Any) -> DPConfig:
     """The step's :class:`~dpledger.mechanisms.DPConfig` from ``config`` or the keyword
     arguments of its fields; it must carry a noise multiplier."""
-    config = DPConfig.resolve(config, **fields)
-    if config.noise_multiplier is None:
-        raise InvalidParameterError(
-            "target_epsilon",
-            config.target_epsilon,
-            "None: DPOptimizer takes noise_multiplier=, since it does not know the run's "
-            "length; make_private(..., config=config, epochs=...) calibrates z for a target",
-        )
-    return config
+    return config_with_noise(
+        config,
+        calibrate="DPOptimizer takes noise_multiplier=, since it does not know the run's "
+        "length; make_private(..., config=config, epochs=...) calibrates z for a target",
+        **fields,
+    )
 
 
 def check_step_arguments(
@@ -113,12 +110,8 @@ def check_step_arguments(
                 "None unless loss_fn is given: BAM evaluates each example's loss at its own "
                 "perturbed parameters, which needs the per-example loss function",
             )
-    if not isinstance(check_record_independence, bool):
-        raise InvalidParameterError(
-            "check_record_independence", check_record_independence, "True or False"
-        )
-    if bias_callback is not None and not callable(bias_callback):
-        raise InvalidParameterError("bias_callback", bias_callback, "a callable or None")
+    check_switch("check_record_independence", check_record_independence)
+    check_bias_callback(bias_callback)
     return radius
 
 
@@ -242,25 +235,13 @@ def resolve_ledger(
 ) -> PrivacyLedger | None:
     """The ledger the steps record to: ``ledger``, or a new in-memory one on rank 0 (None on
     the other ranks); open, and with a neighbouring relation the event is analysed under."""
-    if ledger is not None and not isinstance(ledger, PrivacyLedger):
-        raise InvalidParameterError("ledger", ledger, "a dpledger.PrivacyLedger or None")
-    if rank != 0:
-        if ledger is not None:
-            raise InvalidParameterError(
-                "ledger",
-                ledger,
-                f"None on rank {rank}: only rank 0 draws the noise and records events",
-            )
-    elif ledger is None:
+    ledger = check_ledger(ledger, rank=rank)
+    if ledger is None and rank == 0:
         relation = default_relation(event)
         ledger = PrivacyLedger(neighboring=relation)
         logger.info(
             "no ledger given: recording to an in-memory %s ledger (optimizer.ledger)",
             relation.value,
-        )
-    if ledger is not None and ledger.closed:
-        raise LedgerStateError(
-            f"the ledger {ledger_location(ledger)} is closed; open a new one or resume its file"
         )
     if ledger is not None:
         check_ledger_relation(event, ledger.neighboring)

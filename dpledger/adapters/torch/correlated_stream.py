@@ -44,6 +44,7 @@ from dpledger.ledger.correlated import (
     check_new_release_seed,
     check_stream_resume,
 )
+from dpledger.mechanisms.construction_checks import check_ledger
 from dpledger.mechanisms.correlated import (
     CorrelatedNoise,
     CorrelatedNoiseSpec,
@@ -367,13 +368,8 @@ def correlated_ledger(ledger: PrivacyLedger | None) -> PrivacyLedger:
         InvalidParameterError: not a ledger.
         LedgerStateError: a closed ledger.
     """
-    if ledger is None:
-        return PrivacyLedger()
-    if not isinstance(ledger, PrivacyLedger):
-        raise InvalidParameterError("ledger", ledger, "a dpledger.PrivacyLedger or None")
-    if ledger.closed:
-        raise LedgerStateError("the ledger is closed; open a new one or resume its file")
-    return ledger
+    checked = check_ledger(ledger)
+    return PrivacyLedger() if checked is None else checked
 
 
 def check_correlated_queries(queries: Any, config: Any) -> None:

@@ -14,7 +14,7 @@ takes one DP-SGD step per ``step()`` (Abadi et al. 2016; McMahan & Andrew 2018, 
 1. per-example gradients g_i of the sample R (their squared norms by ghost norms where the layers
    allow, :class:`~dpledger.adapters.torch.engine.PerExampleGradientEngine`);
 2. per group of parameters g (one group, per layer, per parameter or custom; see
-   :mod:`~dpledger.adapters.torch.gradient_queries`) clip factors f_ig from the group norms with
+   :mod:`~dpledger.mechanisms.gradient_queries`) clip factors f_ig from the group norms with
    the chosen strategy (flat, global, automatic; joint scaled clipping with scales α_j), on the
    parameters' device in float64 (never copied to the host), and the clipped sums Σ_i f_ig g_ig
    formed on the device without materialising g_i where possible (book-keeping);
@@ -103,7 +103,6 @@ from dpledger.adapters.torch.construction_checks import (
     check_user_level,
     default_clip_margin,
     distributed_setting,
-    ledger_location,
     noise_generator,
     resolve_config,
     resolve_ledger,
@@ -112,7 +111,6 @@ from dpledger.adapters.torch.construction_checks import (
 )
 from dpledger.adapters.torch.correlated_stream import CorrelatedNoiseSetup
 from dpledger.adapters.torch.engine import LossReduction, Strategy
-from dpledger.adapters.torch.gradient_queries import GradientQueries, Grouping
 from dpledger.adapters.torch.gradient_source import GradientSource
 from dpledger.adapters.torch.module_checks import check_module_configuration
 from dpledger.adapters.torch.optimizer_surface import OptimizerSurface
@@ -122,8 +120,10 @@ from dpledger.adapters.torch.user_level import UserPoissonBatchSampler
 from dpledger.errors import EngineStateError, LedgerStateError
 from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms import ClippingStrategy
-from dpledger.mechanisms.config import DPConfig
+from dpledger.mechanisms.config import DPConfig, Grouping
+from dpledger.mechanisms.construction_checks import ledger_location
 from dpledger.mechanisms.correlated.spec import CorrelatedNoiseSpec
+from dpledger.mechanisms.gradient_queries import GradientQueries
 
 __all__ = ["BiasCallback", "DPOptimizer"]
 
@@ -378,8 +378,11 @@ class DPOptimizer(
 
     def _init_queries(self, config: DPConfig) -> None:
         """The groups and their sum queries, with the layout cache of the clipping."""
-        self._queries = GradientQueries(
-            {n: p.numel() for n, p in self._params.items()}, **config.query_arguments()
+        self._queries = GradientQueries.of_config(
+            {n: p.numel() for n, p in self._params.items()},
+            config,
+            # per_layer: one group per module, the parameters named "<module>.<name>"
+            layers={n: n.rpartition(".")[0] or "<model>" for n in self._params},
         )
         self._query_cache = {
             (self._queries.l2_norm_bound, self._queries.noise_multiplier): self._queries

@@ -20,10 +20,10 @@ from torch import nn
 
 from dpledger.adapters.torch.backend import check_generator_device
 from dpledger.adapters.torch.engine import PerExampleGradientEngine
-from dpledger.adapters.torch.gradient_queries import GradientQueries
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger, SamplingEvent
+from dpledger.mechanisms.gradient_queries import GradientQueries
 from dpledger.validation import check_non_negative_finite, check_positive_finite
 
 __all__ = ["OptimizerSurface"]

@@ -9,15 +9,13 @@ leaves a ledger. A DataLoader given to it is never accounted by its own batches:
 :func:`make_private` for what happens to each kind of loader.
 
 The noise multiplier is given, or chosen for a target (ε, δ) by
-:func:`calibrated_noise_multiplier`, which asks
-:func:`~dpledger.accountants.calibrate_noise_multiplier` for the smallest z whose ε after the
+:func:`~dpledger.accountants.calibrate_noise_multiplier`: the smallest z whose ε after the
 planned number of steps is at most the target. An *epoch* is round(1/q) steps (n records in
 expectation), the Poisson data loader's default length.
 
 :func:`make_private` is split along its work: the arguments (this module), the data side
 (:mod:`~dpledger.adapters.torch.private_loader`: what a DataLoader given to it is turned into,
-and the recorded batch sampler it builds) and the noise calibration
-(:mod:`~dpledger.adapters.torch.noise_calibration`, whose public names are re-exported here).
+and the recorded batch sampler it builds).
 """
 
 from __future__ import annotations
@@ -33,15 +31,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from dpledger.accountants import Accountant, CalibrationResult
+from dpledger.accountants import Accountant, CalibrationResult, calibrate_noise_multiplier
 from dpledger.adapters.torch.batch_samplers import CyclicBatchSampler, private_data_loader
 from dpledger.adapters.torch.correlated_stream import check_noise
 from dpledger.adapters.torch.distributed import distributed_world
-from dpledger.adapters.torch.noise_calibration import (
-    _calibration,
-    calibrated_noise_multiplier,
-    steps_per_epoch,
-)
 from dpledger.adapters.torch.optimizer import DPOptimizer
 from dpledger.adapters.torch.private_loader import _batch_sampler, _loader_settings, _VirtualLoader
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
@@ -57,9 +50,7 @@ from dpledger.validation import check_positive_int, warn_if_delta_too_large
 __all__ = [
     "SAMPLING_SCHEMES",
     "PrivateTraining",
-    "calibrated_noise_multiplier",
     "make_private",
-    "steps_per_epoch",
 ]
 
 
@@ -184,7 +175,7 @@ def make_private(
         num_batches: k of ``"balls_in_bins"``.
         noise_multiplier: z ≥ 0; or, for Poisson sampling only, give ``target_epsilon``,
             ``delta`` and ``epochs`` (or ``steps``) to calibrate it
-            (:func:`calibrated_noise_multiplier`).
+            (:func:`~dpledger.accountants.calibrate_noise_multiplier`).
         target_epsilon: ε to meet at ``delta`` after the planned run.
         delta: δ of the target.
         epochs: planned epochs (round(1/q) steps each), for the calibration.
@@ -429,7 +420,7 @@ def _calibrated(
                 "plans Poisson-sampled steps only)",
             )
         assert q is not None and config.delta is not None
-        calibration = _calibration(
+        calibration = calibrate_noise_multiplier(
             target_epsilon=config.target_epsilon,
             delta=config.delta,
             sampling_probability=q,

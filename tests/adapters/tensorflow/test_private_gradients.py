@@ -143,11 +143,11 @@ def test_per_layer_groups_with_dimension_allocation_and_joint_scaling():
     )
     got = private(x, y)
     queries = private.queries
-    assert len(queries.members) == 3
+    assert len(queries.positions) == 3
     bounds = [q.l2_norm_bound for q in queries.queries]
-    dims = [sum(int(np.prod(variables[j].shape)) for j in m) for m in queries.members]
+    dims = [sum(int(np.prod(variables[j].shape)) for j in m) for m in queries.positions]
     np.testing.assert_allclose(bounds, [0.3 * math.sqrt(d / sum(dims)) for d in dims], rtol=1e-15)
-    for query, members in zip(queries.queries, queries.members, strict=True):
+    for query, members in zip(queries.queries, queries.positions, strict=True):
         scales = np.array([query.scales[k] for k in range(len(members))])
         scaled = np.sqrt(
             sum(
@@ -386,7 +386,7 @@ def test_gradient_queries_groups_and_explicit_queries():
         l2_norm_bound=2.0,
         noise_multiplier=1.5,
     )
-    assert explicit.members == ((0, 1), (2, 3, 4, 5))
+    assert explicit.positions == ((0, 1), (2, 3, 4, 5))
     assert explicit.effective_noise_multiplier == pytest.approx(1.5, rel=1e-12)
     per_variable = gradient_queries(
         variables, groups="per_parameter", l2_norm_bound=2.0, noise_multiplier=1.5

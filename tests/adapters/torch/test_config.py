@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import attrs
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -10,7 +9,6 @@ from torch.utils.data import TensorDataset
 
 from dpledger import DPConfig, PrivacyLedger
 from dpledger.adapters.torch import DPOptimizer, make_private
-from dpledger.adapters.torch.gradient_queries import GradientQueries
 from dpledger.errors import InvalidParameterError
 from tests.adapters.torch.dp_helpers import batch, params_of, small_cnn
 
@@ -176,11 +174,3 @@ def test_make_private_calibrates_a_config_target():
     with pytest.raises(InvalidParameterError) as info:
         _make_private_run(config=config, epochs=2, delta=1e-6)
     assert info.value.parameter == "delta"
-
-
-def test_gradient_queries_take_the_core_name():
-    sizes = {"w": 3, "b": 1}
-    new = GradientQueries(sizes, l2_norm_bound=2.0, noise_multiplier=1.0, groups="per_parameter")
-    assert new.l2_norm_bound == 2.0
-    evolved = attrs.evolve(DPConfig(l2_norm_bound=2.0, noise_multiplier=1.0), groups="per_layer")
-    assert evolved.groups == "per_layer"

@@ -14,12 +14,7 @@ from dpledger.accountants import (
     PrvAccountant,
     calibrate_noise_multiplier,
 )
-from dpledger.adapters.torch import (
-    DPOptimizer,
-    calibrated_noise_multiplier,
-    make_private,
-    steps_per_epoch,
-)
+from dpledger.adapters.torch import DPOptimizer, make_private
 from dpledger.errors import InvalidParameterError
 from tests.adapters.torch.dp_helpers import batch, small_cnn
 
@@ -27,10 +22,9 @@ DATA = TensorDataset(*batch(40, dtype=torch.float32))
 
 
 def test_calibration_matches_the_accountants_api_and_the_run_meets_the_target():
-    z = calibrated_noise_multiplier(
+    z = calibrate_noise_multiplier(
         target_epsilon=3.0, delta=1e-5, sampling_probability=0.1, epochs=3
-    )
-    assert steps_per_epoch(0.1) == 10
+    ).value
     want = calibrate_noise_multiplier(
         target_epsilon=3.0, delta=1e-5, sampling_probability=0.1, steps=30
     ).value
@@ -158,8 +152,11 @@ def test_calibration_is_recorded_in_the_ledger_metadata(caplog):
     assert intent["calibrated_by"] == "prv"
     assert intent["target_epsilon"] == 3.0 and intent["delta"] == 1e-5
     assert intent["noise_multiplier"] == dp.noise_multiplier
-    assert intent["noise_multiplier"] == calibrated_noise_multiplier(
-        target_epsilon=3.0, delta=1e-5, sampling_probability=0.1, epochs=3
+    assert (
+        intent["noise_multiplier"]
+        == calibrate_noise_multiplier(
+            target_epsilon=3.0, delta=1e-5, sampling_probability=0.1, epochs=3
+        ).value
     )
     assert "calibrated by the prv accountant for ε = 3" in caplog.text
     assert intent["population_size"] == 40 and intent["unit"] == "record"

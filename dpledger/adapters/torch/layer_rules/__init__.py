@@ -10,6 +10,8 @@ Hugging Face's GPT-2 ``Conv1D`` and Llama-style RMSNorm layers are recognised by
 (:mod:`.hugging_face`).
 """
 
+import torch  # noqa: F401  (every rule works on torch modules and tensors)
+
 from dpledger.adapters.torch.layer_rules import (
     attention,
     conv,
