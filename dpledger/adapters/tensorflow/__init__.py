@@ -47,6 +47,7 @@ from dpledger.errors import (
     NoiseStreamEndError,
     PerExampleLossError,
     RecordMixingLayerError,
+    RecordProbeError,
     UnrecordedTrainingWarning,
     UnsupportedLayerError,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "PoissonSampler",
     "PrivateGradients",
     "RecordMixingLayerError",
+    "RecordProbeError",
     "RecordSampler",
     "ShuffleSampler",
     "SimpleRNNRule",

@@ -86,6 +86,7 @@ from dpledger.errors import (
     NoiseStreamEndError,
     RecordDependenceError,
     RecordMixingLayerError,
+    RecordProbeError,
     UnsupportedLayerError,
     UnsupportedParameterUseError,
 )
@@ -112,6 +113,7 @@ __all__ = [
     "PrivateTraining",
     "RecordDependenceError",
     "RecordMixingLayerError",
+    "RecordProbeError",
     "RecordedBatchSampler",
     "ShuffleBatchSampler",
     "StepwiseBatchSampler",
