@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -166,25 +168,53 @@ def test_calibration_is_recorded_in_the_ledger_metadata(caplog):
     assert intent["sampling"] == "poisson" and intent["sampling_probability"] == 0.1
     assert intent["planned_steps"] == 30
     assert intent["versions"] == {"dpledger": __version__, "torch": torch.__version__}
-    # a ledger created beforehand keeps its header; the intent is logged as a note
-    caplog.clear()
-    given = PrivacyLedger()
-    with caplog.at_level("INFO", logger="dpledger"):
-        make_private(
-            model,
-            torch.optim.SGD(model.parameters(), lr=0.1),
-            DATA,
-            sampling_probability=0.1,
-            l2_norm_bound=1.0,
-            target_epsilon=3.0,
-            delta=1e-5,
-            epochs=3,
-            ledger=given,
-            seed=0,
-        )
-    assert given.header.metadata == {}
-    assert "the ledger was created without the run's intent" in caplog.text
-    assert "'calibrated_by': 'prv'" in caplog.text
+
+
+def test_a_ledger_the_user_created_records_the_intent_in_a_note(tmp_path, capsys):
+    from dpledger.cli import main
+
+    model = small_cnn(dtype=torch.float32)
+    path = tmp_path / "run.dpl"
+    given = PrivacyLedger(path, metadata={"model": "cnn"})
+    _, dp, loader = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DATA,
+        sampling_probability=0.1,
+        l2_norm_bound=1.0,
+        target_epsilon=3.0,
+        delta=1e-5,
+        epochs=3,
+        ledger=given,
+        seed=0,
+    )
+    assert given.header.metadata == {"model": "cnn"}  # the header is the user's
+    assert given.intent["calibrated_by"] == "prv" and given.intent["planned_steps"] == 30
+    assert given.intent["noise_multiplier"] == dp.noise_multiplier
+    for x, y in loader:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        dp.step()
+        break
+    given.close()
+    assert main(["info", "--json", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["intent"] == given.intent
+    assert main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "intent        target ε = 3 at δ = 1e-05; noise calibrated by prv" in out
+    assert PrivacyLedger.load(path).notes == ({"intent": given.intent},)
+    # a second run on the same ledger finds the intent and records no other note
+    make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DATA,
+        sampling_probability=0.1,
+        l2_norm_bound=1.0,
+        noise_multiplier=1.0,
+        ledger=(again := PrivacyLedger(path, resume=True)),
+        seed=0,
+    )
+    assert len(again.notes) == 1
+    again.close()
 
 
 def test_a_dataloader_without_sampling_probability_gives_q_from_its_batch_size(caplog):
