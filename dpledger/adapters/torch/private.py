@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import warnings
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -170,7 +171,9 @@ def make_private(
         l2_norm_bound: C > 0.
         sampling_probability: q in (0, 1] for ``"poisson"`` and ``"truncated_poisson"``: every
             step includes each record with probability q. Default: batch_size / n (the
-            ``batch_size`` argument or the DataLoader's).
+            ``batch_size`` argument or the DataLoader's). Given both, when the mean batch q·n
+            and that batch size differ by more than a factor of 2, a ``UserWarning`` says so:
+            the batches are q's, not the loader's.
         sampling: the sampling scheme of the returned loader: ``"poisson"`` (default,
             :class:`PoissonBatchSampler`), ``"fixed_size"`` (:class:`FixedSizeBatchSampler`, b
             distinct records per step), ``"truncated_poisson"``
@@ -412,7 +415,31 @@ def _sampling_probability(
             q,
             sampling.replace("_", " "),
         )
+    elif uses_q and q is not None and b is not None:
+        _warn_if_batches_differ(q, b, n)
     return q
+
+
+_BATCH_SIZE_FACTOR = 2.0
+"""make_private warns when q·n and the loader's (or given) batch size differ by more than this
+factor."""
+
+
+def _warn_if_batches_differ(q: float, b: int, n: int) -> None:
+    """Warn when q's mean batch q·n and the batch size b differ by more than the factor."""
+    mean = q * n
+    if b <= 0 or mean <= 0 or max(mean / b, b / mean) <= _BATCH_SIZE_FACTOR:
+        return
+    warnings.warn(
+        f"sampling_probability={q!r} draws batches of q·n = {mean:.4g} records on average "
+        f"(n = {n}), but the batch size given (batch_size=, or the DataLoader's) is {b}: "
+        "make_private samples each record with probability q and the DataLoader's own "
+        "batching is not used. Pass sampling_probability="
+        f"{b}/{n} = {b / n:.4g} for batches of about {b}, or leave sampling_probability out "
+        "to get q = batch_size / n",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def _calibrated(

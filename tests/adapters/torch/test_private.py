@@ -281,3 +281,35 @@ def test_a_loss_whose_reduction_contradicts_the_declaration_is_warned_about(
         f"{len(x)} terms, a batch of {len(x)} records) but loss_reduction={declared!r} was declared"
     )
     assert dp.ledger.num_steps == 1  # recorded as ever: the warning changes nothing
+
+
+def test_a_loader_batch_size_far_from_q_n_is_warned_about():
+    import warnings
+
+    from torch.utils.data import DataLoader
+
+    model = small_cnn(dtype=torch.float32)
+
+    def wrap(loader, q):
+        return make_private(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            loader,
+            sampling_probability=q,
+            l2_norm_bound=1.0,
+            noise_multiplier=1.0,
+            seed=0,
+        )
+
+    with pytest.warns(UserWarning, match="batch size given") as caught:
+        wrap(DataLoader(DATA, batch_size=4), 0.5)  # q·n = 20 against 4
+    assert "q·n = 20 records on average (n = 40)" in str(caught[0].message)
+    assert "sampling_probability=4/40 = 0.1" in str(caught[0].message)
+    assert caught[0].filename == __file__
+    with pytest.warns(UserWarning, match="batch size given"):
+        wrap(DataLoader(DATA, batch_size=20), 0.1)  # 4 against 20: small batches too
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        wrap(DataLoader(DATA, batch_size=4), 0.2)  # q·n = 8: within a factor of 2
+        wrap(DataLoader(DATA, batch_size=4), None)  # q = 4/40 from the loader
+        wrap(DATA, 0.5)  # a data set: no batch size to compare
