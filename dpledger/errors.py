@@ -428,6 +428,14 @@ class LedgerNotAttachedError(DPLedgerError, RuntimeError):
     """
 
 
+class NotCompiledError(DPLedgerError, ValueError):
+    """A :class:`~dpledger.adapters.tensorflow.DPKerasModel` was trained before it was compiled.
+
+    Compiling the Keras model inside it does not compile the wrapper: the wrapper's steps use
+    the wrapper's own optimizer and loss.
+    """
+
+
 class UnrecordedTrainingWarning(UserWarning):
     """A model wrapped by :class:`~dpledger.adapters.tensorflow.DPKerasModel` is trained
     directly (its own ``fit``, ``train_on_batch`` or ``train_step``): those steps are not

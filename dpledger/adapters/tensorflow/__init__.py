@@ -45,6 +45,7 @@ from dpledger.adapters.tensorflow.sampling import (
 from dpledger.errors import (
     LedgerNotAttachedError,
     NoiseStreamEndError,
+    NotCompiledError,
     PerExampleLossError,
     RecordMixingLayerError,
     RecordProbeError,
@@ -73,6 +74,7 @@ __all__ = [
     "NoiseSeedReuseError",
     "NoiseStreamEndError",
     "NoiseStreamRollbackError",
+    "NotCompiledError",
     "PerExampleGradientEngine",
     "PerExampleLoss",
     "PerExampleLossError",
