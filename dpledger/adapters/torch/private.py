@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import warnings
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -54,7 +53,11 @@ from dpledger.mechanisms.config import DPConfig
 from dpledger.mechanisms.correlated.spec import CorrelatedNoiseSpec
 from dpledger.sampling.relations import default_relation
 from dpledger.sampling.validation import check_sampling_probability
-from dpledger.validation import check_positive_int, warn_if_delta_too_large
+from dpledger.validation import (
+    check_positive_int,
+    warn_if_batch_size_differs,
+    warn_if_delta_too_large,
+)
 
 __all__ = [
     "SAMPLING_SCHEMES",
@@ -416,30 +419,8 @@ def _sampling_probability(
             sampling.replace("_", " "),
         )
     elif uses_q and q is not None and b is not None:
-        _warn_if_batches_differ(q, b, n)
+        warn_if_batch_size_differs(sampling_probability=q, batch_size=b, population_size=n)
     return q
-
-
-_BATCH_SIZE_FACTOR = 2.0
-"""make_private warns when q·n and the loader's (or given) batch size differ by more than this
-factor."""
-
-
-def _warn_if_batches_differ(q: float, b: int, n: int) -> None:
-    """Warn when q's mean batch q·n and the batch size b differ by more than the factor."""
-    mean = q * n
-    if b <= 0 or mean <= 0 or max(mean / b, b / mean) <= _BATCH_SIZE_FACTOR:
-        return
-    warnings.warn(
-        f"sampling_probability={q!r} draws batches of q·n = {mean:.4g} records on average "
-        f"(n = {n}), but the batch size given (batch_size=, or the DataLoader's) is {b}: "
-        "make_private samples each record with probability q and the DataLoader's own "
-        "batching is not used. Pass sampling_probability="
-        f"{b}/{n} = {b / n:.4g} for batches of about {b}, or leave sampling_probability out "
-        "to get q = batch_size / n",
-        UserWarning,
-        stacklevel=4,
-    )
 
 
 def _calibrated(
