@@ -334,6 +334,53 @@ class RecordDependenceError(RecordMixingLayerError):
         super().__init__(message, layer_name=layer_name, layer_type=layer_type)
 
 
+class RecordProbeError(DPLedgerError, RuntimeError):
+    """The record-independence probe could not run the model on its probe batch.
+
+    Raised by both adapters' probes (:mod:`dpledger.adapters.torch.record_probe`,
+    :mod:`dpledger.adapters.tensorflow.record_probe`) when the model's forward (or, in Keras, the
+    loss) fails on the probe's few records: a forward that needs the whole batch (a fixed batch
+    size in a reshape), or one that fails on the probe's second batch, whose record 0 is a copy
+    of another record of the batch. The message says which run failed and why; the original
+    exception is chained. ``check_record_independence=False`` switches the probe off (then make
+    sure that no layer mixes the records of a batch: docs/guarantees.md).
+
+    Attributes:
+        run: ``"original"`` (the first records of the batch as given) or ``"changed"`` (record 0
+            replaced).
+    """
+
+    def __init__(self, message: str, *, run: str) -> None:
+        self.run = run
+        super().__init__(message)
+
+
+def record_probe_failure(exc: BaseException, *, m: int, run: str, other: int | None) -> str:
+    """The message of a :class:`RecordProbeError` (one text for both adapters).
+
+    Args:
+        exc: what the model's forward raised.
+        m: how many records the probe batch held.
+        run: ``"original"`` or ``"changed"``.
+        other: the record whose copy replaced record 0 in the changed run (None: record 0's
+            own values permuted).
+    """
+    if run == "original":
+        batch = f"the first {m} records of the batch, unchanged"
+    elif other is None:
+        batch = f"the first {m} records of the batch, record 0's values permuted among themselves"
+    else:
+        batch = f"the first {m} records of the batch, record 0 replaced by a copy of record {other}"
+    return (
+        f"the model's forward raised {type(exc).__name__}: {exc} -- inside dpledger's "
+        f"record-independence probe, which runs it before the first step on {batch}, to check "
+        "that no record changes another record's result. A forward that needs the whole batch "
+        "(a fixed batch size) or fails on these records cannot be probed: pass "
+        "check_record_independence=False, and make sure no layer mixes the records of a batch "
+        "(docs/guarantees.md, 'What the record-independence probe checks')"
+    )
+
+
 class UnsupportedParameterUseError(DPLedgerError, ValueError):
     """A parameter's gradient does not come (only) from forward calls the engine observed.
 
@@ -378,6 +425,14 @@ class LedgerNotAttachedError(DPLedgerError, RuntimeError):
     nothing until :meth:`~dpledger.adapters.tensorflow.DPKerasModel.attach_ledger` gives it one
     (``PrivacyLedger(path, resume=True)`` continues the saved run's file; a new ledger starts a
     new account, which then does not hold the steps taken before the save).
+    """
+
+
+class NotCompiledError(DPLedgerError, ValueError):
+    """A :class:`~dpledger.adapters.tensorflow.DPKerasModel` was trained before it was compiled.
+
+    Compiling the Keras model inside it does not compile the wrapper: the wrapper's steps use
+    the wrapper's own optimizer and loss.
     """
 
 

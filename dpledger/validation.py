@@ -32,6 +32,7 @@ __all__ = [
     "check_positive_int",
     "check_probability",
     "delta_too_large_message",
+    "warn_if_batch_size_differs",
     "warn_if_delta_too_large",
 ]
 
@@ -220,6 +221,46 @@ def warn_if_delta_too_large(
         return False
     warnings.warn(
         DeltaTooLargeWarning(message, delta=delta, population_size=int(population_size)),
+        stacklevel=stacklevel + 1,
+    )
+    return True
+
+
+BATCH_SIZE_FACTOR = 2.0
+""":func:`warn_if_batch_size_differs` warns when q·n and a batch size differ by more than this
+factor."""
+
+
+def warn_if_batch_size_differs(
+    *, sampling_probability: float, batch_size: int, population_size: int, stacklevel: int = 3
+) -> bool:
+    """Warn (``UserWarning``) when a loader's batch size b is far from the mean batch q·n.
+
+    A caller given both a sampling probability q and a batch size (a DataLoader's) samples with
+    q; when q·n and b differ by more than a factor of :data:`BATCH_SIZE_FACTOR`, the batches
+    are not those the batch size suggests, and the warning names the q = b / n that gives them.
+
+    Args:
+        sampling_probability: q.
+        batch_size: b.
+        population_size: n.
+        stacklevel: the frame the warning points at, counted from the caller of this function
+            (1: that caller; 3, the default: two frames above it).
+
+    Returns:
+        Whether a warning was issued.
+    """
+    q, b, n = sampling_probability, batch_size, population_size
+    mean = q * n
+    if b <= 0 or mean <= 0 or max(mean / b, b / mean) <= BATCH_SIZE_FACTOR:
+        return False
+    warnings.warn(
+        f"sampling_probability={q!r} draws batches of q·n = {mean:.4g} records on average "
+        f"(n = {n}), but the batch size given (batch_size=, or the DataLoader's) is {b}: "
+        "each record joins each batch with probability q and the DataLoader's own batching "
+        f"is not used. Pass sampling_probability={b}/{n} = {b / n:.4g} for batches of about "
+        f"{b}, or leave sampling_probability out to get q = batch_size / n",
+        UserWarning,
         stacklevel=stacklevel + 1,
     )
     return True

@@ -20,7 +20,6 @@ from typing import Any
 import attrs
 
 from dpledger.ledger.events import SumQueryEvent
-from dpledger.ledger.intent import intent_of
 from dpledger.ledger.ledger import LedgerWarning, PrivacyLedger
 from dpledger.ledger.verify import verify_ledger
 
@@ -193,7 +192,7 @@ def _info(args: argparse.Namespace) -> int:
     sampling = _sampling_summary(comp)
     header = ledger.header
     queries = _query_summary(ledger)
-    intent = intent_of(header.metadata)
+    intent = ledger.intent  # the header's, or a note's
     if args.json:
         out: dict[str, Any] = {
             "path": ledger.path,

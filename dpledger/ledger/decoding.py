@@ -96,6 +96,7 @@ _QUERY_FIELDS = ("seq", "prev", "kind", "l2_norm_bound", "noise_stddev", "label"
 _RESUME_FIELDS = ("seq", "prev", "kind", "time", "library_version", "hash")
 _RESUME_FIELDS_META = ("seq", "prev", "kind", "time", "library_version", "metadata", "hash")
 _CLOSE_FIELDS = ("seq", "prev", "kind", "time", "events", "steps", "hash")
+_NOTE_FIELDS = ("seq", "prev", "kind", "time", "metadata", "hash")
 STREAM_STEP_FIELDS = ("seq", "prev", "kind", "schema", "release", "step", "hash")
 CORRELATED_FIELDS = (
     "seq",
@@ -509,6 +510,20 @@ def _decode_resume(obj: dict[str, Any], ctx: LineContext) -> tuple[dict[str, Any
     return fields, expected
 
 
+def _decode_note(obj: dict[str, Any], ctx: LineContext) -> tuple[dict[str, Any], bytes]:
+    if ctx.format_version < 2:
+        raise ctx.fail("a note in a format-version-1 file (notes need version 2)")
+    _check_fields(obj, _NOTE_FIELDS, ctx.fail)
+    if not isinstance(obj["time"], str):
+        raise ctx.fail(f"time {_show(obj['time'])} is not a string")
+    problem = _metadata_problem(obj["metadata"])
+    if problem is not None:
+        raise ctx.fail(f"the note's metadata {problem}")
+    fields = {k: obj[k] for k in _NOTE_FIELDS[3:-1]}
+    expected, _ = encode_marker(ctx.seq + 1, ctx.prev, "note", fields)
+    return fields, expected
+
+
 def _decode_close(obj: dict[str, Any], ctx: LineContext) -> tuple[dict[str, Any], bytes]:
     _check_fields(obj, _CLOSE_FIELDS, ctx.fail)
     if not isinstance(obj["time"], str):
@@ -534,6 +549,7 @@ _DECODERS: dict[str, _Decoder] = {
     "correlated_release": _decode_correlated,
     "stream_step": _decode_stream_step,
     "resume": _decode_resume,
+    "note": _decode_note,
     "close": _decode_close,
 }
 """The decoder of each record kind after the header (which only line 1 may be)."""

@@ -242,7 +242,7 @@ def encode_sum_query(
 
 
 def encode_marker(seq: int, prev: str, kind: str, fields: dict[str, Any]) -> tuple[bytes, str]:
-    """A session-marker line (``resume`` or ``close``) and its hash; fields in the given order."""
+    """A marker line (``resume``, ``note`` or ``close``) and its hash; fields in the given order."""
     extra = "".join(f",{json.dumps(k)}:{_json_text(v)}" for k, v in fields.items())
     return _seal(f'{{"seq":{seq},"prev":"{prev}","kind":"{kind}"{extra}')
 

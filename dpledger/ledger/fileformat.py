@@ -6,8 +6,9 @@ that ``,"hash":`` suffix, and every line names the previous line's hash in its `
 so a reader in any language can check the chain without canonical JSON.
 
 Line 1 is the header (``"kind":"header"``, ``"seq":0``, ``"prev"`` = 64 zeros). Then come events
-(``"sample"``, ``"sum_query"``) and session markers (``"resume"`` when a writer reopens the file,
-``"close"`` when it closes it cleanly), numbered by ``"seq"`` 1, 2, 3, …
+(``"sample"``, ``"sum_query"``), notes (``"note"``: metadata such as the run's intent) and session
+markers (``"resume"`` when a writer reopens the file, ``"close"`` when it closes it cleanly),
+numbered by ``"seq"`` 1, 2, 3, …
 
 The reader accepts exactly what the writer writes: a line must be byte for byte the line the
 writer would produce from the values it holds (field order, no spaces, floats in Python's

@@ -2,7 +2,8 @@
 
 The events of a ledger say what was used (q, n, S, σ̃ of every step); they do not say what the
 run was planned for. A training adapter that creates a ledger stores that plan under the
-metadata key :data:`INTENT_KEY` of the header: the target ε and δ (when the noise was
+metadata key :data:`INTENT_KEY` of the header (given a ledger the user created, it records it
+in a ``note`` line: :func:`note_intent`): the target ε and δ (when the noise was
 calibrated), the accountant that calibrated it, the population size, the unit of privacy and the
 library versions. The intent is informational: no accountant reads it, and it never changes
 what the events record.
@@ -14,6 +15,7 @@ import logging
 from typing import Any
 
 from dpledger._version import __version__
+from dpledger.errors import LedgerStateError
 
 __all__ = ["INTENT_KEY", "intent_of", "note_intent", "run_intent"]
 
@@ -77,17 +79,24 @@ def intent_of(metadata: Any) -> dict[str, Any] | None:
 
 
 def note_intent(ledger: Any, intent: dict[str, Any]) -> None:
-    """Log (INFO) the intent of a run whose ledger was created without it.
+    """Record the intent of a run whose ledger does not hold one yet, as a note.
 
-    A ledger's header is written when the ledger is created, so an adapter given an existing
-    ledger cannot add the intent; it says what it would have stored, and how to store it.
+    A ledger's header is written when the ledger is created, so an adapter given a ledger the
+    user created records the intent in a ``note`` line (``{"intent": {...}}``,
+    :meth:`~dpledger.ledger.ledger.PrivacyLedger.record_note`), which ``dpledger info`` shows as
+    the ledger's intent. A ledger that already holds an intent (in its header or a note) is
+    left alone; one that cannot take a note (read-only, closed, a format-version-1 file) gets
+    the intent logged at INFO instead.
     """
-    if intent_of(getattr(getattr(ledger, "header", None), "metadata", None)) is not None:
+    if getattr(ledger, "intent", None) is not None:
         return
-    _log.info(
-        "the ledger was created without the run's intent, so its header does not record it: "
-        "%s (create the ledger with PrivacyLedger(path, metadata={%r: ...}) to keep it, or "
-        "pass ledger=None)",
-        intent,
-        INTENT_KEY,
-    )
+    try:
+        ledger.record_note({INTENT_KEY: intent})
+    except LedgerStateError as exc:
+        _log.info(
+            "the run's intent could not be recorded in the ledger (%s): %s (create the ledger "
+            "with PrivacyLedger(path, metadata={%r: ...}) to keep it)",
+            exc,
+            intent,
+            INTENT_KEY,
+        )

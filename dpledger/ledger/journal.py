@@ -379,6 +379,11 @@ class LedgerJournal:
         """Append a correlated-noise release (a ``correlated_release`` line)."""
         self._write_event(ff.correlated_release_body(event))
 
+    def write_note(self, metadata: dict[str, Any]) -> None:
+        """Append a note (a ``note`` line: the time and JSON metadata) and flush."""
+        self._append_marker("note", {"time": ff.utc_timestamp(), "metadata": metadata})
+        self.flush()
+
     def write_stream_step(self, event: StreamStepEvent) -> None:
         """Append a step of a correlated-noise release's stream (a ``stream_step`` line)."""
         self._write_event(ff.stream_step_body(event))

@@ -40,6 +40,7 @@ from dpledger.ledger.events import (
     full_scheme_expectation,
 )
 from dpledger.ledger.fileformat import LedgerHeader
+from dpledger.ledger.intent import intent_of
 from dpledger.ledger.journal import LedgerJournal, LedgerWarning
 from dpledger.ledger.steps import CompressedLedger, LedgerStep, StepRun
 from dpledger.ledger.store import LedgerColumns
@@ -432,6 +433,44 @@ class PrivacyLedger:
         if self._journal is not None:
             self._journal.write_correlated(event)
             self._journal.flush()  # write-ahead: the release's noise is used next
+
+    def record_note(self, metadata: dict[str, Any]) -> None:
+        """Record a note: JSON metadata about the run that no accountant reads.
+
+        A training adapter given a ledger whose header does not hold the run's intent records
+        it this way (``{"intent": {...}}``, :mod:`dpledger.ledger.intent`), so that
+        ``dpledger info`` shows it. A note is no event and no step: it ends the open step, like
+        a resume marker, and is written to the file at once (a ``note`` line,
+        docs/ledger-format.md).
+
+        Raises:
+            InvalidParameterError: ``metadata`` is not a JSON-serialisable dict.
+            LedgerStateError: the ledger is closed or read-only, or its file is of format
+                version 1, which cannot hold a note.
+        """
+        if not self._writable:
+            raise self._not_writable()
+        value = json.loads(ff.dump_metadata(metadata))
+        if self.header.format_version < 2 and self.path is not None:
+            raise LedgerStateError(
+                f"{self.path} is a format-version-1 ledger, which cannot hold a note"
+            )
+        self._store.add_marker("note", {"metadata": value})
+        if self._journal is not None:
+            self._journal.write_note(value)
+
+    @property
+    def notes(self) -> tuple[dict[str, Any], ...]:
+        """The metadata of the ledger's notes (:meth:`record_note`), in order."""
+        return tuple(self._store.notes)
+
+    @property
+    def intent(self) -> dict[str, Any] | None:
+        """The run's intent: the header's, else the last note's (None: not recorded)."""
+        found = intent_of(self.header.metadata)
+        for note in self._store.notes:
+            found = intent_of(note) or found
+        return found
 
     def record_stream_step(self, *, release: int, step: int) -> None:
         """Record that step ``step`` of a correlated-noise release's stream was taken.

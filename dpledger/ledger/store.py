@@ -62,6 +62,7 @@ class LedgerColumns:
         self.spec_ids: dict[SamplingEvent, int] = {}
         self.correlated: list[CorrelatedReleaseEvent] = []
         self.stream_progress: list[int] = []
+        self.notes: list[dict[str, Any]] = []  # the metadata of the note lines, in order
         self.num_events = 0
         self.compressor = RunCompressor()
 
@@ -169,6 +170,8 @@ class LedgerColumns:
         if kind == "stream_step":
             self.add_stream_step(fields)
             return
+        if kind == "note":
+            self.notes.append(fields["metadata"])
         self.compressor.end_step()
 
     def end_step(self) -> None:

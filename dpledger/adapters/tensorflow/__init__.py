@@ -47,8 +47,10 @@ from dpledger.adapters.tensorflow.sampling import (
 from dpledger.errors import (
     LedgerNotAttachedError,
     NoiseStreamEndError,
+    NotCompiledError,
     PerExampleLossError,
     RecordMixingLayerError,
+    RecordProbeError,
     UnrecordedTrainingWarning,
     UnsupportedLayerError,
 )
@@ -73,6 +75,7 @@ __all__ = [
     "NoiseSeedReuseError",
     "NoiseStreamEndError",
     "NoiseStreamRollbackError",
+    "NotCompiledError",
     "PerExampleGradientEngine",
     "PerExampleLoss",
     "PerExampleLossError",
@@ -80,6 +83,7 @@ __all__ = [
     "PoissonDatasetSampler",
     "PrivateGradients",
     "RecordMixingLayerError",
+    "RecordProbeError",
     "RecordedDatasetSampler",
     "ShuffleDatasetSampler",
     "SimpleRNNRule",

@@ -8,6 +8,9 @@ the ledger never sees: the ε the ledger gives would then not describe the train
 (:class:`~dpledger.errors.UnrecordedTrainingWarning` and a log record), once
 per call, before they run. The wrapper's own steps call the model's forward pass, never these
 methods, and ``predict`` / ``evaluate`` are left alone, so neither warns.
+
+The other way round, compiling the inner model and calling ``fit`` on the wrapper:
+:func:`check_wrapper_compiled` says that the wrapper is the model to compile.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from typing import Any
 
 import keras
 
-from dpledger.errors import UnrecordedTrainingWarning
+from dpledger.errors import NotCompiledError, UnrecordedTrainingWarning
 
-__all__ = ["GUARDED_METHODS", "warn_on_direct_training"]
+__all__ = ["GUARDED_METHODS", "check_wrapper_compiled", "warn_on_direct_training"]
 
 _log = logging.getLogger(__name__)
 
@@ -78,3 +81,28 @@ def warn_on_direct_training(model: keras.Model, *, wrapper_name: str) -> None:
         return
     for method in GUARDED_METHODS:
         object.__setattr__(model, method, _guarded(model, method, getattr(model, method)))
+
+
+def check_wrapper_compiled(wrapper: keras.Model, inner: keras.Model, method: str) -> None:
+    """Refuse ``wrapper.<method>`` before the wrapper itself was compiled.
+
+    Raises:
+        NotCompiledError: the wrapper was not compiled; the message says that the wrapper, not
+            the model inside it, is the one to compile (with the inner model's optimizer and
+            loss when the inner model was compiled instead).
+    """
+    if getattr(wrapper, "compiled", False):
+        return
+    if getattr(inner, "compiled", False):
+        optimizer = type(getattr(inner, "optimizer", None)).__name__
+        loss = getattr(inner, "loss", None)
+        shown = type(loss).__name__ if not isinstance(loss, str) else repr(loss)
+        what = (
+            f"the model inside it was compiled (optimizer {optimizer}, loss {shown}), but the "
+            "DPKerasModel was not: compile the DPKerasModel instead, e.g. "
+            "dp_model.compile(optimizer=..., loss=...) with that optimizer and loss (its "
+            "steps use the wrapper's optimizer and loss; the inner model's compile is not used)"
+        )
+    else:
+        what = "call dp_model.compile(optimizer=..., loss=...) on the DPKerasModel first"
+    raise NotCompiledError(f"DPKerasModel.{method}() before DPKerasModel.compile(): {what}")

@@ -73,7 +73,10 @@ from dpledger.adapters.tensorflow.fit_data import (
     poisson_batches,
     refuse_regularizers,
 )
-from dpledger.adapters.tensorflow.inner_training import warn_on_direct_training
+from dpledger.adapters.tensorflow.inner_training import (
+    check_wrapper_compiled,
+    warn_on_direct_training,
+)
 from dpledger.adapters.tensorflow.losses import per_example_loss
 from dpledger.adapters.tensorflow.model_saving import SavedDPModel
 from dpledger.adapters.tensorflow.record_probe import (
@@ -297,7 +300,9 @@ class DPKerasModel(SavedDPModel, keras.Model):
             SamplerMismatchError: the model has a sampler and ``x`` is not its draws.
             LedgerNotAttachedError: the model was loaded from a file and has no ledger yet
                 (:meth:`attach_ledger`).
+            NotCompiledError: the DPKerasModel was not compiled (the inner model may have been).
         """
+        check_wrapper_compiled(self, self.model, "fit")
         self._attached_ledger()
         if self._dp_stream is not None:
             x, y = correlated_batches(x, y, batch_size, kwargs, stream=self._dp_stream), None

@@ -5,8 +5,8 @@ ops.mean(x, axis=0))``, a softmax over axis 0, attention over the batch axis) pa
 structural check, yet one record then moves every other record's clipped gradient and the
 ledger's ε is wrong (docs/guarantees.md). Before the first step the probe evaluates the
 model eagerly on the first ``m`` (2 to :data:`PROBE_RECORDS`) records of a real batch, and again
-with record 0 changed (floating inputs moved by Gaussian noise of the inputs' scale, integer
-inputs and targets replaced by another record's), and refuses the model with
+with record 0 changed (replaced, in every input and target, by a copy of another record of the
+batch, so every value is one the inputs already take), and refuses the model with
 :class:`~dpledger.errors.RecordDependenceError` when, for any record j ≥ 1,
 
 * the model's outputs (and, for functional and sequential models, any layer's outputs: the first
@@ -19,11 +19,14 @@ Both runs start from the same values of every model variable (Keras keeps the st
 seed generators in variables), which are restored afterwards, so the probe neither changes the
 dropout masks of training nor records anything in a ledger. The cost is two forwards and two
 per-example backwards of at most four records, run eagerly. Limits: a dependence that record 0's
-change does not excite, or on the number of records alone, is not seen.
+change does not excite, or on the number of records alone, is not seen. A forward that fails on
+a probe batch is reported as a :class:`~dpledger.errors.RecordProbeError` naming the probe and
+``check_record_independence=False``.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -31,7 +34,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from dpledger.errors import InvalidParameterError, RecordDependenceError
+from dpledger.errors import (
+    DPLedgerError,
+    InvalidParameterError,
+    RecordDependenceError,
+    RecordProbeError,
+    record_probe_failure,
+)
 from dpledger.mechanisms.construction_checks import check_switch
 
 __all__ = [
@@ -47,7 +56,6 @@ PROBE_RECORDS = 4
 """The most records the probe uses (the first ones of the batch)."""
 
 _ULPS = 1024.0
-_SEED = 0x5EED
 
 
 def _records(structure: Any) -> int | None:
@@ -68,23 +76,45 @@ def _cut(structure: Any, batch: int, m: int) -> Any:
     return tf.nest.map_structure(cut, structure)
 
 
-def _changed_record_zero(structure: Any, m: int, rng: np.random.Generator) -> Any:
+def _changed_record_zero(structure: Any, m: int) -> tuple[Any, int | None]:
+    """A copy whose record 0 is a copy of another record ``k`` of the batch, and ``k``.
+
+    ``k`` is the first record >= 1 that differs from record 0 in some leaf, copied into every
+    leaf, so every value is one the inputs already take (a model that turns floats into indices
+    stays in range). When all records are equal, record 0's values are permuted (``k`` None).
+    """
+
+    def records(t: Any) -> bool:
+        return t is not None and len(t.shape) > 0 and int(t.shape[0]) == m
+
+    leaves = [np.asarray(t) for t in tf.nest.flatten(structure) if records(t)]
+    other = next(
+        (k for k in range(1, m) if any(not np.array_equal(v[k], v[0]) for v in leaves)), None
+    )
+
     def change(t: Any) -> Any:
-        if t is None or len(t.shape) == 0 or int(t.shape[0]) != m:
+        if not records(t):
             return t
         values = np.array(t.numpy())
-        if np.issubdtype(values.dtype, np.floating):
-            scale = float(values.std()) if values.size > 1 else 0.0
-            if not (0.0 < scale < float("inf")):
-                scale = 1.0
-            values[0] = values[0] + scale * rng.standard_normal(values[0].shape)
-        else:
-            other = next((k for k in range(1, m) if not np.array_equal(values[k], values[0])), None)
-            if other is not None:
-                values[0] = values[other]
+        if other is not None:
+            values[0] = values[other]
+        elif values[0].size > 1:
+            values[0] = np.roll(values[0].reshape(-1), 1).reshape(values[0].shape)
         return tf.convert_to_tensor(values, dtype=t.dtype)
 
-    return tf.nest.map_structure(change, structure)
+    return tf.nest.map_structure(change, structure), other
+
+
+def _run(what: Any, *, m: int, run: str, other: int | None) -> Any:
+    """``what()``, a failure of the model (not of dpledger) raised as a RecordProbeError."""
+    try:
+        return what()
+    except DPLedgerError:
+        raise
+    except Exception as exc:
+        raise RecordProbeError(
+            record_probe_failure(exc, m=m, run=run, other=other), run=run
+        ) from exc
 
 
 def _moved(a: Any, b: Any) -> bool:
@@ -140,6 +170,8 @@ def probe_record_independence(
     Raises:
         RecordDependenceError: a layer's or the model's outputs, or a record's per-example
             gradient norms, moved when record 0 changed.
+        RecordProbeError: the model's forward (or the loss) failed on a probe batch (the
+            original exception is chained).
         InvalidParameterError: ``max_records`` < 2.
     """
     if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 2:
@@ -148,9 +180,8 @@ def probe_record_independence(
     if batch is None or batch < 2:
         return False
     m = min(batch, max_records)
-    rng = np.random.default_rng(_SEED)
     a = _cut((inputs, targets, sample_weight), batch, m)
-    b = _changed_record_zero(a, m, rng)
+    b, other = _changed_record_zero(a[:2], m)
     b = (b[0], b[1], a[2])  # the same weights: a record's weight is not its data
     state = [(v, v.numpy()) for v in model.variables]
 
@@ -161,15 +192,15 @@ def probe_record_independence(
     probe_model = _layer_outputs(model)
     results = []
     try:
-        for x, y, w in (a, b):
+        for run, (x, y, w) in (("original", a), ("changed", b)):
             restore()
-            if probe_model is not None:
-                outs = probe_model[1](x, training=True)
-                outs = [o.numpy() for o in (outs if isinstance(outs, (list, tuple)) else [outs])]
-            else:
-                outs = [t.numpy() for t in tf.nest.flatten(model(x, training=True))]
+            forward = probe_model[1] if probe_model is not None else model
+            outs = _run(functools.partial(forward, x, training=True), m=m, run=run, other=other)
+            outs = [o.numpy() for o in tf.nest.flatten(outs)]
             restore()
-            norms = engine.norms(x, y, sample_weight=w)
+            norms = _run(
+                functools.partial(engine.norms, x, y, sample_weight=w), m=m, run=run, other=other
+            )
             results.append((outs, [n.numpy() for n in norms.squared_norms]))
     finally:
         restore()

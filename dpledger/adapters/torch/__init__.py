@@ -88,6 +88,7 @@ from dpledger.errors import (
     NoiseStreamEndError,
     RecordDependenceError,
     RecordMixingLayerError,
+    RecordProbeError,
     UnsupportedLayerError,
     UnsupportedParameterUseError,
 )
@@ -113,6 +114,7 @@ __all__ = [
     "PrivateTraining",
     "RecordDependenceError",
     "RecordMixingLayerError",
+    "RecordProbeError",
     "RecordedBatchSampler",
     "ShuffleBatchSampler",
     "StepwiseBatchSampler",

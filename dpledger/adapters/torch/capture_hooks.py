@@ -4,7 +4,8 @@
 :class:`~dpledger.adapters.torch.engine.PerExampleGradientEngine` that the model's forward and
 backward call into. A forward of the model (with gradients enabled) starts a step; each unit's
 forward call stores a capture of its inputs and hooks the autograd node of each of its outputs
-(a forward of a generic unit also keeps the random-number state it started from); in the
+(a forward of a generic unit also keeps the random-number state it started from, and the masks
+of the ``nn.Dropout`` calls inside it: :mod:`~dpledger.adapters.torch.dropout_replay`); in the
 backward those hooks store the gradients with respect to the outputs, and the parameters' hooks
 note which parameters received gradient (and, on checking steps, autograd's batch gradient).
 The first hook of the first step also checks the loss's reduction
@@ -27,6 +28,7 @@ from torch import nn
 from torch.autograd.graph import get_gradient_edge
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
+from dpledger.adapters.torch.dropout_replay import DropoutMasks
 from dpledger.adapters.torch.engine_state import (
     _bound_arguments,
     _Capture,
@@ -125,11 +127,14 @@ class CaptureHooks:
                 )
         for name, p in self._params.items():
             self._handles.append(p.register_hook(_ParamGradHook(self, name)))
+        if any(unit.sampler is None for unit in self._units):
+            self._handles.extend(DropoutMasks(self).install(self._model))
 
     def _on_model_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self._recomputing or not torch.is_grad_enabled():
             return
         self.clear()
+        self._open_generic = []
         leaves, _ = tree_flatten((args, kwargs))
         self._input_records = {
             t.shape[0] for t in leaves if isinstance(t, torch.Tensor) and t.dim() > 0
@@ -151,6 +156,15 @@ class CaptureHooks:
             torch.get_rng_state(),
             {d: torch.cuda.get_rng_state(d) for d in self._cuda_devices},
         )
+        self._open_generic.append((unit, []))
+
+    def _close_generic(self, unit: _Unit) -> list[torch.Tensor] | None:
+        """The dropout masks kept during ``unit``'s call that now ends (None: none kept)."""
+        for k in range(len(self._open_generic) - 1, -1, -1):
+            if self._open_generic[k][0] is unit:
+                masks = self._open_generic.pop(k)[1]
+                return masks or None
+        return None
 
     def _broadcast_batch(self, inputs: Any, outputs: list, indices: list[int]) -> int | None:
         """B when a unit's output is one row that the model broadcasts over its B records.
@@ -175,6 +189,7 @@ class CaptureHooks:
     ) -> Any:
         if self._recomputing or not torch.is_grad_enabled():
             return None
+        masks = self._close_generic(unit) if unit.sampler is None else None
         leaves, spec = tree_flatten(output)
         indices = [
             i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.requires_grad
@@ -213,7 +228,7 @@ class CaptureHooks:
                 )
             if kwargs:
                 args, kwargs = _bound_arguments(module, args, kwargs), {}
-        capture = _Capture(args, kwargs, indices, record_dims, unit.rng_state)
+        capture = _Capture(args, kwargs, indices, record_dims, unit.rng_state, masks)
         unit.rng_state = None
         for k, i in enumerate(indices):
             t = leaves[i]

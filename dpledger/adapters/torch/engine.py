@@ -174,6 +174,7 @@ class PerExampleGradientEngine(CaptureHooks, StepFinalisation, LossReductionChec
         self._grad_seen: set[str] = set()
         self._autograd_grads: dict[str, torch.Tensor] = {}
         self._handles: list[Any] = []
+        self._open_generic: list[tuple[_Unit, list[torch.Tensor]]] = []
         self._cuda_devices = sorted(
             {p.device.index or 0 for p in self._params.values() if p.device.type == "cuda"}
         )

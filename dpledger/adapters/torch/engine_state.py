@@ -40,6 +40,7 @@ class _Capture:
         "edges",
         "grads",
         "kwargs",
+        "masks",
         "out_indices",
         "record_dims",
         "rng_state",
@@ -52,8 +53,11 @@ class _Capture:
         out_indices: list[int],
         record_dims: list[int] | None = None,
         rng_state: Any = None,
+        masks: list[torch.Tensor] | None = None,
     ) -> None:
         self.args = args
+        # The dropout masks kept in this call (a generic unit's; dropout_replay), in call order.
+        self.masks = masks
         self.kwargs = kwargs
         self.out_indices = out_indices
         # None: one output tensor, records along dim 0. Otherwise the record dimension of each
@@ -85,6 +89,7 @@ class _Capture:
         self.args = ()
         self.kwargs = {}
         self.rng_state = None
+        self.masks = None
         self.edges = []
         self.grads = [None] * len(self.out_indices)
 

@@ -28,6 +28,7 @@ from torch import nn
 from torch.func import functional_call, grad, vjp, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from dpledger.adapters.torch.dropout_replay import replaying
 from dpledger.adapters.torch.factors import expand_factors
 from dpledger.adapters.torch.module_checks import check_module_configuration
 from dpledger.errors import EngineStateError, InvalidParameterError
@@ -115,6 +116,7 @@ def module_per_example_gradients(
     chunk_size: int | None = None,
     names: Sequence[str] | None = None,
     rng_state: Any = None,
+    masks: Sequence[torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per-example gradients of ``module``'s trainable parameters from one stored forward call.
 
@@ -145,6 +147,9 @@ def module_per_example_gradients(
         names: the local names of the trainable parameters to differentiate (default: every
             trainable parameter of the module's subtree); the others are constants.
         rng_state: ``(cpu_state, {cuda_index: state})`` at the start of the call, or None.
+        masks: the scaled masks of the ``nn.Dropout`` calls made inside the call, in call order
+            (records along dim 0), which the re-run uses instead of drawing
+            (:mod:`~dpledger.adapters.torch.dropout_replay`); None: none kept.
 
     Returns:
         ``{local parameter name: tensor of shape (B, *param.shape)}``.
@@ -172,7 +177,7 @@ def module_per_example_gradients(
     leaves = [promote(leaf) for leaf in leaves]
     indices = [i for i, _ in output_grads]
 
-    def example_grads(p, example_leaves, example_out_grads):
+    def example_grads(p, example_leaves, example_out_grads, example_masks):
         local = list(leaves)
         for j, i in enumerate(batched):
             local[i] = example_leaves[j].unsqueeze(0)
@@ -182,11 +187,15 @@ def module_per_example_gradients(
             outs = tree_flatten(functional_call(module, q, a, kw))[0]
             return tuple(outs[i] for i in indices)
 
-        _, pullback = vjp(forward, p)
+        with replaying([m.unsqueeze(0) for m in example_masks] if masks else None):
+            _, pullback = vjp(forward, p)
         return pullback(tuple(g.unsqueeze(0).to(dtype) for g in example_out_grads))[0]
 
-    run = vmap(example_grads, in_dims=(None, 0, 0), randomness="different", chunk_size=chunk_size)
-    inputs = (params, [leaves[i] for i in batched], [g for _, g in output_grads])
+    run = vmap(
+        example_grads, in_dims=(None, 0, 0, 0), randomness="different", chunk_size=chunk_size
+    )
+    kept = [m.to(dtype) if m.is_floating_point() else m for m in masks or ()]
+    inputs = (params, [leaves[i] for i in batched], [g for _, g in output_grads], kept)
     return _from_rng_state(rng_state, run, *inputs)
 
 

@@ -45,7 +45,11 @@ from dpledger.mechanisms.config import DPConfig
 from dpledger.mechanisms.correlated.spec import CorrelatedNoiseSpec
 from dpledger.sampling.relations import default_relation
 from dpledger.sampling.validation import check_sampling_probability
-from dpledger.validation import check_positive_int, warn_if_delta_too_large
+from dpledger.validation import (
+    check_positive_int,
+    warn_if_batch_size_differs,
+    warn_if_delta_too_large,
+)
 
 __all__ = [
     "SAMPLING_SCHEMES",
@@ -160,7 +164,9 @@ def make_private(
         l2_norm_bound: C > 0.
         sampling_probability: q in (0, 1] for ``"poisson"`` and ``"truncated_poisson"``: every
             step includes each record with probability q. Default: batch_size / n (the
-            ``batch_size`` argument or the DataLoader's).
+            ``batch_size`` argument or the DataLoader's). Given both, when the mean batch q·n
+            and that batch size differ by more than a factor of 2, a ``UserWarning`` says so:
+            the batches are q's, not the loader's.
         sampling: the sampling scheme of the returned loader: ``"poisson"`` (default,
             :class:`PoissonBatchSampler`), ``"fixed_size"`` (:class:`FixedSizeBatchSampler`, b
             distinct records per step), ``"truncated_poisson"``
@@ -402,6 +408,8 @@ def _sampling_probability(
             q,
             sampling.replace("_", " "),
         )
+    elif uses_q and q is not None and b is not None:
+        warn_if_batch_size_differs(sampling_probability=q, batch_size=b, population_size=n)
     return q
 
 

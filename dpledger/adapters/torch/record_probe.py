@@ -11,13 +11,16 @@ every other record's clipped gradient, the sum's sensitivity exceeds C, and the 
 wrong.
 
 The probe runs the model twice on the first ``m`` (at most :data:`PROBE_RECORDS`, at least 2)
-records of a real batch, the second time with record 0 changed (its floating inputs moved by
-Gaussian noise of the inputs' scale, its integer inputs replaced by another record's, and its
-synthetic target redrawn). Each run differentiates the synthetic per-record loss
+records of a real batch, the second time with record 0 changed: replaced by a copy of another
+record of the batch (every input leaf, floating or integer), so every value is one the inputs
+already take and a model that turns floats into indices stays in range, and its synthetic target
+redrawn. A forward that fails on either probe batch is reported as a
+:class:`~dpledger.errors.RecordProbeError` that names the probe and
+``check_record_independence=False``. Each run differentiates the synthetic per-record loss
 Σ_j ⟨v_j, y_j⟩ + ½‖y_j‖² of the model outputs y_j (targets v_j drawn from a private, fixed-seed
 generator; the quadratic term makes the output gradient depend on the output) with the engine's
-own per-example gradients, i.e. exactly the vectors that training clips. It then checks, for
-every record j ≥ 1,
+own per-example gradients, i.e. exactly the vectors that training clips. It then checks
+(:mod:`~dpledger.adapters.torch.record_verdicts`), for every record j ≥ 1,
 
 * that every module's output rows j are unchanged (forward hooks, in the order the calls end): the
   first module whose inputs are unchanged at rows j ≥ 1 but whose output is not is named in the
@@ -36,9 +39,10 @@ outputs) and nothing is recorded in any ledger. The cost is two forwards and two
 most four records.
 
 What it cannot see: a dependence that the probe's perturbation happens not to excite (a max over
-the batch that record 0 does not win), a dependence on the number of records alone (the probe
-changes a record, it does not remove one), and mixing that only happens for other inputs than the
-probed batch (data-dependent control flow). These are documented limits, not guarantees.
+the batch that record 0 does not win; a batch whose first records are all equal), a dependence on
+the number of records alone (the probe changes a record, it does not remove one), and mixing that
+only happens for other inputs than the probed batch (data-dependent control flow). These are
+documented limits, not guarantees.
 """
 
 from __future__ import annotations
@@ -53,12 +57,17 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from dpledger.adapters.torch.record_verdicts import (
+    refuse_mixing_forward,
+    refuse_moved_gradients,
+)
 from dpledger.adapters.torch.registry import layer_rule
 from dpledger.errors import (
     DPLedgerError,
     InvalidParameterError,
-    RecordDependenceError,
+    RecordProbeError,
     UnsupportedLayerError,
+    record_probe_failure,
 )
 
 __all__ = ["PROBE_RECORDS", "model_fingerprint", "probe_record_independence", "records_in"]
@@ -68,7 +77,6 @@ logger = logging.getLogger(__name__)
 PROBE_RECORDS = 4
 """The most records the probe uses (the first ones of the batch)."""
 
-_ULPS = 1024.0
 _SEED = 0x5EED_0F_D9
 
 
@@ -113,30 +121,38 @@ def _cut(tree: Any, batch: int, m: int) -> Any:
     return tree_unflatten(out, spec)
 
 
-def _changed_record_zero(tree: Any, m: int, generator: torch.Generator) -> Any:
-    """A copy of ``tree`` whose record 0 differs from the original in every record leaf."""
+def _is_record(t: Any, m: int) -> bool:
+    return isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == m and not t.is_complex()
+
+
+def _changed_record_zero(tree: Any, m: int) -> tuple[Any, int | None]:
+    """A copy of ``tree`` whose record 0 is another record of the batch, and that record's index.
+
+    Every record leaf takes record ``k``'s row at row 0, for the first ``k`` >= 1 whose rows differ
+    from record 0's in some leaf: one whole record of the batch, so every value is one the input
+    already takes (a model that turns floats into indices, or offsets into positions, stays in
+    range). When all records are equal, record 0's values are permuted among themselves (index
+    None).
+    """
     leaves, spec = tree_flatten(tree)
+    rows = [t for t in leaves if _is_record(t, m)]
+    other = next(
+        (k for k in range(1, m) if any(not torch.equal(t[k], t[0]) for t in rows)),
+        None,
+    )
     out = []
     for t in leaves:
-        if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == m and not t.is_complex():
+        if _is_record(t, m):
             new = t.detach().clone()
-            if t.is_floating_point():
-                scale = float(new.double().std()) if new.numel() > 1 else 0.0
-                if not (scale > 0.0 and scale < float("inf")):
-                    scale = 1.0
-                noise = torch.randn(new[0].shape, generator=generator, dtype=torch.float64)
-                new[0] = new[0] + (scale * noise).to(device=new.device, dtype=new.dtype)
-            else:
-                other = next((k for k in range(1, m) if not torch.equal(new[k], new[0])), None)
-                if other is not None:
-                    new[0] = new[other]
-                elif new[0].numel() > 1:
-                    new[0] = new[0].flatten().roll(1).view_as(new[0])
+            if other is not None:
+                new[0] = new[other]
+            elif new[0].numel() > 1:
+                new[0] = new[0].flatten().roll(1).view_as(new[0])
             if t.requires_grad:
                 new.requires_grad_(True)
             t = new
         out.append(t)
-    return tree_unflatten(out, spec)
+    return tree_unflatten(out, spec), other
 
 
 def _record_rows(tree: Any, m: int) -> list[torch.Tensor]:
@@ -146,36 +162,6 @@ def _record_rows(tree: Any, m: int) -> list[torch.Tensor]:
         for t in leaves
         if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == m and not t.is_complex()
     ]
-
-
-def _moved_rows(a: torch.Tensor, b: torch.Tensor) -> bool | None:
-    """Whether rows 1.. of ``a`` and ``b`` differ beyond rounding (None: not comparable)."""
-    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-        return None
-    a, b = a[1:], b[1:]
-    if torch.equal(a, b):
-        return False
-    if not a.is_floating_point():
-        return True
-    eps = torch.finfo(a.dtype).eps
-    a64 = a.double().reshape(a.shape[0], -1)
-    b64 = b.double().reshape(b.shape[0], -1)
-    same = (a64 == b64) | (a64.isnan() & b64.isnan())
-    diff = torch.where(same, torch.zeros_like(a64), a64 - b64)
-    if not bool(diff.isfinite().all()):
-        return True
-    size = torch.where(same, torch.zeros_like(a64), a64.abs() + b64.abs())
-    tol = _ULPS * eps * size.norm(dim=1) + torch.finfo(torch.float64).tiny
-    return bool((diff.norm(dim=1) > tol).any())
-
-
-def _any_moved(xs: list[torch.Tensor], ys: list[torch.Tensor]) -> bool | None:
-    if len(xs) != len(ys):
-        return None
-    verdicts = [_moved_rows(a, b) for a, b in zip(xs, ys, strict=True)]
-    if any(v is None for v in verdicts):
-        return None
-    return any(verdicts)
 
 
 def _records_first(module: nn.Module, args: tuple, out: Any, m: int) -> Any:
@@ -273,10 +259,6 @@ def _same_randomness(devices: list[int]) -> Iterator[Any]:
         yield reset
 
 
-def _label(name: str, module: nn.Module) -> str:
-    return f"'{name}' ({type(module).__name__})" if name else f"the model ({type(module).__name__})"
-
-
 def probe_record_independence(
     model: nn.Module,
     *,
@@ -306,6 +288,8 @@ def probe_record_independence(
     Raises:
         RecordDependenceError: a module's output, or a record's per-example gradient, moved
             when record 0 changed.
+        RecordProbeError: the model's forward failed on a probe batch (the original exception
+            is chained).
         UnsupportedLayerError: the engine cannot give the probe batch per-example gradients.
         InvalidParameterError: ``max_records`` < 2.
     """
@@ -320,7 +304,7 @@ def probe_record_independence(
     names = {id(mod): name for name, mod in model.named_modules()}  # as the user names them
     generator = torch.Generator().manual_seed(_SEED)
     inputs_a = _cut((args, kwargs), batch, m)
-    inputs_b = _changed_record_zero(inputs_a, m, generator)
+    inputs_b, other = _changed_record_zero(inputs_a, m)
     buffers = [(b, b.detach().clone()) for b in inner.buffers()]
 
     def restore_buffers() -> None:
@@ -328,8 +312,10 @@ def probe_record_independence(
             for b, saved in buffers:
                 b.copy_(saved)
 
-    runs = _probe_runs(inner, engine, (inputs_a, inputs_b), m, names, generator, restore_buffers)
-    _refuse_mixing_forward(runs[0]["calls"], runs[1]["calls"], m)
+    runs = _probe_runs(
+        inner, engine, (inputs_a, inputs_b), (m, other), names, generator, restore_buffers
+    )
+    refuse_mixing_forward(runs[0]["calls"], runs[1]["calls"], m)
     for run in runs:
         if run["error"] is not None:
             exc = run["error"]
@@ -340,7 +326,7 @@ def probe_record_independence(
                 f"of the first {m} records: {type(exc).__name__}: {exc}"
             ) from exc
     if runs[0]["grads"] is not None and runs[1]["grads"] is not None:
-        _refuse_moved_gradients(runs[0]["grads"], runs[1]["grads"], m)
+        refuse_moved_gradients(runs[0]["grads"], runs[1]["grads"], m)
     logger.debug("record-independence probe passed on %d records", m)
     return True
 
@@ -349,7 +335,7 @@ def _probe_runs(
     inner: nn.Module,
     engine: Any,
     inputs: tuple[Any, Any],
-    m: int,
+    records: tuple[int, int | None],
     names: dict[int, str],
     generator: torch.Generator,
     restore_buffers: Callable[[], None],
@@ -358,6 +344,7 @@ def _probe_runs(
     each run's module calls, and the per-example gradients of a loss whose output gradients
     differ between the runs in record 0 only (or the error that stopped them)."""
     inputs_a, inputs_b = inputs
+    m, other = records
     runs: list[dict[str, Any]] = []
     engine.clear()
     try:
@@ -371,12 +358,14 @@ def _probe_runs(
                 try:
                     try:
                         out = inner(*a, **kw)
-                    except Exception as exc:
-                        exc.add_note(
-                            f"(raised by the model's forward in dpledger's record-independence "
-                            f"probe, on the first {m} records of the batch)"
-                        )
+                    except DPLedgerError:
                         raise
+                    except Exception as exc:
+                        run_name = "original" if which == "A" else "changed"
+                        raise RecordProbeError(
+                            record_probe_failure(exc, m=m, run=run_name, other=other),
+                            run=run_name,
+                        ) from exc
                 finally:
                     recorder.remove()
                 leaves = [
@@ -419,82 +408,3 @@ def _probe_runs(
         engine.clear()
 
     return runs
-
-
-def _refuse_mixing_forward(calls_a: dict, calls_b: dict, m: int) -> None:
-    for key, (module, ins_a, outs_a) in calls_a.items():
-        other = calls_b.get(key)
-        if other is None:
-            continue
-        _, ins_b, outs_b = other
-        if _any_moved(ins_a, ins_b) is not False:
-            continue
-        if not _any_moved(outs_a, outs_b):
-            continue
-        name = key[0]
-        where = _label(name, module)
-        hint = ""
-        prefix = f"{name}." if name else ""
-        for child_key, (cmod, cin_a, _) in calls_a.items():
-            child = child_key[0]
-            if (
-                child.startswith(prefix)
-                and child != name
-                and child_key in calls_b
-                and _any_moved(cin_a, calls_b[child_key][1])
-            ):
-                hint = (
-                    f" The mixing happens in its own forward code: {_label(child, cmod)} "
-                    "already receives mixed inputs."
-                )
-                break
-        raise RecordDependenceError(
-            f"module {where} mixes the records of a batch: changing record 0 of a {m}-record "
-            "probe batch changed its output for the other records while its inputs for them "
-            f"were unchanged.{hint} One record then moves every other record's clipped "
-            "gradient, so the sum's sensitivity exceeds the clip norm and the ledger's epsilon "
-            "would be wrong. Compute statistics per record (nn.GroupNorm, nn.LayerNorm, "
-            "pooling over positions rather than the batch), keep the records along dimension 0 "
-            "(batch_first=True for attention), or freeze batch statistics (eval mode with "
-            "running statistics).",
-            layer_name=name,
-            layer_type=type(module).__name__,
-        )
-
-
-def _refuse_moved_gradients(
-    grads_a: dict[str, torch.Tensor], grads_b: dict[str, torch.Tensor], m: int
-) -> None:
-    diff2 = torch.zeros(m - 1, dtype=torch.float64)
-    size = torch.zeros(m - 1, dtype=torch.float64)
-    eps = 0.0
-    per_param: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    for name, ga in grads_a.items():
-        gb = grads_b[name]
-        eps = max(eps, torch.finfo(ga.dtype).eps)
-        a = ga[1:].double().reshape(m - 1, -1).cpu()
-        b = gb[1:].double().reshape(m - 1, -1).cpu()
-        d = (a - b).norm(dim=1)
-        s = a.norm(dim=1) + b.norm(dim=1)
-        per_param[name] = (d, s)
-        diff2 += d * d
-        size += s * s
-    tol = _ULPS * eps * size.sqrt() + torch.finfo(torch.float64).tiny
-    moved = (diff2.sqrt() > tol) | ~diff2.isfinite()
-    if not bool(moved.any()):
-        return
-    names = tuple(
-        n for n, (d, s) in per_param.items() if bool(((d > _ULPS * eps * s) | ~d.isfinite()).any())
-    )
-    record = int(moved.nonzero()[0, 0]) + 1
-    raise RecordDependenceError(
-        f"changing record 0 of a {m}-record probe batch changed the per-example gradient of "
-        f"record {record} (parameters {list(names)}), although no module's output for the "
-        "other records changed: the backward mixes records (a custom autograd function, or a "
-        "loss-like term inside the model). One record then moves every other record's clipped "
-        "gradient, so the sum's sensitivity exceeds the clip norm and the ledger's epsilon "
-        "would be wrong.",
-        layer_name=None,
-        layer_type=None,
-        parameters=names,
-    )

@@ -197,6 +197,7 @@ class StepFinalisation:
                     chunk_size=self._generic_chunk_size,
                     names=tuple(names),
                     rng_state=capture.rng_state,
+                    masks=capture.masks,
                 )
             except DPLedgerError:
                 raise

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import logging
+import json
 
 import keras
 import pytest
@@ -40,15 +40,29 @@ def test_a_new_ledger_holds_the_runs_intent() -> None:
     }
 
 
-def test_a_given_ledger_keeps_its_header_and_the_intent_is_logged(caplog) -> None:
+def test_a_given_ledger_keeps_its_header_and_records_the_intent_in_a_note(tmp_path, capsys) -> None:
+    from dpledger.cli import main
+
     sampler = PoissonDatasetSampler(population_size=1000, sampling_probability=0.01, seed=0)
-    ledger = PrivacyLedger(metadata={"model": "dense"})
-    with caplog.at_level(logging.INFO, logger="dpledger"):
-        dp = DPKerasModel(
-            _model(), l2_norm_bound=1.0, noise_multiplier=1.1, sampler=sampler, ledger=ledger
-        )
+    path = tmp_path / "keras.dpl"
+    ledger = PrivacyLedger(path, metadata={"model": "dense"})
+    config = DPConfig(l2_norm_bound=1.0, noise_multiplier=1.1, delta=1e-5)
+    dp = DPKerasModel(_model(), config=config, sampler=sampler, ledger=ledger)
     assert dp.ledger is ledger and ledger.header.metadata == {"model": "dense"}
-    assert "the ledger was created without the run's intent" in caplog.text
+    assert ledger.intent == {
+        "delta": 1e-5,
+        "noise_multiplier": 1.1,
+        "sampling": "poisson",
+        "sampling_probability": 0.01,
+        "population_size": 1000,
+        "unit": "record",
+        "versions": {"dpledger": __version__, "tensorflow": tf.__version__},
+    }
+    ledger.close()
+    assert main(["info", "--json", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["intent"] == ledger.intent
+    assert main(["info", str(path)]) == 0
+    assert "intent        δ = 1e-05; z = 1.1; n = 1000 (records)" in capsys.readouterr().out
 
 
 def test_delta_of_at_least_one_over_n_is_warned_about() -> None:

@@ -10,7 +10,7 @@ from keras import ops
 
 from dpledger import PrivacyLedger
 from dpledger.adapters.tensorflow import DPKerasModel, PrivateGradients
-from dpledger.errors import RecordDependenceError, RecordMixingLayerError
+from dpledger.errors import RecordDependenceError, RecordMixingLayerError, RecordProbeError
 
 B, D, C = 8, 5, 3
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
@@ -155,3 +155,51 @@ def test_the_probe_switch_is_checked_and_switching_it_off_is_logged(caplog):
     assert "record-independence probe is off" in caplog.text
     with pytest.raises(InvalidParameterError, match="check_record_independence"):
         check_probe_switch(1)
+
+
+def _quantised(levels=16, seed=0):
+    """Pixels in [0, 1) turned into token ids: an input outside [0, 1) indexes out of range."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((D,))
+    ids = keras.layers.Lambda(lambda x: ops.cast(x * levels, "int32"), name="quantise")(inputs)
+    h = keras.layers.Embedding(levels, 4, name="embed")(ids)
+    h = keras.layers.GlobalAveragePooling1D()(h)
+    return keras.Model(inputs, keras.layers.Dense(C, name="head")(h))
+
+
+def test_probe_perturbs_within_the_inputs_own_values():
+    model = _quantised()
+    private = _private(model)
+    rng = np.random.default_rng(3)
+    x = rng.random((B, D)).astype("float32")
+    y = rng.integers(0, C, B)
+    assert private.probe(x, y)
+    private(x, y)
+    assert private.ledger.num_steps == 1
+
+
+def test_changed_probe_batch_holds_only_values_the_batch_takes():
+    from dpledger.adapters.tensorflow.record_probe import _changed_record_zero
+
+    x = tf.constant(np.random.default_rng(1).random((4, D)), dtype=tf.float32)
+    y = tf.constant([2, 0, 1, 1])
+    (cx, cy), other = _changed_record_zero((x, y), 4)
+    assert other == 1
+    np.testing.assert_array_equal(cx.numpy()[0], x.numpy()[1])
+    assert int(cy[0]) == 0
+    np.testing.assert_array_equal(cx.numpy()[1:], x.numpy()[1:])
+
+
+def test_forward_error_in_the_probe_is_a_typed_error_naming_the_probe():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((D,))
+    h = keras.layers.Lambda(lambda x: ops.reshape(x, (B, D)), name="fixed_batch")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(C, name="head")(h))
+    private = _private(model)
+    x, y = _batch()
+    with pytest.raises(RecordProbeError, match="check_record_independence=False") as info:
+        private(x, y)
+    assert info.value.run == "original"
+    assert "record-independence probe" in str(info.value)
+    assert info.value.__cause__ is not None
+    assert private.ledger.num_events == 0

@@ -361,6 +361,64 @@ def test_dropout_inside_a_generic_unit_replays_the_batch_masks():
     assert engine.squared_norms()["0.w"].shape == (8,)
 
 
+class _RootPositions(nn.Module):
+    """Opacus's IMDb transformer pattern: a position tensor owned by the model itself, dropout
+    0.1 at its input, in the encoder layer's nn.Dropout modules and in its attention."""
+
+    def __init__(self, dropout=0.1):
+        super().__init__()
+        self.embed = nn.Embedding(20, 8)
+        self.pos = nn.Parameter(0.1 * torch.randn(1, 5, 8))
+        self.drop = nn.Dropout(dropout)
+        layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=dropout, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.encoder(self.drop(self.embed(x) + self.pos)).mean(1))
+
+
+def test_dropout_in_the_models_own_forward_replays_the_batch_masks_for_its_parameter():
+    # The model's own parameter is a generic unit whose re-run spans the whole encoder; its
+    # dropout masks must be the batch's, behind attention too.
+    torch.manual_seed(0)
+    model = _RootPositions().double()
+    x = torch.randint(0, 20, (6, 5))
+    y = torch.randint(0, 3, (6,))
+    want = _batch_masked_reference(model, x, y, seed=11)
+    engine = PerExampleGradientEngine(model, loss_reduction="mean")
+    assert "" in engine.generic_modules
+    torch.manual_seed(11)
+    _step(engine, model, (x,), y)  # the first step compares with autograd's batch gradient
+    after = torch.get_rng_state()
+    got = engine.per_example_gradients()
+    assert_close_dicts(got, want)
+    assert torch.equal(torch.get_rng_state(), after)
+
+
+def test_root_parameter_with_dropout_trains_with_dp_optimizer():
+    from dpledger import PrivacyLedger
+    from dpledger.adapters.torch import DPOptimizer
+
+    torch.manual_seed(0)
+    model = _RootPositions()
+    dp = DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model=model,
+        l2_norm_bound=1.0,
+        noise_multiplier=1.0,
+        sampling_probability=0.1,
+        population_size=100,
+        seed=0,
+        ledger=PrivacyLedger(),
+    )
+    for _ in range(2):
+        x = torch.randint(0, 20, (6, 5))
+        F.cross_entropy(model(x), torch.randint(0, 3, (6,))).backward()
+        dp.step()
+    assert dp.ledger.num_steps == 2
+
+
 def test_dropout_in_a_chunked_generic_unit_draws_per_example_masks():
     # Chunks cannot replay one batch-wide draw: each example then gets its own independent
     # mask, so its gradient still depends on that example alone (its sensitivity is kept).

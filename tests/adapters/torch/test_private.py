@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -163,25 +165,53 @@ def test_calibration_is_recorded_in_the_ledger_metadata(caplog):
     assert intent["sampling"] == "poisson" and intent["sampling_probability"] == 0.1
     assert intent["planned_steps"] == 30
     assert intent["versions"] == {"dpledger": __version__, "torch": torch.__version__}
-    # a ledger created beforehand keeps its header; the intent is logged as a note
-    caplog.clear()
-    given = PrivacyLedger()
-    with caplog.at_level("INFO", logger="dpledger"):
-        make_private(
-            model,
-            torch.optim.SGD(model.parameters(), lr=0.1),
-            DATA,
-            sampling_probability=0.1,
-            l2_norm_bound=1.0,
-            target_epsilon=3.0,
-            delta=1e-5,
-            epochs=3,
-            ledger=given,
-            seed=0,
-        )
-    assert given.header.metadata == {}
-    assert "the ledger was created without the run's intent" in caplog.text
-    assert "'calibrated_by': 'prv'" in caplog.text
+
+
+def test_a_ledger_the_user_created_records_the_intent_in_a_note(tmp_path, capsys):
+    from dpledger.cli import main
+
+    model = small_cnn(dtype=torch.float32)
+    path = tmp_path / "run.dpl"
+    given = PrivacyLedger(path, metadata={"model": "cnn"})
+    _, dp, loader = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DATA,
+        sampling_probability=0.1,
+        l2_norm_bound=1.0,
+        target_epsilon=3.0,
+        delta=1e-5,
+        epochs=3,
+        ledger=given,
+        seed=0,
+    )
+    assert given.header.metadata == {"model": "cnn"}  # the header is the user's
+    assert given.intent["calibrated_by"] == "prv" and given.intent["planned_steps"] == 30
+    assert given.intent["noise_multiplier"] == dp.noise_multiplier
+    for x, y in loader:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        dp.step()
+        break
+    given.close()
+    assert main(["info", "--json", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["intent"] == given.intent
+    assert main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "intent        target ε = 3 at δ = 1e-05; noise calibrated by prv" in out
+    assert PrivacyLedger.load(path).notes == ({"intent": given.intent},)
+    # a second run on the same ledger finds the intent and records no other note
+    make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DATA,
+        sampling_probability=0.1,
+        l2_norm_bound=1.0,
+        noise_multiplier=1.0,
+        ledger=(again := PrivacyLedger(path, resume=True)),
+        seed=0,
+    )
+    assert len(again.notes) == 1
+    again.close()
 
 
 def test_a_dataloader_without_sampling_probability_gives_q_from_its_batch_size(caplog):
@@ -248,3 +278,35 @@ def test_a_loss_whose_reduction_contradicts_the_declaration_is_warned_about(
         f"{len(x)} terms, a batch of {len(x)} records) but loss_reduction={declared!r} was declared"
     )
     assert dp.ledger.num_steps == 1  # recorded as ever: the warning changes nothing
+
+
+def test_a_loader_batch_size_far_from_q_n_is_warned_about():
+    import warnings
+
+    from torch.utils.data import DataLoader
+
+    model = small_cnn(dtype=torch.float32)
+
+    def wrap(loader, q):
+        return make_private(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            loader,
+            sampling_probability=q,
+            l2_norm_bound=1.0,
+            noise_multiplier=1.0,
+            seed=0,
+        )
+
+    with pytest.warns(UserWarning, match="batch size given") as caught:
+        wrap(DataLoader(DATA, batch_size=4), 0.5)  # q·n = 20 against 4
+    assert "q·n = 20 records on average (n = 40)" in str(caught[0].message)
+    assert "sampling_probability=4/40 = 0.1" in str(caught[0].message)
+    assert caught[0].filename == __file__
+    with pytest.warns(UserWarning, match="batch size given"):
+        wrap(DataLoader(DATA, batch_size=20), 0.1)  # 4 against 20: small batches too
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        wrap(DataLoader(DATA, batch_size=4), 0.2)  # q·n = 8: within a factor of 2
+        wrap(DataLoader(DATA, batch_size=4), None)  # q = 4/40 from the loader
+        wrap(DATA, 0.5)  # a data set: no batch size to compare

@@ -16,10 +16,12 @@ from dpledger.adapters.torch import (
     DPOptimizer,
     RecordDependenceError,
     RecordMixingLayerError,
+    RecordProbeError,
     UnsupportedLayerError,
     make_private,
     probe_record_independence,
 )
+from dpledger.adapters.torch.record_probe import _changed_record_zero
 from dpledger.errors import InvalidParameterError
 
 B, D, C = 8, 6, 3
@@ -391,7 +393,7 @@ def test_bad_arguments():
         )
 
 
-def test_forward_error_on_the_probe_slice_says_it_came_from_the_probe():
+def test_forward_error_on_the_probe_slice_is_a_typed_error_naming_the_probe():
     class FixedBatch(nn.Module):
         def __init__(self):
             super().__init__()
@@ -401,10 +403,74 @@ def test_forward_error_on_the_probe_slice_says_it_came_from_the_probe():
             return self.fc(x).view(B, C)
 
     model = FixedBatch()
-    _wrap(model)
-    with pytest.raises(RuntimeError) as info:
+    dp = _wrap(model)
+    with pytest.raises(RecordProbeError, match="check_record_independence=False") as info:
         model(_batch((B, D))[0])
-    assert any("record-independence probe" in n for n in info.value.__notes__)
+    assert info.value.run == "original"
+    assert "record-independence probe" in str(info.value)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert dp.ledger.num_events == 0
+
+
+class Quantised(nn.Module):
+    """Pixels in [0, 1) turned into token ids: an input outside [0, 1) indexes out of range."""
+
+    def __init__(self, levels=16):
+        super().__init__()
+        self.levels = levels
+        self.embed = nn.Embedding(levels, 4)
+        self.head = nn.Linear(4, C)
+
+    def forward(self, x):
+        ids = (x * self.levels).long()
+        return self.head(self.embed(ids).mean(1))
+
+
+def test_probe_perturbs_within_the_inputs_own_values():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand((B, D), generator=g)
+    y = torch.randint(0, C, (B,), generator=g)
+    model = Quantised()
+    dp = _wrap(model)
+    F.cross_entropy(model(x), y).backward()  # the probe runs in this forward
+    dp.step()
+    assert dp.ledger.num_steps == 1
+
+
+def test_changed_probe_batch_holds_only_values_the_batch_takes():
+    x = torch.rand((B, D), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 5, (B, 3), generator=torch.Generator().manual_seed(2))
+    (changed_x, changed_ids), other = _changed_record_zero((x[:4], ids[:4]), 4)
+    assert other == 1
+    assert torch.equal(changed_x[0], x[1]) and torch.equal(changed_ids[0], ids[1])
+    assert torch.equal(changed_x[1:], x[1:4]) and torch.equal(changed_ids[1:], ids[1:4])
+    same = torch.ones(4, 3)
+    same[:, 0] = 2.0
+    (rolled,), other = _changed_record_zero((same,), 4)
+    assert other is None
+    assert sorted(rolled[0].tolist()) == sorted(same[0].tolist())
+    assert not torch.equal(rolled[0], same[0])
+
+
+def test_forward_failing_only_on_the_changed_record_names_the_changed_run():
+    class FailsOnACopy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(D, C)
+
+        def forward(self, x):
+            if x.shape[0] > 1 and torch.equal(x[0], x[1]):
+                raise IndexError("index 17 is out of bounds for dimension 0 with size 16")
+            return self.fc(x)
+
+    model = FailsOnACopy()
+    _wrap(model)
+    with pytest.raises(RecordProbeError, match="record 0 replaced by a copy of record 1") as info:
+        model(_batch((B, D))[0])
+    assert info.value.run == "changed"
+    assert "IndexError: index 17" in str(info.value)
+    assert isinstance(info.value.__cause__, IndexError)
 
 
 def test_generic_path_failure_is_a_typed_error_naming_the_module_without_the_probe():

@@ -12,6 +12,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 from dpledger import PrivacyLedger
 from dpledger.adapters.torch import (
+    DPOptimizer,
     EngineStateError,
     PerExampleGradientEngine,
     UnsupportedLayerError,
@@ -417,3 +418,44 @@ def test_arguments_passed_by_keyword():
     engine = PerExampleGradientEngine(model, loss_reduction="mean")
     _mean_loss(model(*inputs), target).backward()
     assert_close_dicts(engine.per_example_gradients(), want)
+
+
+@pytest.mark.parametrize(("name", "plain"), [("DPLSTM", nn.LSTM), ("DPGRU", nn.GRU)])
+def test_opacus_recurrent_layers_are_refused_naming_the_torch_layer_to_use(name, plain):
+    layers = pytest.importorskip("opacus.layers")
+
+    class Net(nn.Module):
+        def __init__(self, recurrent):
+            super().__init__()
+            self.rnn = recurrent
+            self.head = nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.head(self.rnn(x)[0][:, -1])
+
+    torch.manual_seed(0)
+    opacus_layer = getattr(layers, name)(4, 6, batch_first=True)
+    model = Net(opacus_layer)
+    dp_args = {
+        "l2_norm_bound": 1.0,
+        "noise_multiplier": 1.0,
+        "sampling_probability": 0.1,
+        "population_size": 100,
+        "seed": 0,
+    }
+    with pytest.raises(UnsupportedLayerError) as info:
+        DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model, **dp_args)
+    message = str(info.value)
+    assert f"'rnn' is Opacus's {name}" in message
+    assert f"Use torch.nn.{plain.__name__} with the same arguments" in message
+    assert (info.value.layer_name, info.value.layer_type) == ("rnn", name)
+    # the suggested layer loads the Opacus layer's weights and trains
+    model.rnn = plain(4, 6, batch_first=True)
+    model.rnn.load_state_dict(opacus_layer.state_dict())
+    ledger = PrivacyLedger()
+    dp = DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), model=model, ledger=ledger, **dp_args
+    )
+    F.cross_entropy(model(torch.randn(5, 7, 4)), torch.randint(0, 3, (5,))).backward()
+    dp.step()
+    assert ledger.num_steps == 1
