@@ -25,12 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from dpledger import CompressedLedger
 from dpledger.accountants.bucketing import conservative_buckets
 from dpledger.accountants.gdp import GdpAccountant
 from dpledger.accountants.pld import PldAccountant
 from dpledger.accountants.rdp import RdpAccountant
 from dpledger.ledger.dp_event import compressed_to_dp_event
+from dpledger.ledger.steps import CompressedLedger
 
 DELTA = 1e-5
 SLOW = 10.0  # seconds: a single call slower than this is not repeated

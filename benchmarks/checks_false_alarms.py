@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 import scipy
 
-from dpledger.checks import CHECK_NAMES, Verdict, run_checks
+from dpledger.checks import Verdict, run_checks
+from dpledger.checks.checker import CHECK_NAMES
 from tests.checks.numpy_steps import NumpyLinearHarness
 
 TORCH_BUGS = {

@@ -97,8 +97,7 @@ from dpledger.diagnostics.model_calibration import (
     plot_reliability_diagram,
 )
 from dpledger.diagnostics.model_calibration_torch import predict_probabilities
-from dpledger.mechanisms import ClippingStrategy
-from dpledger.mechanisms.clipping import AutomaticClipping
+from dpledger.mechanisms.clipping import AutomaticClipping, ClippingStrategy
 
 DELTA = 1e-5
 TARGET_EPSILON = 4.0

@@ -48,7 +48,8 @@ from torch.utils.data import TensorDataset
 from dpledger import PrivacyLedger
 from dpledger.accountants import calibrate_noise_multiplier, make_accountant
 from dpledger.adapters.torch import make_private
-from dpledger.mechanisms.correlated import CorrelatedNoiseSpec, noise_for, release_event
+from dpledger.mechanisms.correlated import CorrelatedNoiseSpec, noise_for
+from dpledger.mechanisms.correlated.release import release_event
 
 # The digits task is the example's: its CNN and its data split.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))

@@ -24,12 +24,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from dpledger.mechanisms.correlated import (
-    blt_factorization,
-    noise_for,
-    optimize_banded_toeplitz,
-    tree_factorization,
-)
+from dpledger.mechanisms.correlated import noise_for, optimize_banded_toeplitz, tree_factorization
+from dpledger.mechanisms.correlated.strategies import blt_factorization
 
 
 def _time_steps(step: Callable[[], object], steps: int) -> tuple[float, int]:

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from dpledger import CompressedLedger
 from dpledger.accountants.prv import PrvAccountant
+from dpledger.ledger.steps import CompressedLedger
 
 DELTA = 1e-5
 

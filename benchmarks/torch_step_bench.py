@@ -66,11 +66,8 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from dpledger import PrivacyLedger
-from dpledger.adapters.torch import (
-    DPOptimizer,
-    FunctionalPerExampleEngine,
-    PerExampleGradientEngine,
-)
+from dpledger.adapters.torch import DPOptimizer, PerExampleGradientEngine
+from dpledger.adapters.torch.functional_gradients import FunctionalPerExampleEngine
 
 CLIP = 1.0
 POPULATION = 60_000

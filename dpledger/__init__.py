@@ -8,59 +8,18 @@ PyTorch nor TensorFlow; the framework adapters import them when they are used.
 from typing import TYPE_CHECKING, Any
 
 from dpledger._version import __version__
-from dpledger.errors import (
-    DPLedgerError,
-    InvalidParameterError,
-    LedgerError,
-    LedgerExistsError,
-    LedgerFileError,
-    LedgerLockedError,
-    LedgerStateError,
-    LedgerVerificationError,
-    NotALedgerError,
-    UnsupportedLedgerError,
-)
-from dpledger.ledger import (
-    CompressedLedger,
-    LedgerStep,
-    LedgerWarning,
-    NeighboringRelation,
-    PrivacyLedger,
-    PrivacyUnit,
-    SamplingEvent,
-    SamplingScheme,
-    StepRun,
-    SumQueryEvent,
-    VerificationReport,
-    verify_ledger,
-)
+from dpledger.errors import DPLedgerError, InvalidParameterError
+from dpledger.ledger import PrivacyLedger, SamplingEvent, verify_ledger
 
 if TYPE_CHECKING:
     from dpledger.mechanisms.config import DPConfig
 
 __all__ = [
-    "CompressedLedger",
     "DPConfig",
     "DPLedgerError",
     "InvalidParameterError",
-    "LedgerError",
-    "LedgerExistsError",
-    "LedgerFileError",
-    "LedgerLockedError",
-    "LedgerStateError",
-    "LedgerStep",
-    "LedgerVerificationError",
-    "LedgerWarning",
-    "NeighboringRelation",
-    "NotALedgerError",
     "PrivacyLedger",
-    "PrivacyUnit",
     "SamplingEvent",
-    "SamplingScheme",
-    "StepRun",
-    "SumQueryEvent",
-    "UnsupportedLedgerError",
-    "VerificationReport",
     "__version__",
     "verify_ledger",
 ]

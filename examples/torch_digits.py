@@ -25,8 +25,8 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from dpledger import DPLedgerError, PrivacyLedger
-from dpledger.accountants import ACCOUNTANT_MODULES, make_accountant
-from dpledger.accountants.base import SCHEME_SPECIFIC_ACCOUNTANTS
+from dpledger.accountants import make_accountant
+from dpledger.accountants.base import ACCOUNTANT_MODULES, SCHEME_SPECIFIC_ACCOUNTANTS
 from dpledger.adapters.torch import make_private
 
 DELTA = 1e-5

@@ -40,20 +40,27 @@ DOCUMENTED_MODULES = (
     "dpledger.errors",
     "dpledger.ledger",
     "dpledger.mechanisms",
+    "dpledger.mechanisms.allocation",
     "dpledger.mechanisms.correlated",
+    "dpledger.mechanisms.correlated.strategies",
     "dpledger.sampling",
     "dpledger.accountants",
     "dpledger.accountants.interop",
     "dpledger.adapters.torch",
+    "dpledger.adapters.torch.registry",
     "dpledger.adapters.torch.layer_rules",
     "dpledger.adapters.tensorflow",
+    "dpledger.adapters.tensorflow.registry",
     "dpledger.checks",
     "dpledger.checks.torch_step",
     "dpledger.checks.keras_step",
     "dpledger.audit",
+    "dpledger.audit.privacy_bounds",
+    "dpledger.audit.threshold_selection",
     "dpledger.audit.canaries",
     "dpledger.audit.torch_audit",
     "dpledger.diagnostics",
+    "dpledger.diagnostics.model_calibration",
     "dpledger.report",
 )
 """The modules whose ``:::`` pages make up the API reference (``docs/reference/api/``)."""
@@ -252,7 +259,7 @@ def _undocumented(package: griffe.Module, module_names: tuple[str, ...]) -> tupl
     for name in module_names:
         root = package.path
         module = package if name == root else package[name.removeprefix(f"{root}.")]
-        assert module.exports, f"{name} has no __all__"
+        assert module.exports is not None, f"{name} has no __all__"
         for export in module.exports:
             member = module[str(export)]
             target = member.final_target if member.is_alias else member

@@ -12,13 +12,7 @@ Accountants are also available by name through :func:`make_accountant` (``"rdp"`
 import live in :mod:`dpledger.accountants.interop` (it imports dp-accounting when loaded).
 """
 
-from dpledger.accountants.base import (
-    ACCOUNTANT_MODULES,
-    Accountant,
-    PrivacyResult,
-    ResultKind,
-    make_accountant,
-)
+from dpledger.accountants.base import Accountant, PrivacyResult, ResultKind, make_accountant
 from dpledger.accountants.calibration import (
     CalibrationResult,
     calibrate_noise_multiplier,
@@ -31,7 +25,6 @@ from dpledger.accountants.prv import PrvAccountant
 from dpledger.accountants.rdp import RdpAccountant
 
 __all__ = [
-    "ACCOUNTANT_MODULES",
     "Accountant",
     "CalibrationResult",
     "GdpAccountant",

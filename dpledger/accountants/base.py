@@ -1,7 +1,7 @@
 """The interface every accountant implements, and the result object every answer comes in.
 
 An accountant replays a ledger (a :class:`~dpledger.ledger.PrivacyLedger` or its
-:class:`~dpledger.ledger.CompressedLedger`) and answers three questions:
+:class:`~dpledger.ledger.steps.CompressedLedger`) and answers three questions:
 
 * :meth:`Accountant.epsilon` — the ε of the whole ledger at a given δ;
 * :meth:`Accountant.delta` — the δ of the whole ledger at a given ε;

@@ -26,13 +26,13 @@ mechanisms every accountant already analyses:
 
 The base class (:func:`dpledger.accountants.base.as_compressed`) replaces a ledger's releases by
 these runs before any accountant sees it, each release first checked against its own parameters
-(:func:`dpledger.mechanisms.correlated.verified_release`: the recorded sensitivity, column norm,
-bands and hash recomputed from the strategy's kind and parameters; a disagreement is refused with
-:class:`~dpledger.ledger.ReleaseMismatchError`), so every accountant that supports Poisson and
-full-batch steps certifies them, and one that does not refuses them with
-:class:`~dpledger.errors.UnsupportedSamplingError` before computing. ε after a number of steps
-(``epsilon_curve``) is refused for a ledger with a release: the release is one mechanism over its
-whole stream, not a sequence of steps.
+(:func:`dpledger.mechanisms.correlated.verification.verified_release`: the recorded
+sensitivity, column norm, bands and hash recomputed from the strategy's kind and parameters; a
+disagreement is refused with :class:`~dpledger.ledger.correlated.ReleaseMismatchError`), so every
+accountant that supports Poisson and full-batch steps certifies them, and one that does not
+refuses them with :class:`~dpledger.errors.UnsupportedSamplingError` before computing. ε after a
+number of steps (``epsilon_curve``) is refused for a ledger with a release: the release is one
+mechanism over its whole stream, not a sequence of steps.
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ def _checked_multiplier(z: float) -> float:
 def expand_correlated(ledger: CompressedLedger) -> CompressedLedger:
     """``ledger`` with its correlated releases replaced by their equivalent runs (appended
     after its steps; composition is commutative), each release's recorded sensitivity checked
-    against its parameters first (:func:`~dpledger.mechanisms.correlated.verified_release`)."""
+    against its parameters first
+    (:func:`~dpledger.mechanisms.correlated.verification.verified_release`)."""
     if not ledger.correlated:
         return ledger
     runs = list(ledger.runs)

@@ -15,8 +15,9 @@ import attrs
 from dpledger.accountants import make_accountant
 from dpledger.accountants.sampling_report import ShuffleGap, shuffle_gap
 from dpledger.errors import DPLedgerError, LedgerStateError
-from dpledger.ledger import CompressedLedger, PrivacyLedger
+from dpledger.ledger import PrivacyLedger
 from dpledger.ledger.events import SamplingScheme
+from dpledger.ledger.steps import CompressedLedger
 
 __all__ = ["LedgerClaim", "ledger_claim"]
 

@@ -82,7 +82,8 @@ from dpledger.audit.torch_audit_common import (
     digits_records,
 )
 from dpledger.errors import InvalidParameterError
-from dpledger.ledger import CompressedLedger, PrivacyLedger
+from dpledger.ledger import PrivacyLedger
+from dpledger.ledger.steps import CompressedLedger
 from dpledger.validation import check_positive_finite, check_positive_int
 
 __all__ = [

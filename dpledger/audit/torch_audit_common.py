@@ -24,7 +24,8 @@ from dpledger.adapters.torch.optimizer import DPOptimizer
 from dpledger.adapters.torch.poisson import PoissonBatchSampler
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.errors import InvalidParameterError, LedgerStateError
-from dpledger.ledger import CompressedLedger, PrivacyLedger
+from dpledger.ledger import PrivacyLedger
+from dpledger.ledger.steps import CompressedLedger
 from dpledger.validation import check_positive_finite, check_positive_int, check_probability
 
 __all__ = ["IMPLEMENTATIONS", "CalibratedAuditConfig", "UndernoisedDPOptimizer", "digits_records"]

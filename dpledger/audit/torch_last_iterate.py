@@ -56,7 +56,7 @@ from dpledger.audit.torch_audit_common import (
     digits_records,
 )
 from dpledger.errors import InvalidParameterError
-from dpledger.ledger import CompressedLedger
+from dpledger.ledger.steps import CompressedLedger
 from dpledger.validation import check_positive_finite, check_positive_int
 
 __all__ = ["LastIterateDigitsAudit", "run_last_iterate_digits", "train_last_iterate_digits"]

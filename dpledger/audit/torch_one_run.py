@@ -46,7 +46,8 @@ from dpledger.audit.torch_audit_common import (
     _zero_linear,
 )
 from dpledger.errors import InvalidParameterError
-from dpledger.ledger import CompressedLedger, PrivacyLedger
+from dpledger.ledger import PrivacyLedger
+from dpledger.ledger.steps import CompressedLedger
 from dpledger.validation import check_positive_int
 
 __all__ = [

@@ -7,7 +7,7 @@ bound at confidence 1 − α: with probability ≥ 1 − α, the mechanism is no
 the claim (which says nothing about the claim being tight).
 
 The claim can be a number, an accountant's :class:`~dpledger.accountants.base.PrivacyResult`, or a
-ledger (:class:`~dpledger.ledger.PrivacyLedger` or :class:`~dpledger.ledger.CompressedLedger`)
+ledger (:class:`~dpledger.ledger.PrivacyLedger` or :class:`~dpledger.ledger.steps.CompressedLedger`)
 replayed by an accountant (``dpledger.accountants.base.make_accountant``) at the audit's δ.
 Only a valid upper bound can be refuted: an accountant's estimate or approximation is replaced by
 its certified upper bound, and one without a certified upper bound is refused.
@@ -40,7 +40,8 @@ from dpledger.errors import InvalidParameterError
 
 if TYPE_CHECKING:
     from dpledger.accountants.base import Accountant, PrivacyResult
-    from dpledger.ledger import CompressedLedger, PrivacyLedger
+    from dpledger.ledger import PrivacyLedger
+    from dpledger.ledger.steps import CompressedLedger
 
 __all__ = ["AuditVerdict", "audit_verdict"]
 
@@ -117,7 +118,8 @@ def _short_assumption(assumption: str) -> str:
 
 def _is_full_batch_ledger(claim: Any) -> bool:
     """True for a ledger (or compressed ledger) with at least one step, all with q = 1."""
-    from dpledger.ledger import CompressedLedger, PrivacyLedger
+    from dpledger.ledger import PrivacyLedger
+    from dpledger.ledger.steps import CompressedLedger
 
     if isinstance(claim, PrivacyLedger):
         claim = claim.compressed()
@@ -138,7 +140,8 @@ def _claim_from(
     accountant: str | Accountant,
 ) -> tuple[float, float, str, str | None]:
     """(ε_claim, δ_claim, source, kind) from a number, a PrivacyResult or a ledger."""
-    from dpledger.ledger import CompressedLedger, PrivacyLedger
+    from dpledger.ledger import PrivacyLedger
+    from dpledger.ledger.steps import CompressedLedger
 
     if isinstance(claim, (PrivacyLedger, CompressedLedger)):
         if claimed_delta is not None and claimed_delta != delta:

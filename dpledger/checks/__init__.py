@@ -9,23 +9,8 @@ nor TensorFlow. The conveniences for a PyTorch or Keras step function are
 the checks on a PyTorch step function from the command line.
 """
 
-from dpledger.checks.checker import CHECK_NAMES, DPSGDChecker, run_checks
+from dpledger.checks.checker import DPSGDChecker, run_checks
 from dpledger.checks.config import CheckConfig
-from dpledger.checks.report import CheckReport, CheckResult, Curve, Verdict
-from dpledger.checks.statistics import SlopeTest, slope_test
-from dpledger.checks.step_harness import StepHarness, StepOutcome
+from dpledger.checks.report import CheckReport, CheckResult, Verdict
 
-__all__ = [
-    "CHECK_NAMES",
-    "CheckConfig",
-    "CheckReport",
-    "CheckResult",
-    "Curve",
-    "DPSGDChecker",
-    "SlopeTest",
-    "StepHarness",
-    "StepOutcome",
-    "Verdict",
-    "run_checks",
-    "slope_test",
-]
+__all__ = ["CheckConfig", "CheckReport", "CheckResult", "DPSGDChecker", "Verdict", "run_checks"]

@@ -10,33 +10,15 @@ The metrics are computed from whatever data they are given: evaluated on private
 not differentially private.
 """
 
-from dpledger.diagnostics.bias import (
-    ClippingBias,
-    ClippingBiasCallback,
-    ClippingBiasRecorder,
-    clipping_bias,
-    clipping_bias_from_sums,
-)
-from dpledger.diagnostics.model_calibration import (
-    Binning,
-    ModelCalibrationMetrics,
-    ReliabilityDiagram,
-    model_calibration_metrics,
-    plot_reliability_diagram,
-)
-from dpledger.diagnostics.model_calibration_torch import model_calibration, predict_probabilities
+from dpledger.diagnostics.bias import ClippingBias, ClippingBiasCallback, clipping_bias
+from dpledger.diagnostics.model_calibration import ModelCalibrationMetrics, plot_reliability_diagram
+from dpledger.diagnostics.model_calibration_torch import model_calibration
 
 __all__ = [
-    "Binning",
     "ClippingBias",
     "ClippingBiasCallback",
-    "ClippingBiasRecorder",
     "ModelCalibrationMetrics",
-    "ReliabilityDiagram",
     "clipping_bias",
-    "clipping_bias_from_sums",
     "model_calibration",
-    "model_calibration_metrics",
     "plot_reliability_diagram",
-    "predict_probabilities",
 ]

@@ -124,14 +124,14 @@ def _label(value: Any) -> str | None:
 class CorrelatedReleaseEvent:
     """One correlated-noise (matrix-mechanism) release of a T-step stream.
 
-    Build it with :func:`dpledger.mechanisms.correlated.release_event`, which computes the hash
-    and the sensitivity from C itself; this class checks that the values are consistent.
+    Build it with :func:`dpledger.mechanisms.correlated.release.release_event`, which computes the
+    hash and the sensitivity from C itself; this class checks that the values are consistent.
 
     Attributes:
         strategy: the strategy's kind (``"tree"``, ``"tree_honaker"``, ``"banded_toeplitz"``,
             ``"blt"``, …).
         strategy_params: the parameters that determine C (JSON values).
-        strategy_hash: SHA-256 of C (:func:`dpledger.mechanisms.correlated.matrix_hash`).
+        strategy_hash: SHA-256 of C (:func:`dpledger.mechanisms.correlated.strategies.matrix_hash`).
         num_steps: T.
         participation: ``"single"``, ``"min_separation"`` or ``"cyclic"``.
         max_participations: k, the most steps one record contributes to.
@@ -384,7 +384,7 @@ class ReleaseMismatchError(UnsupportedLedgerError):
 
     The accountants account a release with the sensitivity it records; before they do, it is
     recomputed from the recorded strategy and parameters
-    (:func:`dpledger.mechanisms.correlated.verified_release`). A disagreement beyond
+    (:func:`dpledger.mechanisms.correlated.verification.verified_release`). A disagreement beyond
     floating-point rounding means the ledger was written by a version with a bug in that number,
     or edited: accounting with it could understate ε, so the release is refused.
 

@@ -412,7 +412,7 @@ class PrivacyLedger:
         open step, and the stream's steps record no sampling or sum-query events of their own:
         each records one stream step (:meth:`record_stream_step`), which changes no ε. The
         event is written to the file at once (a write-ahead point, like :meth:`flush`).
-        Build the event with :func:`dpledger.mechanisms.correlated.release_event`, which
+        Build the event with :func:`dpledger.mechanisms.correlated.release.release_event`, which
         computes C's hash and sensitivity from C itself.
 
         Raises:

@@ -22,74 +22,34 @@ Example:
     1.1
 """
 
-from dpledger.mechanisms.adaptive import AdaptiveClipping, adaptive_noise_multiplier
+from dpledger.mechanisms.adaptive import AdaptiveClipping
 from dpledger.mechanisms.allocation import (
-    NoiseAllocation,
-    allocate,
     dimension_adjusted_noise,
     effective_noise_multiplier,
     proportional_noise,
     split_clip_by_dimension,
     split_clip_equally,
 )
-from dpledger.mechanisms.averaging import (
-    UnaccountedReleaseWarning,
-    fixed_denominator_average,
-    realised_batch_average,
-)
-from dpledger.mechanisms.backend import Array, ArrayBackend, NumpyBackend, resolve_backend
-from dpledger.mechanisms.clipping import (
-    AutomaticClipping,
-    ClippingStrategy,
-    FlatClipping,
-    GlobalClipping,
-    check_clip_margin,
-    check_record_norms,
-    rounding_clip_margin,
-)
+from dpledger.mechanisms.backend import ArrayBackend
+from dpledger.mechanisms.clipping import AutomaticClipping, FlatClipping, GlobalClipping
 from dpledger.mechanisms.config import DPConfig
-from dpledger.mechanisms.gradient_queries import GradientQueries
-from dpledger.mechanisms.grouped import GroupedSumQuery, PreparedRelease
-from dpledger.mechanisms.step import SampledStep, open_step, sampled_step
-from dpledger.mechanisms.sum_query import (
-    GaussianSumQuery,
-    ScaledGaussianSumQuery,
-    SensitivityCheckError,
-    clip_records,
-)
+from dpledger.mechanisms.grouped import GroupedSumQuery
+from dpledger.mechanisms.step import sampled_step
+from dpledger.mechanisms.sum_query import GaussianSumQuery, ScaledGaussianSumQuery
 
 __all__ = [
     "AdaptiveClipping",
-    "Array",
     "ArrayBackend",
     "AutomaticClipping",
-    "ClippingStrategy",
     "DPConfig",
     "FlatClipping",
     "GaussianSumQuery",
     "GlobalClipping",
-    "GradientQueries",
     "GroupedSumQuery",
-    "NoiseAllocation",
-    "NumpyBackend",
-    "PreparedRelease",
-    "SampledStep",
     "ScaledGaussianSumQuery",
-    "SensitivityCheckError",
-    "UnaccountedReleaseWarning",
-    "adaptive_noise_multiplier",
-    "allocate",
-    "check_clip_margin",
-    "check_record_norms",
-    "clip_records",
     "dimension_adjusted_noise",
     "effective_noise_multiplier",
-    "fixed_denominator_average",
-    "open_step",
     "proportional_noise",
-    "realised_batch_average",
-    "resolve_backend",
-    "rounding_clip_margin",
     "sampled_step",
     "split_clip_by_dimension",
     "split_clip_equally",

@@ -28,8 +28,8 @@ from typing import Any
 import attrs
 
 from dpledger.errors import InvalidParameterError
-from dpledger.ledger import noise_multiplier_from_inverse_square_sum as _z_from_sum
 from dpledger.ledger.events import inverse_square_term
+from dpledger.ledger.steps import noise_multiplier_from_inverse_square_sum as _z_from_sum
 from dpledger.mechanisms.clipping import ClippingStrategy
 from dpledger.mechanisms.sum_query import GaussianSumQuery
 from dpledger.validation import check_non_negative_finite, check_positive_finite, check_positive_int

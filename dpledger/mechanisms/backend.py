@@ -269,7 +269,7 @@ def resolve_backend(backend: ArrayBackend | None) -> ArrayBackend:
         return backend
     if not isinstance(backend, ArrayBackend):
         raise InvalidParameterError(
-            "backend", backend, "an ArrayBackend (e.g. dpledger.mechanisms.NumpyBackend())"
+            "backend", backend, "an ArrayBackend (e.g. dpledger.mechanisms.backend.NumpyBackend())"
         )
     _CHECKED_BACKEND_TYPES.add(kind)
     return backend

@@ -257,8 +257,8 @@ class DPConfig:
             ``"pld"``) or a dpledger ``Accountant``.
         clipping: the clipping strategy of every group: ``"flat"`` (min(1, S/‖v‖), default),
             ``"global"`` (1{‖v‖ ≤ S}, Bu et al.), ``"automatic"`` (S/(‖v‖ + γ)) or a
-            :class:`~dpledger.mechanisms.ClippingStrategy`; stored as the strategy. It changes
-            how records are bounded, never the bound: the ledger is the same for all three.
+            :class:`~dpledger.mechanisms.clipping.ClippingStrategy`; stored as the strategy. It
+            changes how records are bounded, never the bound: the ledger is the same for all three.
         groups: the groups of parameters (PyTorch) or variables (TensorFlow), each one Gaussian
             sum query with its own (S_g, σ̃_g): ``"all"`` (one group, flat clipping; default),
             ``"per_layer"`` (one group per module or layer), ``"per_parameter"`` (one group per

@@ -137,7 +137,7 @@ class GradientQueries:
         noise_multiplier: z ≥ 0, the step's effective noise multiplier (Eq. 1); z = 0 adds no
             noise and is recorded as such (ε = ∞).
         clipping: the clipping strategy of every group: ``"flat"``, ``"global"``, ``"automatic"``
-            or a :class:`~dpledger.mechanisms.ClippingStrategy`.
+            or a :class:`~dpledger.mechanisms.clipping.ClippingStrategy`.
         groups: ``"all"`` (None too), ``"per_layer"``, ``"per_parameter"`` or
             ``{label: [names]}`` (the labels are the ledger's labels).
         clip_split: ``"equal"`` or ``"dimension"`` (only with several groups).

@@ -39,29 +39,21 @@ Example:
     (True, False)
 """
 
-from dpledger.sampling.cyclic import CyclicParticipation, CyclicScheme
-from dpledger.sampling.draws import Draw, PendingDraws
+from dpledger.sampling.cyclic import CyclicScheme
 from dpledger.sampling.poisson import PoissonSampler
 from dpledger.sampling.schemes import (
     BallsInBinsScheme,
-    BatchScheme,
     FixedSizeScheme,
     PoissonScheme,
     ShuffleScheme,
     TruncatedPoissonScheme,
     UserPoissonScheme,
 )
-from dpledger.sampling.validation import MAX_POPULATION
 
 __all__ = [
-    "MAX_POPULATION",
     "BallsInBinsScheme",
-    "BatchScheme",
-    "CyclicParticipation",
     "CyclicScheme",
-    "Draw",
     "FixedSizeScheme",
-    "PendingDraws",
     "PoissonSampler",
     "PoissonScheme",
     "ShuffleScheme",

@@ -27,7 +27,7 @@ def scheme_property(prop: property) -> property:
     """A read-only property that reads ``prop`` of the instance's scheme (``self._scheme``).
 
     Args:
-        prop: a property of a :class:`~dpledger.sampling.BatchScheme` class, e.g.
+        prop: a property of a :class:`~dpledger.sampling.schemes.BatchScheme` class, e.g.
             ``PoissonScheme.sampling_probability``.
 
     Returns:

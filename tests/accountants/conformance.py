@@ -14,9 +14,10 @@ from typing import ClassVar
 
 import pytest
 
-from dpledger import CompressedLedger, PrivacyLedger, UnsupportedLedgerError
+from dpledger import PrivacyLedger
 from dpledger.accountants.base import Accountant, PrivacyResult, ResultKind
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import InvalidParameterError, UnsupportedLedgerError
+from dpledger.ledger.steps import CompressedLedger
 
 DELTA = 1e-5
 

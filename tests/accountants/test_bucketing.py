@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dpledger import CompressedLedger
 from dpledger.accountants.bucketing import (
     bucket_noise_multiplier,
     bucket_sampling_probability,
@@ -22,6 +21,7 @@ from dpledger.accountants.gdp import GdpAccountant
 from dpledger.accountants.pld import PldAccountant
 from dpledger.accountants.rdp import RdpAccountant
 from dpledger.errors import InvalidParameterError
+from dpledger.ledger.steps import CompressedLedger
 
 DELTA = 1e-5
 R = 1e-3

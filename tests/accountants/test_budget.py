@@ -23,8 +23,8 @@ from dpledger.accountants.budget import (
     composed_points,
     subsampled_loss_width,
 )
-from dpledger.accountants.prv import PrvNumericalError
 from dpledger.accountants.prv import accountant as prv_accountant_module
+from dpledger.accountants.prv.accountant import PrvNumericalError
 from dpledger.errors import (
     AccountingNumericalError,
     ComputationBudgetError,

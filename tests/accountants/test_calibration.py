@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from dpledger import CompressedLedger
 from dpledger.accountants.base import Accountant, ResultKind
 from dpledger.accountants.calibration import (
     calibrate_noise_multiplier,
@@ -18,6 +17,7 @@ from dpledger.accountants.gdp import GdpAccountant
 from dpledger.accountants.pld import PldAccountant
 from dpledger.accountants.rdp import RdpAccountant
 from dpledger.errors import InvalidParameterError
+from dpledger.ledger.steps import CompressedLedger
 
 DELTA = 1e-5
 

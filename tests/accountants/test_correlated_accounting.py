@@ -25,13 +25,13 @@ from dpledger import PrivacyLedger
 from dpledger.accountants.base import ResultKind, make_accountant
 from dpledger.accountants.correlated import equivalent_runs, expand_correlated
 from dpledger.errors import UnsupportedLedgerError, UnsupportedSamplingError
-from dpledger.ledger import CompressedLedger
+from dpledger.ledger.steps import CompressedLedger
 from dpledger.mechanisms.correlated import (
     ParticipationSchema,
     optimize_banded_toeplitz,
-    release_event,
     tree_factorization,
 )
+from dpledger.mechanisms.correlated.release import release_event
 from tests.gdp_oracle import gaussian_epsilon
 
 DELTA = 1e-5

@@ -50,11 +50,9 @@ import pytest
 from dpledger import PrivacyLedger
 from dpledger.accountants.base import make_accountant
 from dpledger.ledger import CorrelatedReleaseEvent
-from dpledger.mechanisms.correlated import (
-    ParticipationSchema,
-    banded_toeplitz_factorization,
-    release_event,
-)
+from dpledger.mechanisms.correlated import ParticipationSchema
+from dpledger.mechanisms.correlated.release import release_event
+from dpledger.mechanisms.correlated.strategies import banded_toeplitz_factorization
 from tests.gdp_oracle import gaussian_epsilon
 
 DATA = json.loads((Path(__file__).parent / "data" / "jax_privacy_bandmf.json").read_text())

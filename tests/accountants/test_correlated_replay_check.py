@@ -18,17 +18,18 @@ import pytest
 from dpledger import PrivacyLedger
 from dpledger.accountants.base import make_accountant
 from dpledger.errors import ComputationBudgetError, InvalidParameterError, UnsupportedLedgerError
-from dpledger.ledger import CompressedLedger, CorrelatedReleaseEvent, ReleaseMismatchError
+from dpledger.ledger import CorrelatedReleaseEvent
+from dpledger.ledger.correlated import ReleaseMismatchError
+from dpledger.ledger.steps import CompressedLedger
 from dpledger.mechanisms.correlated import (
-    MatrixFactorization,
     ParticipationSchema,
-    blt_factorization,
     optimize_banded_toeplitz,
     optimize_blt,
-    release_event,
     tree_factorization,
-    verified_release,
 )
+from dpledger.mechanisms.correlated.release import release_event
+from dpledger.mechanisms.correlated.strategies import MatrixFactorization, blt_factorization
+from dpledger.mechanisms.correlated.verification import verified_release
 from tests.gdp_oracle import gaussian_epsilon
 from tests.ledger.conftest import content_of, rechain, seal
 

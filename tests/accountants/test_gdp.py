@@ -10,12 +10,12 @@ from dp_accounting.pld import privacy_loss_mechanism
 from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
 from scipy.optimize import brentq
 
-from dpledger import CompressedLedger, UnsupportedLedgerError
 from dpledger.accountants.base import ResultKind
 from dpledger.accountants.gdp import GdpAccountant, gdp_delta, gdp_epsilon, gdp_mu
 from dpledger.accountants.rdp import RdpAccountant
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import InvalidParameterError, UnsupportedLedgerError
 from dpledger.ledger.dp_event import compressed_to_dp_event
+from dpledger.ledger.steps import CompressedLedger
 
 DELTA = 1e-5
 

@@ -7,7 +7,6 @@ import math
 import dp_accounting
 import pytest
 
-from dpledger import CompressedLedger
 from dpledger.accountants.base import ResultKind
 from dpledger.accountants.gdp import GdpAccountant, gdp_epsilon
 from dpledger.accountants.interop import (
@@ -17,6 +16,7 @@ from dpledger.accountants.interop import (
 )
 from dpledger.accountants.rdp import RdpAccountant
 from dpledger.errors import InvalidParameterError
+from dpledger.ledger.steps import CompressedLedger
 
 DELTA = 1e-5
 Rel = dp_accounting.NeighboringRelation

@@ -8,11 +8,11 @@ import dp_accounting
 import pytest
 from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
 
-from dpledger import CompressedLedger, UnsupportedLedgerError
 from dpledger.accountants.gdp import gdp_epsilon
 from dpledger.accountants.pld import PldAccountant
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import InvalidParameterError, UnsupportedLedgerError
 from dpledger.ledger.dp_event import compressed_to_dp_event
+from dpledger.ledger.steps import CompressedLedger
 
 DELTA = 1e-5
 INTERVAL = 1e-3  # coarser than the default, to keep the tests fast; same code path

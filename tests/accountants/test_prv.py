@@ -9,10 +9,14 @@ import numpy as np
 import pytest
 from dp_accounting import gaussian_mechanism
 
-from dpledger import CompressedLedger, InvalidParameterError, UnsupportedLedgerError
+from dpledger import InvalidParameterError
 from dpledger.accountants.base import ResultKind, make_accountant
-from dpledger.accountants.prv import PrvAccountant, PrvDpAccountant, PrvNumericalError
+from dpledger.accountants.prv import PrvAccountant
 from dpledger.accountants.prv import accountant as accountant_module
+from dpledger.accountants.prv.accountant import PrvNumericalError
+from dpledger.accountants.prv.interop import PrvDpAccountant
+from dpledger.errors import UnsupportedLedgerError
+from dpledger.ledger.steps import CompressedLedger
 from tests.accountants.conformance import AccountantConformance
 
 DELTA = 1e-5

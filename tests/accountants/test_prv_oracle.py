@@ -34,8 +34,8 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from dpledger import CompressedLedger
 from dpledger.accountants.prv import PrvAccountant
+from dpledger.ledger.steps import CompressedLedger
 
 DELTA = 1e-5
 EPS_ERROR = 0.01

@@ -20,7 +20,6 @@ from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpledger import CompressedLedger, UnsupportedLedgerError
 from dpledger.accountants.rdp import (
     DEFAULT_ORDERS,
     RdpAccountant,
@@ -28,8 +27,9 @@ from dpledger.accountants.rdp import (
     epsilon_from_rdp,
     log_moments,
 )
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import InvalidParameterError, UnsupportedLedgerError
 from dpledger.ledger.dp_event import compressed_to_dp_event
+from dpledger.ledger.steps import CompressedLedger
 
 DELTA = 1e-5
 GRID_Q = (1e-4, 1e-3, 1e-2, 0.1, 0.5, 0.99, 1.0)

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpledger import CompressedLedger
 from dpledger.accountants import calibrate_sampling_probability
 from dpledger.accountants.rdp import RdpAccountant, log_moments
 from dpledger.accountants.rdp_moments import fractional_log_moments, integer_log_moments
+from dpledger.ledger.steps import CompressedLedger
 from tests.accountants.moment_oracle import log_moment, log_moment_integer
 
 # The cases the soundness review measured below the exact moment (q ≈ 3.6e-7 … 1e-6, z = 1.1,

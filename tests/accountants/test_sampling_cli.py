@@ -13,7 +13,7 @@ from dpledger.accountants.prv import PrvAccountant
 from dpledger.accountants.sampling_report import GapRelation, shuffle_gap
 from dpledger.accountants.shuffle_bound import shuffle_epsilon_lower_bound
 from dpledger.cli import main
-from dpledger.ledger import CompressedLedger
+from dpledger.ledger.steps import CompressedLedger
 
 
 def shuffled(path: Path, neighboring: str, *, epochs: int = 3) -> Path:

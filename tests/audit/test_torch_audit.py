@@ -32,7 +32,7 @@ from dpledger.audit.torch_audit import (
     train_white_box_digits,
 )
 from dpledger.errors import InvalidParameterError, LedgerStateError
-from dpledger.ledger import CompressedLedger
+from dpledger.ledger.steps import CompressedLedger
 from dpledger.mechanisms.clipping import rounding_clip_margin
 
 DELTA = 1e-5

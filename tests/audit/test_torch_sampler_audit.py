@@ -36,8 +36,8 @@ from dpledger.audit.torch_sampler_audit import (
     train_sampler_digits,
 )
 from dpledger.errors import InvalidParameterError
-from dpledger.ledger import CompressedLedger
 from dpledger.ledger.events import SamplingScheme
+from dpledger.ledger.steps import CompressedLedger
 from tests.gdp_oracle import gaussian_epsilon
 
 CONFIDENCE = 0.95

@@ -18,7 +18,9 @@ import sys
 import numpy as np
 import pytest
 
-from dpledger.checks import CHECK_NAMES, CheckConfig, DPSGDChecker, StepOutcome, Verdict, run_checks
+from dpledger.checks import CheckConfig, DPSGDChecker, Verdict, run_checks
+from dpledger.checks.checker import CHECK_NAMES
+from dpledger.checks.step_harness import StepOutcome
 from dpledger.errors import InvalidParameterError
 from tests.checks.numpy_steps import NumpyLinearHarness
 

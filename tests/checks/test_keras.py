@@ -8,7 +8,8 @@ import pytest
 pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from dpledger.checks import CHECK_NAMES, CheckConfig, Verdict  # noqa: E402
+from dpledger.checks import CheckConfig, Verdict  # noqa: E402
+from dpledger.checks.checker import CHECK_NAMES  # noqa: E402
 from dpledger.checks.keras_step import (  # noqa: E402
     KerasStepHarness,
     assert_dp_sgd_correct,

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from dpledger.checks import CheckReport, CheckResult, Curve, Verdict
+from dpledger.checks import CheckReport, CheckResult, Verdict
+from dpledger.checks.report import Curve
 from dpledger.errors import InvalidParameterError
 
 

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dpledger.checks import CHECK_NAMES, Verdict
+from dpledger.checks import Verdict
+from dpledger.checks.checker import CHECK_NAMES
 from dpledger.checks.step_function import StepFunctionChecks, StepFunctionHarness
 from dpledger.errors import InvalidParameterError
 

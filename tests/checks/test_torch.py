@@ -9,7 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dpledger.checks import CHECK_NAMES, Verdict  # noqa: E402
+from dpledger.checks import Verdict  # noqa: E402
+from dpledger.checks.checker import CHECK_NAMES  # noqa: E402
 from dpledger.checks.torch_step import (  # noqa: E402
     TorchStepHarness,
     assert_dp_sgd_correct,

@@ -35,8 +35,6 @@ from dpledger.mechanisms import (
     GaussianSumQuery,
     GroupedSumQuery,
     ScaledGaussianSumQuery,
-    adaptive_noise_multiplier,
-    allocate,
     dimension_adjusted_noise,
     effective_noise_multiplier,
     proportional_noise,
@@ -44,6 +42,8 @@ from dpledger.mechanisms import (
     split_clip_by_dimension,
     split_clip_equally,
 )
+from dpledger.mechanisms.adaptive import adaptive_noise_multiplier
+from dpledger.mechanisms.allocation import allocate
 from dpledger.sampling import PoissonSampler
 
 HUGE = 10**5000  # more digits than Python's int-to-string limit (4300)

@@ -23,9 +23,9 @@ from dpledger.ledger import fileformat as ff
 from dpledger.mechanisms.correlated import (
     ParticipationSchema,
     optimize_banded_toeplitz,
-    release_event,
     tree_factorization,
 )
+from dpledger.mechanisms.correlated.release import release_event
 
 from .conftest import content_of, rechain, seal
 

@@ -8,9 +8,11 @@ import dp_accounting
 import pytest
 from dp_accounting import rdp
 
-from dpledger import CompressedLedger, PrivacyLedger, SamplingEvent, StepRun
+from dpledger import PrivacyLedger, SamplingEvent
 from dpledger.errors import InvalidParameterError, UnsupportedSamplingError
+from dpledger.ledger import StepRun
 from dpledger.ledger.dp_event import compressed_to_dp_event, run_to_dp_event
+from dpledger.ledger.steps import CompressedLedger
 
 ORDERS = [1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0, 128.0, 256.0]
 DELTA = 1e-5

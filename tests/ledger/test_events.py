@@ -8,13 +8,8 @@ import attrs
 import numpy as np
 import pytest
 
-from dpledger import (
-    InvalidParameterError,
-    NeighboringRelation,
-    SamplingEvent,
-    SamplingScheme,
-    SumQueryEvent,
-)
+from dpledger import InvalidParameterError, SamplingEvent
+from dpledger.ledger import NeighboringRelation, SamplingScheme, SumQueryEvent
 
 
 def test_sampling_event_stores_plain_python_values() -> None:

@@ -15,16 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpledger import (
-    LedgerVerificationError,
-    LedgerWarning,
-    NotALedgerError,
-    PrivacyLedger,
-    SamplingEvent,
-    SumQueryEvent,
-)
+from dpledger import PrivacyLedger, SamplingEvent
 from dpledger.cli import main
-from dpledger.errors import MissingHeaderError
+from dpledger.errors import LedgerVerificationError, MissingHeaderError, NotALedgerError
+from dpledger.ledger import LedgerWarning, SumQueryEvent
 from dpledger.ledger import fileformat as ff
 from dpledger.ledger.verify import verify_ledger
 

@@ -16,21 +16,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpledger import (
-    InvalidParameterError,
+from dpledger import InvalidParameterError, PrivacyLedger, SamplingEvent
+from dpledger._version import __version__
+from dpledger.errors import (
     LedgerExistsError,
     LedgerLockedError,
     LedgerStateError,
     LedgerVerificationError,
-    LedgerWarning,
-    NeighboringRelation,
     NotALedgerError,
-    PrivacyLedger,
-    SamplingEvent,
-    SamplingScheme,
-    SumQueryEvent,
 )
-from dpledger._version import __version__
+from dpledger.ledger import LedgerWarning, NeighboringRelation, SamplingScheme, SumQueryEvent
 
 from .conftest import SMALL_EVENTS, lines_of, record, snapshot, write_small
 

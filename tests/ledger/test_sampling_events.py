@@ -11,18 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpledger import (
-    InvalidParameterError,
-    LedgerStateError,
-    LedgerVerificationError,
-    NeighboringRelation,
-    PrivacyLedger,
-    PrivacyUnit,
-    SamplingEvent,
-    SamplingScheme,
-    SumQueryEvent,
-)
-from dpledger.errors import UnsupportedLedgerError
+from dpledger import InvalidParameterError, PrivacyLedger, SamplingEvent
+from dpledger.errors import LedgerStateError, LedgerVerificationError, UnsupportedLedgerError
+from dpledger.ledger import NeighboringRelation, PrivacyUnit, SamplingScheme, SumQueryEvent
 from dpledger.ledger import fileformat as ff
 from dpledger.ledger.steps import CompressedLedger, StepRun
 

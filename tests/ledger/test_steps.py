@@ -9,15 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpledger import (
+from dpledger import InvalidParameterError, PrivacyLedger
+from dpledger.errors import LedgerStateError
+from dpledger.ledger import StepRun
+from dpledger.ledger.steps import (
     CompressedLedger,
-    InvalidParameterError,
-    LedgerStateError,
-    PrivacyLedger,
-    StepRun,
+    noise_multiplier_from_inverse_square_sum,
+    step_noise_multiplier,
 )
-from dpledger.ledger import noise_multiplier_from_inverse_square_sum
-from dpledger.ledger.steps import step_noise_multiplier
 
 
 def test_z_eff_of_several_groups_against_hand_computation() -> None:

@@ -22,9 +22,11 @@ from dpledger import PrivacyLedger
 from dpledger.accountants import make_accountant
 from dpledger.cli import main
 from dpledger.errors import InvalidParameterError, LedgerStateError, LedgerVerificationError
-from dpledger.ledger import CorrelatedReleaseEvent, StreamStepEvent
+from dpledger.ledger import CorrelatedReleaseEvent
 from dpledger.ledger import fileformat as ff
-from dpledger.mechanisms.correlated import ParticipationSchema, release_event, tree_factorization
+from dpledger.ledger.correlated import StreamStepEvent
+from dpledger.mechanisms.correlated import ParticipationSchema, tree_factorization
+from dpledger.mechanisms.correlated.release import release_event
 
 from .conftest import content_of, rechain, seal
 

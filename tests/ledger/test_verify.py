@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dpledger import InvalidParameterError, NotALedgerError, PrivacyLedger, verify_ledger
+from dpledger import InvalidParameterError, PrivacyLedger, verify_ledger
+from dpledger.errors import NotALedgerError
 
 from .conftest import SMALL_EVENTS, lines_of
 

@@ -8,14 +8,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpledger import PrivacyLedger, SumQueryEvent
+from dpledger import PrivacyLedger
 from dpledger.errors import InvalidParameterError
-from dpledger.mechanisms import (
-    AdaptiveClipping,
-    NumpyBackend,
-    adaptive_noise_multiplier,
-    sampled_step,
-)
+from dpledger.ledger import SumQueryEvent
+from dpledger.mechanisms import AdaptiveClipping, sampled_step
+from dpledger.mechanisms.adaptive import adaptive_noise_multiplier
+from dpledger.mechanisms.backend import NumpyBackend
 
 BE = NumpyBackend()
 

@@ -13,8 +13,6 @@ from dpledger import PrivacyLedger
 from dpledger.errors import InvalidParameterError
 from dpledger.mechanisms import (
     GroupedSumQuery,
-    NoiseAllocation,
-    allocate,
     dimension_adjusted_noise,
     effective_noise_multiplier,
     proportional_noise,
@@ -22,6 +20,7 @@ from dpledger.mechanisms import (
     split_clip_by_dimension,
     split_clip_equally,
 )
+from dpledger.mechanisms.allocation import NoiseAllocation, allocate
 
 ULP_TOL = 16 * np.finfo(np.float64).eps  # float precision: a handful of roundings
 

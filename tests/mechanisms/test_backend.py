@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from dpledger.errors import InvalidParameterError
-from dpledger.mechanisms import ArrayBackend, NumpyBackend, resolve_backend
+from dpledger.mechanisms import ArrayBackend
+from dpledger.mechanisms.backend import NumpyBackend, resolve_backend
 from tests.mechanisms.conftest import exact_norm, exact_record_norms
 
 BE = NumpyBackend()

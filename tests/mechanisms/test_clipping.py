@@ -11,14 +11,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from dpledger.errors import InvalidParameterError
-from dpledger.mechanisms import (
-    AutomaticClipping,
-    ClippingStrategy,
-    FlatClipping,
-    GlobalClipping,
-    check_record_norms,
-    clip_records,
-)
+from dpledger.mechanisms import AutomaticClipping, FlatClipping, GlobalClipping
+from dpledger.mechanisms.clipping import ClippingStrategy, check_record_norms
+from dpledger.mechanisms.sum_query import clip_records
 from tests.mechanisms.conftest import exact_record_norms, rounding_allowance
 
 STRATEGIES = ["flat", "global", "automatic"]
@@ -223,7 +218,8 @@ def test_flat_clipping_is_the_projection_onto_the_ball(x: np.ndarray, bound: flo
 
 def test_clip_factors_with_a_margin_clip_to_the_reduced_bound_and_record_s():
     from dpledger import PrivacyLedger
-    from dpledger.mechanisms import GaussianSumQuery, rounding_clip_margin, sampled_step
+    from dpledger.mechanisms import GaussianSumQuery, sampled_step
+    from dpledger.mechanisms.clipping import rounding_clip_margin
 
     query = GaussianSumQuery(l2_norm_bound=2.0, noise_stddev=0.0)
     norms = np.array([0.5, 1.99, 2.0, 4.0])

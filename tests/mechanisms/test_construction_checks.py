@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dpledger import LedgerStateError, PrivacyLedger
-from dpledger.errors import InvalidParameterError
+from dpledger import PrivacyLedger
+from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.mechanisms import DPConfig
 from dpledger.mechanisms.construction_checks import (
     check_bias_callback,

@@ -9,14 +9,13 @@ import attrs
 import pytest
 
 from dpledger.errors import InvalidParameterError
-from dpledger.mechanisms import (
-    DPConfig,
-    GaussianSumQuery,
-    GradientQueries,
-    ScaledGaussianSumQuery,
-)
+from dpledger.mechanisms import DPConfig, GaussianSumQuery, ScaledGaussianSumQuery
 from dpledger.mechanisms.config import FLAT_LABEL
-from dpledger.mechanisms.gradient_queries import SETTING_KEYWORDS, settings_of_arguments
+from dpledger.mechanisms.gradient_queries import (
+    SETTING_KEYWORDS,
+    GradientQueries,
+    settings_of_arguments,
+)
 
 # A small CNN's trainable variables (Conv2D 3×3×1→3, Dense 48→5, Dense 5→3), by Keras path.
 CNN = {

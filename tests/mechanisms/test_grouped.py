@@ -7,15 +7,16 @@ import math
 import numpy as np
 import pytest
 
-from dpledger import PrivacyLedger, SumQueryEvent
+from dpledger import PrivacyLedger
 from dpledger.errors import InvalidParameterError, LedgerStateError
+from dpledger.ledger import SumQueryEvent
 from dpledger.mechanisms import (
     GaussianSumQuery,
     GroupedSumQuery,
     ScaledGaussianSumQuery,
-    SensitivityCheckError,
     sampled_step,
 )
+from dpledger.mechanisms.sum_query import SensitivityCheckError
 
 
 def mixed_group() -> GroupedSumQuery:

@@ -20,18 +20,17 @@ from hypothesis import strategies as st
 
 from dpledger import PrivacyLedger
 from dpledger.errors import ComputationBudgetError, InvalidParameterError
-from dpledger.mechanisms import (
-    GaussianSumQuery,
-    fixed_denominator_average,
-    realised_batch_average,
-)
+from dpledger.mechanisms import GaussianSumQuery
+from dpledger.mechanisms.averaging import fixed_denominator_average, realised_batch_average
 from dpledger.mechanisms.correlated import (
     CorrelatedNoiseSpec,
+    optimize_banded_toeplitz,
+    tree_factorization,
+)
+from dpledger.mechanisms.correlated.rebuild import strategy_matrix
+from dpledger.mechanisms.correlated.strategies import (
     banded_toeplitz_factorization,
     blt_factorization,
-    optimize_banded_toeplitz,
-    strategy_matrix,
-    tree_factorization,
     tree_nodes,
 )
 from dpledger.sampling import CyclicScheme

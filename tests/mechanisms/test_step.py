@@ -7,17 +7,16 @@ import math
 import numpy as np
 import pytest
 
-from dpledger import LedgerStateError, PrivacyLedger, SamplingEvent, SumQueryEvent
-from dpledger.errors import InvalidParameterError
-from dpledger.mechanisms import (
-    GaussianSumQuery,
-    GroupedSumQuery,
+from dpledger import PrivacyLedger, SamplingEvent
+from dpledger.errors import InvalidParameterError, LedgerStateError
+from dpledger.ledger import SumQueryEvent
+from dpledger.mechanisms import GaussianSumQuery, GroupedSumQuery, sampled_step
+from dpledger.mechanisms.averaging import (
     UnaccountedReleaseWarning,
     fixed_denominator_average,
-    open_step,
     realised_batch_average,
-    sampled_step,
 )
+from dpledger.mechanisms.step import open_step
 from dpledger.sampling import PoissonSampler
 
 QUERY = GaussianSumQuery(l2_norm_bound=1.0, noise_stddev=1.0, label="q")

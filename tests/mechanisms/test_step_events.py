@@ -7,11 +7,13 @@ import math
 
 import pytest
 
-from dpledger import PrivacyLedger, SamplingEvent, SumQueryEvent
+from dpledger import PrivacyLedger, SamplingEvent
 from dpledger.errors import InvalidParameterError
-from dpledger.mechanisms import GaussianSumQuery, GroupedSumQuery, SensitivityCheckError, open_step
+from dpledger.ledger import SumQueryEvent
+from dpledger.mechanisms import GaussianSumQuery, GroupedSumQuery
 from dpledger.mechanisms.backend import NoiseOrder, SummaryBackend, SumSummary
-from dpledger.mechanisms.step import StepEvents, step_events_of
+from dpledger.mechanisms.step import StepEvents, open_step, step_events_of
+from dpledger.mechanisms.sum_query import SensitivityCheckError
 
 
 class _ShuffleSampler:

@@ -9,14 +9,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpledger import LedgerStateError, PrivacyLedger, SumQueryEvent
-from dpledger.errors import InvalidParameterError
-from dpledger.mechanisms import (
-    GaussianSumQuery,
-    NumpyBackend,
-    ScaledGaussianSumQuery,
-    SensitivityCheckError,
-)
+from dpledger import PrivacyLedger
+from dpledger.errors import InvalidParameterError, LedgerStateError
+from dpledger.ledger import SumQueryEvent
+from dpledger.mechanisms import GaussianSumQuery, ScaledGaussianSumQuery
+from dpledger.mechanisms.backend import NumpyBackend
+from dpledger.mechanisms.sum_query import SensitivityCheckError
 
 BE = NumpyBackend()
 

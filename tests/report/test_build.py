@@ -371,11 +371,8 @@ def test_correlated_releases_are_listed_with_their_progress(tmp_path: Path) -> N
     """Reference: the release as recorded (its fields come back as they are) and the stream
     steps recorded for it; a ledger without a release lists none and renders no release
     table."""
-    from dpledger.mechanisms.correlated import (
-        ParticipationSchema,
-        release_event,
-        tree_factorization,
-    )
+    from dpledger.mechanisms.correlated import ParticipationSchema, tree_factorization
+    from dpledger.mechanisms.correlated.release import release_event
 
     event = release_event(
         tree_factorization(16),

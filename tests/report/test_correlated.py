@@ -26,9 +26,9 @@ from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms.correlated import (
     ParticipationSchema,
     optimize_banded_toeplitz,
-    release_event,
     tree_factorization,
 )
+from dpledger.mechanisms.correlated.release import release_event
 from dpledger.report import build_report, render_markdown, tradeoff
 from tests.report.conftest import DELTA
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from dpledger.ledger import PrivacyLedger
-from dpledger.mechanisms.correlated import ParticipationSchema, release_event, tree_factorization
+from dpledger.mechanisms.correlated import ParticipationSchema, tree_factorization
+from dpledger.mechanisms.correlated.release import release_event
 from dpledger.report import build_report, render_markdown
 from dpledger.report.build import load_audit
 from dpledger.report.markdown import escape_markdown

@@ -15,12 +15,11 @@ import pytest
 
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
-from dpledger.mechanisms.correlated import (
-    ParticipationKind,
-    optimize_banded_toeplitz,
-    release_event,
-)
-from dpledger.sampling import CyclicParticipation, CyclicScheme
+from dpledger.mechanisms.correlated import optimize_banded_toeplitz
+from dpledger.mechanisms.correlated.release import release_event
+from dpledger.sampling import CyclicScheme
+from dpledger.sampling.cyclic import CyclicParticipation
+from dpledger.sampling.participation import ParticipationKind
 
 
 def _steps_of_every_record(scheme: CyclicScheme) -> list[list[int]]:

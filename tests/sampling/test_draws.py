@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dpledger.errors import SamplerMismatchError
-from dpledger.sampling import Draw, PendingDraws
+from dpledger.sampling.draws import Draw, PendingDraws
 
 
 def test_steps_claim_the_oldest_draw_first() -> None:

@@ -10,7 +10,8 @@ import pytest
 from dpledger import PrivacyLedger, SamplingEvent
 from dpledger.errors import InvalidParameterError
 from dpledger.mechanisms import GaussianSumQuery, sampled_step
-from dpledger.sampling import MAX_POPULATION, PoissonSampler
+from dpledger.sampling import PoissonSampler
+from dpledger.sampling.validation import MAX_POPULATION
 
 QUERY = GaussianSumQuery(l2_norm_bound=1.0, noise_stddev=1.0, label="q")
 

@@ -183,7 +183,8 @@ class TensorFlowBackend:
             raise InvalidParameterError(
                 "generator",
                 generator,
-                "a tf.random.Generator (e.g. dpledger.adapters.tensorflow.make_generator(seed))",
+                "a tf.random.Generator "
+                "(e.g. dpledger.adapters.tensorflow.backend.make_generator(seed))",
             )
         t = _floating(_tensor(x))
         with tf.device(t.device or None):

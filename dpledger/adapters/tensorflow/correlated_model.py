@@ -10,14 +10,14 @@ The soundness ties (``docs/architecture.md``, "Soundness rules", rules 1 and 6):
   before anything is recorded;
 * the release is recorded once, at the first executed step, after that step's sensitivity check
   and before its noisy output (:mod:`~dpledger.adapters.tensorflow.correlated_step`);
-* a step beyond T is refused (:class:`~dpledger.adapters.tensorflow.NoiseStreamEndError`);
+* a step beyond T is refused (:class:`~dpledger.errors.NoiseStreamEndError`);
 * every step records ``stream_step t`` after the release, before its noisy output;
 * a saved model keeps the spec, the sampler's parameters and the noise generator's state; once
   loaded it trains only after ``attach_ledger`` gives it the ledger that holds its release (or,
   if it never trained, any ledger) with exactly the saved stream's steps recorded, and continues
   the stream where it was saved — never recording the release twice nor restarting the stream,
   and never continuing from a save older than the ledger's progress
-  (:class:`~dpledger.ledger.NoiseStreamRollbackError`: that would reuse noise).
+  (:class:`~dpledger.ledger.correlated.NoiseStreamRollbackError`: that would reuse noise).
 """
 
 from __future__ import annotations

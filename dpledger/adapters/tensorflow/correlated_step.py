@@ -35,8 +35,11 @@ from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine
 from dpledger.errors import InvalidParameterError, NoiseStreamEndError, SamplerMismatchError
 from dpledger.ledger import PrivacyLedger
 from dpledger.ledger.correlated import CorrelatedReleaseEvent, check_new_release_seed
-from dpledger.mechanisms import ScaledGaussianSumQuery, fixed_denominator_average
-from dpledger.mechanisms.correlated import MatrixFactorization, noise_for, release_event
+from dpledger.mechanisms import ScaledGaussianSumQuery
+from dpledger.mechanisms.averaging import fixed_denominator_average
+from dpledger.mechanisms.correlated import noise_for
+from dpledger.mechanisms.correlated.release import release_event
+from dpledger.mechanisms.correlated.strategies import MatrixFactorization
 from dpledger.mechanisms.gradient_queries import GradientQueries
 from dpledger.mechanisms.sum_query_checks import check_sensitivity
 

@@ -15,7 +15,7 @@ One DP step on a Poisson sample R of the n records (McMahan & Andrew, sections 1
    joint scaling);
 5. in the graph: Gaussian noise of exactly those standard deviations, drawn in float64 on the
    sums' device (the standard normals are drawn before stage 4, overlapping it), is added and
-   the result rounded once (:class:`~dpledger.adapters.tensorflow.TensorFlowBackend`), and
+   the result rounded once (:class:`~dpledger.adapters.tensorflow.backend.TensorFlowBackend`), and
    the fixed-denominator average is returned (:func:`fixed_denominator_average`): sum/(q·n)
    for Poisson and truncated Poisson, sum/b for fixed-size and shuffled batches, sum/(n/k) for
    balls-in-bins (the event's ``average_denominator``).
@@ -72,7 +72,7 @@ from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine
 from dpledger.diagnostics.bias import ClippingBiasCallback, clipping_bias_from_sums
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
-from dpledger.mechanisms import fixed_denominator_average
+from dpledger.mechanisms.averaging import fixed_denominator_average
 from dpledger.mechanisms.backend import SummaryBackend, SumSummary
 from dpledger.mechanisms.clipping import rounding_clip_margin
 from dpledger.mechanisms.gradient_queries import GradientQueries

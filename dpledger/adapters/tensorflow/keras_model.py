@@ -87,7 +87,8 @@ from dpledger.adapters.tensorflow.train_function import dp_train_function
 from dpledger.diagnostics.bias import ClippingBiasCallback
 from dpledger.errors import InvalidParameterError, LedgerNotAttachedError, PerExampleLossError
 from dpledger.ledger import PrivacyLedger, SamplingEvent
-from dpledger.mechanisms import ClippingStrategy, DPConfig, GaussianSumQuery
+from dpledger.mechanisms import DPConfig, GaussianSumQuery
+from dpledger.mechanisms.clipping import ClippingStrategy
 from dpledger.mechanisms.construction_checks import check_bias_callback
 from dpledger.mechanisms.gradient_queries import GradientQueries, settings_of_arguments
 from dpledger.mechanisms.step import StepEvents, step_events_of

@@ -33,7 +33,8 @@ from dpledger.adapters.tensorflow.record_probe import (
 from dpledger.diagnostics.bias import ClippingBiasCallback
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger, SamplingEvent
-from dpledger.mechanisms import ClippingStrategy, DPConfig, GaussianSumQuery
+from dpledger.mechanisms import DPConfig, GaussianSumQuery
+from dpledger.mechanisms.clipping import ClippingStrategy
 from dpledger.mechanisms.construction_checks import check_bias_callback
 from dpledger.mechanisms.gradient_queries import GradientQueries, settings_of_arguments
 from dpledger.mechanisms.step import step_events_of

@@ -48,8 +48,8 @@ class RecordedDatasetSampler:
     """The base of the samplers: a population of n records, a seeded generator, the datasets
     made by :meth:`sample` and the sampling event of each of their batches.
 
-    Subclasses set ``self._scheme`` (a :class:`~dpledger.sampling.BatchScheme`, from which the
-    description of the scheme and its events follow) and define :meth:`index_dataset` (the
+    Subclasses set ``self._scheme`` (a :class:`~dpledger.sampling.schemes.BatchScheme`, from which
+    the description of the scheme and its events follow) and define :meth:`index_dataset` (the
     record indices of each batch of one epoch); a subclass without a scheme also defines
     :attr:`sampling_event` and :attr:`steps_per_epoch`.
     """
@@ -161,7 +161,7 @@ class RecordedDatasetSampler:
         return out
 
     def _host_epoch(self, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """The scheme's epoch drawn from ``seed`` (:meth:`~dpledger.sampling.BatchScheme.
+        """The scheme's epoch drawn from ``seed`` (:meth:`~dpledger.sampling.schemes.BatchScheme.
         draw_epoch`): its records in batch order and the batch boundaries."""
         scheme = self._scheme
         assert scheme is not None

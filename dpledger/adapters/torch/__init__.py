@@ -33,9 +33,7 @@ does not.
 
 import torch  # noqa: F401  (a missing torch fails here, by name)
 
-from dpledger.adapters.torch import layer_rules
-from dpledger.adapters.torch.backend import TorchBackend
-from dpledger.adapters.torch.bam import per_example_gradients_and_losses
+from dpledger.adapters.torch import layer_rules as _layer_rules  # noqa: F401 (registers)
 from dpledger.adapters.torch.batch_samplers import (
     BallsInBinsBatchSampler,
     CyclicBatchSampler,
@@ -45,103 +43,35 @@ from dpledger.adapters.torch.batch_samplers import (
     private_data_loader,
 )
 from dpledger.adapters.torch.distributed import DistributedPoissonBatchSampler
-from dpledger.adapters.torch.engine import LossReduction, PerExampleGradientEngine, Strategy
-from dpledger.adapters.torch.factors import expand_factors
-from dpledger.adapters.torch.functional_gradients import (
-    FunctionalPerExampleEngine,
-    clipped_sum_of,
-    module_per_example_gradients,
-    per_example_gradients,
-    squared_norms_of,
-)
-from dpledger.adapters.torch.module_checks import (
-    check_module_configuration,
-    check_no_record_mixing,
-)
+from dpledger.adapters.torch.engine import PerExampleGradientEngine
+from dpledger.adapters.torch.functional_gradients import per_example_gradients
 from dpledger.adapters.torch.optimizer import DPOptimizer
-from dpledger.adapters.torch.poisson import (
-    EmptyBatchCollate,
-    PoissonBatchSampler,
-    poisson_data_loader,
-)
+from dpledger.adapters.torch.poisson import PoissonBatchSampler, poisson_data_loader
 from dpledger.adapters.torch.private import (
     PrivateTraining,
     make_private,
 )
 from dpledger.adapters.torch.record_probe import probe_record_independence
-from dpledger.adapters.torch.registry import (
-    LayerRule,
-    layer_rule,
-    register_layer_rule,
-    registered_layer_types,
-    unregister_layer_rule,
-)
-from dpledger.adapters.torch.sampler_base import (
-    EpochBatchSampler,
-    RecordedBatchSampler,
-    StepwiseBatchSampler,
-)
-from dpledger.adapters.torch.user_level import UserBatch, UserPoissonBatchSampler
-from dpledger.adapters.torch.virtual_batches import split_batch, virtual_batches
-from dpledger.errors import (
-    EngineStateError,
-    NoiseStreamEndError,
-    RecordDependenceError,
-    RecordMixingLayerError,
-    RecordProbeError,
-    UnsupportedLayerError,
-    UnsupportedParameterUseError,
-)
-from dpledger.ledger.correlated import NoiseSeedReuseError, NoiseStreamRollbackError
+from dpledger.adapters.torch.registry import LayerRule, register_layer_rule
+from dpledger.adapters.torch.user_level import UserPoissonBatchSampler
 
 __all__ = [
     "BallsInBinsBatchSampler",
     "CyclicBatchSampler",
     "DPOptimizer",
     "DistributedPoissonBatchSampler",
-    "EmptyBatchCollate",
-    "EngineStateError",
-    "EpochBatchSampler",
     "FixedSizeBatchSampler",
-    "FunctionalPerExampleEngine",
     "LayerRule",
-    "LossReduction",
-    "NoiseSeedReuseError",
-    "NoiseStreamEndError",
-    "NoiseStreamRollbackError",
     "PerExampleGradientEngine",
     "PoissonBatchSampler",
     "PrivateTraining",
-    "RecordDependenceError",
-    "RecordMixingLayerError",
-    "RecordProbeError",
-    "RecordedBatchSampler",
     "ShuffleBatchSampler",
-    "StepwiseBatchSampler",
-    "Strategy",
-    "TorchBackend",
     "TruncatedPoissonBatchSampler",
-    "UnsupportedLayerError",
-    "UnsupportedParameterUseError",
-    "UserBatch",
     "UserPoissonBatchSampler",
-    "check_module_configuration",
-    "check_no_record_mixing",
-    "clipped_sum_of",
-    "expand_factors",
-    "layer_rule",
-    "layer_rules",
     "make_private",
-    "module_per_example_gradients",
     "per_example_gradients",
-    "per_example_gradients_and_losses",
     "poisson_data_loader",
     "private_data_loader",
     "probe_record_independence",
     "register_layer_rule",
-    "registered_layer_types",
-    "split_batch",
-    "squared_norms_of",
-    "unregister_layer_rule",
-    "virtual_batches",
 ]

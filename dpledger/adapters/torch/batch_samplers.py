@@ -415,7 +415,7 @@ def private_data_loader(
     :class:`BallsInBinsBatchSampler`, :class:`ShuffleBatchSampler`,
     :class:`~dpledger.adapters.torch.UserPoissonBatchSampler`) over n = ``len(dataset)``
     records; pass the loader (or the sampler) to ``DPOptimizer(sampler=...)``. Empty batches
-    come out as empty tensors (see :class:`~dpledger.adapters.torch.EmptyBatchCollate`).
+    come out as empty tensors (see :class:`~dpledger.adapters.torch.poisson.EmptyBatchCollate`).
 
     Args:
         dataset: a map-style data set with ``len``.

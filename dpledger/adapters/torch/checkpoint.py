@@ -85,8 +85,8 @@ class OptimizerCheckpoint:
         every step of the stream, and its progress q for the release must equal p: a checkpoint
         behind it (q > p: training went on past the checkpoint, and continuing would add the
         noise of steps p .. q − 1 again to other gradients) is refused with
-        :class:`~dpledger.ledger.NoiseStreamRollbackError`, a ledger behind it (q < p) with
-        :class:`~dpledger.errors.LedgerStateError`, both before anything is restored.
+        :class:`~dpledger.ledger.correlated.NoiseStreamRollbackError`, a ledger behind it
+        (q < p) with :class:`~dpledger.errors.LedgerStateError`, both before anything is restored.
 
         Raises:
             InvalidParameterError: not a state dict of this class.

@@ -24,8 +24,9 @@ steps, whose noise is the stream's.
 the step, and its :meth:`~CorrelatedStream.state_dict` (in the optimizer's checkpoint) lets a
 resumed run continue the same noise without recording the release again. Loading one whose step
 p is behind the ledger's progress q for the release (training went on past the checkpoint) is
-refused with :class:`~dpledger.ledger.NoiseStreamRollbackError`: it would add the noise of steps
-p .. q − 1 again to other gradients; a ledger behind the checkpoint (q < p) is refused too.
+refused with :class:`~dpledger.ledger.correlated.NoiseStreamRollbackError`: it would add the
+noise of steps p .. q − 1 again to other gradients; a ledger behind the checkpoint (q < p) is
+refused too.
 """
 
 from __future__ import annotations
@@ -45,12 +46,9 @@ from dpledger.ledger.correlated import (
     check_stream_resume,
 )
 from dpledger.mechanisms.construction_checks import check_ledger
-from dpledger.mechanisms.correlated import (
-    CorrelatedNoise,
-    CorrelatedNoiseSpec,
-    noise_for,
-    release_event,
-)
+from dpledger.mechanisms.correlated import CorrelatedNoiseSpec, noise_for
+from dpledger.mechanisms.correlated.noise import CorrelatedNoise
+from dpledger.mechanisms.correlated.release import release_event
 from dpledger.sampling.cyclic import CyclicScheme
 
 __all__ = ["CorrelatedNoiseSetup", "CorrelatedStream", "check_noise"]

@@ -119,7 +119,7 @@ from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.adapters.torch.user_level import UserPoissonBatchSampler
 from dpledger.errors import EngineStateError, LedgerStateError
 from dpledger.ledger import PrivacyLedger
-from dpledger.mechanisms import ClippingStrategy
+from dpledger.mechanisms.clipping import ClippingStrategy
 from dpledger.mechanisms.config import DPConfig, Grouping
 from dpledger.mechanisms.construction_checks import ledger_location
 from dpledger.mechanisms.correlated.spec import CorrelatedNoiseSpec
@@ -186,7 +186,8 @@ class DPOptimizer(
         loss_reduction: how the loss you backpropagate combines the per-example losses:
             ``"mean"`` ((1/B) Σ_i ℓ_i, ``F.cross_entropy``'s default) or ``"sum"``.
         clipping: ``"flat"`` (min(1, S/‖v‖), default), ``"global"`` (1{‖v‖ ≤ S}, Bu et al.),
-            ``"automatic"`` (S/(‖v‖ + γ)) or a :class:`~dpledger.mechanisms.ClippingStrategy`.
+            ``"automatic"`` (S/(‖v‖ + γ)) or a
+            :class:`~dpledger.mechanisms.clipping.ClippingStrategy`.
         groups: ``"all"`` (flat, default), ``"per_layer"``, ``"per_parameter"`` or
             ``{label: [parameter names]}``.
         clip_split: ``"equal"`` (default) or ``"dimension"``: how C is split over several groups.

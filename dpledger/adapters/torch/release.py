@@ -27,10 +27,10 @@ from dpledger.adapters.torch.backend import TorchBackend
 from dpledger.adapters.torch.distributed import broadcast_tensors, reduce_tensors, sum_counts
 from dpledger.errors import InvalidParameterError, NoiseStreamEndError, SamplerMismatchError
 from dpledger.ledger import SamplingEvent
-from dpledger.mechanisms import ScaledGaussianSumQuery, open_step
+from dpledger.mechanisms import ScaledGaussianSumQuery
 from dpledger.mechanisms.backend import add_noise_to_all
 from dpledger.mechanisms.gradient_queries import GradientQueries
-from dpledger.mechanisms.step import SampledStep
+from dpledger.mechanisms.step import SampledStep, open_step
 
 __all__ = ["NoisyRelease", "OptimizerNoiseBackend"]
 

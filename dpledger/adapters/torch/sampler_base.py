@@ -20,7 +20,7 @@ What does not need torch lives in :mod:`dpledger.sampling`: each sampler holds i
 (:attr:`RecordedBatchSampler.scheme`: checked parameters, q, denominator, epoch layout, events),
 which draws the record indices on the host in NumPy (:meth:`~dpledger.sampling.BatchScheme.draw`,
 the same draws as the ``tf.data`` samplers'), and keeps its draws in a
-:class:`~dpledger.sampling.PendingDraws`. The classes here seed each draw from a
+:class:`~dpledger.sampling.draws.PendingDraws`. The classes here seed each draw from a
 ``torch.Generator`` (:meth:`RecordedBatchSampler.host_rng`), whose state the checkpoints keep,
 and hand the indices to ``torch.utils.data`` as lists.
 """
@@ -37,9 +37,9 @@ from torch.utils.data import Sampler
 
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import SamplingEvent
-from dpledger.sampling import BatchScheme
 from dpledger.sampling.draws import Draw, PendingDraws
 from dpledger.sampling.index_draws import host_generator
+from dpledger.sampling.schemes import BatchScheme
 from dpledger.sampling.validation import check_population_size
 
 __all__ = ["EpochBatchSampler", "RecordedBatchSampler"]

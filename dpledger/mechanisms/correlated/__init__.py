@@ -20,76 +20,25 @@ Example:
     (10,)
 """
 
-from dpledger.mechanisms.correlated.noise import (
-    BandedNoise,
-    BltNoise,
-    CorrelatedNoise,
-    TreeNoise,
-    noise_for,
-)
-from dpledger.mechanisms.correlated.rebuild import strategy_matrix
-from dpledger.mechanisms.correlated.release import (
-    CorrelatedNoiseRelease,
-    count_bands,
-    release_event,
-)
+from dpledger.mechanisms.correlated.noise import noise_for
+from dpledger.mechanisms.correlated.release import CorrelatedNoiseRelease
 from dpledger.mechanisms.correlated.sensitivity import SensitivityResult, sensitivity
-from dpledger.mechanisms.correlated.spec import CorrelatedNoiseSpec, NoiseStrategy
+from dpledger.mechanisms.correlated.spec import CorrelatedNoiseSpec
 from dpledger.mechanisms.correlated.strategies import (
-    MatrixFactorization,
-    banded_toeplitz_factorization,
-    blt_factorization,
-    blt_prefix_error,
-    inverse_toeplitz_coefficients,
-    matrix_hash,
     optimize_banded_toeplitz,
     optimize_blt,
-    prefix_error,
-    prefix_sum_workload,
     tree_factorization,
-    tree_nodes,
 )
-from dpledger.mechanisms.correlated.verification import (
-    RecomputedRelease,
-    recompute_release,
-    verified_release,
-)
-from dpledger.sampling.participation import (
-    ParticipationKind,
-    ParticipationSchema,
-    count_patterns,
-)
+from dpledger.sampling.participation import ParticipationSchema
 
 __all__ = [
-    "BandedNoise",
-    "BltNoise",
-    "CorrelatedNoise",
     "CorrelatedNoiseRelease",
     "CorrelatedNoiseSpec",
-    "MatrixFactorization",
-    "NoiseStrategy",
-    "ParticipationKind",
     "ParticipationSchema",
-    "RecomputedRelease",
     "SensitivityResult",
-    "TreeNoise",
-    "banded_toeplitz_factorization",
-    "blt_factorization",
-    "blt_prefix_error",
-    "count_bands",
-    "count_patterns",
-    "inverse_toeplitz_coefficients",
-    "matrix_hash",
     "noise_for",
     "optimize_banded_toeplitz",
     "optimize_blt",
-    "prefix_error",
-    "prefix_sum_workload",
-    "recompute_release",
-    "release_event",
     "sensitivity",
-    "strategy_matrix",
     "tree_factorization",
-    "tree_nodes",
-    "verified_release",
 ]

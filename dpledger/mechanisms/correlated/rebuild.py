@@ -4,8 +4,9 @@ A ``correlated_release`` line records the strategy's kind and parameters
 (:attr:`~dpledger.mechanisms.correlated.MatrixFactorization.params`), which determine C.
 :func:`strategy_matrix` rebuilds C from them alone, with the constructors' own code
 (:mod:`.strategies`), so that the numbers a release derives from C can be recomputed when it is
-replayed (:mod:`.verification`), and :func:`~dpledger.mechanisms.correlated.release_event` can
-refuse a factorization whose parameters do not determine its C.
+replayed (:mod:`.verification`), and
+:func:`~dpledger.mechanisms.correlated.release.release_event` can refuse a factorization whose
+parameters do not determine its C.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def release_event(
 
     Raises:
         InvalidParameterError: T differs, the factorization's kind and parameters do not
-            rebuild its C (:func:`~dpledger.mechanisms.correlated.strategy_matrix`: the
+            rebuild its C (:func:`~dpledger.mechanisms.correlated.rebuild.strategy_matrix`: the
             accountants check the recorded sensitivity on it), or amplification was asked for
             a strategy or schema it does not hold for.
     """
@@ -204,8 +204,8 @@ class CorrelatedNoiseRelease:
         The sum of n records clipped to S has L2 norm at most n·S (triangle inequality); a
         sum beyond it (with the float64 rounding margin of
         :func:`~dpledger.mechanisms.clipping.rounding_clip_margin`) is refused with
-        :class:`~dpledger.mechanisms.SensitivityCheckError` before the step's noise is drawn, so
-        nothing is released for it.
+        :class:`~dpledger.mechanisms.sum_query.SensitivityCheckError` before the step's noise is
+        drawn, so nothing is released for it.
 
         Args:
             records: shape (n, d), one contribution per record, in float64.

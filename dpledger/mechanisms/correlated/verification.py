@@ -6,11 +6,11 @@ sensitivity sens(C) under the participation schema, max_j ‖C_j‖, the number 
 amplification) and C's hash. The accountants compute ε from the derived numbers, so a ledger
 written by a version with a bug in them, or edited and re-hashed, would carry a wrong (too
 small) sensitivity into ε. Before any accountant uses a release, :func:`verified_release`
-rebuilds C from the parameters (:func:`~dpledger.mechanisms.correlated.strategy_matrix`, the
+rebuilds C from the parameters (:func:`~dpledger.mechanisms.correlated.rebuild.strategy_matrix`, the
 constructors' own code), recomputes every derived number with the code that computed it when
 the release was made (:func:`~dpledger.mechanisms.correlated.sensitivity`,
-:func:`~dpledger.mechanisms.correlated.count_bands`), and refuses the release with
-:class:`~dpledger.ledger.ReleaseMismatchError` when a recorded number differs from its
+:func:`~dpledger.mechanisms.correlated.release.count_bands`), and refuses the release with
+:class:`~dpledger.ledger.correlated.ReleaseMismatchError` when a recorded number differs from its
 recomputation beyond floating-point rounding (:data:`RELATIVE_TOLERANCE`).
 
 Cost: rebuilding C and its Gram matrix is what recording the release cost, O(T²) memory; a
@@ -59,7 +59,8 @@ class RecomputedRelease:
         sensitivity_exact: whether ``sensitivity`` is the maximum (not an upper bound).
         max_column_norm: max_j ‖C_j‖.
         bands: the number of bands of C for an amplified release; None otherwise.
-        strategy_hash: :func:`~dpledger.mechanisms.correlated.matrix_hash` of the rebuilt C.
+        strategy_hash: :func:`~dpledger.mechanisms.correlated.strategies.matrix_hash` of the
+            rebuilt C.
     """
 
     sensitivity: float

@@ -19,7 +19,7 @@ import keras
 import numpy as np
 
 from dpledger import PrivacyLedger
-from dpledger.adapters.tensorflow import DPKerasModel, PoissonSampler
+from dpledger.adapters.tensorflow import DPKerasModel, PoissonDatasetSampler
 
 
 class SaveThenKill(keras.callbacks.Callback):
@@ -41,7 +41,7 @@ def main(ledger_path: str, weights_path: str, steps: int) -> None:
     x = rng.normal(size=(40, 3)).astype(np.float32)
     y = rng.integers(0, 2, 40).astype(np.int32)
     inner = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    sampler = PoissonSampler(population_size=40, sampling_probability=0.1, seed=1)
+    sampler = PoissonDatasetSampler(population_size=40, sampling_probability=0.1, seed=1)
     model = DPKerasModel(
         inner,
         l2_norm_bound=1.0,

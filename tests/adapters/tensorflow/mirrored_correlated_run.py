@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 
 from dpledger import PrivacyLedger  # noqa: E402
 from dpledger.adapters.tensorflow import CyclicDatasetSampler, DPKerasModel  # noqa: E402
-from dpledger.ledger import StreamStepEvent  # noqa: E402
+from dpledger.ledger.correlated import StreamStepEvent  # noqa: E402
 from dpledger.mechanisms.correlated import CorrelatedNoiseSpec  # noqa: E402
 
 N, PERIOD, T = 12, 2, 4

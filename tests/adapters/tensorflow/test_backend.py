@@ -10,15 +10,10 @@ import tensorflow as tf
 from scipy import stats
 
 from dpledger import PrivacyLedger
-from dpledger.adapters.tensorflow import TensorFlowBackend, make_generator
+from dpledger.adapters.tensorflow.backend import TensorFlowBackend, make_generator
 from dpledger.errors import InvalidParameterError
-from dpledger.mechanisms import (
-    ArrayBackend,
-    GaussianSumQuery,
-    NumpyBackend,
-    ScaledGaussianSumQuery,
-    sampled_step,
-)
+from dpledger.mechanisms import ArrayBackend, GaussianSumQuery, ScaledGaussianSumQuery, sampled_step
+from dpledger.mechanisms.backend import NumpyBackend
 
 BE = TensorFlowBackend()
 NP = NumpyBackend()

@@ -7,12 +7,8 @@ import numpy as np
 import pytest
 
 from dpledger import DPConfig, PrivacyLedger
-from dpledger.adapters.tensorflow import (
-    DPKerasModel,
-    PoissonDatasetSampler,
-    PrivateGradients,
-    gradient_queries,
-)
+from dpledger.adapters.tensorflow import DPKerasModel, PoissonDatasetSampler, PrivateGradients
+from dpledger.adapters.tensorflow.dp_step import gradient_queries
 from dpledger.errors import InvalidParameterError
 
 

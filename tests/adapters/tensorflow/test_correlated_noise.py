@@ -29,10 +29,6 @@ from dpledger.accountants.base import make_accountant
 from dpledger.adapters.tensorflow import (
     CyclicDatasetSampler,
     DPKerasModel,
-    LedgerNotAttachedError,
-    NoiseSeedReuseError,
-    NoiseStreamEndError,
-    NoiseStreamRollbackError,
     PoissonDatasetSampler,
     PrivateGradients,
 )
@@ -41,10 +37,20 @@ from dpledger.adapters.tensorflow.correlated_step import (
     state_from_json,
     state_to_json,
 )
-from dpledger.errors import InvalidParameterError, LedgerStateError, SamplerMismatchError
-from dpledger.ledger import StreamStepEvent
-from dpledger.mechanisms import SensitivityCheckError
+from dpledger.errors import (
+    InvalidParameterError,
+    LedgerNotAttachedError,
+    LedgerStateError,
+    NoiseStreamEndError,
+    SamplerMismatchError,
+)
+from dpledger.ledger.correlated import (
+    NoiseSeedReuseError,
+    NoiseStreamRollbackError,
+    StreamStepEvent,
+)
 from dpledger.mechanisms.correlated import CorrelatedNoiseSpec, noise_for
+from dpledger.mechanisms.sum_query import SensitivityCheckError
 from tests.gdp_oracle import gaussian_epsilon
 
 N, PERIOD, T, SEED, S, Z, LR = 40, 4, 8, 11, 1.0, 2.0, 0.5

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow import PerExampleGradientEngine, registered_layer_types
+from dpledger.adapters.tensorflow import PerExampleGradientEngine
+from dpledger.adapters.tensorflow.registry import registered_layer_types
 from tests.adapters.tensorflow.helpers import (
     assert_close,
     per_example_gradients,

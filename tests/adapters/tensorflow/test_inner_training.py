@@ -10,11 +10,8 @@ import keras
 import numpy as np
 import pytest
 
-from dpledger.adapters.tensorflow import (
-    DPKerasModel,
-    PoissonDatasetSampler,
-    UnrecordedTrainingWarning,
-)
+from dpledger.adapters.tensorflow import DPKerasModel, PoissonDatasetSampler
+from dpledger.errors import UnrecordedTrainingWarning
 
 N = 16
 

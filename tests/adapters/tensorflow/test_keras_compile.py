@@ -6,7 +6,8 @@ import keras
 import numpy as np
 import pytest
 
-from dpledger.adapters.tensorflow import DPKerasModel, NotCompiledError
+from dpledger.adapters.tensorflow import DPKerasModel
+from dpledger.errors import NotCompiledError
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 

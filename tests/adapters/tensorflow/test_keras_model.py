@@ -12,15 +12,18 @@ import tensorflow as tf
 from dpledger import PrivacyLedger
 from dpledger.adapters.tensorflow import (
     DPKerasModel,
-    PerExampleLossError,
     PoissonDatasetSampler,
-    RecordMixingLayerError,
     ShuffleDatasetSampler,
-    UnsupportedLayerError,
     make_private,
 )
 from dpledger.checks.keras_step import assert_dp_sgd_correct
-from dpledger.errors import InvalidParameterError, SamplerMismatchError
+from dpledger.errors import (
+    InvalidParameterError,
+    PerExampleLossError,
+    RecordMixingLayerError,
+    SamplerMismatchError,
+    UnsupportedLayerError,
+)
 from tests.checks.keras_steps import keras_mlp
 
 HUGE = 1e30

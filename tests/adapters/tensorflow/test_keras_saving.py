@@ -14,13 +14,7 @@ import numpy as np
 import pytest
 
 from dpledger import PrivacyLedger
-from dpledger.adapters.tensorflow import (
-    DPKerasModel,
-    LedgerNotAttachedError,
-    PoissonDatasetSampler,
-    ShuffleDatasetSampler,
-    UnrecordedTrainingWarning,
-)
+from dpledger.adapters.tensorflow import DPKerasModel, PoissonDatasetSampler, ShuffleDatasetSampler
 from dpledger.adapters.tensorflow.model_saving import (
     RecordedSampling,
     config_from_json,
@@ -28,7 +22,7 @@ from dpledger.adapters.tensorflow.model_saving import (
     event_from_json,
     event_to_json,
 )
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import InvalidParameterError, LedgerNotAttachedError, UnrecordedTrainingWarning
 from dpledger.ledger import SamplingEvent
 from dpledger.mechanisms import AutomaticClipping, DPConfig, FlatClipping, GaussianSumQuery
 

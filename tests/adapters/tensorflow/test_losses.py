@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow import PerExampleLoss, PerExampleLossError, per_example_loss
-from dpledger.errors import DPLedgerError
+from dpledger.adapters.tensorflow import per_example_loss
+from dpledger.adapters.tensorflow.losses import PerExampleLoss
+from dpledger.errors import DPLedgerError, PerExampleLossError
 
 Y_TRUE = np.array([0, 2, 1], dtype=np.int32)
 LOGITS = np.array([[2.0, 0.5, -1.0], [0.1, 0.2, 3.0], [1.0, 1.0, 1.0]], dtype=np.float32)

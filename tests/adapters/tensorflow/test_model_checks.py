@@ -7,14 +7,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow import (
-    DPKerasModel,
-    PerExampleGradientEngine,
-    PrivateGradients,
+from dpledger.adapters.tensorflow import DPKerasModel, PerExampleGradientEngine, PrivateGradients
+from dpledger.errors import (
+    DPLedgerError,
+    InvalidParameterError,
     RecordMixingLayerError,
     UnsupportedLayerError,
 )
-from dpledger.errors import DPLedgerError, InvalidParameterError
 from tests.adapters.tensorflow.helpers import assert_close, per_example_gradients, squared_norms
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")

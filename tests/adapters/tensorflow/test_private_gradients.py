@@ -11,15 +11,15 @@ import pytest
 import tensorflow as tf
 
 from dpledger import PrivacyLedger
-from dpledger.adapters.tensorflow import (
-    PerExampleLossError,
-    PrivateGradients,
-    RecordMixingLayerError,
-    default_clip_margin,
-    gradient_queries,
-)
+from dpledger.adapters.tensorflow import PrivateGradients
+from dpledger.adapters.tensorflow.dp_step import default_clip_margin, gradient_queries
 from dpledger.diagnostics.bias import clipping_bias
-from dpledger.errors import InvalidParameterError, LedgerStateError
+from dpledger.errors import (
+    InvalidParameterError,
+    LedgerStateError,
+    PerExampleLossError,
+    RecordMixingLayerError,
+)
 from dpledger.mechanisms import AutomaticClipping
 from tests.adapters.tensorflow.helpers import per_example_gradients
 from tests.adapters.tensorflow.test_engine import CASES, COVERED_TYPES

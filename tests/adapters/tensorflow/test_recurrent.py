@@ -21,10 +21,9 @@ from dpledger.adapters.tensorflow import (
     PerExampleGradientEngine,
     PoissonDatasetSampler,
     PrivateGradients,
-    RecordMixingLayerError,
-    UnsupportedLayerError,
-    default_clip_margin,
 )
+from dpledger.adapters.tensorflow.dp_step import default_clip_margin
+from dpledger.errors import RecordMixingLayerError, UnsupportedLayerError
 from tests.adapters.tensorflow.helpers import (
     assert_close,
     per_example_gradients,

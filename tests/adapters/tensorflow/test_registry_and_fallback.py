@@ -9,17 +9,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow import (
-    DenseRule,
-    LayerRule,
-    PerExampleGradientEngine,
-    UnsupportedLayerError,
+from dpledger.adapters.tensorflow import LayerRule, PerExampleGradientEngine, register_layer_rule
+from dpledger.adapters.tensorflow.layer_rules import DenseRule
+from dpledger.adapters.tensorflow.registry import (
     layer_rule,
-    register_layer_rule,
     registered_layer_types,
     unregister_layer_rule,
 )
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import InvalidParameterError, UnsupportedLayerError
 from tests.adapters.tensorflow.helpers import (
     assert_close,
     per_example_gradients,

@@ -14,10 +14,10 @@ from dpledger.adapters.tensorflow import (
     BallsInBinsDatasetSampler,
     FixedSizeDatasetSampler,
     PoissonDatasetSampler,
-    RecordedDatasetSampler,
     ShuffleDatasetSampler,
     TruncatedPoissonDatasetSampler,
 )
+from dpledger.adapters.tensorflow.sampler_base import RecordedDatasetSampler
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import SamplingEvent, SamplingScheme
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dpledger import PrivacyLedger
-from dpledger.adapters.tensorflow import DPKerasModel, PoissonSampler
+from dpledger.adapters.tensorflow import DPKerasModel, PoissonDatasetSampler
 from tests.killed_runs import run_until_killed
 
 HERE = Path(__file__).resolve().parent
@@ -40,7 +40,7 @@ def test_every_keras_step_is_in_the_file_when_it_ends(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(20, 3)).astype(np.float32), rng.integers(0, 2, 20).astype(np.int32)
     path = tmp_path / "run.dpl"
-    sampler = PoissonSampler(population_size=20, sampling_probability=0.2, seed=1)
+    sampler = PoissonDatasetSampler(population_size=20, sampling_probability=0.2, seed=1)
     model = DPKerasModel(
         keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]),
         l2_norm_bound=1.0,

@@ -13,14 +13,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
 from dpledger import PrivacyLedger
-from dpledger.adapters.torch import (
-    DistributedPoissonBatchSampler,
-    DPOptimizer,
-    EmptyBatchCollate,
-    PoissonBatchSampler,
-    RecordDependenceError,
-)
-from dpledger.errors import InvalidParameterError, SamplerMismatchError
+from dpledger.adapters.torch import DistributedPoissonBatchSampler, DPOptimizer, PoissonBatchSampler
+from dpledger.adapters.torch.poisson import EmptyBatchCollate
+from dpledger.errors import InvalidParameterError, RecordDependenceError, SamplerMismatchError
 from tests.adapters.torch.dp_helpers import batch, small_cnn
 
 N, Q, STEPS, SEED, NOISE_SEED = 40, 0.25, 3, 3, 7

@@ -11,15 +11,14 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from dpledger import PrivacyLedger
-from dpledger.adapters.torch import (
-    DPOptimizer,
+from dpledger.adapters.torch import DPOptimizer, PerExampleGradientEngine, make_private
+from dpledger.errors import (
     EngineStateError,
-    PerExampleGradientEngine,
+    LedgerLockedError,
+    LedgerStateError,
     RecordDependenceError,
     UnsupportedParameterUseError,
-    make_private,
 )
-from dpledger.errors import LedgerLockedError, LedgerStateError
 
 
 def _wrap(model, ledger=None, **kwargs):

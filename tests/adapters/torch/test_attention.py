@@ -9,11 +9,9 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from dpledger.adapters.torch import (
-    PerExampleGradientEngine,
-    UnsupportedLayerError,
-)
+from dpledger.adapters.torch import PerExampleGradientEngine
 from dpledger.adapters.torch.layer_rules.attention import attention_prefers_per_example
+from dpledger.errors import UnsupportedLayerError
 from tests.adapters.torch.dp_helpers import assert_dp_step_equals_clipped_loop
 from tests.adapters.torch.reference import (
     DEVICES,

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from dpledger import PrivacyLedger
-from dpledger.adapters.torch import TorchBackend
+from dpledger.adapters.torch.backend import TorchBackend
 from dpledger.errors import InvalidParameterError
-from dpledger.mechanisms import ArrayBackend, GaussianSumQuery, NumpyBackend, ScaledGaussianSumQuery
+from dpledger.mechanisms import ArrayBackend, GaussianSumQuery, ScaledGaussianSumQuery
+from dpledger.mechanisms.backend import NumpyBackend
 
 BE = TorchBackend()
 NP = NumpyBackend()

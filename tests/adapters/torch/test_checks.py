@@ -9,7 +9,8 @@ from torch import nn
 
 from dpledger import PrivacyLedger
 from dpledger.adapters.torch import DPOptimizer
-from dpledger.checks import CHECK_NAMES, Verdict
+from dpledger.checks import Verdict
+from dpledger.checks.checker import CHECK_NAMES
 from dpledger.checks.torch_step import assert_dp_sgd_correct, check_dp_optimizer
 
 pytestmark = pytest.mark.statistical

@@ -25,17 +25,24 @@ from dpledger.accountants import make_accountant
 from dpledger.adapters.torch import (
     CyclicBatchSampler,
     DPOptimizer,
-    NoiseSeedReuseError,
-    NoiseStreamEndError,
-    NoiseStreamRollbackError,
     PoissonBatchSampler,
     make_private,
     private_data_loader,
 )
-from dpledger.errors import InvalidParameterError, LedgerStateError, SamplerMismatchError
-from dpledger.ledger import PrivacyLedger, StreamStepEvent
-from dpledger.mechanisms import SensitivityCheckError
+from dpledger.errors import (
+    InvalidParameterError,
+    LedgerStateError,
+    NoiseStreamEndError,
+    SamplerMismatchError,
+)
+from dpledger.ledger import PrivacyLedger
+from dpledger.ledger.correlated import (
+    NoiseSeedReuseError,
+    NoiseStreamRollbackError,
+    StreamStepEvent,
+)
 from dpledger.mechanisms.correlated import CorrelatedNoiseSpec, noise_for
+from dpledger.mechanisms.sum_query import SensitivityCheckError
 from tests.adapters.torch.reference import DEVICES
 from tests.gdp_oracle import gaussian_epsilon
 

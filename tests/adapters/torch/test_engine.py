@@ -9,17 +9,17 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from dpledger.adapters.torch import (
+from dpledger.adapters.torch import PerExampleGradientEngine, register_layer_rule
+from dpledger.adapters.torch.functional_gradients import FunctionalPerExampleEngine
+from dpledger.adapters.torch.registry import unregister_layer_rule
+from dpledger.errors import (
+    DPLedgerError,
     EngineStateError,
-    FunctionalPerExampleEngine,
-    PerExampleGradientEngine,
+    InvalidParameterError,
     RecordMixingLayerError,
     UnsupportedLayerError,
     UnsupportedParameterUseError,
-    register_layer_rule,
-    unregister_layer_rule,
 )
-from dpledger.errors import DPLedgerError, InvalidParameterError
 from tests.adapters.torch.reference import (
     assert_close_dicts,
     loop_per_example_grads,

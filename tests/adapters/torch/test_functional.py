@@ -10,12 +10,9 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from dpledger.adapters.torch import (
-    EngineStateError,
-    FunctionalPerExampleEngine,
-    per_example_gradients,
-)
-from dpledger.errors import InvalidParameterError
+from dpledger.adapters.torch import per_example_gradients
+from dpledger.adapters.torch.functional_gradients import FunctionalPerExampleEngine
+from dpledger.errors import EngineStateError, InvalidParameterError
 from tests.adapters.torch.reference import (
     assert_close_dicts,
     loop_per_example_grads,

@@ -8,7 +8,8 @@ import torch.nn.functional as F  # noqa: N812
 from torch.utils.data import TensorDataset
 
 from dpledger import PrivacyLedger
-from dpledger.adapters.torch import EngineStateError, make_private
+from dpledger.adapters.torch import make_private
+from dpledger.errors import EngineStateError
 from tests.adapters.torch.dp_helpers import batch, clipped_sum, params_of, small_cnn
 
 DATA = TensorDataset(*batch(50, seed=6))

@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from dpledger.adapters.torch import PerExampleGradientEngine, registered_layer_types
+from dpledger.adapters.torch import PerExampleGradientEngine
 from dpledger.adapters.torch.layer_rules.conv import conv_norms
+from dpledger.adapters.torch.registry import registered_layer_types
 from dpledger.errors import InvalidParameterError
 from tests.adapters.torch.reference import (
     DEVICES,

@@ -16,13 +16,16 @@ from torch.utils.data import DataLoader, TensorDataset
 from dpledger import PrivacyLedger
 from dpledger.adapters.torch import (
     DPOptimizer,
-    EngineStateError,
     PoissonBatchSampler,
-    RecordMixingLayerError,
     make_private,
     poisson_data_loader,
 )
-from dpledger.errors import InvalidParameterError, LedgerStateError
+from dpledger.errors import (
+    EngineStateError,
+    InvalidParameterError,
+    LedgerStateError,
+    RecordMixingLayerError,
+)
 from dpledger.ledger import SamplingEvent, SumQueryEvent
 from tests.adapters.torch.dp_helpers import (
     batch,
@@ -564,7 +567,7 @@ def test_float32_rounding_never_lets_a_contribution_exceed_the_bound():
 
 
 def test_default_clip_margin_follows_the_computation_dtype():
-    from dpledger.mechanisms import rounding_clip_margin
+    from dpledger.mechanisms.clipping import rounding_clip_margin
 
     f32 = wrap(nn.Linear(3, 1))
     f64 = wrap(nn.Linear(3, 1).double())

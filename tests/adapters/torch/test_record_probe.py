@@ -12,17 +12,15 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from dpledger import PrivacyLedger
-from dpledger.adapters.torch import (
-    DPOptimizer,
+from dpledger.adapters.torch import DPOptimizer, make_private, probe_record_independence
+from dpledger.adapters.torch.record_probe import _changed_record_zero
+from dpledger.errors import (
+    InvalidParameterError,
     RecordDependenceError,
     RecordMixingLayerError,
     RecordProbeError,
     UnsupportedLayerError,
-    make_private,
-    probe_record_independence,
 )
-from dpledger.adapters.torch.record_probe import _changed_record_zero
-from dpledger.errors import InvalidParameterError
 
 B, D, C = 8, 6, 3
 

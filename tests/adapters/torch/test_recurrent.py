@@ -11,14 +11,9 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from dpledger import PrivacyLedger
-from dpledger.adapters.torch import (
-    DPOptimizer,
-    EngineStateError,
-    PerExampleGradientEngine,
-    UnsupportedLayerError,
-    make_private,
-)
+from dpledger.adapters.torch import DPOptimizer, PerExampleGradientEngine, make_private
 from dpledger.adapters.torch.layer_rules.recurrent import recurrent_prefers_per_example
+from dpledger.errors import EngineStateError, UnsupportedLayerError
 from tests.adapters.torch.dp_helpers import assert_dp_step_equals_clipped_loop
 from tests.adapters.torch.reference import (
     DEVICES,

@@ -29,12 +29,12 @@ from dpledger.adapters.torch import (
     DPOptimizer,
     FixedSizeBatchSampler,
     PoissonBatchSampler,
-    RecordedBatchSampler,
     ShuffleBatchSampler,
     TruncatedPoissonBatchSampler,
     make_private,
     private_data_loader,
 )
+from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.errors import InvalidParameterError, SamplerMismatchError
 from dpledger.ledger import SamplingEvent, SamplingScheme
 from tests.adapters.torch.reference import DEVICES

@@ -24,8 +24,8 @@ from dpledger.adapters.torch import (
     UserPoissonBatchSampler,
     make_private,
     private_data_loader,
-    virtual_batches,
 )
+from dpledger.adapters.torch.virtual_batches import virtual_batches
 from dpledger.errors import InvalidParameterError, SamplerMismatchError, UnsupportedSamplingError
 from dpledger.ledger import PrivacyUnit, SamplingEvent, SamplingScheme
 from tests.adapters.torch.reference import DEVICES

@@ -8,15 +8,9 @@ import torch.nn.functional as F  # noqa: N812
 from torch.utils.data import TensorDataset
 
 from dpledger import PrivacyLedger
-from dpledger.adapters.torch import (
-    DPOptimizer,
-    EngineStateError,
-    make_private,
-    poisson_data_loader,
-    split_batch,
-    virtual_batches,
-)
-from dpledger.errors import InvalidParameterError
+from dpledger.adapters.torch import DPOptimizer, make_private, poisson_data_loader
+from dpledger.adapters.torch.virtual_batches import split_batch, virtual_batches
+from dpledger.errors import EngineStateError, InvalidParameterError
 from tests.adapters.torch.dp_helpers import batch, small_cnn
 from tests.adapters.torch.reference import DEVICES
 

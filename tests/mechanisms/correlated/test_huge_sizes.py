@@ -22,20 +22,22 @@ from hypothesis import strategies as st
 
 from dpledger.errors import ComputationBudgetError, InvalidParameterError
 from dpledger.mechanisms.correlated import (
-    BandedNoise,
     ParticipationSchema,
-    blt_factorization,
-    blt_prefix_error,
-    count_patterns,
-    inverse_toeplitz_coefficients,
     noise_for,
     optimize_banded_toeplitz,
     optimize_blt,
-    prefix_error,
-    prefix_sum_workload,
     tree_factorization,
 )
-from dpledger.mechanisms.correlated.strategies import MAX_MATRIX_BYTES
+from dpledger.mechanisms.correlated.noise import BandedNoise
+from dpledger.mechanisms.correlated.strategies import (
+    MAX_MATRIX_BYTES,
+    blt_factorization,
+    blt_prefix_error,
+    inverse_toeplitz_coefficients,
+    prefix_error,
+    prefix_sum_workload,
+)
+from dpledger.sampling.participation import count_patterns
 
 # T from just past the 1 GiB budget of any of these computations to far past int64 and float64
 HUGE_T = st.integers(min_value=10**10, max_value=2**1100)

@@ -11,13 +11,9 @@ import numpy as np
 import pytest
 
 from dpledger.errors import InvalidParameterError, LedgerStateError
-from dpledger.mechanisms.correlated import (
-    BandedNoise,
-    blt_factorization,
-    noise_for,
-    optimize_banded_toeplitz,
-    tree_factorization,
-)
+from dpledger.mechanisms.correlated import noise_for, optimize_banded_toeplitz, tree_factorization
+from dpledger.mechanisms.correlated.noise import BandedNoise
+from dpledger.mechanisms.correlated.strategies import blt_factorization
 
 
 def stream(gen, steps: int) -> np.ndarray:  # type: ignore[no-untyped-def]

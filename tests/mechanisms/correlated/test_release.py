@@ -13,16 +13,16 @@ import pytest
 
 from dpledger import PrivacyLedger
 from dpledger.errors import InvalidParameterError
-from dpledger.mechanisms import SensitivityCheckError
 from dpledger.mechanisms.correlated import (
     CorrelatedNoiseRelease,
     ParticipationSchema,
-    count_bands,
-    matrix_hash,
     noise_for,
     optimize_banded_toeplitz,
     tree_factorization,
 )
+from dpledger.mechanisms.correlated.release import count_bands
+from dpledger.mechanisms.correlated.strategies import matrix_hash
+from dpledger.mechanisms.sum_query import SensitivityCheckError
 
 
 def make(ledger: PrivacyLedger, **kwargs):  # type: ignore[no-untyped-def]
@@ -95,7 +95,7 @@ def test_each_step_is_recorded_before_its_noise_and_a_given_seed_is_not_reused()
     """A stream step is recorded for every noise vector handed out (release or next_noise);
     a second release in the same ledger is refused with a given seed (its noise could repeat
     the first one's) and taken with a fresh one (seed=None)."""
-    from dpledger.ledger import NoiseSeedReuseError, StreamStepEvent
+    from dpledger.ledger.correlated import NoiseSeedReuseError, StreamStepEvent
 
     led = PrivacyLedger()
     fact, rel = make(led)

@@ -21,13 +21,15 @@ from hypothesis import strategies as st
 from dpledger.errors import InvalidParameterError
 from dpledger.mechanisms.correlated import (
     ParticipationSchema,
-    banded_toeplitz_factorization,
-    blt_factorization,
-    count_patterns,
     optimize_banded_toeplitz,
     sensitivity,
     tree_factorization,
 )
+from dpledger.mechanisms.correlated.strategies import (
+    banded_toeplitz_factorization,
+    blt_factorization,
+)
+from dpledger.sampling.participation import count_patterns
 
 
 def allowed(support: tuple[int, ...], schema: ParticipationSchema) -> bool:

@@ -13,13 +13,13 @@ import pytest
 from dpledger.errors import InvalidParameterError
 from dpledger.mechanisms.correlated import (
     CorrelatedNoiseSpec,
-    NoiseStrategy,
     ParticipationSchema,
     optimize_banded_toeplitz,
     optimize_blt,
-    release_event,
     tree_factorization,
 )
+from dpledger.mechanisms.correlated.release import release_event
+from dpledger.mechanisms.correlated.spec import NoiseStrategy
 
 
 @pytest.mark.parametrize(

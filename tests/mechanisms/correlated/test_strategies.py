@@ -12,18 +12,17 @@ import numpy as np
 import pytest
 
 from dpledger.errors import InvalidParameterError
-from dpledger.mechanisms.correlated import (
+from dpledger.mechanisms.correlated import optimize_banded_toeplitz, tree_factorization
+from dpledger.mechanisms.correlated.strategies import (
+    _optimized,
     banded_toeplitz_factorization,
     blt_factorization,
     inverse_toeplitz_coefficients,
     matrix_hash,
-    optimize_banded_toeplitz,
     prefix_error,
     prefix_sum_workload,
-    tree_factorization,
     tree_nodes,
 )
-from dpledger.mechanisms.correlated.strategies import _optimized
 
 
 @pytest.mark.parametrize("num_steps", [1, 2, 7, 16, 21])
@@ -149,7 +148,7 @@ def test_bad_inputs() -> None:
 
 def test_a_decoder_that_is_not_a_factorization_is_refused() -> None:
     """Reference: B·C = A fails when one entry of B is changed (checked on random vectors)."""
-    from dpledger.mechanisms.correlated import MatrixFactorization
+    from dpledger.mechanisms.correlated.strategies import MatrixFactorization
 
     f = tree_factorization(8)
     bad = f.decoder.copy()
@@ -164,7 +163,8 @@ def test_blt_optimisation_beats_its_start_and_dp_sgd_and_streams_exactly() -> No
     """References: the objective at the documented start (θ_i spread towards 1,
     ω_i = −(1 − θ_i)/(2·buffers)) and DP-SGD's error T(T + 1)/2; the objective against explicit
     matrices (‖A·C⁻¹‖_F² · max_j ‖C_j‖²); the stream against ``numpy.linalg.solve(C, Z)``."""
-    from dpledger.mechanisms.correlated import blt_prefix_error, noise_for, optimize_blt
+    from dpledger.mechanisms.correlated import noise_for, optimize_blt
+    from dpledger.mechanisms.correlated.strategies import blt_prefix_error
 
     t, n = 128, 3
     fact = optimize_blt(num_steps=t, buffers=n)
@@ -195,7 +195,8 @@ def test_blt_optimisation_keeps_every_decay_below_one(t: int, n: int) -> None:
     """Regression: at T = 31 with 4 buffers the optimiser drove a decay's logit so high that the
     logistic rounded to exactly 1.0 and ``blt_factorization`` refused it. Reference: the
     objective at the documented start (the result may not be worse) and θ_i < 1 for every i."""
-    from dpledger.mechanisms.correlated import blt_prefix_error, optimize_blt
+    from dpledger.mechanisms.correlated import optimize_blt
+    from dpledger.mechanisms.correlated.strategies import blt_prefix_error
 
     fact = optimize_blt(num_steps=t, buffers=n)
     theta = fact.params["theta"]
