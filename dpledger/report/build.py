@@ -447,6 +447,8 @@ def _account(name: str, comp: CompressedLedger, delta: float) -> AccountantRow:
         kind_label=KIND_LABELS[result.kind.value],
         lower=result.lower,
         upper=result.upper,
+        upper_confidence=result.upper_confidence,
+        confidence=result.confidence,
         seconds=result.seconds,
         warnings=tuple(result.warnings),
     )

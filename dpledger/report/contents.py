@@ -67,6 +67,10 @@ class AccountantRow:
         kind_label: the kind in words.
         lower: a certified lower bound on ε, when the method has one.
         upper: a certified upper bound on ε, when the method has one.
+        upper_confidence: a Monte-Carlo upper bound on ε that holds with probability
+            ``confidence`` over the method's random draws (``balls_in_bins``): NOT certified,
+            so never shown as ``upper`` nor as the claim.
+        confidence: the probability ``upper_confidence`` holds with (None without one).
         seconds: time the computation took.
         warnings: the accountant's warnings.
         refused: why the accountant refused the ledger (None when it answered).
@@ -81,6 +85,8 @@ class AccountantRow:
     kind_label: str | None
     lower: float | None = None
     upper: float | None = None
+    upper_confidence: float | None = None
+    confidence: float | None = None
     seconds: float | None = None
     warnings: tuple[str, ...] = ()
     refused: str | None = None

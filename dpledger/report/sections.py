@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from dpledger.accountants.display import format_rounded
 from dpledger.report.contents import PrivacyReport
 
-__all__ = ["Section", "Table", "report_sections", "shown_epsilon", "title_of"]
+__all__ = [
+    "Section",
+    "Table",
+    "monte_carlo_label",
+    "report_sections",
+    "shown_epsilon",
+    "title_of",
+]
 
 
 @dataclass(frozen=True)
@@ -296,6 +303,7 @@ def _accountants(report: PrivacyReport) -> Section:
         Table(("accountant", "ε", "what it is", "certified lower", "certified upper", "seconds"),
               tuple(rows))
     ]  # fmt: skip
+    tables += _monte_carlo_tables(report)
     if refused:
         tables.append(Table(("accountant", "refused because"), refused))
     notes = tuple(f"{r.accountant}: warning: {w}" for r in report.accountants for w in r.warnings)
@@ -310,6 +318,26 @@ def _accountants(report: PrivacyReport) -> Section:
         tables=tuple(tables),
         notes=notes,
     )
+
+
+def monte_carlo_label(confidence: float) -> str:
+    """The words a Monte-Carlo upper bound is shown under: it holds only with ``confidence``
+    over the method's random draws, so it is never a certified bound."""
+    return f"Monte-Carlo bound (not certified, probability {confidence:g} over the random draws)"
+
+
+def _monte_carlo_tables(report: PrivacyReport) -> list[Table]:
+    """The Monte-Carlo upper bounds (``balls_in_bins``), in a table of their own, one per
+    confidence: never in the certified columns, never the claim."""
+    by_confidence: dict[float, list[tuple[str, str]]] = {}
+    for r in report.answered:
+        if r.upper_confidence is not None and r.confidence is not None:
+            shown = format_rounded(r.upper_confidence, "up")
+            by_confidence.setdefault(r.confidence, []).append((r.accountant, shown))
+    return [
+        Table(("accountant", monte_carlo_label(c)), tuple(rows))
+        for c, rows in by_confidence.items()
+    ]
 
 
 def _tradeoff(report: PrivacyReport) -> Section:

@@ -154,6 +154,7 @@ def test_json_keys_are_stable(report: PrivacyReport) -> None:
     ]
     assert sorted(data["accountants"][0]) == [
         "accountant",
+        "confidence",
         "curve",
         "curve_unavailable",
         "epsilon",
@@ -163,6 +164,7 @@ def test_json_keys_are_stable(report: PrivacyReport) -> None:
         "refused",
         "seconds",
         "upper",
+        "upper_confidence",
         "warnings",
     ]
 
