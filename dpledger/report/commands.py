@@ -248,6 +248,7 @@ def _report(args: argparse.Namespace) -> int:
     verification = verification_of(args.ledger, ledger, notes, expect_head=args.expect_head)
     print_warnings("report", list(verification.warnings))
     report = report_of_ledger(args.ledger, ledger, notes, **common)
+    print_warnings("report", list(report.findings))
     _write(report, outputs, args)
     if report.verification.head_matches is False:
         return 1

@@ -153,6 +153,18 @@ class PrivacyReport:
         accountants: the accountants' answers and refusals, in the order asked for.
         tradeoff: the hypothesis-testing view.
         audit: an audit's lower bound, or None.
+        population_sizes: the distinct population sizes n the sampling events record (None
+            for one not recorded).
+        intent: the run's intent from the header's metadata, or None when not recorded.
+        intent_text: the intent on one line, or ``"not recorded"``.
+        generated: when the report was generated (UTC, ISO 8601).
+        findings: what ``dpledger epsilon`` warns about besides the file's verification, one
+            sentence each, shown before any number: δ ≥ 1/n, a shuffle gap that proves the
+            Poisson ε wrong (:mod:`dpledger.report.findings`).
+        sampling_notes: what the ledger's sampling means for its ε (``epsilon``'s
+            ``sampling:`` lines; empty for a Poisson ledger).
+        shuffle_gap: the shuffle gap's numbers (relation, Poisson ε, lower bound, whether it
+            refutes the Poisson ε) for a shuffled ledger, else None.
     """
 
     delta: float
@@ -165,6 +177,13 @@ class PrivacyReport:
     accountants: tuple[AccountantRow, ...] = ()
     tradeoff: TradeoffView | None = None
     audit: AuditClaim | None = None
+    population_sizes: tuple[int | None, ...] = ()
+    intent: dict[str, Any] | None = None
+    intent_text: str = "not recorded"
+    generated: str | None = None
+    findings: tuple[str, ...] = ()
+    sampling_notes: tuple[str, ...] = ()
+    shuffle_gap: dict[str, Any] | None = None
 
     @property
     def answered(self) -> tuple[AccountantRow, ...]:

@@ -87,8 +87,11 @@ def report_sections(report: PrivacyReport) -> list[Section]:
                         ("written by", f"dpledger {report.header.get('library_version', '-')}"),
                         ("file format version", str(report.header.get("format_version", "-"))),
                         ("metadata", json.dumps(report.header.get("metadata", {}), sort_keys=True)),
+                        ("intent", report.intent_text),
+                        ("records (n)", _population(report)),
                         ("steps", str(v.num_steps)),
                         ("events", str(v.num_events)),
+                        ("report generated", report.generated or "-"),
                     ),
                 ),
             ),
@@ -173,15 +176,41 @@ def _summary(report: PrivacyReport) -> Section:
             f"{best.accountant} accountant (the smallest upper bound of the accountants below)."
         )
     paragraphs = [text]
+    gap = report.shuffle_gap
+    if gap is not None and gap["refutes_poisson"]:
+        paragraphs.append(
+            f"The Poisson ε ({format_rounded(gap['poisson_epsilon'], 'up', digits=4)} under "
+            f"{gap['relation'].replace('_', '-')}) is not valid for this run: its batches were "
+            f"shuffled, and this run's ε is at least "
+            f"{format_rounded(gap['lower_bound'], 'down', digits=4)} (Chua et al. lower bound)."
+        )
     view = report.tradeoff
     if view is not None and view.tpr_at_fpr:
-        rates = "; ".join(
-            f"at FPR {a:g}, TPR ≤ {format_rounded(t, 'up', digits=4)}" for a, t in view.tpr_at_fpr
-        )
-        paragraphs.append(f"Best membership attacker ({view.accountant}, upper bound): {rates}.")
+        shown = [(a, format_rounded(t, "up", digits=4)) for a, t in view.tpr_at_fpr]
+        rates = "; ".join(f"at FPR {a:g}, TPR ≤ {t}" for a, t in shown)
+        line = f"Best membership attacker ({view.accountant}, upper bound): {rates}."
+        if any(float(t) >= 1.0 for _, t in shown):
+            line += (
+                " A bound of TPR ≤ 1 rules out no attacker: as far as this accounting can "
+                "say, the record may be identified with certainty"
+            )
+            line += (
+                " (no amplification by this ledger's sampling is certified)."
+                if report.sampling_notes
+                else "."
+            )
+        paragraphs.append(line)
     if not report.verification.ok:
         paragraphs.insert(0, "This claim is about the steps the file holds: see Verification.")
-    return Section(key="summary", title="Summary", paragraphs=tuple(paragraphs))
+    return Section(
+        key="summary", title="Summary", alerts=report.findings, paragraphs=tuple(paragraphs)
+    )
+
+
+def _population(report: PrivacyReport) -> str:
+    """The population sizes n the sampling events record, or "not recorded"."""
+    sizes = [("not recorded" if n is None else str(n)) for n in report.population_sizes]
+    return ", ".join(sizes) or "not recorded"
 
 
 def _mechanism(report: PrivacyReport) -> Section:
@@ -230,6 +259,7 @@ def _mechanism(report: PrivacyReport) -> Section:
         "step's effective noise multiplier is z_eff = (Σ (C/σ̃)²)^(-1/2). Runs are "
         "consecutive steps with identical sampling and z_eff.",
     )
+    paragraphs += tuple(f"Sampling: {n}" for n in report.sampling_notes)
     tables: tuple[Table, ...] = (samplers, queries, runs)
     if report.correlated_releases:
         paragraphs += (
