@@ -27,7 +27,8 @@ class Verification:
         altered: a line fails verification (the file was changed); no number is reported.
         first_bad_line: the first line that fails or is cut short, or None.
         reason: why that line fails, or None.
-        closed: the verified lines end with a close marker.
+        closed: the verified lines end with a close marker; None when it was not checked
+            (the file was altered: verification stopped at :attr:`first_bad_line`).
         head_hash: hash of the last verified line (None when the file was altered).
         expected_head: the ``--expect-head`` value, or None.
         head_matches: whether the head equals ``expected_head`` (None when none was given).
@@ -42,7 +43,7 @@ class Verification:
     altered: bool
     first_bad_line: int | None
     reason: str | None
-    closed: bool
+    closed: bool | None
     head_hash: str | None
     expected_head: str | None
     head_matches: bool | None
@@ -53,7 +54,7 @@ class Verification:
     @property
     def ok(self) -> bool:
         """Intact, closed, and the head as expected (when given)."""
-        return self.intact and self.closed and self.head_matches is not False
+        return self.intact and self.closed is True and self.head_matches is not False
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from dpledger.accountants.display import format_rounded
-from dpledger.report.contents import PrivacyReport
+from dpledger.report.contents import PrivacyReport, Verification
 
 __all__ = [
     "Section",
@@ -138,7 +138,7 @@ def _verification(report: PrivacyReport) -> Section:
         ("file", v.path),
         ("hash chain", status),
         ("first bad line", "-" if v.first_bad_line is None else str(v.first_bad_line)),
-        ("closed", "yes" if v.closed else "NO (no close marker)"),
+        ("closed", _closed(v)),
         ("head hash", v.head_hash or "-"),
         ("expected head", head),
     )
@@ -154,6 +154,15 @@ def _verification(report: PrivacyReport) -> Section:
         tables=(Table(("check", "result"), rows),),
         paragraphs=() if v.altered else (verdict,),
     )
+
+
+def _closed(v: Verification) -> str:
+    """Whether the file ends with a close marker, or that it was not checked (verification
+    stopped at an altered line, so nothing after it, the close marker included, is known)."""
+    if v.closed is None:
+        line = "" if v.first_bad_line is None else f" at line {v.first_bad_line}"
+        return f"not checked (verification stopped{line})"
+    return "yes" if v.closed else "NO (no close marker)"
 
 
 def _summary(report: PrivacyReport) -> Section:
