@@ -25,6 +25,7 @@ from dpledger.ledger.verify import verify_ledger
 
 __all__ = [
     "add_ledger_checks",
+    "intent_text",
     "load_for_command",
     "one_line",
     "print_warnings",
@@ -243,7 +244,7 @@ def _info(args: argparse.Namespace) -> int:
     print(f"neighboring   {header.neighboring.value}")
     print(f"metadata      {json.dumps(header.metadata, sort_keys=True)}")
     if intent is not None:
-        print(f"intent        {_intent_text(intent)}")
+        print(f"intent        {intent_text(intent)}")
     print(f"steps         {ledger.num_steps}")
     print(f"events        {ledger.num_events}")
     print(f"closed        {'yes' if ledger.closed_cleanly else 'no'}")
@@ -302,8 +303,14 @@ def _g(x: Any) -> str:
     return str(x)
 
 
-def _intent_text(intent: dict[str, Any]) -> str:
-    """The run's intent on one line: the target, the calibration, the population, versions."""
+def intent_text(intent: dict[str, Any]) -> str:
+    """The run's intent on one line: the target, the calibration, the population, versions
+    (as ``dpledger info`` and ``dpledger report`` show it).
+
+    Args:
+        intent: the intent stored in a ledger's header
+            (:func:`~dpledger.ledger.intent.intent_of`).
+    """
     parts = []
     if "target_epsilon" in intent:
         parts.append(f"target ε = {_g(intent['target_epsilon'])} at δ = {_g(intent.get('delta'))}")

@@ -28,7 +28,8 @@ class VerificationReport:
         reason: why that line fails, or None.
         num_events: events in the verified prefix.
         num_steps: steps in the verified prefix.
-        closed: True when the verified prefix ends with a close marker. A ledger whose last
+        closed: True when the verified prefix ends with a close marker, None when it was not
+            checked (a line fails verification: nothing after it is known). A ledger whose last
             lines were deleted looks like one whose writer crashed: compare :attr:`head_hash`
             with a published value to rule that out.
         head_hash: hash of the last verified line (None when a line fails verification).
@@ -42,7 +43,7 @@ class VerificationReport:
     reason: str | None
     num_events: int
     num_steps: int
-    closed: bool
+    closed: bool | None
     head_hash: str | None
     ok: bool = True
     problems: tuple[str, ...] = ()
@@ -63,7 +64,7 @@ def _altered_report(path: str, exc: LedgerVerificationError) -> VerificationRepo
         reason=exc.reason,
         num_events=0,
         num_steps=0,
-        closed=False,
+        closed=None,  # not checked: verification stopped at the altered line
         head_hash=None,
         ok=False,
         problems=(f"line {exc.line_number}: {exc.reason}",),

@@ -10,7 +10,8 @@ re-exports them. The report states, in this order:
 1. verification: whether the hash chain holds, whether the file is cut short or unclosed
    (stated first, as a warning, before any number), the head hash and the ``--expect-head``
    comparison;
-2. the run: the header's relation, metadata, creation time and writer;
+2. the run: the header's relation, metadata, intent, n, creation time, writer and the report's
+   generation time; what ``dpledger epsilon`` warns about (:mod:`dpledger.report.findings`);
 3. the samplers and the sum queries (S and σ̃ per query label, with their z = σ̃ / S), the
    correlated-noise releases (kind, T, participation schema, S, σ, sensitivity, and how many of
    their stream's steps were taken), and the runs of identical steps (q, z_eff, count);
@@ -28,6 +29,7 @@ import functools
 import logging
 import os
 import re
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -42,6 +44,7 @@ from dpledger.accountants.base import (
 from dpledger.accountants.commands import accountant_names
 from dpledger.errors import (
     ComputationBudgetError,
+    DeltaTooLargeWarning,
     DPLedgerError,
     InvalidParameterError,
     LedgerVerificationError,
@@ -58,6 +61,7 @@ from dpledger.report.contents import (
     TradeoffView,
     Verification,
 )
+from dpledger.report.findings import run_findings
 from dpledger.report.tradeoff_view import TRADEOFF_ACCOUNTANTS, tradeoff_view
 from dpledger.validation import check_delta
 
@@ -190,7 +194,7 @@ def altered_report(
         altered=True,
         first_bad_line=exc.line_number,
         reason=exc.reason,
-        closed=False,
+        closed=None,  # not checked: verification stopped at the altered line
         head_hash=None,
         expected_head=expect_head,
         head_matches=None if expect_head is None else False,
@@ -262,8 +266,11 @@ def report_of_ledger(
             )
         )
     stages.append(_Stage("the trade-off view", view))
-    for stage in (progress or _no_progress)(stages, len(stages), "report"):
-        stage.run()
+    with warnings.catch_warnings():  # δ ≥ 1/n is stated once, in the report's findings
+        warnings.simplefilter("ignore", DeltaTooLargeWarning)
+        for stage in (progress or _no_progress)(stages, len(stages), "report"):
+            stage.run()
+        found.update(run_findings(ledger, comp, delta))
     result = PrivacyReport(
         delta=delta,
         verification=verification,
@@ -274,6 +281,7 @@ def report_of_ledger(
         runs=tuple(_runs(ledger)),
         accountants=tuple(rows[n] for n in names),
         tradeoff=found["tradeoff"],
+        **{key: found[key] for key in _FINDINGS},
     )
     if audit is not None:
         best = result.smallest_upper_bound
@@ -289,6 +297,17 @@ def report_of_ledger(
         )
         result = PrivacyReport(**{**result.__dict__, "audit": claim})
     return result
+
+
+_FINDINGS = (
+    "population_sizes",
+    "intent",
+    "intent_text",
+    "generated",
+    "findings",
+    "sampling_notes",
+    "shuffle_gap",
+)
 
 
 @dataclass(frozen=True)
@@ -447,6 +466,8 @@ def _account(name: str, comp: CompressedLedger, delta: float) -> AccountantRow:
         kind_label=KIND_LABELS[result.kind.value],
         lower=result.lower,
         upper=result.upper,
+        upper_confidence=result.upper_confidence,
+        confidence=result.confidence,
         seconds=result.seconds,
         warnings=tuple(result.warnings),
     )

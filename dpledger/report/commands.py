@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Iterable
 from typing import Any
 
@@ -144,11 +145,16 @@ def _progress_lines(items: Iterable[Any], total: int) -> Iterable[Any]:
 
 
 def _write(report: PrivacyReport, outputs: dict[str, str], args: argparse.Namespace) -> None:
+    """Render every requested format, then write each file whole or not at all.
+
+    Everything is rendered in memory first; each file is written to a temporary file in its
+    own directory and renamed over its path only when every file is written, so a failure at
+    any point (an error while rendering, a full disk) leaves no empty or partial report behind.
+    """
     from dpledger.report.html import render_html
     from dpledger.report.markdown import render_markdown
+    from dpledger.report.plots import plots_available
 
-    if args.out is not None:
-        os.makedirs(args.out, exist_ok=True)
     render = {
         "html": lambda: render_html(report),
         "markdown": lambda: render_markdown(report),
@@ -157,10 +163,48 @@ def _write(report: PrivacyReport, outputs: dict[str, str], args: argparse.Namesp
     if not outputs:
         print(render["markdown"](), end="")
         return
+    texts = {key: render[key]() for key in outputs}
+    if "html" in outputs and not report.verification.altered and not plots_available():
+        print_warnings(
+            "report",
+            [
+                "matplotlib is not installed: the HTML report is written without its plots "
+                '(they need the report extra: pip install "dpledger[report]")'
+            ],
+        )
+    if args.out is not None:
+        os.makedirs(args.out, exist_ok=True)
+    written: list[tuple[str, str]] = []
+    try:
+        for key, path in outputs.items():
+            written.append((_write_temporary(path, texts[key]), path))
+        for temporary, path in written:
+            os.replace(temporary, path)
+    finally:
+        for temporary, _ in written:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
     for key, path in outputs.items():
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(render[key]())
         print(f"{key} report written to {path}")
+
+
+def _write_temporary(path: str, text: str) -> str:
+    """``text`` written to a new temporary file beside ``path``; returns its name. The file is
+    removed again when the write fails."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, temporary = tempfile.mkstemp(
+        prefix=f".{os.path.basename(path)}.", suffix=".partial", dir=folder
+    )
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # as open() would have created it, not mkstemp's 0600
+    except BaseException:
+        os.unlink(temporary)
+        raise
+    return temporary
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -204,6 +248,7 @@ def _report(args: argparse.Namespace) -> int:
     verification = verification_of(args.ledger, ledger, notes, expect_head=args.expect_head)
     print_warnings("report", list(verification.warnings))
     report = report_of_ledger(args.ledger, ledger, notes, **common)
+    print_warnings("report", list(report.findings))
     _write(report, outputs, args)
     if report.verification.head_matches is False:
         return 1

@@ -27,7 +27,8 @@ class Verification:
         altered: a line fails verification (the file was changed); no number is reported.
         first_bad_line: the first line that fails or is cut short, or None.
         reason: why that line fails, or None.
-        closed: the verified lines end with a close marker.
+        closed: the verified lines end with a close marker; None when it was not checked
+            (the file was altered: verification stopped at :attr:`first_bad_line`).
         head_hash: hash of the last verified line (None when the file was altered).
         expected_head: the ``--expect-head`` value, or None.
         head_matches: whether the head equals ``expected_head`` (None when none was given).
@@ -42,7 +43,7 @@ class Verification:
     altered: bool
     first_bad_line: int | None
     reason: str | None
-    closed: bool
+    closed: bool | None
     head_hash: str | None
     expected_head: str | None
     head_matches: bool | None
@@ -53,7 +54,7 @@ class Verification:
     @property
     def ok(self) -> bool:
         """Intact, closed, and the head as expected (when given)."""
-        return self.intact and self.closed and self.head_matches is not False
+        return self.intact and self.closed is True and self.head_matches is not False
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,10 @@ class AccountantRow:
         kind_label: the kind in words.
         lower: a certified lower bound on ε, when the method has one.
         upper: a certified upper bound on ε, when the method has one.
+        upper_confidence: a Monte-Carlo upper bound on ε that holds with probability
+            ``confidence`` over the method's random draws (``balls_in_bins``): NOT certified,
+            so never shown as ``upper`` nor as the claim.
+        confidence: the probability ``upper_confidence`` holds with (None without one).
         seconds: time the computation took.
         warnings: the accountant's warnings.
         refused: why the accountant refused the ledger (None when it answered).
@@ -81,6 +86,8 @@ class AccountantRow:
     kind_label: str | None
     lower: float | None = None
     upper: float | None = None
+    upper_confidence: float | None = None
+    confidence: float | None = None
     seconds: float | None = None
     warnings: tuple[str, ...] = ()
     refused: str | None = None
@@ -147,6 +154,18 @@ class PrivacyReport:
         accountants: the accountants' answers and refusals, in the order asked for.
         tradeoff: the hypothesis-testing view.
         audit: an audit's lower bound, or None.
+        population_sizes: the distinct population sizes n the sampling events record (None
+            for one not recorded).
+        intent: the run's intent from the header's metadata, or None when not recorded.
+        intent_text: the intent on one line, or ``"not recorded"``.
+        generated: when the report was generated (UTC, ISO 8601).
+        findings: what ``dpledger epsilon`` warns about besides the file's verification, one
+            sentence each, shown before any number: δ ≥ 1/n, a shuffle gap that proves the
+            Poisson ε wrong (:mod:`dpledger.report.findings`).
+        sampling_notes: what the ledger's sampling means for its ε (``epsilon``'s
+            ``sampling:`` lines; empty for a Poisson ledger).
+        shuffle_gap: the shuffle gap's numbers (relation, Poisson ε, lower bound, whether it
+            refutes the Poisson ε) for a shuffled ledger, else None.
     """
 
     delta: float
@@ -159,6 +178,13 @@ class PrivacyReport:
     accountants: tuple[AccountantRow, ...] = ()
     tradeoff: TradeoffView | None = None
     audit: AuditClaim | None = None
+    population_sizes: tuple[int | None, ...] = ()
+    intent: dict[str, Any] | None = None
+    intent_text: str = "not recorded"
+    generated: str | None = None
+    findings: tuple[str, ...] = ()
+    sampling_notes: tuple[str, ...] = ()
+    shuffle_gap: dict[str, Any] | None = None
 
     @property
     def answered(self) -> tuple[AccountantRow, ...]:

@@ -1,5 +1,6 @@
 """The report as one self-contained HTML file: inline CSS, plots as inline base64 PNG, no
-script and no network access needed to view it."""
+script and no network access needed to view it. Without matplotlib (the ``report`` extra) the
+report is complete but for its plots, and says so where each plot would be."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import html
 
 from dpledger._version import __version__
 from dpledger.report.contents import PrivacyReport
-from dpledger.report.plots import epsilon_curve_png, tradeoff_png
+from dpledger.report.plots import NO_MATPLOTLIB, epsilon_curve_png, plots_available, tradeoff_png
 from dpledger.report.sections import Section, Table, report_sections, title_of
 
 __all__ = ["render_html"]
@@ -39,14 +40,16 @@ def _table(table: Table) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _section(section: Section, plots: dict[str, bytes | None]) -> str:
+def _section(section: Section, plots: dict[str, bytes | None] | None) -> str:
     parts = [f'<section id="{section.key}"><h2>{html.escape(section.title)}</h2>']
     parts += [f'<div class="alert" role="alert">{html.escape(a)}</div>' for a in section.alerts]
     parts += [f"<p>{html.escape(p)}</p>" for p in section.paragraphs]
     parts += [_table(t) for t in section.tables]
     if section.plot is not None:
-        png = plots.get(section.plot)
-        if png is None:
+        png = None if plots is None else plots.get(section.plot)
+        if plots is None:
+            parts.append(f'<p class="note">{html.escape(NO_MATPLOTLIB)}</p>')
+        elif png is None:
             parts.append('<p class="note">No plot: nothing to draw.</p>')
         else:
             data = base64.b64encode(png).decode("ascii")
@@ -61,10 +64,13 @@ def _section(section: Section, plots: dict[str, bytes | None]) -> str:
 def render_html(report: PrivacyReport) -> str:
     """The report as a self-contained HTML document."""
     sections = report_sections(report)
-    plots = {
-        "epsilon_curve": epsilon_curve_png(report) if not report.verification.altered else None,
-        "tradeoff": tradeoff_png(report) if not report.verification.altered else None,
-    }
+    plots: dict[str, bytes | None] | None = None
+    if plots_available():
+        altered = report.verification.altered
+        plots = {
+            "epsilon_curve": None if altered else epsilon_curve_png(report),
+            "tradeoff": None if altered else tradeoff_png(report),
+        }
     title = html.escape(title_of(report))
     body = "\n".join(_section(s, plots) for s in sections)
     return (

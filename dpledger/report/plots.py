@@ -13,7 +13,19 @@ from typing import Any
 from dpledger.accountants.display import format_rounded
 from dpledger.report.contents import PrivacyReport
 
-__all__ = ["ACCOUNTANT_STYLES", "epsilon_curve_png", "tradeoff_png"]
+__all__ = [
+    "ACCOUNTANT_STYLES",
+    "NO_MATPLOTLIB",
+    "epsilon_curve_png",
+    "plots_available",
+    "tradeoff_png",
+]
+
+NO_MATPLOTLIB = (
+    "No plot: matplotlib is not installed; plots need the report extra: "
+    'pip install "dpledger[report]". The tables hold every number.'
+)
+"""What the HTML report says in place of a plot when matplotlib cannot be imported."""
 
 ACCOUNTANT_STYLES: dict[str, dict[str, Any]] = {
     "rdp": {"color": "#1f77b4", "linestyle": "-", "marker": "o", "markersize": 5},
@@ -24,6 +36,16 @@ ACCOUNTANT_STYLES: dict[str, dict[str, Any]] = {
     "balls_in_bins": {"color": "#9467bd", "linestyle": "-", "marker": "D", "markersize": 4},
 }  # fmt: skip
 """Colour, line style and marker of each accountant's curve."""
+
+
+def plots_available() -> bool:
+    """Whether matplotlib can be imported (the ``report`` extra); without it the report is
+    written without its plots, saying so (:data:`NO_MATPLOTLIB`)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _pyplot() -> Any:

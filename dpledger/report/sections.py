@@ -13,9 +13,16 @@ import math
 from dataclasses import dataclass, field
 
 from dpledger.accountants.display import format_rounded
-from dpledger.report.contents import PrivacyReport
+from dpledger.report.contents import PrivacyReport, Verification
 
-__all__ = ["Section", "Table", "report_sections", "shown_epsilon", "title_of"]
+__all__ = [
+    "Section",
+    "Table",
+    "monte_carlo_label",
+    "report_sections",
+    "shown_epsilon",
+    "title_of",
+]
 
 
 @dataclass(frozen=True)
@@ -80,8 +87,11 @@ def report_sections(report: PrivacyReport) -> list[Section]:
                         ("written by", f"dpledger {report.header.get('library_version', '-')}"),
                         ("file format version", str(report.header.get("format_version", "-"))),
                         ("metadata", json.dumps(report.header.get("metadata", {}), sort_keys=True)),
+                        ("intent", report.intent_text),
+                        ("records (n)", _population(report)),
                         ("steps", str(v.num_steps)),
                         ("events", str(v.num_events)),
+                        ("report generated", report.generated or "-"),
                     ),
                 ),
             ),
@@ -128,7 +138,7 @@ def _verification(report: PrivacyReport) -> Section:
         ("file", v.path),
         ("hash chain", status),
         ("first bad line", "-" if v.first_bad_line is None else str(v.first_bad_line)),
-        ("closed", "yes" if v.closed else "NO (no close marker)"),
+        ("closed", _closed(v)),
         ("head hash", v.head_hash or "-"),
         ("expected head", head),
     )
@@ -144,6 +154,15 @@ def _verification(report: PrivacyReport) -> Section:
         tables=(Table(("check", "result"), rows),),
         paragraphs=() if v.altered else (verdict,),
     )
+
+
+def _closed(v: Verification) -> str:
+    """Whether the file ends with a close marker, or that it was not checked (verification
+    stopped at an altered line, so nothing after it, the close marker included, is known)."""
+    if v.closed is None:
+        line = "" if v.first_bad_line is None else f" at line {v.first_bad_line}"
+        return f"not checked (verification stopped{line})"
+    return "yes" if v.closed else "NO (no close marker)"
 
 
 def _summary(report: PrivacyReport) -> Section:
@@ -166,15 +185,41 @@ def _summary(report: PrivacyReport) -> Section:
             f"{best.accountant} accountant (the smallest upper bound of the accountants below)."
         )
     paragraphs = [text]
+    gap = report.shuffle_gap
+    if gap is not None and gap["refutes_poisson"]:
+        paragraphs.append(
+            f"The Poisson ε ({format_rounded(gap['poisson_epsilon'], 'up', digits=4)} under "
+            f"{gap['relation'].replace('_', '-')}) is not valid for this run: its batches were "
+            f"shuffled, and this run's ε is at least "
+            f"{format_rounded(gap['lower_bound'], 'down', digits=4)} (Chua et al. lower bound)."
+        )
     view = report.tradeoff
     if view is not None and view.tpr_at_fpr:
-        rates = "; ".join(
-            f"at FPR {a:g}, TPR ≤ {format_rounded(t, 'up', digits=4)}" for a, t in view.tpr_at_fpr
-        )
-        paragraphs.append(f"Best membership attacker ({view.accountant}, upper bound): {rates}.")
+        shown = [(a, format_rounded(t, "up", digits=4)) for a, t in view.tpr_at_fpr]
+        rates = "; ".join(f"at FPR {a:g}, TPR ≤ {t}" for a, t in shown)
+        line = f"Best membership attacker ({view.accountant}, upper bound): {rates}."
+        if any(float(t) >= 1.0 for _, t in shown):
+            line += (
+                " A bound of TPR ≤ 1 rules out no attacker: as far as this accounting can "
+                "say, the record may be identified with certainty"
+            )
+            line += (
+                " (no amplification by this ledger's sampling is certified)."
+                if report.sampling_notes
+                else "."
+            )
+        paragraphs.append(line)
     if not report.verification.ok:
         paragraphs.insert(0, "This claim is about the steps the file holds: see Verification.")
-    return Section(key="summary", title="Summary", paragraphs=tuple(paragraphs))
+    return Section(
+        key="summary", title="Summary", alerts=report.findings, paragraphs=tuple(paragraphs)
+    )
+
+
+def _population(report: PrivacyReport) -> str:
+    """The population sizes n the sampling events record, or "not recorded"."""
+    sizes = [("not recorded" if n is None else str(n)) for n in report.population_sizes]
+    return ", ".join(sizes) or "not recorded"
 
 
 def _mechanism(report: PrivacyReport) -> Section:
@@ -223,6 +268,7 @@ def _mechanism(report: PrivacyReport) -> Section:
         "step's effective noise multiplier is z_eff = (Σ (C/σ̃)²)^(-1/2). Runs are "
         "consecutive steps with identical sampling and z_eff.",
     )
+    paragraphs += tuple(f"Sampling: {n}" for n in report.sampling_notes)
     tables: tuple[Table, ...] = (samplers, queries, runs)
     if report.correlated_releases:
         paragraphs += (
@@ -296,6 +342,7 @@ def _accountants(report: PrivacyReport) -> Section:
         Table(("accountant", "ε", "what it is", "certified lower", "certified upper", "seconds"),
               tuple(rows))
     ]  # fmt: skip
+    tables += _monte_carlo_tables(report)
     if refused:
         tables.append(Table(("accountant", "refused because"), refused))
     notes = tuple(f"{r.accountant}: warning: {w}" for r in report.accountants for w in r.warnings)
@@ -310,6 +357,26 @@ def _accountants(report: PrivacyReport) -> Section:
         tables=tuple(tables),
         notes=notes,
     )
+
+
+def monte_carlo_label(confidence: float) -> str:
+    """The words a Monte-Carlo upper bound is shown under: it holds only with ``confidence``
+    over the method's random draws, so it is never a certified bound."""
+    return f"Monte-Carlo bound (not certified, probability {confidence:g} over the random draws)"
+
+
+def _monte_carlo_tables(report: PrivacyReport) -> list[Table]:
+    """The Monte-Carlo upper bounds (``balls_in_bins``), in a table of their own, one per
+    confidence: never in the certified columns, never the claim."""
+    by_confidence: dict[float, list[tuple[str, str]]] = {}
+    for r in report.answered:
+        if r.upper_confidence is not None and r.confidence is not None:
+            shown = format_rounded(r.upper_confidence, "up")
+            by_confidence.setdefault(r.confidence, []).append((r.accountant, shown))
+    return [
+        Table(("accountant", monte_carlo_label(c)), tuple(rows))
+        for c, rows in by_confidence.items()
+    ]
 
 
 def _tradeoff(report: PrivacyReport) -> Section:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from dpledger.accountants.base import ResultKind, as_compressed, make_accountant
 from dpledger.accountants.budget import DEFAULT_TIME_BUDGET_S, composed_points
 from dpledger.accountants.pld import PldAccountant
 from dpledger.errors import DPLedgerError, UnsupportedLedgerError
+from dpledger.ledger.events import SamplingScheme
 from dpledger.ledger.steps import CompressedLedger
 from dpledger.report import tradeoff
 from dpledger.report.contents import AccountantRow, TradeoffView
@@ -148,37 +150,57 @@ def pld_profile_seconds(comp: CompressedLedger) -> float:
     on the trade-off grid takes: dp-accounting evaluates it in one Python loop over the points
     of each of its two privacy-loss distributions (:data:`SECONDS_PER_PROFILE_POINT` each), and
     the points are estimated as the PLD accountant's budget does
-    (:func:`~dpledger.accountants.budget.composed_points`, generous)."""
+    (:func:`~dpledger.accountants.budget.composed_points`, generous). A ledger with truncated
+    Poisson steps has two such pairs (one per neighbour), which doubles it."""
     h = PldAccountant().value_discretization_interval
     points = 0.0
+    pairs = 1.0
     for run in comp.runs:
         if run.releases_nothing:
             continue
+        if run.scheme is SamplingScheme.TRUNCATED_POISSON:
+            pairs = 2.0
         points += composed_points(run.sampling_probability, run.noise_multiplier, run.count, h)[1]
-    return 2.0 * points * SECONDS_PER_PROFILE_POINT
+    return 2.0 * pairs * points * SECONDS_PER_PROFILE_POINT
 
 
 _Profile = tuple[str, Callable[[np.ndarray], np.ndarray], int, str]
 
 
 def _pld_profile(comp: CompressedLedger) -> _Profile | str:
-    """The PLD accountant's pessimistic δ(ε), or why there is none."""
+    """The PLD accountant's pessimistic δ(ε), or why there is none.
+
+    A ledger may have more than one privacy-loss distribution (truncated Poisson steps have one
+    for the neighbour with a record removed and one for the neighbour with a record added,
+    :meth:`~dpledger.accountants.pld.PldAccountant.distributions`): δ(ε) is then the largest
+    of theirs at every ε, the pessimistic envelope, an upper bound for both neighbours."""
     acc = PldAccountant()
     try:
         acc.check_supported(comp)
-        distribution = acc.distribution(comp)
+        distributions = acc.distributions(comp)
     except UnsupportedLedgerError as exc:
         return f"the pld accountant refused the ledger: {exc}"
     except DPLedgerError as exc:
         return f"the pld accountant could not compute it: {exc}"
 
-    def delta_of(eps: np.ndarray) -> np.ndarray:
-        eps = np.asarray(eps, dtype=float)
+    def one(distribution: Any, eps: np.ndarray) -> np.ndarray:
         if eps.size == 1:  # dp-accounting answers one ε much faster than a one-element array
             return np.array([float(distribution.get_delta_for_epsilon(float(eps.ravel()[0])))])
-        return np.asarray(distribution.get_delta_for_epsilon(eps), dtype=float)
+        return np.asarray(distribution.get_delta_for_epsilon(eps), dtype=float).reshape(-1)
 
-    return "pld", delta_of, 2001, "the pld accountant's pessimistic δ(ε)"
+    def delta_of(eps: np.ndarray) -> np.ndarray:
+        eps = np.asarray(eps, dtype=float)
+        if not distributions:
+            return np.zeros(eps.size)
+        return np.maximum.reduce([one(d, eps) for d in distributions])
+
+    how = "the pld accountant's pessimistic δ(ε)"
+    if len(distributions) > 1:
+        how += (
+            f", the largest at every ε of its {len(distributions)} privacy-loss distributions "
+            "(the neighbour with a record removed and the one with a record added)"
+        )
+    return "pld", delta_of, 2001, how
 
 
 def _prv_profile(comp: CompressedLedger) -> _Profile | str:

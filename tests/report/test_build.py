@@ -143,17 +143,25 @@ def test_json_keys_are_stable(report: PrivacyReport) -> None:
         "claim",
         "correlated_releases",
         "delta",
+        "findings",
         "format",
         "format_version",
+        "generated",
         "header",
+        "intent",
+        "intent_text",
+        "population_sizes",
         "runs",
         "samplers",
+        "sampling_notes",
+        "shuffle_gap",
         "sum_queries",
         "tradeoff",
         "verification",
     ]
     assert sorted(data["accountants"][0]) == [
         "accountant",
+        "confidence",
         "curve",
         "curve_unavailable",
         "epsilon",
@@ -163,6 +171,7 @@ def test_json_keys_are_stable(report: PrivacyReport) -> None:
         "refused",
         "seconds",
         "upper",
+        "upper_confidence",
         "warnings",
     ]
 
