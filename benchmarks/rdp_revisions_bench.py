@@ -20,7 +20,7 @@ from revisions import alternate
 _CHILD = r"""
 import json, statistics, time
 import numpy as np
-from dpledger import CompressedLedger
+from dpledger.ledger.steps import CompressedLedger
 from dpledger.accountants.rdp import RdpAccountant
 rng = np.random.default_rng(0)
 qs, zs = 10 ** rng.uniform(-4, -1, 100_000), rng.uniform(0.8, 3.0, 100_000)

@@ -28,7 +28,8 @@ _CHILD = textwrap.dedent(
     """
     import json, resource, sys, tracemalloc
     resource.setrlimit(resource.RLIMIT_AS, ({cap}, {cap}))
-    from dpledger import CompressedLedger, DPLedgerError
+    from dpledger import DPLedgerError
+    from dpledger.ledger.steps import CompressedLedger
     from dpledger.accountants import GdpAccountant, PrvAccountant, calibrate_noise_multiplier
 
     def ledger(q, z, steps):

@@ -493,7 +493,8 @@ def test_a_second_writer_process_is_locked_out(tmp_path: Path) -> None:
     result = run_python(
         """
         import sys
-        from dpledger import PrivacyLedger, LedgerLockedError
+        from dpledger import PrivacyLedger
+        from dpledger.errors import LedgerLockedError
         try:
             PrivacyLedger(sys.argv[1], resume=True)
         except LedgerLockedError as exc:
@@ -541,7 +542,8 @@ def test_a_forked_child_never_writes_the_parents_buffer(tmp_path: Path) -> None:
     result = run_python(
         """
         import os, sys
-        from dpledger import PrivacyLedger, LedgerStateError
+        from dpledger import PrivacyLedger
+        from dpledger.errors import LedgerStateError
         ledger = PrivacyLedger(sys.argv[1], buffer_size=10**6, flush_interval=10**6)
         for _ in range(50):
             ledger.record_sample(sampling_probability=0.01)
