@@ -17,7 +17,7 @@ from dpledger.accountants.base import (
     make_accountant,
 )
 from dpledger.accountants.bucketing import check_bucketing
-from dpledger.accountants.display import format_rounded
+from dpledger.accountants.display import curve_style, format_rounded
 from dpledger.errors import (
     DeltaTooLargeWarning,
     DPLedgerError,
@@ -362,6 +362,18 @@ def _check_plot_path(path: str) -> None:
 
 
 def _plot(curves: dict[str, list[PrivacyResult]], path: str, delta: float) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = epsilon_figure(curves, delta)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def epsilon_figure(curves: dict[str, list[PrivacyResult]], delta: float) -> Any:
+    """The matplotlib figure of ``dpledger epsilon --plot``: ε against steps, one curve per
+    accountant in the report's style (:func:`~dpledger.accountants.display.curve_style`: its
+    own colour, line style and marker, so that coinciding curves stay visible; the GDP
+    approximation dashed and labelled as giving no guarantee)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -371,16 +383,16 @@ def _plot(curves: dict[str, list[PrivacyResult]], path: str, delta: float) -> No
     for name, results in curves.items():
         xs = [r.num_steps for r in results]
         ys = [r.epsilon for r in results]
-        kinds = {r.kind.value for r in results}
-        ax.plot(xs, ys, label=f"{name} ({', '.join(sorted(kinds))})")
+        kinds = sorted({r.kind.value for r in results})
+        style, label = curve_style(name, kinds[0] if len(kinds) == 1 else ", ".join(kinds))
+        ax.plot(xs, ys, label=label, linewidth=1.8, **style)
     ax.set_xlabel("steps")
     ax.set_ylabel(f"ε at δ = {delta!r}")
     ax.set_title("Privacy spent along the ledger")
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 # --------------------------------------------------------------------------- calibrate

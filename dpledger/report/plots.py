@@ -2,7 +2,8 @@
 
 Every accountant has its own colour, line style and marker, so that curves that coincide (PRV
 and PLD usually do) both stay visible; approximations (GDP) are dashed and labelled "no
-guarantee".
+guarantee" (:func:`dpledger.accountants.display.curve_style`, which ``dpledger epsilon --plot``
+uses too).
 """
 
 from __future__ import annotations
@@ -10,11 +11,10 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from dpledger.accountants.display import format_rounded
+from dpledger.accountants.display import curve_style, format_rounded
 from dpledger.report.contents import PrivacyReport
 
 __all__ = [
-    "ACCOUNTANT_STYLES",
     "NO_MATPLOTLIB",
     "epsilon_curve_png",
     "plots_available",
@@ -26,16 +26,6 @@ NO_MATPLOTLIB = (
     'pip install "dpledger[report]". The tables hold every number.'
 )
 """What the HTML report says in place of a plot when matplotlib cannot be imported."""
-
-ACCOUNTANT_STYLES: dict[str, dict[str, Any]] = {
-    "rdp": {"color": "#1f77b4", "linestyle": "-", "marker": "o", "markersize": 5},
-    "prv": {"color": "#d62728", "linestyle": "-.", "marker": "s", "markersize": 7,
-            "markerfacecolor": "none"},
-    "pld": {"color": "#2ca02c", "linestyle": ":", "marker": "^", "markersize": 5},
-    "gdp": {"color": "#7f7f7f", "linestyle": "--", "marker": "x", "markersize": 5},
-    "balls_in_bins": {"color": "#9467bd", "linestyle": "-", "marker": "D", "markersize": 4},
-}  # fmt: skip
-"""Colour, line style and marker of each accountant's curve."""
 
 
 def plots_available() -> bool:
@@ -74,12 +64,7 @@ def epsilon_curve_png(report: PrivacyReport) -> bytes | None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.8))
     for row in rows:
-        style = dict(ACCOUNTANT_STYLES.get(row.accountant, {"linestyle": "-", "marker": "."}))
-        if row.kind == "approximation":
-            style["linestyle"] = "--"
-            label = f"{row.accountant}: approximation, no guarantee"
-        else:
-            label = f"{row.accountant}: {row.kind.replace('_', ' ') if row.kind else ''}"
+        style, label = curve_style(row.accountant, row.kind)
         xs = [t for t, _ in row.curve]
         ys = [e for _, e in row.curve]
         ax.plot(xs, ys, label=label, linewidth=1.8, **style)
