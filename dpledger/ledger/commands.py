@@ -30,6 +30,7 @@ __all__ = [
     "one_line",
     "print_warnings",
     "register",
+    "run_rows",
     "sum_query_summary",
 ]
 
@@ -264,17 +265,24 @@ def _info(args: argparse.Namespace) -> int:
         )
     kinds = "sampling, q, z_eff" if not comp.is_poisson or comp.sampling_events() else "q, z_eff"
     print(f"runs          {len(runs)} runs of identical steps, {len(distinct)} distinct ({kinds})")
-    if runs:
+    rows = run_rows(comp)
+    if rows:
         print(f"  {'q':>12}  {'z_eff':>16}  {'steps':>10}  scheme")
-        for r in runs[:_MAX_RUNS_SHOWN]:
-            z = _z_text(r.noise_multiplier)
-            start = " (epoch start)" if r.sampling is not None and r.sampling.epoch_start else ""
-            print(
-                f"  {r.sampling_probability:>12.6g}  {z:>16}  {r.count:>10}  "
-                f"{r.scheme.value}{start}"
+        for row in rows[:_MAX_RUNS_SHOWN]:
+            z = _z_text(row["noise_multiplier"])
+            epochs = row["epochs"]
+            shape = (
+                ""
+                if epochs is None
+                else f" ({epochs} epoch{'s' if epochs != 1 else ''} of "
+                f"{row['steps_per_epoch']} steps)"
             )
-        if len(runs) > _MAX_RUNS_SHOWN:
-            print(f"  … {len(runs) - _MAX_RUNS_SHOWN} more runs (use --json for all)")
+            print(
+                f"  {row['sampling_probability']:>12.6g}  {z:>16}  {row['count']:>10}  "
+                f"{row['scheme']}{shape}"
+            )
+        if len(rows) > _MAX_RUNS_SHOWN:
+            print(f"  … {len(rows) - _MAX_RUNS_SHOWN} more rows (use --json for every run)")
     print(f"queries       {len(queries)} distinct (label, C, σ̃)")
     if queries:
         print(f"  {'label':<24}  {'C':>12}  {'σ̃':>12}  {'z = σ̃/C':>12}  {'queries':>10}")
@@ -326,6 +334,73 @@ def intent_text(intent: dict[str, Any]) -> str:
     if isinstance(versions, dict):
         parts.append(", ".join(f"{k} {v}" for k, v in versions.items()))
     return one_line("; ".join(parts))
+
+
+def run_rows(comp: Any) -> list[dict[str, Any]]:
+    """The ledger's runs as a table shows them: consecutive steps with identical sampling and
+    z_eff in one row, and for epoch-based schemes (shuffle, balls-in-bins) the epochs of one
+    shape in one row (``epochs`` of ``steps_per_epoch`` steps each) instead of a one-step
+    epoch-start run plus the rest for every epoch.
+
+    Each row: ``first_step``, ``last_step``, ``count`` (steps), ``sampling_probability``,
+    ``noise_multiplier``, ``scheme``, ``sampling`` (the event's description, or None for a
+    record-level Poisson or full batch), ``epochs`` and ``steps_per_epoch`` (None outside
+    epoch-based schemes).
+    """
+    from dpledger.ledger.steps import EpochSegment
+
+    rows: list[dict[str, Any]] = []
+    start = 0
+    for item in comp.epoch_view():
+        if isinstance(item, EpochSegment):
+            q, z, steps, event = (
+                item.sampling.sampling_probability,
+                item.noise_multiplier,
+                item.steps,
+                item.sampling,
+            )
+            last = rows[-1] if rows else None
+            if (
+                last is not None
+                and last["epochs"] is not None
+                and last["steps_per_epoch"] == steps
+                and (last["sampling_probability"], last["noise_multiplier"]) == (q, z)
+                and last["sampling"] == event.describe()
+            ):
+                last["epochs"] += 1
+                last["count"] += steps
+                last["last_step"] += steps
+            else:
+                rows.append(
+                    {
+                        "first_step": start + 1,
+                        "last_step": start + steps,
+                        "count": steps,
+                        "sampling_probability": q,
+                        "noise_multiplier": z,
+                        "scheme": event.scheme.value,
+                        "sampling": event.describe(),
+                        "epochs": 1,
+                        "steps_per_epoch": steps,
+                    }
+                )
+        else:
+            steps = item.count
+            rows.append(
+                {
+                    "first_step": start + 1,
+                    "last_step": start + steps,
+                    "count": steps,
+                    "sampling_probability": item.sampling_probability,
+                    "noise_multiplier": item.noise_multiplier,
+                    "scheme": item.scheme.value,
+                    "sampling": None if item.sampling is None else item.sampling.describe(),
+                    "epochs": None,
+                    "steps_per_epoch": None,
+                }
+            )
+        start += steps
+    return rows
 
 
 def _sampling_summary(comp: Any) -> list[dict[str, Any]]:

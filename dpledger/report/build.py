@@ -50,7 +50,7 @@ from dpledger.errors import (
     LedgerVerificationError,
     UnsupportedLedgerError,
 )
-from dpledger.ledger.commands import load_for_command, sum_query_summary
+from dpledger.ledger.commands import load_for_command, run_rows, sum_query_summary
 from dpledger.ledger.ledger import PrivacyLedger
 from dpledger.ledger.steps import CompressedLedger
 from dpledger.report.audit_file import MAX_AUDIT_BYTES, load_audit
@@ -424,22 +424,8 @@ def _correlated_releases(ledger: PrivacyLedger) -> list[dict[str, Any]]:
 
 
 def _runs(ledger: PrivacyLedger) -> list[dict[str, Any]]:
-    out = []
-    start = 0
-    for run in ledger.runs():
-        out.append(
-            {
-                "first_step": start + 1,
-                "last_step": start + run.count,
-                "count": run.count,
-                "sampling_probability": run.sampling_probability,
-                "noise_multiplier": run.noise_multiplier,
-                "scheme": run.scheme.value,
-                "sampling": None if run.sampling is None else run.sampling.describe(),
-            }
-        )
-        start += run.count
-    return out
+    """The runs table's rows: ``dpledger info``'s (epochs of one shape in one row)."""
+    return run_rows(ledger.compressed())
 
 
 def _curve_steps(total: int, points: int) -> list[int]:

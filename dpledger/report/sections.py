@@ -257,7 +257,12 @@ def _mechanism(report: PrivacyReport) -> Section:
                 str(r["count"]),
                 f"{r['sampling_probability']:.6g}",
                 f"{r['noise_multiplier']:.6g}",
-                r["sampling"] or r["scheme"],
+                (r["sampling"] or r["scheme"])
+                + (
+                    ""
+                    if r.get("epochs") is None
+                    else f" ({r['epochs']} epochs of {r['steps_per_epoch']} steps)"
+                ),
             )
             for r in report.runs
         ),
@@ -266,7 +271,8 @@ def _mechanism(report: PrivacyReport) -> Section:
         "Each step draws a sample and computes Gaussian sum queries on it; a query clips "
         "every record's contribution to L2 norm ≤ C and adds N(0, σ̃²) noise to the sum. A "
         "step's effective noise multiplier is z_eff = (Σ (C/σ̃)²)^(-1/2). Runs are "
-        "consecutive steps with identical sampling and z_eff.",
+        "consecutive steps with identical sampling and z_eff; the epochs of a shuffled or "
+        "balls-in-bins run that have one shape share a row.",
     )
     paragraphs += tuple(f"Sampling: {n}" for n in report.sampling_notes)
     tables: tuple[Table, ...] = (samplers, queries, runs)

@@ -32,7 +32,13 @@ def test_info_lists_the_sampling_kinds(tmp_path: Path, capsys) -> None:
         "shuffle(b=100, n=1000): 30 steps, 3 epochs (unit record; analysed under replace_one)"
         in out
     )
-    assert "shuffle (epoch start)" in out
+    # the runs table: one row for the three epochs of one shape, not an epoch-start row plus
+    # the rest for every epoch
+    assert (
+        "  {:>12}  {:>16}  {:>10}  shuffle (3 epochs of 10 steps)\n".format("0.1", "0.8", 30)
+        in out
+    )
+    assert "epoch start" not in out
     assert main(["info", str(path), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["sampling"] == [
@@ -46,6 +52,30 @@ def test_info_lists_the_sampling_kinds(tmp_path: Path, capsys) -> None:
         }
     ]
     assert info["runs"][0]["epoch_start"] is True and info["runs"][1]["epoch_start"] is False
+
+
+def test_fifteen_epochs_and_a_partial_one_are_two_rows_in_info_and_the_report(
+    tmp_path: Path, capsys
+) -> None:
+    from dpledger.report.build import build_report
+
+    path = tmp_path / "s.dpl"
+    with PrivacyLedger(path, neighboring="replace_one") as ledger:
+        for t in range(10 * 15 + 4):
+            ledger.record_sample(event=SamplingEvent.shuffle(100, 1000, epoch_start=t % 10 == 0))
+            ledger.record_sum_query(l2_norm_bound=1.0, noise_stddev=0.8)
+    assert main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("runs ") : out.index("queries ")].splitlines()[2:]
+    assert [line.split()[-7:] for line in table] == [
+        ["150", "shuffle", "(15", "epochs", "of", "10", "steps)"],
+        ["4", "shuffle", "(1", "epoch", "of", "4", "steps)"],
+    ]
+    runs = build_report(path, delta=1e-5, accountants=("rdp",), curve_points=1).runs
+    assert [(r["first_step"], r["last_step"], r["epochs"], r["steps_per_epoch"]) for r in runs] == [
+        (1, 150, 15, 10),
+        (151, 154, 1, 4),
+    ]
 
 
 def test_epsilon_names_who_certifies_and_why_the_others_refuse(tmp_path: Path, capsys) -> None:
