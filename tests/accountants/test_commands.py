@@ -92,6 +92,41 @@ def test_curve_and_plot(ledger_file: str, tmp_path: Path, capsys: pytest.Capture
     assert "ε after t steps" in capsys.readouterr().out
 
 
+def test_the_plot_draws_each_accountant_in_the_reports_style(ledger_file: str) -> None:
+    """``--plot`` gives every accountant its own colour, line style and marker (PRV is not
+    hidden under PLD) and draws the GDP approximation dashed, as the report does."""
+    import matplotlib.pyplot as plt
+
+    from dpledger.accountants import PldAccountant, PrvAccountant
+    from dpledger.accountants.commands import epsilon_figure
+    from dpledger.accountants.display import ACCOUNTANT_STYLES
+
+    ledger = PrivacyLedger.load(ledger_file)
+    accountants = {
+        "rdp": RdpAccountant(),
+        "prv": PrvAccountant(),
+        "pld": PldAccountant(),
+        "gdp": GdpAccountant(),
+    }
+    curves = {
+        name: list(acc.epsilon_curve(ledger, delta=1e-5, steps=[60, 120]))
+        for name, acc in accountants.items()
+    }
+    fig = epsilon_figure(curves, 1e-5)
+    try:
+        lines = {line.get_label().split(":")[0]: line for line in fig.axes[0].get_lines()}
+        looks = {
+            (line.get_color(), line.get_linestyle(), line.get_marker()) for line in lines.values()
+        }
+        assert len(looks) == len(accountants)
+        for name, line in lines.items():
+            assert line.get_marker() == ACCOUNTANT_STYLES[name]["marker"]
+        assert lines["gdp"].get_linestyle() == "--"
+        assert "no guarantee" in lines["gdp"].get_label()
+    finally:
+        plt.close(fig)
+
+
 def test_plot_without_matplotlib_is_a_clear_error(
     ledger_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
