@@ -221,6 +221,7 @@ def test_usage_errors_exit_2(capsys) -> None:
     capsys.readouterr()
 
 
+@pytest.mark.slow
 def test_the_installed_entry_points_run(ledger_file: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     result = subprocess.run(

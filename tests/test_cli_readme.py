@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -28,6 +30,7 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_second() -> None:
     assert os.access(REPO / ".ci" / "run", os.X_OK)
 
 
+@pytest.mark.slow
 def test_the_demo_records_a_ledger_that_info_shows(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     path = tmp_path / "demo.dpl"

@@ -104,6 +104,7 @@ def _text(page: Path) -> str:
     return page.read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_the_site_has_its_pages(site: Path) -> None:
     for page in (
         "index.html",
@@ -150,6 +151,7 @@ def test_the_api_reference_documents_the_public_packages(site: Path) -> None:
             assert f'id="{anchor}"' in markup, f"reference/api/{page}: no entry for {anchor}"
 
 
+@pytest.mark.slow
 def test_every_exported_name_has_an_entry(site: Path) -> None:
     """Each name in ``__all__`` of a documented module (but its submodules) has an entry on the
     module's reference page, documented or not: a public name never silently drops out."""
@@ -293,6 +295,7 @@ def _load_as_documented(name: str, search_path: Path) -> griffe.Module:
     )
 
 
+@pytest.mark.slow
 def test_every_public_class_and_function_has_a_docstring() -> None:
     """Static (griffe, nothing imported): ``__all__`` of every documented module, and the public
     methods of its classes. The failure names each by its public import path and its source."""
@@ -361,6 +364,7 @@ def test_the_pages_mark_examples_to_run() -> None:
     assert len(RUNNABLE_BLOCKS) >= 6, "the marked examples were not found"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code", RUNNABLE_BLOCKS)
 def test_documented_example_runs(
     code: str, ledger_files: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -396,6 +400,7 @@ def _numbers_of_rows(lines: list[str]) -> dict[str, list[str]]:
 DELTA = ("--delta", "1e-5")
 
 
+@pytest.mark.slow
 def test_the_quoted_epsilon_table_is_what_the_command_prints(ledger_files: Path) -> None:
     """The ε table on the getting-started page is the output of ``dpledger epsilon`` on the demo
     ledger, every accountant's number, kind and bounds (not the seconds)."""

@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 CORE_TYPE_CHECKED = (
@@ -69,6 +71,7 @@ def _mypy(targets: list[str]) -> subprocess.CompletedProcess:
         return _run(["mypy", "--cache-dir", cache, *targets], env=env)
 
 
+@pytest.mark.slow
 def test_mypy_finds_no_errors_in_the_core() -> None:
     targets = [path for path in CORE_TYPE_CHECKED if (ROOT / path).exists()]
     assert "dpledger/ledger" in targets and "dpledger/accountants" in targets

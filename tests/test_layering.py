@@ -324,6 +324,7 @@ def modules() -> dict[str, Module]:
     return package_modules()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", RULES, ids=[r.id for r in RULES])
 def test_layer_rule(rule: Rule, modules: dict[str, Module]) -> None:
     covered = [name for name in modules if rule.covers(name)]
@@ -347,6 +348,7 @@ def test_the_core_is_present(modules: dict[str, Module]) -> None:
     assert sum(rule.covers(name) for name in modules) >= 40
 
 
+@pytest.mark.slow
 def test_no_private_name_is_imported_from_another_package(modules: dict[str, Module]) -> None:
     found = private_imports(modules)
     assert not found, "private names imported from another package:\n" + "\n".join(found)

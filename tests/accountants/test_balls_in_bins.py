@@ -132,6 +132,7 @@ def test_two_batches_match_two_dimensional_quadrature(sigma: float, epsilon: flo
     assert got.upper_confidence >= exact
 
 
+@pytest.mark.slow
 def test_epsilon_for_a_target_delta_matches_the_gaussian() -> None:
     sigma, target = 1.0, 1e-2
     got = balls_in_bins_epsilon(target, sigma, 1, samples=N, seed=SEED)
@@ -150,6 +151,7 @@ def test_epsilon_for_a_target_delta_matches_the_gaussian() -> None:
 
 
 # --------------------------------------------------------------------------- sanity
+@pytest.mark.slow
 def test_more_batches_amplify_and_stay_below_the_gaussian() -> None:
     sigma, epsilon, epochs = 1.0, 1.0, 2
     gaussian = _gaussian_delta(epsilon, sigma, epochs)
@@ -164,6 +166,7 @@ def test_more_batches_amplify_and_stay_below_the_gaussian() -> None:
     assert previous.estimate < gaussian / 10
 
 
+@pytest.mark.slow
 def test_same_seed_same_numbers_other_seed_other_numbers() -> None:
     a = balls_in_bins_delta(0.5, 1.0, 4, epochs=2, samples=50_000, seed=7)
     b = balls_in_bins_delta(0.5, 1.0, 4, epochs=2, samples=50_000, seed=7)

@@ -95,6 +95,7 @@ def test_a_run_beyond_the_time_budget_is_refused_up_front() -> None:
         acc.epsilon(bins_ledger(), delta=DELTA)
 
 
+@pytest.mark.slow
 def test_the_cli_runs_it_only_on_balls_in_bins_ledgers(tmp_path: Path, capsys) -> None:
     path = tmp_path / "b.dpl"
     with PrivacyLedger(path) as ledger:

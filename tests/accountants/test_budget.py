@@ -294,6 +294,7 @@ def test_repeated_squaring_agrees_with_dp_accountings_loop() -> None:
         )
 
 
+@pytest.mark.slow
 def test_gdp_lower_bound_shares_one_time_budget_and_counts_the_gaussian_part() -> None:
     # μ of the full-batch part is ~2450: its optimistic PLD would need ~6e8 grid points
     ledger = _ledger((1.0, 0.4083238960253006, 10**6), (0.5, 2.271342784009953, 2686))

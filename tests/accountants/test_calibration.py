@@ -190,6 +190,7 @@ def test_result_to_dict_is_json_ready() -> None:
 @pytest.mark.parametrize(
     ("q", "t", "target"), [(0.01, 1000, 1.0), (0.1, 30, 3.0), (0.004, 10_000, 8.0)]
 )
+@pytest.mark.slow
 def test_the_default_calibrates_on_prvs_upper_bound_and_an_independent_pld_agrees(
     q: float, t: int, target: float
 ) -> None:

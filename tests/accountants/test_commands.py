@@ -127,6 +127,7 @@ def test_the_plot_draws_each_accountant_in_the_reports_style(ledger_file: str) -
         plt.close(fig)
 
 
+@pytest.mark.slow
 def test_plot_without_matplotlib_is_a_clear_error(
     ledger_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
@@ -259,6 +260,7 @@ def test_printed_bounds_are_rounded_towards_the_safe_side() -> None:
     assert _fmt(0.72420001) == "0.7242"
 
 
+@pytest.mark.slow
 def test_epsilon_table_never_shows_less_than_the_upper_bound(
     ledger_file: str, capsys: pytest.CaptureFixture
 ) -> None:
@@ -301,6 +303,7 @@ def test_a_budget_refusal_under_all_is_that_accountants_row(
     assert capsys.readouterr().err.startswith("dpledger epsilon: error: the pld accountant")
 
 
+@pytest.mark.slow
 def test_the_prv_fallback_warning_is_shown_once_with_its_row(tmp_path: Path) -> None:
     """Run as a user runs it (a subprocess: no test logging handlers), every stderr line is the
     CLI's own, and the fallback's warning appears once, under the prv row."""

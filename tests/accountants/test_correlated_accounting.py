@@ -93,6 +93,7 @@ def test_tree_rdp_matches_tf_privacy_tree_accounting() -> None:
         assert ours.value == pytest.approx(oracle.get_epsilon(DELTA), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_amplified_release_through_the_mixture_of_gaussians_event() -> None:
     """Reference: dp-accounting's PLD accountant (pessimistic, grid 1e-4) on the ledger's
     dp-accounting event, a ``SelfComposedDpEvent`` of a ``MixtureOfGaussiansDpEvent``; our PLD
@@ -128,6 +129,7 @@ def test_amplified_release_rdp_matches_poisson_subsampled_gaussians() -> None:
     assert ours.value == pytest.approx(oracle.get_epsilon(DELTA), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_release_composes_with_dp_sgd_steps() -> None:
     """Reference: dp-accounting's PLD accountant on the whole ledger's ``to_dp_event()`` (the
     steps' Poisson-subsampled Gaussians composed with the release's Gaussian)."""

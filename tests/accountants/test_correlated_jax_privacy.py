@@ -133,6 +133,7 @@ def test_release_maps_onto_jax_privacy_parameters(case: dict[str, Any]) -> None:
     assert event.amplified == (case["sampling_prob"] < 1.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", [c for c in CASES if c["sampling_prob"] < 1.0], ids=case_id)
 def test_amplified_bandmf_epsilon_matches_jax_privacy(case: dict[str, Any]) -> None:
     """Reference: JAX Privacy's ε of amplified BandMF (b = 1: DP-SGD) on the same T, b, q, z;

@@ -185,6 +185,7 @@ def _exact_subsampled_delta(q: float, z: float, epsilon: float) -> float:
     )
 
 
+@pytest.mark.slow
 def test_privacy_losses_beyond_the_float_exponent_range_are_kept() -> None:
     """With z = 0.025 a sampled record's privacy loss reaches about 1000 nats, past
     log(float max) ≈ 709.8, where e^ℓ overflows; that mass must not be cut off at 709.8."""
@@ -252,6 +253,7 @@ def _poisson(q: float, z: float) -> dp_accounting.DpEvent:
     return dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z))
 
 
+@pytest.mark.slow
 def test_dp_accounting_interface_reports_the_upper_bound() -> None:
     acc = PrvDpAccountant()
     acc.compose(dp_accounting.SelfComposedDpEvent(_poisson(0.01, 1.2), 300))
@@ -301,6 +303,7 @@ def test_dp_accounting_interface_refuses_other_events(event: dp_accounting.DpEve
     assert acc.get_epsilon(DELTA) == 0.0  # nothing was composed
 
 
+@pytest.mark.slow
 def test_dp_accounting_interface_neighboring_relations() -> None:
     replace = PrvDpAccountant(dp_accounting.NeighboringRelation.REPLACE_ONE)
     replace.compose(_poisson(0.01, 1.0), 1000)

@@ -143,6 +143,7 @@ def test_band_limited_and_full_spectra_agree(runs: list[tuple[float, float, int]
         assert abs(band.delta(eps) - full.delta(eps)) <= allowed
 
 
+@pytest.mark.slow
 def test_add_direction_matches_dp_accounting() -> None:
     """The composed add side (law of −L under Q) against dp-accounting's add PMF."""
     q, z, k, h = 0.05, 0.9, 200, 1e-4
@@ -175,6 +176,7 @@ def _hockey_stick(q: float, z: float, x: np.ndarray, y: np.ndarray, gamma: float
     return float(np.maximum(p - gamma * qq, 0.0).sum() * step * step)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("q, z, eps", [(0.1, 1.0, 0.5), (0.3, 0.7, 1.0)])
 def test_replace_one_antipodal_pair_is_the_worst_case(q: float, z: float, eps: float) -> None:
     """Replacing record x by x' (‖x‖, ‖x'‖ ≤ 1): the hockey-stick divergence of the

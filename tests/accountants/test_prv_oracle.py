@@ -116,6 +116,7 @@ GRID = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("q, z, steps", GRID)
 def test_grid_against_pld(q: float, z: float, steps: int) -> None:
     check_against_pld([(q, z, steps)])
@@ -144,14 +145,17 @@ def test_wide_grid_against_pld(q: float, z: float, steps: int) -> None:
     check_against_pld([(q, z, steps)])
 
 
+@pytest.mark.slow
 def test_heterogeneous_ledger_with_full_batch_steps() -> None:
     check_against_pld([(0.01, 1.2, 300), (0.02, 0.9, 200), (1.0, 4.0, 5)])
 
 
+@pytest.mark.slow
 def test_many_distinct_noise_multipliers() -> None:
     check_against_pld([(0.004, float(z), 50) for z in np.linspace(0.8, 2.0, 20)])
 
 
+@pytest.mark.slow
 def test_heterogeneous_replace_one_against_pld() -> None:
     check_against_pld([(0.01, 1.0, 500), (0.05, 2.0, 100)], neighboring="replace_one")
 
@@ -165,16 +169,19 @@ def test_heterogeneous_replace_one_against_pld() -> None:
         [(0.9, 0.6, 10)],  # q close to 1
     ],
 )
+@pytest.mark.slow
 def test_outside_the_grid(runs: list[tuple[float, float, int]]) -> None:
     check_against_pld(runs)
 
 
+@pytest.mark.slow
 def test_large_epsilon_where_peers_fail() -> None:
     """q = 0.5, z = 0.5, 1,000 steps: ε ≈ 878, past exp underflow in dp-accounting's ε search
     (see the module docstring), so the PLD's δ is checked at our bounds."""
     check_against_pld([(0.5, 0.5, 1000)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("epsilon", [0.0, 0.5, 2.0, 4.0])
 def test_delta_queries_against_pld(epsilon: float) -> None:
     runs = [(0.01, 1.2, 300), (0.02, 0.9, 200)]

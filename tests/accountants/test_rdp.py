@@ -270,6 +270,7 @@ def test_tiny_rdp_is_not_rounded_to_zero_epsilon_for_tiny_delta() -> None:
     z=st.floats(min_value=0.7, max_value=10.0),
     t=st.integers(min_value=1, max_value=10_000),
 )
+@pytest.mark.slow
 def test_monotone_in_q_z_and_steps(q: float, z: float, t: int) -> None:
     # the full ranges (q down to 1e-10, z from 0.1 to 1e3) are in test_rdp_certified.py
     acc = RdpAccountant()

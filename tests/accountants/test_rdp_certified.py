@@ -75,6 +75,7 @@ def test_integer_orders_are_certified_and_tight(q: float, z: float) -> None:
         assert mp.mpf(value) <= exact * (1 + 1e-10), (q, z, alpha, value, float(exact))
 
 
+@pytest.mark.slow
 def test_no_order_is_left_out_for_not_converging() -> None:
     # q = 0.5, z = 0.5: dp-accounting's series (and this accountant's before) did not converge
     # within 1000 terms at the smallest fractional orders and left them out; the alternating-series
@@ -110,6 +111,7 @@ def _epsilon(q: float, z: float, t: int, delta: float = 1e-5) -> float:
     t=st.integers(min_value=1, max_value=10**6),
     factor=st.floats(min_value=1.0 + 1e-6, max_value=4.0),
 )
+@pytest.mark.slow
 def test_epsilon_is_monotone_in_q_steps_and_noise(
     q: float, z: float, t: int, factor: float
 ) -> None:

@@ -49,6 +49,7 @@ def test_balls_in_bins_is_one_gaussian_per_epoch_under_add_remove() -> None:
     assert pld.details["sampling"] == ["balls_in_bins(num_batches=10, n=1000)"]
 
 
+@pytest.mark.slow
 def test_shuffle_under_replace_one_is_a_gaussian_with_twice_the_sensitivity() -> None:
     """Reference: dp-accounting's PLD of GaussianDpEvent(z / 2) composed E times (replace-one
     moves a clipped sum by 2S), an implementation independent of ours."""
@@ -190,6 +191,7 @@ def test_mixed_units_are_refused_and_user_level_poisson_is_accounted_per_user() 
         make_accountant("rdp").epsilon(mixed, delta=DELTA)
 
 
+@pytest.mark.slow
 def test_bucketing_never_turns_a_scheme_into_poisson() -> None:
     ledger = ledger_of([SamplingEvent.truncated_poisson(0.01, 1000, 12)] * 50)
     bucketed = make_accountant("pld", bucketing=1e-2).epsilon(ledger, delta=DELTA)
@@ -289,6 +291,7 @@ def dp_accounting_wor_epsilon(b: int, n: int, z: float, steps: int, orders: list
     ("b", "n", "z", "steps", "equal"),
     [(256, 60_000, 1.1, 3510, True), (10, 100, 3.0, 50, False), (50, 1000, 0.8, 200, True)],
 )
+@pytest.mark.slow
 def test_fixed_size_rdp_against_dp_accounting(b, n, z, steps, equal) -> None:
     """Reference: dp-accounting's RDP accountant on SampledWithoutReplacementDpEvent (its own
     implementation of Wang, Balle & Kasiviswanathan's bound, under REPLACE_ONE, with the noise

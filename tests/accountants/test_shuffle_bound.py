@@ -141,6 +141,7 @@ def _max_density(c: np.ndarray, mean: float, z: float, batches: int) -> np.ndarr
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("batches", "z", "epsilon"), [(2, 0.8, 0.5), (5, 0.6, 1.0)])
 def test_two_epochs_against_quadrature_of_the_maxima(
     batches: int, z: float, epsilon: float

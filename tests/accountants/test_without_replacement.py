@@ -143,6 +143,7 @@ def _subset_sums(records: tuple[float, ...], b: int) -> list[float]:
 POPULATIONS = [(3, 1), (4, 1), (4, 2), (6, 2), (6, 3)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("n", "b"), POPULATIONS)
 def test_bound_is_above_the_exact_divergence_of_tiny_populations(n: int, b: int) -> None:
     gamma = b / n

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2] / "dpledger"
 CORE = ("ledger", "mechanisms", "accountants", "sampling", "errors.py", "validation.py")
 
@@ -26,6 +28,7 @@ def _classes(*paths: Path) -> dict[str, list[str]]:
     return found
 
 
+@pytest.mark.slow
 def test_no_adapter_class_is_named_like_a_core_class() -> None:
     core = _classes(*(ROOT / part for part in CORE))
     for adapter in ("torch", "tensorflow"):

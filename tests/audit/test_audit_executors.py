@@ -71,6 +71,7 @@ def _check_file(path, game):
     assert [by_key[(False, i)] for i in range(RUNS)] == list(game.scores_without_canary)
 
 
+@pytest.mark.slow
 def test_process_pool_executor_gives_the_inline_scores(tmp_path, inline_game):
     ctx = multiprocessing.get_context("spawn")
     path = tmp_path / "pool.jsonl"
@@ -95,6 +96,7 @@ def test_thread_pool_executor_gives_the_inline_scores(tmp_path, inline_game):
     _check_file(path, game)
 
 
+@pytest.mark.slow
 def test_dask_executor_gives_the_inline_scores(tmp_path, inline_game, dask_client):
     path = tmp_path / "dask.jsonl"
     game = run_distinguishing_game(
@@ -161,6 +163,7 @@ def _killed_worker_then_resume(tmp_path, inline_game, make_executor):
     assert len(path.read_text().splitlines()) == 1 + 2 * RUNS
 
 
+@pytest.mark.slow
 def test_resume_after_a_killed_process_pool_worker(tmp_path, inline_game):
     ctx = multiprocessing.get_context("spawn")
     _killed_worker_then_resume(

@@ -56,6 +56,7 @@ def test_runs_use_the_derived_seeds_and_are_reproducible():
     assert scores_of(other) != scores_of(game)
 
 
+@pytest.mark.slow
 def test_parallel_equals_serial():
     serial = run_distinguishing_game(gm.noisy_sum, runs_per_side=30, seed=11)
     parallel = run_distinguishing_game(
@@ -67,6 +68,7 @@ def test_parallel_equals_serial():
     ]
 
 
+@pytest.mark.slow
 def test_parallel_failure_propagates(tmp_path):
     path = tmp_path / "r.jsonl"
     with pytest.raises(RuntimeError, match="training failed"):

@@ -23,6 +23,7 @@ from dpledger.errors import InvalidParameterError
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_canaries_module_imports_no_framework():
     code = (
         "import sys\nimport dpledger.audit.canaries\n"

@@ -299,6 +299,7 @@ def test_one_run_acceptance_value():
     ("m", "r", "v", "delta"),
     [(1000, 100, 90, 1e-5), (200, 50, 40, 1e-3), (1000, 300, 200, 0.0), (5000, 500, 450, 1e-6)],
 )
+@pytest.mark.slow
 def test_one_run_matches_appendix_d(m, r, v, delta):
     b = one_run_epsilon_bound(
         num_canaries=m, num_guesses=r, num_correct=v, delta=delta, confidence=0.95

@@ -169,6 +169,7 @@ def best_threshold_on_same_data(s_in, s_out, confidence):
     return float(np.max(np.maximum(eps, 0.0)))
 
 
+@pytest.mark.slow
 @pytest.mark.statistical
 def test_held_out_and_bonferroni_keep_the_false_positive_rate_but_best_on_same_data_does_not():
     # Under the null (both sides draw from the same distribution) the mechanism is (0, 0)-DP, so

@@ -258,6 +258,7 @@ def test_undernoised_optimizer_records_what_the_correct_one_records():
     assert info.value.parameter == "noise_divisor"
 
 
+@pytest.mark.slow
 @pytest.mark.statistical
 @pytest.mark.parametrize("implementation", ["correct", "batch_size_bug"])
 def test_white_box_score_has_the_noise_scale_the_optimizer_draws(implementation):

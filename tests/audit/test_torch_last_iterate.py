@@ -42,6 +42,7 @@ def _game(config, runs):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.statistical
 def test_scores_follow_the_subsampled_canary_mechanism():
     config = _config()
@@ -59,6 +60,7 @@ def test_scores_follow_the_subsampled_canary_mechanism():
         assert abs(scores.var(ddof=1) - var) < 4 * var * math.sqrt(2 / (k - 1))
 
 
+@pytest.mark.slow
 def test_subsampled_last_iterate_audit_refutes_the_bug_and_not_the_correct_optimizer():
     """60 runs per side, q = 0.2, T = 10, claim ε = 2 (RDP): the under-noised optimizer's
     canary shows whenever it was sampled (P = 1 − 0.8¹⁰ ≈ 0.89), which Clopper–Pearson turns into

@@ -92,6 +92,7 @@ def test_ledgers_record_the_sampler_and_the_claims_follow():
     assert "PRV refuses" in claim.describe()
 
 
+@pytest.mark.slow
 @pytest.mark.statistical
 def test_shuffled_last_iterate_is_the_closed_form_gaussian_and_its_bounds_are_valid():
     """Tiny setting: N = 20, b = 10 (T_e = 2), E = 1, z = 0.5, so μ = E/(z√T) = √2 and the true
@@ -124,6 +125,7 @@ def test_shuffled_last_iterate_is_the_closed_form_gaussian_and_its_bounds_are_va
     assert exceed <= binom.ppf(0.999, audits, 1 - CONFIDENCE)
 
 
+@pytest.mark.slow
 def test_the_last_iterate_cannot_show_the_shuffle_gap_but_the_ledger_does():
     """Few epochs, small z (q = 0.1, E = 1, z = 1): Chua et al.'s lower bound (4.34, add/remove)
     exceeds the Poisson PRV ε (≈ 2.85), but the exact ε of the shuffled last iterate
@@ -152,6 +154,7 @@ def test_the_last_iterate_cannot_show_the_shuffle_gap_but_the_ledger_does():
     assert shuffle.gaussian_dp.assumption is not None
 
 
+@pytest.mark.slow
 @pytest.mark.statistical
 def test_every_step_shuffled_audits_stay_below_the_deterministic_batch_bound():
     """Every step observed, N = 20, b = 10, E = 2, z = 0.5: with the canary in one batch per
@@ -226,6 +229,7 @@ def test_configuration_checks():
     assert (config.sampling_probability, config.steps, config.score_unit()) == (0.1, 30, 0.1)
 
 
+@pytest.mark.slow
 def test_the_claims_module_is_framework_free():
     """dpledger.audit.sampler_claims imports neither torch nor tensorflow (docs/architecture.md,
     "Soundness rules", rule 2)."""

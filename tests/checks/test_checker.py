@@ -399,6 +399,7 @@ def test_a_harness_with_misshapen_predictions_is_rejected():
         DPSGDChecker(BadPredict(), input_shape=(5,), loss="mse").clipping_applied()
 
 
+@pytest.mark.slow
 def test_core_modules_import_neither_torch_nor_tensorflow():
     code = (
         "import sys\n"

@@ -23,6 +23,7 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 @pytest.mark.statistical
 def test_correct_step_exits_zero_and_prints_the_report(capsys, tmp_path):
     pytest.importorskip("matplotlib")

@@ -14,6 +14,8 @@ pytest.importorskip("matplotlib")
 
 from dpledger.accountants import PrvAccountant  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the module's fixture runs the clipping study
+
 STUDY = Path(__file__).resolve().parents[2] / "benchmarks" / "clipping_study.py"
 
 

@@ -131,6 +131,7 @@ def _slack(name: str, smaller: PrivacyResult, larger: PrivacyResult, steps: int)
     return 1e-12 * max(1.0, larger.epsilon)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(name=names, q=q_values, z=z_values, t=t_values, delta=delta_values, eps=eps_values)
 def test_epsilon_and_delta_are_typed_and_valid(
@@ -150,6 +151,7 @@ def test_epsilon_and_delta_are_typed_and_valid(
             _check_result(result)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(name=names, q=q_values, z=z_values, t=st.integers(1, 400), delta=delta_values)
 def test_epsilon_is_monotone_in_steps(name: str, q: float, z: float, t: int, delta: float) -> None:
@@ -174,6 +176,7 @@ def test_epsilon_is_monotone_in_steps(name: str, q: float, z: float, t: int, del
     t=st.integers(1, 400),
     delta=delta_values,
 )
+@pytest.mark.slow
 def test_epsilon_is_monotone_in_q(
     name: str, q: float, factor: float, z: float, t: int, delta: float
 ) -> None:
@@ -204,6 +207,7 @@ def test_epsilon_is_monotone_in_q(
     t=st.integers(1, 400),
     delta=delta_values,
 )
+@pytest.mark.slow
 def test_epsilon_is_monotone_in_noise(
     name: str, q: float, z: float, factor: float, t: int, delta: float
 ) -> None:
@@ -329,6 +333,7 @@ def test_rdp_is_monotone_in_noise_at_fuzzed_counterexamples(
     )
 
 
+@pytest.mark.slow  # counts the examples of the fuzz tests above, which are slow
 def test_examples_were_run() -> None:
     """Runs last (file order): every fuzz test above drew its examples."""
     if not _COUNTS:

@@ -259,6 +259,7 @@ def test_accountant_settings_raise_only_typed_errors(
     argument=st.sampled_from(("target_epsilon", "delta", "other", "bracket", "time_budget_s")),
     value=values,
 )
+@pytest.mark.slow
 def test_calibration_arguments_raise_only_typed_errors(
     which: str, argument: str, value: Any
 ) -> None:

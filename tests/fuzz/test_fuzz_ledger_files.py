@@ -208,6 +208,7 @@ def _load(path: Path) -> tuple[PrivacyLedger | None, list[str], BaseException | 
     deadline=None,  # some examples hold multi-megabyte lines
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+@pytest.mark.slow
 @given(data=st.data())
 def test_damaged_files_load_as_a_prefix_or_raise_a_typed_error(
     original: bytes, tmp_path: Path, data: st.DataObject

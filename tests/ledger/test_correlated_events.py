@@ -271,6 +271,7 @@ def test_info_shows_the_releases(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert got[1]["sampling"] == "poisson_within_bands" and got[1]["bands"] == 4
 
 
+@pytest.mark.slow
 def test_epsilon_command_names_the_releases(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -28,6 +28,7 @@ def test_the_flat_label_is_the_keras_one() -> None:
     assert FLAT_LABEL == "gradient"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("accountant", [RdpAccountant(), PldAccountant()], ids=["rdp", "pld"])
 def test_a_file_with_the_former_label_replays_to_the_same_epsilon(tmp_path, accountant) -> None:
     former, current = tmp_path / "former.dpl", tmp_path / "current.dpl"

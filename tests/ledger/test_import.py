@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -25,6 +27,7 @@ def test_import_dpledger_loads_no_heavy_module() -> None:
     assert result.stdout.strip() == ""
 
 
+@pytest.mark.slow
 def test_dp_accounting_is_imported_only_for_to_dp_event() -> None:
     code = (
         "import sys\n"

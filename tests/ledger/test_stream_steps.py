@@ -126,6 +126,7 @@ def test_fast_and_thorough_readers_agree(tmp_path: Path) -> None:
     assert steps == [StreamStepEvent(0, t) for t in range(5)]
 
 
+@pytest.mark.slow
 def test_epsilon_is_identical_with_and_without_stream_steps() -> None:
     """Reference: the same ledger without its stream-step lines; every accountant must give the
     identical value (the release accounts for its whole stream)."""

@@ -208,6 +208,7 @@ def test_global_clipping_drops_exactly_the_records_above_the_bound(
     x=records_arrays(np.float64, st.floats(-1e6, 1e6)),
     bound=st.floats(min_value=1e-3, max_value=1e3),
 )
+@pytest.mark.slow
 def test_flat_clipping_is_the_projection_onto_the_ball(x: np.ndarray, bound: float) -> None:
     (clipped,) = clip_records(x, l2_norm_bound=bound)
     norms = exact_record_norms(x)

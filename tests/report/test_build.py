@@ -28,6 +28,7 @@ def report(shared_ledger: Path) -> PrivacyReport:
     return build_report(shared_ledger, delta=DELTA, curve_points=POINTS)
 
 
+@pytest.mark.slow
 def test_verification_of_an_intact_closed_ledger(
     report: PrivacyReport, shared_ledger: Path
 ) -> None:
@@ -61,6 +62,7 @@ def test_header_samplers_queries_and_runs(report: PrivacyReport) -> None:
     assert (run["first_step"], run["last_step"]) == (1, STEPS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["rdp", "prv", "gdp", "pld"])
 def test_each_accountant_row_is_the_accountants_own_answer(
     report: PrivacyReport, shared_ledger: Path, name: str
@@ -94,6 +96,7 @@ def test_the_claim_is_the_smallest_upper_bound(report: PrivacyReport) -> None:
     assert report.to_dict()["claim"]["epsilon"] == best.epsilon
 
 
+@pytest.mark.slow
 def test_the_tradeoff_comes_from_the_pld_profile(
     report: PrivacyReport, shared_ledger: Path
 ) -> None:
@@ -187,6 +190,7 @@ def test_the_approximation_is_labelled_no_guarantee(report: PrivacyReport) -> No
     assert gdp.kind == "approximation" and "no guarantee" in (gdp.kind_label or "")
 
 
+@pytest.mark.slow
 def test_an_audit_is_shown_beside_the_claim(shared_ledger: Path, tmp_path: Path) -> None:
     audit_file = tmp_path / "audit.json"
     audit_file.write_text(json.dumps({"lower_bound": 0.25, "delta": 1e-5, "confidence": 0.95}))
@@ -255,6 +259,7 @@ def test_a_huge_epsilon_gives_a_finite_tradeoff(tmp_path: Path) -> None:
     assert "nan" not in render_markdown(report).lower()
 
 
+@pytest.mark.slow
 def test_a_curve_over_the_work_budget_keeps_the_epsilon(
     shared_ledger: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -278,6 +283,7 @@ def test_a_curve_over_the_work_budget_keeps_the_epsilon(
     assert "pld: no curve: " in render_markdown(report)
 
 
+@pytest.mark.slow
 def test_the_tradeoff_falls_back_to_prv_when_the_pld_profile_is_over_budget(
     shared_ledger: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -305,6 +311,7 @@ def test_an_altered_ledger_gets_no_number(ledger_file: Path) -> None:
     assert "ε =" not in markdown and "VERIFICATION FAILED" in markdown
 
 
+@pytest.mark.slow
 def test_a_truncated_ledger_is_stated_first(ledger_file: Path) -> None:
     content = ledger_file.read_bytes()
     ledger_file.write_bytes(content[:-10])  # the close marker's line cut short
@@ -341,6 +348,7 @@ def test_a_full_batch_report_has_the_gaussian_tradeoff(tmp_path: Path) -> None:
         assert exact - 1e-15 <= tpr <= ceiling + 1e-15
 
 
+@pytest.mark.slow
 def test_refusals_are_reported_with_their_reason_and_prv_gives_the_tradeoff(
     tmp_path: Path,
 ) -> None:

@@ -26,6 +26,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, captured.out, "".join(e for e in err if not e.startswith(PROGRESS_PREFIX))
 
 
+@pytest.mark.slow
 def test_out_writes_the_three_twins(shared_ledger: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "review"
     code, stdout, err = run(
@@ -40,11 +41,13 @@ def test_out_writes_the_three_twins(shared_ledger: Path, tmp_path: Path, capsys)
     assert data["claim"]["accountant"] == "rdp"
 
 
+@pytest.mark.slow
 def test_without_a_file_option_the_markdown_is_printed(shared_ledger: Path, capsys) -> None:
     code, out, err = run(capsys, "report", str(shared_ledger), "--delta", "1e-5", *FAST)
     assert code == 0 and err == "" and out.startswith("# Privacy report: ")
 
 
+@pytest.mark.slow
 def test_expect_head(shared_ledger: Path, tmp_path: Path, capsys) -> None:
     head = PrivacyLedger.load(shared_ledger).head_hash
     assert head is not None
@@ -75,6 +78,7 @@ def test_an_altered_file_fails_and_its_report_says_only_that(
     assert data["accountants"] == [] and data["claim"] is None
 
 
+@pytest.mark.slow
 def test_a_truncated_file_is_stated_first_and_strict_refuses_it(
     ledger_file: Path, tmp_path: Path, capsys
 ) -> None:
@@ -148,6 +152,7 @@ def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere(
     assert "report" in shown and "2/2" in shown and PROGRESS_PREFIX not in shown
 
 
+@pytest.mark.slow
 def test_progress_lines_name_each_stage_when_stderr_is_not_a_terminal(
     shared_ledger: Path, capsys
 ) -> None:

@@ -54,6 +54,7 @@ def _run_table(report: PrivacyReport) -> dict[str, str]:
     return dict(section.tables[0].rows)
 
 
+@pytest.mark.slow
 def test_delta_at_least_one_over_n_is_warned_about(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -72,6 +73,7 @@ def test_delta_at_least_one_over_n_is_warned_about(
     assert f"dpledger report: warning: {expected}" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_n_the_intent_and_the_generation_time_are_stated(tmp_path: Path) -> None:
     before = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     with_intent = build_report(
@@ -96,6 +98,7 @@ def test_n_the_intent_and_the_generation_time_are_stated(tmp_path: Path) -> None
     _in_every_format(without, "not recorded")
 
 
+@pytest.mark.slow
 def test_a_shuffled_ledger_carries_the_shuffle_gap(tmp_path: Path) -> None:
     path = _shuffled(tmp_path / "shuffled.dpl")
     delta = 1e-5

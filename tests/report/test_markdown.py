@@ -43,6 +43,7 @@ def _hostile_report(tmp_path: Path):  # type: ignore[no-untyped-def]
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_hostile_strings_reach_the_markdown_as_text_only(tmp_path: Path) -> None:
     markdown = render_markdown(_hostile_report(tmp_path))
     assert "<script" not in markdown and "<" not in markdown.replace("&lt;", "")

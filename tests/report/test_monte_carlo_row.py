@@ -50,6 +50,7 @@ def report(bins_ledger: Path) -> PrivacyReport:
         )
 
 
+@pytest.mark.slow
 def test_the_row_carries_the_accountants_own_confidence_bound(
     report: PrivacyReport, bins_ledger: Path
 ) -> None:

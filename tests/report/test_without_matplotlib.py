@@ -82,6 +82,7 @@ def _fail(*args: object, **kwargs: object) -> str:
     raise RuntimeError("rendering failed")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("broken", ["html", "markdown"])
 def test_a_failure_midway_leaves_no_file(
     shared_ledger: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -99,6 +100,7 @@ def test_a_failure_midway_leaves_no_file(
     assert list(tmp_path.iterdir()) == ([out] if out.exists() else [])
 
 
+@pytest.mark.slow
 def test_a_failed_rename_leaves_only_whole_files_and_no_temporary(
     shared_ledger: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,

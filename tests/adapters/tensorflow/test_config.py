@@ -86,6 +86,7 @@ def _settings(model: keras.Model) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_keras_model_from_config_fits_exactly_as_the_keywords():
     settings = _settings(_model())
     by_keywords = _fit(**settings)
@@ -94,6 +95,7 @@ def test_keras_model_from_config_fits_exactly_as_the_keywords():
     assert {e.label for e in by_config[1] if hasattr(e, "label")} == {"hidden", "head"}
 
 
+@pytest.mark.slow
 def test_private_gradients_from_config_are_exactly_the_keywords():
     settings = {**_settings(_model()), "strategy": "generic"}
     _assert_same_run(

@@ -111,6 +111,7 @@ def _train(spec: CorrelatedNoiseSpec, z: float, ledger: PrivacyLedger, epochs: i
     return dp, np.concatenate([np.asarray(v).ravel() for v in model.trainable_variables])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_each_step_adds_the_core_streams_noise_and_the_release_is_recorded_once(name, tmp_path):
     """Reference: the core generator ``noise_for(C, d, σ = z·S, seed)`` built here: the weights
@@ -175,6 +176,7 @@ def test_epsilon_of_an_unamplified_run_is_the_closed_form_of_its_mu(name, tmp_pa
             assert result.value >= exact
 
 
+@pytest.mark.slow
 def test_epsilon_of_an_amplified_bandmf_run(tmp_path):
     """References: dp-accounting's RDP accountant on k = T/period compositions of
     PoissonSampled(q, Gaussian(σ/(S·max_j ‖C_j‖))) and its PLD accountant on the ledger's
@@ -350,6 +352,7 @@ def _keras_model_for(spec, ledger, sampler=None):  # type: ignore[no-untyped-def
     return dp
 
 
+@pytest.mark.slow
 def test_save_and_load_continue_the_stream_without_recording_it_again(tmp_path):
     """Reference: an uninterrupted run of the same spec, seeds and batches."""
     spec = SPECS["bandmf_amplified"]
@@ -386,6 +389,7 @@ def _weights(dp: Any) -> np.ndarray:
     return np.concatenate([np.asarray(v).ravel() for v in dp.model.trainable_variables])
 
 
+@pytest.mark.slow
 def test_a_seedless_run_saved_and_loaded_continues_the_uninterrupted_run(tmp_path):
     """Reference: the same seedless run continued without interruption (same tolerance as the
     save-and-load test above). With seed=None for the sampler and the model, the save keeps the
@@ -429,6 +433,7 @@ def test_a_seedless_run_saved_and_loaded_continues_the_uninterrupted_run(tmp_pat
     assert a.stream_progress(0) == b.stream_progress(0) == spec.num_steps
 
 
+@pytest.mark.slow
 def test_an_older_save_is_refused_and_the_latest_continues(tmp_path):
     """Reference: an uninterrupted run of the same spec, seeds and batches (same tolerance as
     the save-and-load test above), and the ledger's progress: a save at p = 4 attached to the
@@ -511,6 +516,7 @@ def _private(spec: CorrelatedNoiseSpec, z: float, ledger: PrivacyLedger) -> Any:
     return private, sampler
 
 
+@pytest.mark.slow
 def test_private_gradients_add_the_core_streams_noise_step_by_step():
     """Reference: the core generator ``noise_for(C, d, σ = z·S, seed)`` built here: each call's
     gradient minus the σ = 0 call's on the same batch is w_t / denominator."""
@@ -552,6 +558,7 @@ def test_private_gradients_refuse_a_batch_at_another_position():
     assert ledger.correlated_releases == ()
 
 
+@pytest.mark.slow
 def test_a_second_release_with_a_given_seed_is_refused_before_anything_is_recorded():
     """Two releases of one ledger with the same seed would add the same noise to different
     gradients; the ledger records no seeds, so a ledger that holds a release takes another

@@ -402,6 +402,7 @@ def test_sample_weight_scales_each_example():
         assert_close(norms.losses, unweighted * weights, dtype=tf.float32)
 
 
+@pytest.mark.slow
 def test_dynamic_batch_size_inside_tf_function():
     """Traced once with an unknown batch size, then run on batches of 4, 1 and 0 records."""
     rng = np.random.default_rng(5)

@@ -51,6 +51,7 @@ def test_training_the_wrapped_model_directly_warns(method, caplog):
     assert dp.ledger.num_steps == 0  # nothing was recorded for those steps
 
 
+@pytest.mark.slow
 def test_the_wrappers_own_steps_and_inference_do_not_warn():
     inner, dp, sampler, x, y = _setup()
     with warnings.catch_warnings():

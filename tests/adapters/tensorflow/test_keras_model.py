@@ -51,6 +51,7 @@ def _loss(reduction: str = "sum_over_batch_size") -> keras.losses.Loss:
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps_per_execution", [1, 3])
 def test_fit_records_one_sampling_event_per_executed_step(steps_per_execution):
     x, y = _data(20)
@@ -102,6 +103,7 @@ def test_train_on_batch_with_sigma_zero_is_the_non_private_sgd_step():
     assert dp.ledger.num_steps == 1
 
 
+@pytest.mark.slow
 def test_wrapped_adam_and_adamw_take_their_own_steps_on_private_gradients():
     x, y = _data(12)
     for optimizer in (keras.optimizers.Adam(0.01), keras.optimizers.AdamW(0.01)):
@@ -151,6 +153,7 @@ def test_update_queries_changes_what_later_steps_record_without_retracing():
     assert sum(e.l2_norm_bound**2 for e in last.queries) == pytest.approx(4.0, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_bias_callback_is_called_once_per_nonempty_step():
     x, y = _data()
     sampler = PoissonDatasetSampler(population_size=60, sampling_probability=0.1, seed=2)
@@ -170,6 +173,7 @@ def test_bias_callback_is_called_once_per_nonempty_step():
     assert all(0.0 <= f <= 1.0 for _, f in seen)
 
 
+@pytest.mark.slow
 def test_evaluate_and_predict_use_the_wrapped_model():
     x, y = _data(10)
     model = _model()
@@ -219,6 +223,7 @@ def test_bad_inputs_are_refused_with_what_to_change():
         DPKerasModel(regularised, **ok)
 
 
+@pytest.mark.slow
 def test_fit_refuses_arrays_that_keras_would_cut_into_fixed_size_batches():
     # Keras's fit(x, y, batch_size=...) shuffles the arrays and cuts fixed-size batches: not the
     # Poisson sample of rate q the ledger would record for every step. Arrays are drawn from
@@ -306,6 +311,7 @@ class _KerasTrainStep:
         generator.reset(dp._dp_generator.state)
 
 
+@pytest.mark.slow
 def test_keras_fit_step_passes_every_implementation_bug_check():
     step = _KerasTrainStep()
     assert_dp_sgd_correct(
@@ -348,6 +354,7 @@ def test_fit_refuses_batches_the_recorded_sampler_did_not_draw(pipeline):
     assert dp.ledger.num_steps == 0
 
 
+@pytest.mark.slow
 def test_fit_accepts_the_samplers_draws_behind_prefetch_and_options():
     x, y = _data(20)
     sampler = PoissonDatasetSampler(population_size=20, sampling_probability=0.1, seed=4)
@@ -359,6 +366,7 @@ def test_fit_accepts_the_samplers_draws_behind_prefetch_and_options():
     assert dp.ledger.num_steps == 10
 
 
+@pytest.mark.slow
 def test_fit_on_arrays_draws_poisson_batches_at_the_recorded_q(caplog):
     x, y = _data(40)
     dp = DPKerasModel(

@@ -68,6 +68,7 @@ def _no_unrecorded_training():
         yield
 
 
+@pytest.mark.slow
 def test_round_trip_restores_the_model_its_weights_and_its_dp_configuration(tmp_path):
     """Reference: the saved model itself (its weights, DPConfig, sampling event, optimizer)."""
     x, y = _data()
@@ -118,6 +119,7 @@ def test_a_loaded_model_records_nothing_until_it_is_given_a_ledger(tmp_path):
         np.testing.assert_array_equal(a, b)  # no step was taken
 
 
+@pytest.mark.slow
 def test_training_after_load_continues_the_resumed_ledger_file(tmp_path):
     """Reference: closed forms of the step's queries (per-layer groups, equal clip split,
     proportional noise: S_g = C/√G and σ̃_g = z·√G·S_g = z·C) and the steps recorded before the

@@ -72,6 +72,7 @@ def _expected_events(sampler, epochs: int) -> list:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_fit_records_each_steps_event_and_averages_by_its_denominator(scheme):
     # No clipping and no noise: each step is w ← w − lr·Σ_i g_i / D with D the event's
@@ -117,6 +118,7 @@ def test_fit_records_each_steps_event_and_averages_by_its_denominator(scheme):
     np.testing.assert_allclose(got_b, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_the_written_ledger_replays_with_an_accountant_that_supports_the_scheme(scheme, tmp_path):
     x, y = _data()
@@ -217,6 +219,7 @@ def test_epoch_starts_follow_the_iterations_when_fit_keeps_an_iterator_across_ep
     assert starts == [True, False, True, False]
 
 
+@pytest.mark.slow
 def test_private_gradients_with_an_epoch_based_sampler():
     x, y = _data()
     sampler = BallsInBinsDatasetSampler(population_size=N, num_batches=3, seed=2)

@@ -9,6 +9,9 @@ import pytest
 
 from tests.adapters.tensorflow.subprocess_run import json_of_script
 
+# each test runs TensorFlow MirroredStrategy scripts in subprocesses (about 25 s of set-up)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def results() -> dict:

@@ -8,6 +8,10 @@ import pytest
 
 from tests.adapters.tensorflow.subprocess_run import json_of_script
 
+pytestmark = (
+    pytest.mark.slow
+)  # the module's fixture runs a MirroredStrategy training script in a subprocess
+
 
 @pytest.fixture(scope="module")
 def results() -> dict:

@@ -88,6 +88,7 @@ def _oracle_factors(norms: np.ndarray, bound: float, clipping: str) -> np.ndarra
     return bound / (norms + AutomaticClipping().stability)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clipping", ["flat", "global", "automatic"])
 @pytest.mark.parametrize("strategy", ["ghost", "generic"])
 def test_clipped_sum_equals_a_per_example_loop(clipping, strategy):
@@ -162,6 +163,7 @@ def test_per_layer_groups_with_dimension_allocation_and_joint_scaling():
     assert queries.queries[0].scales == (4.0, 1.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layer_type", sorted(COVERED_TYPES, key=lambda t: t.__name__))
 def test_fast_and_vectorized_steps_agree_with_noise(layer_type):
     name = COVERED_TYPES[layer_type]
@@ -239,6 +241,7 @@ def test_float32_rounding_never_lets_a_contribution_exceed_the_bound():
     assert np.any(contributions(0.0) > bound)
 
 
+@pytest.mark.slow
 def test_empty_batches_and_one_event_per_executed_step_inside_a_tf_function():
     model = _cnn()
     private = _private(model, l2_norm_bound=1.0, noise_multiplier=0.0)
@@ -256,6 +259,7 @@ def test_empty_batches_and_one_event_per_executed_step_inside_a_tf_function():
     assert [s.sampling.sampling_probability for s in private.ledger.steps()] == [Q] * 5
 
 
+@pytest.mark.slow
 def test_bias_callback_reports_the_metrics_of_the_explicit_loop():
     model = _cnn("float64")
     x, y = _batch(8, seed=9, dtype=np.float64)

@@ -118,6 +118,7 @@ def test_switching_off_logs_a_warning_and_accepts_the_mixing_model(caplog):
     assert private.ledger.num_steps == 1
 
 
+@pytest.mark.slow
 def test_fit_with_the_probe_trains_on_the_batches_it_would_have_drawn_without_it():
     # The probe peeks at the first batch of the sampler's dataset; the sampler's generator is
     # restored, so the Poisson batches (and so the trained weights) are those of a run without

@@ -114,6 +114,7 @@ CASES: dict[str, Callable] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_per_example_gradients_equal_a_float64_loop(name):
     rng = np.random.default_rng(zlib.crc32(name.encode()))
@@ -161,6 +162,7 @@ def test_recurrent_layers_without_a_rule_run_one_record_at_a_time():
         assert_close(got, want, dtype=tf.float64, scale=scale)
 
 
+@pytest.mark.slow
 def test_private_gradients_of_an_lstm_equal_the_clipped_per_example_loop():
     rng = np.random.default_rng(11)
     keras.utils.set_random_seed(11)
@@ -214,6 +216,7 @@ def _bigru_classifier() -> keras.Model:
     # the record-independence probe runs eagerly; one model with it keeps the test short
     [(_lstm_classifier, True), (_bigru_classifier, False)],
 )
+@pytest.mark.slow
 def test_dp_fit_of_a_text_classifier_records_every_step(build, probe):
     rng = np.random.default_rng(0)
     n = 24
@@ -289,6 +292,7 @@ def test_unsupported_recurrent_configurations_are_refused_before_recording(layer
     assert ledger.num_steps == 0
 
 
+@pytest.mark.slow
 def test_dropout_per_example_gradients_are_those_of_the_same_masks():
     # In training, dropout draws an independent mask for every record; the per-example
     # gradient of record i is ∂ℓ_i/∂θ of the batch's forward with those masks. Both runs start
@@ -328,6 +332,7 @@ def test_dropout_per_example_gradients_are_those_of_the_same_masks():
     assert not np.allclose(again[1], expected_sq[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision_clipped_contributions_stay_within_the_bound(policy):
     # The forward runs in float16/bfloat16; norms, factors, sums and noise in float32 or

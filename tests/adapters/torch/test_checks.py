@@ -58,6 +58,7 @@ def test_dp_sgd_wrapper_passes_every_check_with_the_fixed_denominator(strategy):
     assert report.verdicts == dict.fromkeys(CHECK_NAMES, Verdict.PASS)
 
 
+@pytest.mark.slow
 def test_dp_adam_wrapper_passes_the_checks_for_stateful_optimizers():
     def make_step(model):
         dp = _wrap(

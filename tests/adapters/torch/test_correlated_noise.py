@@ -463,6 +463,7 @@ def test_end_to_end_epsilon_equals_the_gaussian_of_the_releases_mu(
     assert rdp_eps >= exact - slack
 
 
+@pytest.mark.slow
 def test_end_to_end_amplified_bandmf_equals_k_poisson_subsampled_gaussians() -> None:
     """With Poisson sampling within the bands (bands ≤ period), the release is k Poisson-
     subsampled Gaussians of noise multiplier σ/(S·max_j ‖C_j‖) (Choquette-Choo et al. 2023,

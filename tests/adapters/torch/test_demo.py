@@ -31,6 +31,7 @@ def _pld_oracle_epsilon(*, q: float, z: float, steps: int, delta: float) -> floa
     return float(accountant.get_epsilon(delta))
 
 
+@pytest.mark.slow
 def test_demo_prints_the_epsilon_its_ledger_replays_to(tmp_path, capsys):
     path = tmp_path / "digits.dpl"
     rows = DEMO["main"](["--ledger", str(path), "--epochs", "2", "--target-epsilon", "6"])

@@ -20,6 +20,7 @@ from dpledger.ledger import SamplingEvent
 from tests.adapters.torch import distributed_worker as w
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_equal_one_process_on_the_union(tmp_path):
     mp.start_processes(w.worker, args=(2, str(tmp_path)), nprocs=2, join=True, start_method="spawn")
     w.single_process(tmp_path)

@@ -15,6 +15,7 @@ from dpledger import PrivacyLedger
 EXAMPLE = Path(__file__).parents[3] / "examples" / "hf_text_classifier.py"
 
 
+@pytest.mark.slow
 def test_bert_example_trains_and_reports_the_epsilon_of_its_ledger(tmp_path, capsys):
     main = runpy.run_path(str(EXAMPLE))["main"]
     path = tmp_path / "bert.dpl"

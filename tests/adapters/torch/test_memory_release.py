@@ -90,6 +90,7 @@ def _allocated(device: str) -> int:
     return torch.cuda.memory_allocated()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("where", ["forward", "dp.backward", "loss.backward"])
 def test_an_unfinished_step_is_freed_once_the_user_drops_model_and_optimizer(where, device):

@@ -373,6 +373,7 @@ def _train(model, dp, loader, epochs, device="cpu"):
             dp.step()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", sorted(SAMPLERS))
 def test_training_with_each_sampler_records_its_scheme_and_epochs(kind, device):
