@@ -35,8 +35,7 @@ def test_info_lists_the_sampling_kinds(tmp_path: Path, capsys) -> None:
     # the runs table: one row for the three epochs of one shape, not an epoch-start row plus
     # the rest for every epoch
     assert (
-        "  {:>12}  {:>16}  {:>10}  shuffle (3 epochs of 10 steps)\n".format("0.1", "0.8", 30)
-        in out
+        "  {:>12}  {:>16}  {:>10}  shuffle (3 epochs of 10 steps)\n".format("0.1", "0.8", 30) in out
     )
     assert "epoch start" not in out
     assert main(["info", str(path), "--json"]) == 0
