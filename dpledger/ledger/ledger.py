@@ -11,8 +11,10 @@ the run-length view that accountants need, maintained while recording so that re
 rescans the events; and, for a ledger with a file, the journal (:mod:`dpledger.ledger.journal`),
 which writes every event as a line of the file's hash chain.
 
-This module is a little over 500 lines because most of it is :class:`PrivacyLedger`'s public
-docstrings and argument checks; what it stores and writes is in those two modules.
+This module is over 500 lines because it is one class, :class:`PrivacyLedger`, the single
+object users record into and read from: most of its lines are the public methods' docstrings and
+argument checks (every kind of line it records, notes and write-ahead flushing included); what it
+stores and writes is in those two modules.
 """
 
 from __future__ import annotations
