@@ -27,7 +27,6 @@ from pathlib import Path
 import griffe
 import pytest
 
-from dpledger import PrivacyLedger
 from dpledger.cli import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -327,8 +326,7 @@ def test_the_docstring_walk_names_what_is_undocumented(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def ledger_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``demo.dpl`` as ``examples/ledger_demo.py`` writes it, and ``run.dpl``: 3,000 Poisson
-    steps (q = 0.004, n = 60,000) of one sum query with z = 1.1."""
+    """A folder holding ``demo.dpl`` as ``examples/ledger_demo.py`` writes it."""
     folder = tmp_path_factory.mktemp("ledgers")
     argv = sys.argv
     sys.argv = ["ledger_demo.py", str(folder / "demo.dpl")]
@@ -336,10 +334,6 @@ def ledger_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
         runpy.run_path(str(ROOT / "examples" / "ledger_demo.py"), run_name="__main__")
     finally:
         sys.argv = argv
-    with PrivacyLedger(folder / "run.dpl") as ledger:
-        for _ in range(3000):
-            ledger.record_sample(sampling_probability=0.004, population_size=60_000)
-            ledger.record_sum_query(l2_norm_bound=1.0, noise_stddev=1.1)
     return folder
 
 
