@@ -9,8 +9,7 @@ API reference is read by static analysis (griffe) and needs neither framework.
 The docstring check is static too (griffe, no import): every name in ``__all__`` of a documented
 package that is a class or a function, and every public method of such a class, has a docstring.
 
-Code blocks of the pages that follow the comment ``<!-- runs in tests/test_docs_site.py -->`` are
-run here, each in a fresh folder holding the ledger files it loads.
+The code blocks of the pages run in ``tests/test_readme_blocks.py``, in order, as pasted.
 """
 
 from __future__ import annotations
@@ -21,16 +20,13 @@ import math
 import os
 import re
 import runpy
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import griffe
 import pytest
 
-from dpledger import PrivacyLedger
 from dpledger.cli import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -328,24 +324,9 @@ def test_the_docstring_walk_names_what_is_undocumented(tmp_path: Path) -> None:
     assert [entry.split(" ")[0] for entry in missing] == ["planted.Thing.run", "planted.helper"]
 
 
-_RUNNABLE = re.compile(r"<!-- runs in tests/test_docs_site\.py -->\n```python\n(.*?)\n```", re.S)
-_PLACEHOLDERS = {"num_steps": 3, "q": 0.01, "n": 1000}
-"""Values for the names a documented example leaves to the reader."""
-
-
-def _runnable_blocks() -> Iterator[object]:
-    for page in sorted((ROOT / "docs").rglob("*.md")):
-        for index, code in enumerate(_RUNNABLE.findall(page.read_text(encoding="utf-8"))):
-            yield pytest.param(code, id=f"{page.relative_to(ROOT / 'docs').as_posix()}-{index}")
-
-
-RUNNABLE_BLOCKS = list(_runnable_blocks())
-
-
 @pytest.fixture(scope="module")
 def ledger_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``demo.dpl`` as ``examples/ledger_demo.py`` writes it, and ``run.dpl``: 3,000 Poisson
-    steps (q = 0.004, n = 60,000) of one sum query with z = 1.1."""
+    """A folder holding ``demo.dpl`` as ``examples/ledger_demo.py`` writes it."""
     folder = tmp_path_factory.mktemp("ledgers")
     argv = sys.argv
     sys.argv = ["ledger_demo.py", str(folder / "demo.dpl")]
@@ -353,28 +334,7 @@ def ledger_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
         runpy.run_path(str(ROOT / "examples" / "ledger_demo.py"), run_name="__main__")
     finally:
         sys.argv = argv
-    with PrivacyLedger(folder / "run.dpl") as ledger:
-        for _ in range(3000):
-            ledger.record_sample(sampling_probability=0.004, population_size=60_000)
-            ledger.record_sum_query(l2_norm_bound=1.0, noise_stddev=1.1)
     return folder
-
-
-def test_the_pages_mark_examples_to_run() -> None:
-    assert len(RUNNABLE_BLOCKS) >= 6, "the marked examples were not found"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("code", RUNNABLE_BLOCKS)
-def test_documented_example_runs(
-    code: str, ledger_files: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A marked example of the docs runs as written against the current API."""
-    monkeypatch.chdir(tmp_path)
-    for name in ("demo.dpl", "run.dpl"):
-        if f'load("{name}")' in code:
-            shutil.copy(ledger_files / name, tmp_path / name)
-    exec(compile(code, "<documented example>", "exec"), dict(_PLACEHOLDERS))
 
 
 def _quoted_block(page: str, after: str) -> list[str]:

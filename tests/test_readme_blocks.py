@@ -1,4 +1,4 @@
-"""Every code block of the README and of the tutorial pages runs as pasted.
+"""Every code block of the README and of the docs pages runs as pasted.
 
 A reader pastes a page's blocks in order into one session in a fresh folder: the ```python
 blocks into one Python interpreter (the names one block defines are there for the next), the
@@ -28,12 +28,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-PAGES = (
-    "README.md",
-    "docs/getting-started.md",
-    *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs" / "how-to").glob("*.md")),
-)
-"""The pages whose blocks run, README first."""
+_FIRST = ("README.md", "docs/getting-started.md")
+_DOCS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md"))
 
 _FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
 _NOT_RUN = re.compile(r"<!-- not-run: (\S[^>]*?) -->\s*$")
@@ -57,6 +53,16 @@ def runnable_blocks(text: str) -> list[tuple[str, str]]:
             continue
         blocks.append((language, code))
     return blocks
+
+
+PAGES = tuple(
+    page
+    for page in (*_FIRST, *(page for page in _DOCS if page not in _FIRST))
+    if runnable_blocks((ROOT / page).read_text(encoding="utf-8"))
+)
+"""The pages with a block that runs: the README, the getting-started page, then every other page
+of docs/ (the concepts, the how-to guides, the reference, ...); a page whose blocks are all
+marked not-run, or that has none, has nothing to run."""
 
 
 _DRIVER = r"""
@@ -150,6 +156,8 @@ def test_every_block_of_the_page_runs_as_pasted(page: str, tmp_path: Path) -> No
 
 
 def test_pages_have_blocks_and_the_marker_is_honoured() -> None:
+    concepts = [f"docs/concepts/{name}.md" for name in ("accountants", "ledger", "mechanisms")]
+    assert {*concepts, "docs/correlated-noise.md", "docs/ledger-format.md"} <= set(PAGES)
     readme = runnable_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
     assert [lang for lang, _ in readme].count("python") >= 3  # two quick starts, accounting
     assert any(code.startswith("dpledger report") for lang, code in readme if lang == "bash")
