@@ -30,21 +30,21 @@ from typing import Any
 import attrs
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.correlated_step import (
-    CorrelatedStream,
-    check_one_group,
-    state_from_json,
-    state_to_json,
-)
+from dpledger.adapters.tensorflow.correlated_step import CorrelatedStream
 from dpledger.adapters.tensorflow.cyclic_sampler import CyclicDatasetSampler
 from dpledger.adapters.tensorflow.fit_data import BATCH_SOURCES
 from dpledger.errors import InvalidParameterError, NoiseStreamEndError, SamplerMismatchError
 from dpledger.ledger import NeighboringRelation, PrivacyLedger
-from dpledger.ledger.correlated import check_stream_resume
 from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent
 from dpledger.mechanisms import DPConfig
 from dpledger.mechanisms.construction_checks import check_ledger
 from dpledger.mechanisms.correlated import CorrelatedNoiseSpec
+from dpledger.mechanisms.correlated.stream import (
+    check_noise,
+    check_one_group,
+    state_from_json,
+    state_to_json,
+)
 from dpledger.mechanisms.gradient_queries import GradientQueries
 
 __all__ = [
@@ -92,12 +92,9 @@ def stream_of(
             :class:`CyclicDatasetSampler` drawing what the spec asks for; several groups or scales;
             a noise ``generator`` or a ``bias_callback`` (not supported with correlated noise).
     """
-    if isinstance(noise, str) and noise == "independent":
+    spec = check_noise(noise)
+    if spec is None:
         return None
-    if not isinstance(noise, CorrelatedNoiseSpec):
-        raise InvalidParameterError(
-            "noise", noise, "'independent' or a dpledger.mechanisms.correlated.CorrelatedNoiseSpec"
-        )
     if not isinstance(sampler, CyclicDatasetSampler) or not noise.matches(sampler.cyclic_scheme):
         raise InvalidParameterError(
             "sampler",
@@ -123,7 +120,7 @@ def stream_of(
     bound = check_one_group(queries)
     dim = sum(int(tf.size(v)) for v in model.trainable_variables)
     return CorrelatedStream(
-        noise.factorization(),
+        spec,
         sampler,
         l2_norm_bound=bound,
         noise_multiplier=config.noise_multiplier,
@@ -212,7 +209,7 @@ def correlated_batches(
         SamplerMismatchError: ``x`` is batches the sampler did not draw.
     """
     sampler = stream.sampler
-    stream.check_left()
+    stream.check_open()
     if batch_size is not None:
         raise InvalidParameterError(
             "batch_size",
@@ -263,7 +260,7 @@ def correlated_to_json(spec: CorrelatedNoiseSpec, stream: CorrelatedStream) -> d
             "sampling_probability": sampler.sampling_probability,
             "seed": sampler.seed,
         },
-        "state": state_to_json(stream.state()),
+        "state": state_to_json(stream.state_dict()),
     }
 
 
@@ -294,25 +291,6 @@ def attach_release(
         LedgerStateError: the ledger records fewer steps of the release than the saved stream
             took (it is not the run's ledger).
     """
-    release = None
-    if stream.recorded:
-        releases = ledger.correlated_releases
-        matching = [i for i, e in enumerate(releases) if e == stream.event]
-        if not matching:
-            raise InvalidParameterError(
-                "ledger",
-                ledger,
-                "the ledger that holds this model's correlated-noise release (reopen the run's "
-                "file with PrivacyLedger(path, resume=True)): the saved stream continues a "
-                "release recorded there, and a ledger without it would not account for the "
-                "steps taken",
-            )
-        release = stream.release if stream.release in matching else matching[-1]
-        check_stream_resume(
-            release=release,
-            checkpoint_step=stream.step,
-            ledger_step=ledger.stream_progress(release),
-        )
     if sampler is None:
         sampler = stream.sampler
     if (
@@ -328,8 +306,8 @@ def attach_release(
             f"saved at stream step {stream.step}",
             f"a model saved at the end of a pass (a multiple of period={sampler.period})",
         )
+    stream.resume(ledger)
     sampler.seek(stream.step)
     sampler.drive()
     stream.sampler = sampler
-    stream.release = release
     return sampler
