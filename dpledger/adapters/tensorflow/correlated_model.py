@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.correlated_step import CorrelatedStream
+from dpledger.adapters.tensorflow.correlated_step import CorrelatedDatasetStream
 from dpledger.adapters.tensorflow.cyclic_sampler import CyclicDatasetSampler
 from dpledger.adapters.tensorflow.fit_data import BATCH_SOURCES
 from dpledger.errors import InvalidParameterError, NoiseStreamEndError, SamplerMismatchError
@@ -71,7 +71,7 @@ def stream_of(
     bias_callback: Any,
     *,
     gated: bool = False,
-) -> CorrelatedStream | None:
+) -> CorrelatedDatasetStream | None:
     """The release's stream for ``noise=spec`` (None for ``noise="independent"``), after the
     checks that tie it to the sampler.
 
@@ -119,7 +119,7 @@ def stream_of(
         )
     bound = check_one_group(queries)
     dim = sum(int(tf.size(v)) for v in model.trainable_variables)
-    return CorrelatedStream(
+    return CorrelatedDatasetStream(
         spec,
         sampler,
         l2_norm_bound=bound,
@@ -133,7 +133,7 @@ def stream_of(
 
 
 @contextlib.contextmanager
-def fit_window(stream: CorrelatedStream | None) -> Iterator[None]:
+def fit_window(stream: CorrelatedDatasetStream | None) -> Iterator[None]:
     """Open a gated stream for the steps of one ``fit`` whose data was checked."""
     if stream is None:
         yield
@@ -145,7 +145,7 @@ def fit_window(stream: CorrelatedStream | None) -> Iterator[None]:
         stream.open = False
 
 
-def no_sampling_event(stream: CorrelatedStream) -> InvalidParameterError:
+def no_sampling_event(stream: CorrelatedDatasetStream) -> InvalidParameterError:
     """The error for the sampling event of a model or ``PrivateGradients`` with correlated
     noise: its steps record no sampling event, one release stands for the stream."""
     return InvalidParameterError(
@@ -158,7 +158,7 @@ def no_sampling_event(stream: CorrelatedStream) -> InvalidParameterError:
     )
 
 
-def refuse_query_changes(stream: CorrelatedStream | None, noise: Any) -> None:
+def refuse_query_changes(stream: CorrelatedDatasetStream | None, noise: Any) -> None:
     """Refuse ``update_queries`` on a model with a release (one S and σ for its stream).
 
     Raises:
@@ -174,7 +174,7 @@ def refuse_query_changes(stream: CorrelatedStream | None, noise: Any) -> None:
 
 
 def ledger_for_release(
-    ledger: PrivacyLedger | None, stream: CorrelatedStream, config: DPConfig | None
+    ledger: PrivacyLedger | None, stream: CorrelatedDatasetStream, config: DPConfig | None
 ) -> PrivacyLedger:
     """The run's ledger: a new in-memory one holding the run's intent, or the one given (its
     missing intent is logged)."""
@@ -198,7 +198,7 @@ def ledger_for_release(
 
 
 def correlated_batches(
-    x: Any, y: Any, batch_size: Any, kwargs: dict[str, Any], *, stream: CorrelatedStream
+    x: Any, y: Any, batch_size: Any, kwargs: dict[str, Any], *, stream: CorrelatedDatasetStream
 ) -> Any:
     """The batches ``fit`` trains on: the sampler's draws of arrays ``x`` (and ``y``,
     ``sample_weight``), or ``x`` itself when it is a dataset the sampler made.
@@ -244,7 +244,9 @@ def correlated_batches(
     return x
 
 
-def correlated_to_json(spec: CorrelatedNoiseSpec, stream: CorrelatedStream) -> dict[str, Any]:
+def correlated_to_json(
+    spec: CorrelatedNoiseSpec, stream: CorrelatedDatasetStream
+) -> dict[str, Any]:
     """What a saved model keeps of its release: the spec, the sampler's parameters, the clip
     bound and z, and the stream's state (generator, step, buffers, whether it was recorded)."""
     sampler = stream.sampler
@@ -274,7 +276,7 @@ def correlated_from_json(
 
 
 def attach_release(
-    stream: CorrelatedStream, ledger: PrivacyLedger, sampler: Any
+    stream: CorrelatedDatasetStream, ledger: PrivacyLedger, sampler: Any
 ) -> CyclicDatasetSampler:
     """Check the ledger and sampler given to a loaded model with a release; position the
     sampler at the stream's step.

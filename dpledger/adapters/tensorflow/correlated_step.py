@@ -1,10 +1,12 @@
 """Correlated noise in the Keras DP step: the release recorded once, each step's w_t added to the
 clipped sum (``docs/correlated-noise.md``, "Keras").
 
-:class:`CorrelatedStream` is the host side: at every executed step, in a ``tf.numpy_function`` (so
-at execution, never at trace time), it checks that the stream has a step left, that the batch is the
-one the :class:`~dpledger.adapters.tensorflow.CyclicDatasetSampler` drew for the stream's step, runs
-the sensitivity check on the clipped sum (‖Σ clipped‖ ≤ |R|·S), records the ``correlated_release``
+:class:`CorrelatedDatasetStream` is the host side, the core
+:class:`~dpledger.mechanisms.correlated.stream.CorrelatedStream` tied to the batches of a
+:class:`~dpledger.adapters.tensorflow.CyclicDatasetSampler`: at every executed step, in a
+``tf.numpy_function`` (so at execution, never at trace time), it checks that the stream has a
+step left, that the batch is the one the sampler drew for the stream's step, runs the
+sensitivity check on the clipped sum (‖Σ clipped‖ ≤ |R|·S), records the ``correlated_release``
 event on the first step, then ``stream_step t`` (both before any noisy output of the step) and
 returns the step's float64 noise w_t from the core generator
 (:func:`~dpledger.mechanisms.correlated.noise_for`). :class:`CorrelatedDPStep` adds w_t to the
@@ -39,10 +41,10 @@ from dpledger.mechanisms.correlated.stream import CorrelatedStream as CoreStream
 from dpledger.mechanisms.gradient_queries import GradientQueries
 from dpledger.mechanisms.sum_query_checks import check_sensitivity
 
-__all__ = ["CorrelatedDPStep", "CorrelatedStream"]
+__all__ = ["CorrelatedDPStep", "CorrelatedDatasetStream"]
 
 
-class CorrelatedStream(CoreStream):
+class CorrelatedDatasetStream(CoreStream):
     """The core stream of a Keras run, tied to the batches of its :class:`CyclicDatasetSampler`
     (module docstring).
 
@@ -162,7 +164,7 @@ class CorrelatedDPStep(DPStep):
 
     Not constructed by users: :class:`~dpledger.adapters.tensorflow.DPKerasModel` builds it for
     ``noise=`` a correlated spec. Stages 1–3 (per-example norms, clip factors, clipped sums) are
-    :class:`DPStep`'s; stage 4 is :meth:`CorrelatedStream.step_noise` and stage 5 adds w_t.
+    :class:`DPStep`'s; stage 4 is :meth:`CorrelatedDatasetStream.step_noise` and stage 5 adds w_t.
     """
 
     def __init__(
@@ -170,7 +172,7 @@ class CorrelatedDPStep(DPStep):
         engine: PerExampleGradientEngine,
         queries: GradientQueries,
         *,
-        stream: CorrelatedStream,
+        stream: CorrelatedDatasetStream,
         ledger: PrivacyLedger,
         clip_margin: float | None,
     ) -> None:

@@ -31,7 +31,7 @@ from dpledger.mechanisms.correlated.stream import CorrelatedStream as CoreStream
 from dpledger.mechanisms.correlated.stream import check_noise, check_one_group
 from dpledger.sampling.cyclic import CyclicScheme
 
-__all__ = ["CorrelatedNoiseSetup", "CorrelatedStream", "check_noise"]
+__all__ = ["CorrelatedBatchStream", "CorrelatedNoiseSetup", "check_noise"]
 
 
 def _to_tensors(value: Any) -> Any:
@@ -56,7 +56,7 @@ def _to_arrays(value: Any) -> Any:
     return value
 
 
-class CorrelatedStream(CoreStream):
+class CorrelatedBatchStream(CoreStream):
     """The core stream with its noise as tensors and its state as a torch checkpoint's."""
 
     def record(
@@ -151,7 +151,7 @@ class CorrelatedNoiseSetup:
     stays None.
     """
 
-    _stream: CorrelatedStream | None = None
+    _stream: CorrelatedBatchStream | None = None
     _distributed: bool
 
     def _init_stream(
@@ -192,7 +192,7 @@ class CorrelatedNoiseSetup:
         opt._user_level = False
         opt._ledger = correlated_ledger(ledger)
         noise_seed = secrets.randbits(62) if seed is None else seed
-        self._stream = CorrelatedStream(
+        self._stream = CorrelatedBatchStream(
             spec, scheme=scheme, seed=noise_seed, fresh_seed=seed is None
         )
         return True

@@ -32,7 +32,7 @@ from dpledger.adapters.tensorflow import (
     PoissonDatasetSampler,
     PrivateGradients,
 )
-from dpledger.adapters.tensorflow.correlated_step import CorrelatedStream
+from dpledger.adapters.tensorflow.correlated_step import CorrelatedDatasetStream
 from dpledger.errors import (
     InvalidParameterError,
     LedgerNotAttachedError,
@@ -263,7 +263,9 @@ def test_sensitivity_check_runs_before_the_release_is_recorded():
     spec = SPECS["tree_honaker"]
     ledger = PrivacyLedger()
     sampler = _sampler(spec)
-    stream = CorrelatedStream(spec, sampler, l2_norm_bound=S, noise_multiplier=Z, dim=3, seed=0)
+    stream = CorrelatedDatasetStream(
+        spec, sampler, l2_norm_bound=S, noise_multiplier=Z, dim=3, seed=0
+    )
     with pytest.raises(SensitivityCheckError):
         stream.step_noise(ledger, num_records=2, position=0, norm=2.5 * S, eps=1e-16)
     assert ledger.correlated_releases == () and stream.step == 0
@@ -573,7 +575,9 @@ def test_a_pass_started_before_the_previous_one_ended_is_refused():
     spec = SPECS["bandmf_amplified"]
     ledger = PrivacyLedger()
     sampler = _sampler(spec)
-    stream = CorrelatedStream(spec, sampler, l2_norm_bound=S, noise_multiplier=Z, dim=3, seed=0)
+    stream = CorrelatedDatasetStream(
+        spec, sampler, l2_norm_bound=S, noise_multiplier=Z, dim=3, seed=0
+    )
     first = iter(sampler.index_dataset())
     for j in range(PERIOD - 1):
         next(first)
