@@ -40,6 +40,7 @@ Example:
 
 from __future__ import annotations
 
+import threading
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -54,7 +55,7 @@ from dpledger.sampling.validation import (
 )
 from dpledger.validation import check_non_negative_int, check_positive_int
 
-__all__ = ["CyclicParticipation", "CyclicScheme"]
+__all__ = ["CyclicParticipation", "CyclicPasses", "CyclicScheme"]
 
 _PARTITION, _POISSON = 0, 1  # the two independent streams spawned from the seed
 _STATE_KEYS = frozenset({"population_size", "period", "num_steps", "sampling_probability", "seed"})
@@ -257,3 +258,100 @@ class CyclicScheme:
 
     def _key(self) -> tuple[Any, ...]:
         return (self._n, self._period, self._steps, self._q, self._seed)
+
+
+class CyclicPasses:
+    """Which stream steps the passes over a cyclic sampler's batches draw (thread-safe).
+
+    One pass is ``period`` batches, for the steps [s, s + period) from the pass's first step s
+    (:attr:`next_step`). On its own, s moves on by ``period`` at the start of every pass. Once a
+    model drives the passes (:meth:`drive`), s moves on only when the model has released the last
+    step of a pass (:meth:`released`): a pass that is started and abandoned (a peek, an iterator
+    a distribution strategy makes) takes no step of the stream. A step drawn after the model
+    released it, from a pass started before the previous one ended, would repeat that step's
+    Poisson draw instead of making a fresh one: such draws are noted (:meth:`take_stale_draws`)
+    so that the model refuses its next step.
+
+    Args:
+        scheme: the cyclic scheme; its T must be a multiple of its period (every pass visits
+            every group once).
+
+    Raises:
+        InvalidParameterError: T is not a multiple of the period (``num_steps``).
+    """
+
+    def __init__(self, scheme: CyclicScheme) -> None:
+        if scheme.num_steps % scheme.period:
+            raise InvalidParameterError(
+                "num_steps",
+                scheme.num_steps,
+                f"a multiple of period={scheme.period} (each pass over the dataset visits "
+                "every group once)",
+            )
+        self._period, self._steps = scheme.period, scheme.num_steps
+        self._next_step = 0
+        self._released = 0  # stream steps released by the driving model
+        self._stale: list[int] = []  # steps drawn after they were released
+        self._driven = False
+        self._lock = threading.Lock()
+
+    @property
+    def next_step(self) -> int:
+        """The stream step of the first batch of the next pass."""
+        with self._lock:
+            return self._next_step
+
+    def seek(self, step: Any) -> None:
+        """Start the next pass at stream step ``step`` (a run resumed from a save).
+
+        Raises:
+            InvalidParameterError: ``step`` is not a multiple of the period in [0, T].
+        """
+        t = check_non_negative_int("step", step)
+        if t % self._period or t > self._steps:
+            raise InvalidParameterError(
+                "step", step, f"a multiple of period={self._period} in [0, {self._steps}]"
+            )
+        with self._lock:
+            self._next_step = t
+            self._released = t
+            self._stale.clear()
+
+    def restore(self, step: int) -> None:
+        """Put :attr:`next_step` back to ``step`` (after a peek that started passes)."""
+        with self._lock:
+            self._next_step = step
+
+    def drive(self) -> None:
+        """Let a model move the passes on (:meth:`released`) instead of every pass started."""
+        with self._lock:
+            self._driven = True
+
+    def start_pass(self) -> int:
+        """The first step of a pass that starts now (moving on by a period unless driven)."""
+        with self._lock:
+            start = self._next_step
+            if not self._driven:
+                self._next_step = start + self._period
+        return start
+
+    def drawn(self, step: int) -> None:
+        """A pass drew the batch of ``step``: noted as stale when the model released it."""
+        with self._lock:
+            if self._driven and step < self._released:
+                self._stale.append(step)
+
+    def released(self, step: int) -> None:
+        """The driving model released stream step ``step``: after the last step of a pass, the
+        next pass starts at ``step + 1``."""
+        with self._lock:
+            self._released = max(self._released, step + 1)
+            if self._driven and (step + 1) % self._period == 0:
+                self._next_step = step + 1
+
+    def take_stale_draws(self) -> list[int]:
+        """The stream steps drawn (since the last call) after the driving model had released
+        them, emptied."""
+        with self._lock:
+            stale, self._stale = self._stale, []
+        return stale

@@ -18,7 +18,7 @@ from dpledger.ledger import PrivacyLedger
 from dpledger.mechanisms.correlated import optimize_banded_toeplitz
 from dpledger.mechanisms.correlated.release import release_event
 from dpledger.sampling import CyclicScheme
-from dpledger.sampling.cyclic import CyclicParticipation
+from dpledger.sampling.cyclic import CyclicParticipation, CyclicPasses
 from dpledger.sampling.participation import ParticipationKind
 
 
@@ -256,3 +256,66 @@ def test_a_scheme_state_rebuilds_the_same_draws_and_only_its_seed_may_differ() -
     for bad in (None, {**state, "extra": 1}, {"seed": 4}):
         with pytest.raises(InvalidParameterError, match="state"):
             CyclicScheme.from_state(bad, like=scheme)
+
+
+# ---------------------------------------------------------------------- CyclicPasses
+
+
+def _passes(num_steps: int = 6, period: int = 2) -> CyclicPasses:
+    return CyclicPasses(
+        CyclicScheme(population_size=10, period=period, num_steps=num_steps, seed=0)
+    )
+
+
+def test_passes_move_on_by_a_period_until_a_model_drives_them() -> None:
+    passes = _passes()
+    assert [passes.start_pass() for _ in range(3)] == [0, 2, 4]
+    passes.seek(2)
+    passes.drive()
+    assert passes.start_pass() == 2 and passes.start_pass() == 2  # abandoned passes take no step
+    passes.released(2)
+    assert passes.next_step == 2  # the pass's last step (3) is not released yet
+    passes.released(3)
+    assert passes.next_step == 4
+
+
+def test_a_step_drawn_after_its_release_is_noted_once() -> None:
+    passes = _passes()
+    passes.drive()
+    passes.drawn(0)
+    passes.released(0)
+    passes.drawn(1)  # drawn before its release: fine
+    passes.released(1)
+    assert passes.take_stale_draws() == []
+    passes.drawn(0)  # a pass started before the previous one ended
+    passes.drawn(1)
+    passes.drawn(2)
+    assert passes.take_stale_draws() == [0, 1] and passes.take_stale_draws() == []
+    undriven = _passes()
+    undriven.released(3)
+    undriven.drawn(0)
+    assert undriven.take_stale_draws() == []  # on its own a sampler notes nothing
+
+
+@pytest.mark.parametrize("step", [1, 8, -2, 2.0, True])
+def test_seek_takes_a_multiple_of_the_period_within_the_stream(step: object) -> None:
+    with pytest.raises(InvalidParameterError, match="step"):
+        _passes().seek(step)
+
+
+def test_seek_forgets_stale_draws_and_restore_puts_the_pass_back() -> None:
+    passes = _passes()
+    passes.drive()
+    passes.released(1)
+    passes.drawn(0)
+    passes.seek(4)
+    assert passes.take_stale_draws() == [] and passes.next_step == 4
+    passes.restore(2)
+    assert passes.next_step == 2
+    passes.seek(6)  # T itself: the stream is over
+    assert passes.next_step == 6
+
+
+def test_a_stream_of_part_of_a_pass_is_refused() -> None:
+    with pytest.raises(InvalidParameterError, match="multiple of period=4"):
+        _passes(num_steps=6, period=4)

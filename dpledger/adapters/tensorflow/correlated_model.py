@@ -30,21 +30,21 @@ from typing import Any
 import attrs
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.correlated_step import (
-    CorrelatedStream,
-    check_one_group,
-    state_from_json,
-    state_to_json,
-)
+from dpledger.adapters.tensorflow.correlated_step import CorrelatedDatasetStream
 from dpledger.adapters.tensorflow.cyclic_sampler import CyclicDatasetSampler
 from dpledger.adapters.tensorflow.fit_data import BATCH_SOURCES
 from dpledger.errors import InvalidParameterError, NoiseStreamEndError, SamplerMismatchError
 from dpledger.ledger import NeighboringRelation, PrivacyLedger
-from dpledger.ledger.correlated import check_stream_resume
 from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent
 from dpledger.mechanisms import DPConfig
 from dpledger.mechanisms.construction_checks import check_ledger
 from dpledger.mechanisms.correlated import CorrelatedNoiseSpec
+from dpledger.mechanisms.correlated.stream import (
+    check_noise,
+    check_one_group,
+    state_from_json,
+    state_to_json,
+)
 from dpledger.mechanisms.gradient_queries import GradientQueries
 
 __all__ = [
@@ -71,7 +71,7 @@ def stream_of(
     bias_callback: Any,
     *,
     gated: bool = False,
-) -> CorrelatedStream | None:
+) -> CorrelatedDatasetStream | None:
     """The release's stream for ``noise=spec`` (None for ``noise="independent"``), after the
     checks that tie it to the sampler.
 
@@ -92,12 +92,9 @@ def stream_of(
             :class:`CyclicDatasetSampler` drawing what the spec asks for; several groups or scales;
             a noise ``generator`` or a ``bias_callback`` (not supported with correlated noise).
     """
-    if isinstance(noise, str) and noise == "independent":
+    spec = check_noise(noise)
+    if spec is None:
         return None
-    if not isinstance(noise, CorrelatedNoiseSpec):
-        raise InvalidParameterError(
-            "noise", noise, "'independent' or a dpledger.mechanisms.correlated.CorrelatedNoiseSpec"
-        )
     if not isinstance(sampler, CyclicDatasetSampler) or not noise.matches(sampler.cyclic_scheme):
         raise InvalidParameterError(
             "sampler",
@@ -122,8 +119,8 @@ def stream_of(
         )
     bound = check_one_group(queries)
     dim = sum(int(tf.size(v)) for v in model.trainable_variables)
-    return CorrelatedStream(
-        noise.factorization(),
+    return CorrelatedDatasetStream(
+        spec,
         sampler,
         l2_norm_bound=bound,
         noise_multiplier=config.noise_multiplier,
@@ -136,7 +133,7 @@ def stream_of(
 
 
 @contextlib.contextmanager
-def fit_window(stream: CorrelatedStream | None) -> Iterator[None]:
+def fit_window(stream: CorrelatedDatasetStream | None) -> Iterator[None]:
     """Open a gated stream for the steps of one ``fit`` whose data was checked."""
     if stream is None:
         yield
@@ -148,7 +145,7 @@ def fit_window(stream: CorrelatedStream | None) -> Iterator[None]:
         stream.open = False
 
 
-def no_sampling_event(stream: CorrelatedStream) -> InvalidParameterError:
+def no_sampling_event(stream: CorrelatedDatasetStream) -> InvalidParameterError:
     """The error for the sampling event of a model or ``PrivateGradients`` with correlated
     noise: its steps record no sampling event, one release stands for the stream."""
     return InvalidParameterError(
@@ -161,7 +158,7 @@ def no_sampling_event(stream: CorrelatedStream) -> InvalidParameterError:
     )
 
 
-def refuse_query_changes(stream: CorrelatedStream | None, noise: Any) -> None:
+def refuse_query_changes(stream: CorrelatedDatasetStream | None, noise: Any) -> None:
     """Refuse ``update_queries`` on a model with a release (one S and σ for its stream).
 
     Raises:
@@ -177,7 +174,7 @@ def refuse_query_changes(stream: CorrelatedStream | None, noise: Any) -> None:
 
 
 def ledger_for_release(
-    ledger: PrivacyLedger | None, stream: CorrelatedStream, config: DPConfig | None
+    ledger: PrivacyLedger | None, stream: CorrelatedDatasetStream, config: DPConfig | None
 ) -> PrivacyLedger:
     """The run's ledger: a new in-memory one holding the run's intent, or the one given (its
     missing intent is logged)."""
@@ -201,7 +198,7 @@ def ledger_for_release(
 
 
 def correlated_batches(
-    x: Any, y: Any, batch_size: Any, kwargs: dict[str, Any], *, stream: CorrelatedStream
+    x: Any, y: Any, batch_size: Any, kwargs: dict[str, Any], *, stream: CorrelatedDatasetStream
 ) -> Any:
     """The batches ``fit`` trains on: the sampler's draws of arrays ``x`` (and ``y``,
     ``sample_weight``), or ``x`` itself when it is a dataset the sampler made.
@@ -212,7 +209,7 @@ def correlated_batches(
         SamplerMismatchError: ``x`` is batches the sampler did not draw.
     """
     sampler = stream.sampler
-    stream.check_left()
+    stream.check_open()
     if batch_size is not None:
         raise InvalidParameterError(
             "batch_size",
@@ -247,7 +244,9 @@ def correlated_batches(
     return x
 
 
-def correlated_to_json(spec: CorrelatedNoiseSpec, stream: CorrelatedStream) -> dict[str, Any]:
+def correlated_to_json(
+    spec: CorrelatedNoiseSpec, stream: CorrelatedDatasetStream
+) -> dict[str, Any]:
     """What a saved model keeps of its release: the spec, the sampler's parameters, the clip
     bound and z, and the stream's state (generator, step, buffers, whether it was recorded)."""
     sampler = stream.sampler
@@ -263,7 +262,7 @@ def correlated_to_json(spec: CorrelatedNoiseSpec, stream: CorrelatedStream) -> d
             "sampling_probability": sampler.sampling_probability,
             "seed": sampler.seed,
         },
-        "state": state_to_json(stream.state()),
+        "state": state_to_json(stream.state_dict()),
     }
 
 
@@ -277,7 +276,7 @@ def correlated_from_json(
 
 
 def attach_release(
-    stream: CorrelatedStream, ledger: PrivacyLedger, sampler: Any
+    stream: CorrelatedDatasetStream, ledger: PrivacyLedger, sampler: Any
 ) -> CyclicDatasetSampler:
     """Check the ledger and sampler given to a loaded model with a release; position the
     sampler at the stream's step.
@@ -294,25 +293,6 @@ def attach_release(
         LedgerStateError: the ledger records fewer steps of the release than the saved stream
             took (it is not the run's ledger).
     """
-    release = None
-    if stream.recorded:
-        releases = ledger.correlated_releases
-        matching = [i for i, e in enumerate(releases) if e == stream.event]
-        if not matching:
-            raise InvalidParameterError(
-                "ledger",
-                ledger,
-                "the ledger that holds this model's correlated-noise release (reopen the run's "
-                "file with PrivacyLedger(path, resume=True)): the saved stream continues a "
-                "release recorded there, and a ledger without it would not account for the "
-                "steps taken",
-            )
-        release = stream.release if stream.release in matching else matching[-1]
-        check_stream_resume(
-            release=release,
-            checkpoint_step=stream.step,
-            ledger_step=ledger.stream_progress(release),
-        )
     if sampler is None:
         sampler = stream.sampler
     if (
@@ -328,8 +308,8 @@ def attach_release(
             f"saved at stream step {stream.step}",
             f"a model saved at the end of a pass (a multiple of period={sampler.period})",
         )
+    stream.resume(ledger)
     sampler.seek(stream.step)
     sampler.drive()
     stream.sampler = sampler
-    stream.release = release
     return sampler

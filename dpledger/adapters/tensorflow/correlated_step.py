@@ -1,10 +1,12 @@
 """Correlated noise in the Keras DP step: the release recorded once, each step's w_t added to the
 clipped sum (``docs/correlated-noise.md``, "Keras").
 
-:class:`CorrelatedStream` is the host side: at every executed step, in a ``tf.numpy_function`` (so
-at execution, never at trace time), it checks that the stream has a step left, that the batch is the
-one the :class:`~dpledger.adapters.tensorflow.CyclicDatasetSampler` drew for the stream's step, runs
-the sensitivity check on the clipped sum (‖Σ clipped‖ ≤ |R|·S), records the ``correlated_release``
+:class:`CorrelatedDatasetStream` is the host side, the core
+:class:`~dpledger.mechanisms.correlated.stream.CorrelatedStream` tied to the batches of a
+:class:`~dpledger.adapters.tensorflow.CyclicDatasetSampler`: at every executed step, in a
+``tf.numpy_function`` (so at execution, never at trace time), it checks that the stream has a
+step left, that the batch is the one the sampler drew for the stream's step, runs the
+sensitivity check on the clipped sum (‖Σ clipped‖ ≤ |R|·S), records the ``correlated_release``
 event on the first step, then ``stream_step t`` (both before any noisy output of the step) and
 returns the step's float64 noise w_t from the core generator
 (:func:`~dpledger.mechanisms.correlated.noise_for`). :class:`CorrelatedDPStep` adds w_t to the
@@ -20,7 +22,6 @@ default ``groups="all"``) without joint scales.
 
 from __future__ import annotations
 
-import base64
 import math
 import threading
 from typing import Any
@@ -32,31 +33,23 @@ from dpledger.adapters.tensorflow.backend import TensorFlowBackend
 from dpledger.adapters.tensorflow.cyclic_sampler import CyclicDatasetSampler
 from dpledger.adapters.tensorflow.dp_step import DPStep
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine
-from dpledger.errors import InvalidParameterError, NoiseStreamEndError, SamplerMismatchError
+from dpledger.errors import InvalidParameterError, SamplerMismatchError
 from dpledger.ledger import PrivacyLedger
-from dpledger.ledger.correlated import CorrelatedReleaseEvent, check_new_release_seed
-from dpledger.mechanisms import ScaledGaussianSumQuery
 from dpledger.mechanisms.averaging import fixed_denominator_average
-from dpledger.mechanisms.correlated import noise_for
-from dpledger.mechanisms.correlated.release import release_event
-from dpledger.mechanisms.correlated.strategies import MatrixFactorization
+from dpledger.mechanisms.correlated.spec import CorrelatedNoiseSpec
+from dpledger.mechanisms.correlated.stream import CorrelatedStream as CoreStream
 from dpledger.mechanisms.gradient_queries import GradientQueries
 from dpledger.mechanisms.sum_query_checks import check_sensitivity
 
-__all__ = [
-    "CorrelatedDPStep",
-    "CorrelatedStream",
-    "check_one_group",
-    "state_from_json",
-    "state_to_json",
-]
+__all__ = ["CorrelatedDPStep", "CorrelatedDatasetStream"]
 
 
-class CorrelatedStream:
-    """The host side of a correlated-noise release in a Keras run (module docstring).
+class CorrelatedDatasetStream(CoreStream):
+    """The core stream of a Keras run, tied to the batches of its :class:`CyclicDatasetSampler`
+    (module docstring).
 
     Args:
-        factorization: the strategy C (and decoder B).
+        spec: the mechanism asked for.
         sampler: the :class:`CyclicDatasetSampler` that draws the batches; its participation
             schema and q are what the release records.
         l2_norm_bound: S, the clip bound of a record's whole gradient.
@@ -67,16 +60,16 @@ class CorrelatedStream:
         gated: steps are taken only while :attr:`open` (``DPKerasModel`` opens it during a
             ``fit`` whose data it checked, so ``train_on_batch`` on other data is refused).
         fresh_seed: whether ``seed`` was drawn from the operating system's entropy in this
-            process; only such a stream may record a release into a ledger that already holds
-            one (:func:`~dpledger.ledger.correlated.check_new_release_seed`).
+            process (as the core stream's).
 
     Raises:
-        InvalidParameterError: the factorization's T is not the sampler's, or a bad argument.
+        InvalidParameterError: the sampler does not draw what the spec asks for, or a bad
+            argument.
     """
 
     def __init__(
         self,
-        factorization: MatrixFactorization,
+        spec: CorrelatedNoiseSpec,
         sampler: CyclicDatasetSampler,
         *,
         l2_norm_bound: float,
@@ -95,56 +88,12 @@ class CorrelatedStream:
                 "a CyclicDatasetSampler: correlated noise is analysed under the cyclic batches it "
                 "draws",
             )
-        if factorization.num_steps != sampler.num_steps:
-            raise InvalidParameterError(
-                "sampler",
-                sampler,
-                f"a CyclicDatasetSampler of num_steps={factorization.num_steps} (the strategy's T)",
-            )
-        participation = sampler.cyclic_scheme.participation()
+        super().__init__(spec, scheme=sampler.cyclic_scheme, seed=seed, fresh_seed=fresh_seed)
         s = float(l2_norm_bound)
-        self.event: CorrelatedReleaseEvent = release_event(
-            factorization,
-            participation.schema,
-            l2_norm_bound=s,
-            noise_stddev=float(noise_multiplier) * s,
-            sampling_probability=participation.sampling_probability,
-            label=label,
-        )
-        self.factorization = factorization
+        self.start(l2_norm_bound=s, noise_stddev=float(noise_multiplier) * s, dim=dim, label=label)
         self.sampler = sampler
-        self.seed = int(seed)
-        self.fresh_seed = bool(fresh_seed)
-        self.noise = noise_for(
-            factorization, dim=dim, noise_stddev=self.event.noise_stddev, seed=self.seed
-        )
-        self.recorded = False
-        self.release: int | None = None  # the release's index in the ledger, once recorded
         self._lock = threading.Lock()
         sampler.drive()
-
-    @property
-    def step(self) -> int:
-        """The stream's next step (the number of noise vectors handed out)."""
-        return self.noise.step
-
-    @property
-    def num_steps(self) -> int:
-        """T."""
-        return self.noise.num_steps
-
-    def check_left(self) -> None:
-        """Refuse when all T steps were taken.
-
-        Raises:
-            NoiseStreamEndError: the stream has no step left.
-        """
-        if self.noise.step >= self.noise.num_steps:
-            raise NoiseStreamEndError(
-                f"the correlated-noise release has num_steps={self.num_steps} steps and all were "
-                "taken: step T + 1 is not part of the release the ledger recorded. Start a new "
-                "release (a new DPKerasModel with its own spec and ledger) to train further"
-            )
 
     def step_noise(
         self, ledger: PrivacyLedger, *, num_records: int, position: int, norm: float, eps: float
@@ -165,22 +114,20 @@ class CorrelatedStream:
             SensitivityCheckError: the clipped sum is longer than |R|·S.
         """
         with self._lock:
-            self.check_left()
+            self.check_open()
             if not self.open:
                 raise SamplerMismatchError(
                     "a DPKerasModel with correlated noise takes its steps only in fit(), on the "
                     "batches of its CyclicDatasetSampler (train_on_batch and other entry points "
-                    "are "
-                    "refused); nothing was released"
+                    "are refused); nothing was released"
                 )
-            t = self.noise.step
+            t = self.step
             stale = self.sampler.take_stale_draws()
             if stale:
                 raise SamplerMismatchError(
                     f"the CyclicDatasetSampler drew stream steps {stale} again after they were "
-                    "released "
-                    "(a pass over its dataset started before the previous one ended): such a "
-                    "batch repeats an earlier draw instead of the fresh one the release's "
+                    "released (a pass over its dataset started before the previous one ended): "
+                    "such a batch repeats an earlier draw instead of the fresh one the release's "
                     f"analysis assumes; step {t} was not released. Iterate the sampler's dataset "
                     "one pass at a time, as fit does"
                 )
@@ -191,6 +138,7 @@ class CorrelatedStream:
                     f"{start} is not the batch of the stream's step {t} (group "
                     f"{t % self.sampler.period} of {self.sampler!r}); nothing was released for it"
                 )
+            assert self.noise is not None and self.event is not None
             check_sensitivity(
                 norm,
                 num_records=num_records,
@@ -198,74 +146,17 @@ class CorrelatedStream:
                 eps=eps,
                 size=self.noise.dim,
             )
-            if not self.recorded:
-                release = len(ledger.correlated_releases)
-                check_new_release_seed(release, fresh_seed=self.fresh_seed)
-                ledger.record_correlated_release(self.event)
-                self.recorded, self.release = True, release
-            assert self.release is not None
-            ledger.record_stream_step(release=self.release, step=t)
-            noise = self.noise.next()
+            self.record_step(ledger)
+            noise = self.next_noise()
             self.sampler.released(t)
             return noise
 
-    def state(self) -> dict[str, Any]:
-        """The generator's state, whether the release is recorded and its index in the ledger
-        (for a checkpoint)."""
-        return {
-            "noise": self.noise.state_dict(),
-            "recorded": self.recorded,
-            "seed": self.seed,
-            "release": self.release,
-        }
-
     def load_state(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state` (the release is not recorded again when it was)."""
+        """Continue from :meth:`state_dict` (the release is not recorded again when it was);
+        the ledger is checked when it is attached (:meth:`resume`)."""
         if int(state["seed"]) != self.seed:
             raise InvalidParameterError("state['seed']", state["seed"], f"the seed {self.seed}")
-        self.noise.load_state_dict(state["noise"])
-        self.recorded = bool(state["recorded"])
-        if not self.recorded:
-            self.fresh_seed = False  # restored: an earlier process may have released with it
-        release = state.get("release")
-        self.release = None if release is None else int(release)
-
-
-def _encode(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        data = np.ascontiguousarray(value, dtype="<f8")
-        return {
-            "__float64__": base64.b64encode(data.tobytes()).decode("ascii"),
-            "shape": list(data.shape),
-        }
-    if isinstance(value, dict):
-        return {str(k): _encode(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_encode(v) for v in value]
-    if isinstance(value, (np.integer, np.floating)):
-        return value.item()
-    return value
-
-
-def _decode(value: Any) -> Any:
-    if isinstance(value, dict):
-        if "__float64__" in value:
-            raw = base64.b64decode(value["__float64__"])
-            return np.frombuffer(raw, dtype="<f8").reshape(value["shape"]).astype(np.float64)
-        return {k: _decode(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    return value
-
-
-def state_to_json(state: dict[str, Any]) -> dict[str, Any]:
-    """A :meth:`CorrelatedStream.state` as JSON values (float64 buffers as exact bytes)."""
-    return {str(k): _encode(v) for k, v in state.items()}
-
-
-def state_from_json(values: dict[str, Any]) -> dict[str, Any]:
-    """The state :func:`state_to_json` encoded."""
-    return {k: _decode(v) for k, v in values.items()}
+        self.load_state_dict(state, ledger=None)
 
 
 class CorrelatedDPStep(DPStep):
@@ -273,7 +164,7 @@ class CorrelatedDPStep(DPStep):
 
     Not constructed by users: :class:`~dpledger.adapters.tensorflow.DPKerasModel` builds it for
     ``noise=`` a correlated spec. Stages 1–3 (per-example norms, clip factors, clipped sums) are
-    :class:`DPStep`'s; stage 4 is :meth:`CorrelatedStream.step_noise` and stage 5 adds w_t.
+    :class:`DPStep`'s; stage 4 is :meth:`CorrelatedDatasetStream.step_noise` and stage 5 adds w_t.
     """
 
     def __init__(
@@ -281,7 +172,7 @@ class CorrelatedDPStep(DPStep):
         engine: PerExampleGradientEngine,
         queries: GradientQueries,
         *,
-        stream: CorrelatedStream,
+        stream: CorrelatedDatasetStream,
         ledger: PrivacyLedger,
         clip_margin: float | None,
     ) -> None:
@@ -360,19 +251,3 @@ class CorrelatedDPStep(DPStep):
             for s, w, shape in zip(sums, pieces, self._shapes, strict=True)
         ]
         return fixed_denominator_average(noised, denominator=self.denominator, backend=self.backend)
-
-
-def check_one_group(queries: GradientQueries) -> float:
-    """S of the single unscaled group a correlated release needs.
-
-    Raises:
-        InvalidParameterError: several groups, or joint scaled clipping.
-    """
-    if len(queries.queries) != 1 or isinstance(queries.queries[0], ScaledGaussianSumQuery):
-        raise InvalidParameterError(
-            "groups",
-            f"{len(queries.queries)} groups",
-            "one group without scales (groups='all'): a correlated-noise release records one "
-            "clip bound S and one σ = z·S for every coordinate",
-        )
-    return float(queries.queries[0].l2_norm_bound)

@@ -16,13 +16,14 @@ an iterator that ``tf.distribute`` or a peek creates and abandons draws batches 
 the seed and the step) but takes no step of the stream, and the model checks at every step that the
 batch's position in its pass is the stream's step's. A step drawn after the model released it (a
 pass started before the previous one ended, whose Poisson draws would repeat) is noted, and the
-model refuses its next step (:meth:`CyclicDatasetSampler.take_stale_draws`).
+model refuses its next step (:meth:`CyclicDatasetSampler.take_stale_draws`). That bookkeeping is
+the core's :class:`~dpledger.sampling.cyclic.CyclicPasses`; this module makes its ``tf.data``
+datasets.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,7 +33,7 @@ import tensorflow as tf
 from dpledger.adapters.tensorflow.sampler_base import RecordedDatasetSampler
 from dpledger.errors import InvalidParameterError
 from dpledger.sampling import CyclicScheme
-from dpledger.validation import check_non_negative_int
+from dpledger.sampling.cyclic import CyclicPasses
 
 __all__ = ["CyclicDatasetSampler"]
 
@@ -77,18 +78,7 @@ class CyclicDatasetSampler(RecordedDatasetSampler):
             sampling_probability=sampling_probability,
             seed=self.seed,
         )
-        if self._cyclic.num_steps % self._cyclic.period:
-            raise InvalidParameterError(
-                "num_steps",
-                num_steps,
-                f"a multiple of period={self._cyclic.period} (each pass over the dataset visits "
-                "every group once)",
-            )
-        self._next_step = 0
-        self._released = 0  # stream steps released by the driving model
-        self._stale: list[int] = []  # steps drawn after they were released
-        self._driven = False
-        self._count_lock = threading.Lock()
+        self._passes = CyclicPasses(self._cyclic)
 
     # ------------------------------------------------------------------ description
     @property
@@ -146,9 +136,8 @@ class CyclicDatasetSampler(RecordedDatasetSampler):
     @property
     def next_step(self) -> int:
         """The stream step of the first batch of the next pass over a dataset of
-        :meth:`sample`."""
-        with self._count_lock:
-            return self._next_step
+        :meth:`sample` (:class:`~dpledger.sampling.cyclic.CyclicPasses`)."""
+        return self._passes.next_step
 
     def seek(self, step: int) -> None:
         """Start the next pass at stream step ``step`` (a multiple of ``period``): for a run
@@ -157,37 +146,19 @@ class CyclicDatasetSampler(RecordedDatasetSampler):
         Raises:
             InvalidParameterError: ``step`` is not a multiple of ``period`` in [0, T].
         """
-        t = check_non_negative_int("step", step)
-        if t % self.period or t > self.num_steps:
-            raise InvalidParameterError(
-                "step", step, f"a multiple of period={self.period} in [0, {self.num_steps}]"
-            )
-        with self._count_lock:
-            self._next_step = t
-            self._released = t
-            self._stale.clear()
+        self._passes.seek(step)
 
     def drive(self) -> None:
         """Let a model move the passes on (:meth:`released`) instead of every pass started."""
-        with self._count_lock:
-            self._driven = True
+        self._passes.drive()
 
     def released(self, step: int) -> None:
-        """The driving model released stream step ``step``: after the last step of a pass, the
-        next pass starts at ``step + 1``."""
-        with self._count_lock:
-            self._released = max(self._released, step + 1)
-            if self._driven and (step + 1) % self.period == 0:
-                self._next_step = step + 1
+        """The driving model released stream step ``step``."""
+        self._passes.released(step)
 
     def take_stale_draws(self) -> list[int]:
-        """The stream steps drawn (since the last call) after the driving model had released
-        them, emptied. A batch of the current pass is drawn before its step is released; a
-        draw of a released step comes from a pass started before the previous one ended, whose
-        Poisson draws would repeat that pass's (the same records again, not a fresh draw)."""
-        with self._count_lock:
-            stale, self._stale = self._stale, []
-        return stale
+        """The stream steps drawn after the driving model had released them, emptied."""
+        return self._passes.take_stale_draws()
 
     @contextlib.contextmanager
     def preserved_state(self) -> Iterator[None]:
@@ -197,23 +168,15 @@ class CyclicDatasetSampler(RecordedDatasetSampler):
         try:
             yield
         finally:
-            with self._count_lock:
-                self._next_step = saved
+            self._passes.restore(saved)
 
     # ------------------------------------------------------------------ batches
     def _start_pass(self) -> np.int64:
-        with self._count_lock:
-            start = self._next_step
-            if not self._driven:
-                self._next_step = start + self.period
-        return np.int64(start)
+        return np.int64(self._passes.start_pass())
 
     def _draw(self, step: np.ndarray) -> np.ndarray:
-        t = int(step)
-        with self._count_lock:
-            if self._driven and t < self._released:
-                self._stale.append(t)
-        return np.asarray(self._cyclic.draw(t), dtype=np.int64)
+        self._passes.drawn(int(step))
+        return np.asarray(self._cyclic.draw(int(step)), dtype=np.int64)
 
     def index_dataset(self) -> tf.data.Dataset:
         """A dataset of ``period`` sorted int64 vectors: the records of the steps of the next

@@ -64,7 +64,7 @@ from dpledger.adapters.tensorflow.correlated_model import (
     refuse_query_changes,
     stream_of,
 )
-from dpledger.adapters.tensorflow.correlated_step import CorrelatedDPStep, CorrelatedStream
+from dpledger.adapters.tensorflow.correlated_step import CorrelatedDatasetStream, CorrelatedDPStep
 from dpledger.adapters.tensorflow.dp_step import DPStep, gradient_queries, variable_layout
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
 from dpledger.adapters.tensorflow.fit_data import (
@@ -215,7 +215,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
         self._dp_queries = settings.queries_for(**variable_layout(model.trainable_variables))
         self._dp_sampler, self._dp_noise = sampler, noise
         checks = (generator, seed, bias_callback)  # the stream is gated: steps only in fit()
-        self._dp_stream: CorrelatedStream | None = stream_of(
+        self._dp_stream: CorrelatedDatasetStream | None = stream_of(
             noise, sampler, self._dp_queries, model, settings.config, *checks, gated=True
         )
         events = None

@@ -34,14 +34,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from dpledger.errors import (
-    DPLedgerError,
-    InvalidParameterError,
-    RecordDependenceError,
-    RecordProbeError,
-    record_probe_failure,
-)
+from dpledger.mechanisms import record_independence as verdicts
 from dpledger.mechanisms.construction_checks import check_switch
+from dpledger.mechanisms.record_independence import PROBE_RECORDS, probe_size
 
 __all__ = [
     "PROBE_RECORDS",
@@ -51,11 +46,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-
-PROBE_RECORDS = 4
-"""The most records the probe uses (the first ones of the batch)."""
-
-_ULPS = 1024.0
 
 
 def _records(structure: Any) -> int | None:
@@ -88,9 +78,7 @@ def _changed_record_zero(structure: Any, m: int) -> tuple[Any, int | None]:
         return t is not None and len(t.shape) > 0 and int(t.shape[0]) == m
 
     leaves = [np.asarray(t) for t in tf.nest.flatten(structure) if records(t)]
-    other = next(
-        (k for k in range(1, m) if any(not np.array_equal(v[k], v[0]) for v in leaves)), None
-    )
+    other = verdicts.other_record(leaves, m)
 
     def change(t: Any) -> Any:
         if not records(t):
@@ -105,34 +93,11 @@ def _changed_record_zero(structure: Any, m: int) -> tuple[Any, int | None]:
     return tf.nest.map_structure(change, structure), other
 
 
-def _run(what: Any, *, m: int, run: str, other: int | None) -> Any:
-    """``what()``, a failure of the model (not of dpledger) raised as a RecordProbeError."""
-    try:
-        return what()
-    except DPLedgerError:
-        raise
-    except Exception as exc:
-        raise RecordProbeError(
-            record_probe_failure(exc, m=m, run=run, other=other), run=run
-        ) from exc
-
-
-def _moved(a: Any, b: Any) -> bool:
-    """Whether rows 1.. of two arrays differ beyond rounding."""
-    a, b = np.asarray(a), np.asarray(b)
-    if a.shape != b.shape or a.ndim == 0:
-        return False
-    a, b = a[1:], b[1:]
-    if np.array_equal(a, b, equal_nan=np.issubdtype(a.dtype, np.floating)):
-        return False
-    if not np.issubdtype(a.dtype, np.floating):
-        return True
-    eps = float(np.finfo(a.dtype).eps)
-    a64 = a.astype(np.float64).reshape(a.shape[0], -1)
-    b64 = b.astype(np.float64).reshape(b.shape[0], -1)
-    diff = np.linalg.norm(a64 - b64, axis=1)
-    size = np.linalg.norm(np.abs(a64) + np.abs(b64), axis=1)
-    return bool(np.any(~np.isfinite(diff)) or np.any(diff > _ULPS * eps * size + 1e-300))
+def _moved(a: Any, b: Any) -> bool | None:
+    """:func:`~dpledger.mechanisms.record_independence.rows_moved` of two arrays."""
+    a = np.asarray(a)
+    eps = float(np.finfo(a.dtype).eps) if np.issubdtype(a.dtype, np.floating) else None
+    return verdicts.rows_moved(a, np.asarray(b), eps=eps)
 
 
 def _layer_outputs(model: keras.Model) -> tuple[list[keras.layers.Layer], keras.Model] | None:
@@ -174,12 +139,10 @@ def probe_record_independence(
             original exception is chained).
         InvalidParameterError: ``max_records`` < 2.
     """
-    if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 2:
-        raise InvalidParameterError("max_records", max_records, "an integer >= 2")
     batch = _records(inputs)
-    if batch is None or batch < 2:
+    m = probe_size(batch, max_records)
+    if batch is None or m is None:
         return False
-    m = min(batch, max_records)
     a = _cut((inputs, targets, sample_weight), batch, m)
     b, other = _changed_record_zero(a[:2], m)
     b = (b[0], b[1], a[2])  # the same weights: a record's weight is not its data
@@ -195,10 +158,12 @@ def probe_record_independence(
         for run, (x, y, w) in (("original", a), ("changed", b)):
             restore()
             forward = probe_model[1] if probe_model is not None else model
-            outs = _run(functools.partial(forward, x, training=True), m=m, run=run, other=other)
+            outs = verdicts.run_probe_step(
+                functools.partial(forward, x, training=True), m=m, run=run, other=other
+            )
             outs = [o.numpy() for o in tf.nest.flatten(outs)]
             restore()
-            norms = _run(
+            norms = verdicts.run_probe_step(
                 functools.partial(engine.norms, x, y, sample_weight=w), m=m, run=run, other=other
             )
             results.append((outs, [n.numpy() for n in norms.squared_norms]))
@@ -208,7 +173,7 @@ def probe_record_independence(
     for k, (oa, ob) in enumerate(zip(outs_a, outs_b, strict=True)):
         if _moved(oa, ob):
             layer = probe_model[0][k] if probe_model is not None else model
-            _refuse(layer, m, "its outputs for the other records changed")
+            _refuse(layer, m, "changed its outputs for the other records")
     variables = engine.trainable_variables
     moved = [
         v.path if hasattr(v, "path") else v.name
@@ -216,7 +181,7 @@ def probe_record_independence(
         if _moved(na, nb)
     ]
     if moved:
-        _refuse(model, m, f"the per-example gradient norms of {moved} for other records changed")
+        _refuse(model, m, f"changed the per-example gradient norms of {moved} for other records")
     _log.debug("record-independence probe passed on %d records", m)
     return True
 
@@ -244,12 +209,12 @@ def check_probe_switch(check_record_independence: Any) -> bool:
 
 
 def _refuse(layer: keras.layers.Layer, m: int, what: str) -> None:
-    raise RecordDependenceError(
-        f"layer {layer.name!r} ({type(layer).__name__}) mixes the records of a batch: changing "
-        f"record 0 of a {m}-record probe batch, {what}. One record then moves every other "
-        "record's clipped gradient, so the sum's sensitivity exceeds the clip norm and the "
-        "ledger's epsilon would be wrong. Compute statistics per record (LayerNormalization, "
-        "GroupNormalization), never over axis 0.",
-        layer_name=layer.name,
+    raise verdicts.refuse_mixing(
+        kind="layer",
+        name=layer.name,
         layer_type=type(layer).__name__,
+        m=m,
+        what=f"{what}.",
+        advice="Compute statistics per record (LayerNormalization, GroupNormalization), never "
+        "over axis 0.",
     )

@@ -19,7 +19,6 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-import attrs
 import numpy as np
 import tensorflow as tf
 
@@ -111,18 +110,18 @@ class RecordedDatasetSampler:
         dataset made by :meth:`sample`.
 
         Every iteration draws a new epoch and yields exactly :attr:`steps_per_epoch` batches,
-        so the event follows from the position alone: for the epoch-based schemes, batch 0 of an
-        iteration has ``epoch_start=True`` and the others False; for the other schemes every
-        batch has the same event.
+        so the event follows from the position alone
+        (:meth:`~dpledger.sampling.BatchScheme.event_for_step`): for the epoch-based schemes,
+        batch 0 of an iteration has ``epoch_start=True`` and the others False; for the other
+        schemes every batch has the same event.
 
         Raises:
             InvalidParameterError: ``step`` is not an integer in [0, steps_per_epoch).
         """
+        if self._scheme is not None:
+            return self._scheme.event_for_step(step)
         check_step_position(step, steps_per_epoch=self.steps_per_epoch)
-        event = self.sampling_event
-        if self.epoch_based and step == 0:
-            return attrs.evolve(event, epoch_start=True)
-        return event
+        return self.sampling_event
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._shown)

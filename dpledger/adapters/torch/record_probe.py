@@ -20,7 +20,8 @@ redrawn. A forward that fails on either probe batch is reported as a
 Σ_j ⟨v_j, y_j⟩ + ½‖y_j‖² of the model outputs y_j (targets v_j drawn from a private, fixed-seed
 generator; the quadratic term makes the output gradient depend on the output) with the engine's
 own per-example gradients, i.e. exactly the vectors that training clips. It then checks
-(:mod:`~dpledger.adapters.torch.record_verdicts`), for every record j ≥ 1,
+(:mod:`~dpledger.mechanisms.record_independence`, on the runs' results as float64 arrays), for
+every record j ≥ 1,
 
 * that every module's output rows j are unchanged (forward hooks, in the order the calls end): the
   first module whose inputs are unchanged at rows j ≥ 1 but whose output is not is named in the
@@ -57,25 +58,14 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dpledger.adapters.torch.record_verdicts import (
-    refuse_mixing_forward,
-    refuse_moved_gradients,
-)
 from dpledger.adapters.torch.registry import layer_rule
-from dpledger.errors import (
-    DPLedgerError,
-    InvalidParameterError,
-    RecordProbeError,
-    UnsupportedLayerError,
-    record_probe_failure,
-)
+from dpledger.errors import DPLedgerError, UnsupportedLayerError
+from dpledger.mechanisms import record_independence as verdicts
+from dpledger.mechanisms.record_independence import PROBE_RECORDS, probe_size
 
 __all__ = ["PROBE_RECORDS", "model_fingerprint", "probe_record_independence", "records_in"]
 
 logger = logging.getLogger(__name__)
-
-PROBE_RECORDS = 4
-"""The most records the probe uses (the first ones of the batch)."""
 
 _SEED = 0x5EED_0F_D9
 
@@ -135,11 +125,8 @@ def _changed_record_zero(tree: Any, m: int) -> tuple[Any, int | None]:
     None).
     """
     leaves, spec = tree_flatten(tree)
-    rows = [t for t in leaves if _is_record(t, m)]
-    other = next(
-        (k for k in range(1, m) if any(not torch.equal(t[k], t[0]) for t in rows)),
-        None,
-    )
+    rows = [_host(t) for t in leaves if _is_record(t, m)]
+    other = verdicts.other_record(rows, m)
     out = []
     for t in leaves:
         if _is_record(t, m):
@@ -153,6 +140,74 @@ def _changed_record_zero(tree: Any, m: int) -> tuple[Any, int | None]:
             t = new
         out.append(t)
     return tree_unflatten(out, spec), other
+
+
+def _host(t: torch.Tensor) -> Any:
+    """A tensor's values as a NumPy array (float64 for floating dtypes: exact)."""
+    t = t.detach()
+    return (t.double() if t.is_floating_point() else t).cpu().numpy()
+
+
+def _moved(a: torch.Tensor, b: torch.Tensor) -> bool | None:
+    """:func:`~dpledger.mechanisms.record_independence.rows_moved` of two tensors (None: not
+    comparable: another shape, dtype or device)."""
+    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+        return None
+    if torch.equal(a[1:], b[1:]):
+        return False
+    eps = torch.finfo(a.dtype).eps if a.is_floating_point() else None
+    return verdicts.rows_moved(_host(a), _host(b), eps=eps)
+
+
+def _label(name: str, module: nn.Module) -> str:
+    return f"'{name}' ({type(module).__name__})" if name else f"the model ({type(module).__name__})"
+
+
+def refuse_mixing_forward(calls_a: dict, calls_b: dict, m: int) -> None:
+    """Refuse the first module whose output rows j >= 1 moved while its inputs' did not
+    (:func:`~dpledger.mechanisms.record_independence.first_mixing_call`)."""
+    found = verdicts.first_mixing_call(
+        {k: (ins, outs) for k, (_, ins, outs) in calls_a.items()},
+        {k: (ins, outs) for k, (_, ins, outs) in calls_b.items()},
+        moved=_moved,
+        name_of=lambda key: key[0],
+    )
+    if found is None:
+        return
+    key, child = found
+    module = calls_a[key][0]
+    hint = ""
+    if child is not None:
+        hint = (
+            f" The mixing happens in its own forward code: {_label(child[0], calls_a[child][0])} "
+            "already receives mixed inputs."
+        )
+    raise verdicts.refuse_mixing(
+        kind="module",
+        name=key[0],
+        layer_type=type(module).__name__,
+        m=m,
+        what=f"changed its output for the other records while its inputs for them were "
+        f"unchanged.{hint}",
+        advice="Compute statistics per record (nn.GroupNorm, nn.LayerNorm, pooling over "
+        "positions rather than the batch), keep the records along dimension 0 "
+        "(batch_first=True for attention), or freeze batch statistics (eval mode with "
+        "running statistics).",
+    )
+
+
+def refuse_moved_gradients(
+    grads_a: dict[str, torch.Tensor], grads_b: dict[str, torch.Tensor], m: int
+) -> None:
+    """:func:`~dpledger.mechanisms.record_independence.refuse_moved_gradients` of the runs'
+    per-example gradients."""
+    eps = max((torch.finfo(g.dtype).eps for g in grads_a.values()), default=0.0)
+    verdicts.refuse_moved_gradients(
+        {n: _host(g) for n, g in grads_a.items()},
+        {n: _host(g) for n, g in grads_b.items()},
+        m=m,
+        eps=eps,
+    )
 
 
 def _record_rows(tree: Any, m: int) -> list[torch.Tensor]:
@@ -293,13 +348,11 @@ def probe_record_independence(
         UnsupportedLayerError: the engine cannot give the probe batch per-example gradients.
         InvalidParameterError: ``max_records`` < 2.
     """
-    if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 2:
-        raise InvalidParameterError("max_records", max_records, "an integer >= 2")
     kwargs = dict(kwargs or {})
     batch = records_in(args, kwargs)
-    if batch is None or batch < 2:
+    m = probe_size(batch, max_records)
+    if batch is None or m is None:
         return False
-    m = min(batch, max_records)
     inner = _inner(model)
     names = {id(mod): name for name, mod in model.named_modules()}  # as the user names them
     generator = torch.Generator().manual_seed(_SEED)
@@ -356,16 +409,12 @@ def _probe_runs(
                 engine.clear()
                 recorder = _Recorder(inner, m, names)
                 try:
-                    try:
-                        out = inner(*a, **kw)
-                    except DPLedgerError:
-                        raise
-                    except Exception as exc:
-                        run_name = "original" if which == "A" else "changed"
-                        raise RecordProbeError(
-                            record_probe_failure(exc, m=m, run=run_name, other=other),
-                            run=run_name,
-                        ) from exc
+                    out = verdicts.run_probe_step(
+                        functools.partial(inner, *a, **kw),
+                        m=m,
+                        run="original" if which == "A" else "changed",
+                        other=other,
+                    )
                 finally:
                     recorder.remove()
                 leaves = [

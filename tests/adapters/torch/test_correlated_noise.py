@@ -319,7 +319,7 @@ def test_a_checkpoint_is_refused_with_a_ledger_without_its_release() -> None:
     _, fresh, _ = _optimizer(spec)
     fresh_ledger = PrivacyLedger()
     fresh._ledger = fresh_ledger  # another run's ledger
-    with pytest.raises(Exception, match="not in the ledger"):
+    with pytest.raises(InvalidParameterError, match="holds this model's correlated-noise"):
         fresh.load_state_dict(state)
 
 
