@@ -1,0 +1,480 @@
+"""User-level central DP for Flower: a strategy wrapper that samples, clips, noises and records.
+
+:class:`UserLevelDPStrategy` wraps any message-API Flower strategy (``FedAvg``, ``FedAdam``,
+``FedProx``, …) and makes each training round one step of DP-FedAvg (McMahan et al. 2018) whose
+record is one client's model update and whose unit of privacy is the user:
+
+1. **Cohort.** ``configure_train`` draws the round's cohort itself, over the client population
+   registered at the first round (``num_clients`` Flower nodes, sorted by node id), with a
+   recorded sampler: Poisson with rate q (add/remove-one; :class:`~dpledger.sampling.PoissonScheme`)
+   or ``cohort_size`` clients uniformly without replacement (replace-one;
+   :class:`~dpledger.sampling.FixedSizeScheme`). The wrapped strategy is asked for its train
+   message (its config, e.g. FedProx's μ) and its own choice of nodes is discarded.
+2. **Clip.** ``aggregate_train`` turns each reply into the update Δ_i = w_i − w_global and clips
+   it to L2 norm S on the server, or (``clipping="client"``) checks that the client clipped it:
+   an update longer than S (up to rounding) refuses the round with
+   :class:`~dpledger.errors.UpdateOverBoundError` before anything is recorded.
+3. **Sum, noise, record.** The clipped updates are summed and released through the core's
+   :class:`~dpledger.mechanisms.GaussianSumQuery` (or
+   :class:`~dpledger.mechanisms.AdaptiveClipping`, Andrew et al. 2021, which also releases the
+   noised count of unclipped updates as a second query (½, σ_b) of the same step):
+   the step's sampling event (unit ``user``) and sum-query
+   events reach the ledger file before the noised sum is returned (write-ahead).
+4. **Average.** The noised sum is divided by the sampler's fixed denominator (q·n, or the cohort
+   size), never by the number of clients that answered, and the wrapped strategy receives the
+   result w_global + Δ̄ as the one reply of the round, so FedAvg keeps it and FedAdam takes its
+   server step from it (post-processing).
+
+**Clients that were sampled but did not answer** (a timeout, a dropped connection, an error
+reply) contribute the zero update. The release is still the Gaussian sum query over the sampled
+users with each contribution in the ball of radius S (0 is in it), so its sensitivity is S (2S
+under replace-one) whatever subset answers, and the fixed denominator does not depend on who
+answered; the ledger records the round like any other. Each round with silent clients gets a
+ledger note ``{"flower_round": {"round": t, "sampled": k, "silent": s}}`` (no accountant reads
+it) and :attr:`UserLevelDPStrategy.silent_clients` counts them.
+
+Client metrics of the training replies are not private and are not passed on; the wrapped
+strategy's evaluation rounds run as configured and are not accounted (evaluate on the server,
+or treat client evaluation metrics as non-private).
+
+**Resume.** Give the strategy the ledger reopened with ``PrivacyLedger(path, resume=True)``:
+its earlier rounds stay in it, the new rounds are appended, and ε is over all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from dpledger.accountants.base import make_accountant
+from dpledger.accountants.calibration import calibrate_noise_multiplier
+from dpledger.errors import InvalidParameterError, SamplerMismatchError, UpdateOverBoundError
+from dpledger.integrations.flower.client import CLIP_NORM_KEY, UPDATE_NORM_KEY
+from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingEvent
+from dpledger.ledger.intent import note_intent, run_intent
+from dpledger.mechanisms import AdaptiveClipping, GaussianSumQuery
+from dpledger.mechanisms.averaging import fixed_denominator_average
+from dpledger.mechanisms.step import open_step
+from dpledger.sampling import FixedSizeScheme, PoissonScheme
+from dpledger.validation import check_delta, check_non_negative_finite, check_positive_finite
+
+__all__ = ["UserLevelDPStrategy"]
+
+_log = logging.getLogger(__name__)
+
+EPSILON_METRIC = "dpledger-epsilon"
+"""The key of ε after the round in the metrics the wrapper returns (with ``delta`` given)."""
+
+
+class _Round:
+    """What ``configure_train`` drew for a round, kept until its aggregation."""
+
+    __slots__ = ("cohort", "event", "reference")
+
+    def __init__(self, cohort: list[int], event: SamplingEvent, reference: ArrayRecord) -> None:
+        self.cohort = cohort
+        self.event = event
+        self.reference = reference
+
+
+class UserLevelDPStrategy(Strategy):
+    """Central user-level DP around a Flower strategy, every round recorded in a ledger.
+
+    Args:
+        strategy: the wrapped message-API strategy (``flwr.serverapp.strategy.FedAvg``, …).
+        ledger: the server's open :class:`~dpledger.PrivacyLedger`, under add/remove-one for
+            Poisson cohorts and replace-one for fixed-size cohorts (or reopened with
+            ``resume=True`` to continue a run).
+        num_clients: n, the number of clients (users) the cohorts are drawn from; the first
+            round waits up to ``registration_timeout`` seconds for exactly n nodes.
+        l2_norm_bound: S > 0, the bound every client's update is clipped to (the initial bound
+            with adaptive clipping).
+        sampling_probability: q in (0, 1], each client's chance to be in a round's cohort
+            (Poisson); or
+        cohort_size: m in [1, n], clients per round drawn without replacement (fixed size).
+        noise_multiplier: z ≥ 0 (σ̃ = z·S; z = 0 is recorded and not private); or
+        target_epsilon: the ε to calibrate z for over ``num_rounds`` rounds at ``delta``
+            (Poisson cohorts).
+        delta: δ of the target, and of the ε logged after every round (None: no ε logged).
+        num_rounds: the planned rounds of the calibration.
+        accountant: the accountant that calibrates z and logs ε (``"rdp"`` default, ``"prv"``,
+            ``"pld"``).
+        clipping: ``"server"`` (default: the server clips) or ``"client"`` (the clients clip
+            with :func:`~dpledger.integrations.flower.client.clip_client_update`; the server
+            refuses an update over S).
+        target_unclipped_quantile: γ in [0, 1] to adapt S towards (Andrew et al. 2021);
+            None keeps S fixed.
+        count_noise_stddev: σ_b of the unclipped count (default: the expected cohort / 20, the
+            paper's choice); the update query's noise is raised so that the step's z is z.
+        clip_learning_rate: η of the geometric update of S.
+        seed: seeds the cohort draws and the noise (recorded in the ledger's intent as
+            caller-given: the noise is then not secret); None draws from the OS.
+        registration_timeout: seconds the first round waits for the n clients.
+
+    Raises:
+        InvalidParameterError: a bad or missing argument, a ledger under the wrong neighbouring
+            relation, or both or neither of q and m, of z and the target.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        *,
+        ledger: PrivacyLedger,
+        num_clients: int,
+        l2_norm_bound: float,
+        sampling_probability: float | None = None,
+        cohort_size: int | None = None,
+        noise_multiplier: float | None = None,
+        target_epsilon: float | None = None,
+        delta: float | None = None,
+        num_rounds: int | None = None,
+        accountant: str = "rdp",
+        clipping: str = "server",
+        target_unclipped_quantile: float | None = None,
+        count_noise_stddev: float | None = None,
+        clip_learning_rate: float = 0.2,
+        seed: int | None = None,
+        registration_timeout: float = 60.0,
+    ) -> None:
+        if not isinstance(strategy, Strategy):
+            raise InvalidParameterError("strategy", strategy, "a flwr.serverapp.strategy.Strategy")
+        if not isinstance(ledger, PrivacyLedger):
+            raise InvalidParameterError("ledger", ledger, "a dpledger.PrivacyLedger")
+        if clipping not in ("server", "client"):
+            raise InvalidParameterError("clipping", clipping, '"server" or "client"')
+        self.strategy = strategy
+        self.ledger = ledger
+        self.clipping = clipping
+        self.delta = None if delta is None else check_delta("delta", delta)
+        self.scheme = _scheme(num_clients, sampling_probability, cohort_size)
+        relation = (
+            NeighboringRelation.ADD_REMOVE
+            if isinstance(self.scheme, PoissonScheme)
+            else NeighboringRelation.REPLACE_ONE
+        )
+        if ledger.neighboring is not relation:
+            raise InvalidParameterError(
+                "ledger",
+                f"a ledger under {ledger.neighboring.value}",
+                f"a ledger under {relation.value} for {self.scheme.describe()} cohorts",
+            )
+        self.event = (
+            SamplingEvent.poisson(self.scheme.sampling_probability, num_clients, unit="user")
+            if isinstance(self.scheme, PoissonScheme)
+            else SamplingEvent.fixed_size(self.scheme.batch_size, num_clients, unit="user")
+        )
+        self.denominator = float(self.scheme.average_denominator)
+        self.accountant = accountant
+        z = self._noise_multiplier(noise_multiplier, target_epsilon, num_rounds)
+        self.noise_multiplier = z
+        bound = check_positive_finite("l2_norm_bound", l2_norm_bound)
+        self._adaptive: AdaptiveClipping | None = None
+        self._query: GaussianSumQuery | None = None
+        if target_unclipped_quantile is not None:
+            self._adaptive = AdaptiveClipping(
+                initial_l2_norm_bound=bound,
+                target_unclipped_quantile=target_unclipped_quantile,
+                noise_multiplier=z,
+                count_noise_stddev=(
+                    self.denominator / 20.0 if count_noise_stddev is None else count_noise_stddev
+                ),
+                expected_batch_size=self.denominator,
+                learning_rate=clip_learning_rate,
+                label="update",
+            )
+        else:
+            self._query = GaussianSumQuery(
+                l2_norm_bound=bound, noise_stddev=z * bound, label="update"
+            )
+        self.registration_timeout = check_non_negative_finite(
+            "registration_timeout", registration_timeout
+        )
+        self._rng = np.random.default_rng(seed)
+        self.population: list[int] | None = None
+        self._pending: dict[int, _Round] = {}
+        self.cohorts: dict[int, list[int]] = {}
+        self.silent_clients = 0
+        self.epsilons: dict[int, float] = {}
+        intent = run_intent(
+            framework="flower",
+            framework_version=_flwr_version(),
+            population_size=self.scheme.population_size,
+            unit="user",
+            noise_multiplier=z,
+            target_epsilon=target_epsilon,
+            delta=self.delta,
+            accountant=accountant if target_epsilon is not None else None,
+            sampling=self.event.describe(),
+            sampling_probability=self.scheme.sampling_probability,
+            steps=num_rounds,
+        )
+        if seed is not None:
+            intent["seed"] = "caller-given (cohorts and noise are reproducible)"
+        note_intent(ledger, intent)
+
+    def _noise_multiplier(
+        self, noise_multiplier: float | None, target_epsilon: float | None, num_rounds: Any
+    ) -> float:
+        if (noise_multiplier is None) == (target_epsilon is None):
+            raise InvalidParameterError(
+                "noise_multiplier", noise_multiplier, "exactly one of noise_multiplier and "
+                "target_epsilon (with delta and num_rounds)",
+            )  # fmt: skip
+        if noise_multiplier is not None:
+            return check_non_negative_finite("noise_multiplier", noise_multiplier)
+        if not isinstance(self.scheme, PoissonScheme):
+            raise InvalidParameterError(
+                "target_epsilon", target_epsilon, "None with cohort_size= (calibration plans "
+                "Poisson rounds; give noise_multiplier= for fixed-size cohorts)",
+            )  # fmt: skip
+        if self.delta is None or num_rounds is None:
+            raise InvalidParameterError(
+                "num_rounds", num_rounds, "the planned rounds, with delta, for target_epsilon"
+            )
+        result = calibrate_noise_multiplier(
+            target_epsilon=target_epsilon,
+            delta=self.delta,
+            sampling_probability=self.scheme.sampling_probability,
+            steps=num_rounds,
+            accountant=self.accountant,
+            population_size=self.scheme.population_size,
+        )
+        return float(result.value)
+
+    @property
+    def l2_norm_bound(self) -> float:
+        """S of the next round (it moves with adaptive clipping)."""
+        if self._adaptive is not None:
+            return self._adaptive.l2_norm_bound
+        assert self._query is not None
+        return self._query.l2_norm_bound
+
+    def _register(self, grid: Grid) -> list[int]:
+        if self.population is not None:
+            return self.population
+        n = self.scheme.population_size
+        deadline = time.monotonic() + self.registration_timeout
+        while True:
+            nodes = sorted(int(i) for i in grid.get_node_ids())
+            if len(nodes) >= n or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        if len(nodes) != n:
+            raise InvalidParameterError(
+                "num_clients", n, f"the number of registered Flower nodes ({len(nodes)})"
+            )
+        self.population = nodes
+        return nodes
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Draw the round's cohort and send it the wrapped strategy's train message."""
+        population = self._register(grid)
+        if self.clipping == "client":
+            config[CLIP_NORM_KEY] = self.l2_norm_bound
+        inner = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        if not inner:
+            raise InvalidParameterError(
+                "strategy", self.strategy, "a strategy that configures training every round"
+            )
+        template = inner[0]
+        indices = self.scheme.draw(self._rng)
+        cohort = [population[int(i)] for i in indices]
+        self._pending[server_round] = _Round(cohort, self.event, arrays)
+        self.cohorts[server_round] = cohort
+        _log.info(
+            "round %d: cohort of %d of %d clients", server_round, len(cohort), len(population)
+        )
+        return [
+            Message(
+                content=template.content,
+                dst_node_id=node,
+                message_type=template.metadata.message_type or MessageType.TRAIN,
+            )
+            for node in cohort
+        ]
+
+    def _updates(
+        self, drawn: _Round, replies: list[Message]
+    ) -> tuple[list[str], list[np.ndarray], list[np.ndarray], list[float | None], list[int]]:
+        """The repliers' updates Δ_i stacked per array, their reported norms, the repliers."""
+        keys = list(drawn.reference.keys())
+        reference = [np.asarray(a, dtype=np.float64) for a in drawn.reference.to_numpy_ndarrays()]
+        members: list[list[np.ndarray]] = [[] for _ in keys]
+        reported: list[float | None] = []
+        answered: list[int] = []
+        cohort = set(drawn.cohort)
+        key = getattr(self.strategy, "arrayrecord_key", "arrays")
+        tolerances: list[float] = []
+        for reply in replies:
+            if reply.has_error():
+                continue
+            node = int(reply.metadata.src_node_id)
+            if node not in cohort or node in answered:
+                raise SamplerMismatchError(
+                    f"a training reply from client {node}, which the round's recorded sampler "
+                    "did not draw (or which answered twice); the round is refused"
+                )
+            answered.append(node)
+            record = reply.content.array_records.get(key)
+            if record is None and len(reply.content.array_records) == 1:
+                record = next(iter(reply.content.array_records.values()))
+            if record is None or list(record.keys()) != keys:
+                raise InvalidParameterError(
+                    "replies", f"a reply from client {node}", f"model arrays named {keys}"
+                )
+            local = record.to_numpy_ndarrays()
+            for j, (a, b) in enumerate(zip(local, reference, strict=True)):
+                if a.shape != b.shape:
+                    raise InvalidParameterError(
+                        f"replies[{node}][{keys[j]}]", f"shape {a.shape}", f"shape {b.shape}"
+                    )
+                members[j].append(np.asarray(a, dtype=np.float64) - b)
+            tolerances.append(_rounding_tolerance(local))
+            norm = None
+            for metrics in reply.content.metric_records.values():
+                if UPDATE_NORM_KEY in metrics:
+                    norm = float(metrics[UPDATE_NORM_KEY])  # type: ignore[arg-type]
+            reported.append(norm)
+        stacked = [
+            np.stack(m) if m else np.zeros((0, *b.shape))
+            for m, b in zip(members, reference, strict=True)
+        ]
+        self._tolerances = tolerances
+        return keys, reference, stacked, reported, answered
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Clip, sum, noise and record the round, average over the fixed denominator, and hand
+        w_global + Δ̄ to the wrapped strategy."""
+        drawn = self._pending.pop(server_round, None)
+        if drawn is None:
+            raise SamplerMismatchError(
+                f"round {server_round} has no cohort drawn by configure_train; refused"
+            )
+        keys, reference, members, reported, repliers = self._updates(drawn, list(replies))
+        silent = len(drawn.cohort) - len(repliers)
+        query = self._adaptive.query if self._adaptive is not None else self._query
+        assert query is not None
+        norms = query.record_norms(members)
+        if self.clipping == "client":
+            self._check_client_clipping(repliers, norms, query.l2_norm_bound, reported)
+        factors = query.clip_factors(norms)
+        sums = query.clipped_sums(members, factors)
+        if self._adaptive is not None and self.clipping == "client":
+            # the count uses the clients' reported (unclipped) norms; missing ones count as
+            # clipped. Each client still moves the count by ½ at most, whatever it reports.
+            norms = np.array([math.inf if r is None else r for r in reported], dtype=np.float64)
+        step = open_step(self.ledger, event=drawn.event, generator=self._rng)
+        if self._adaptive is not None:
+            noised = self._adaptive.release(
+                sums, norms=norms, ledger=self.ledger, generator=self._rng
+            )
+        else:
+            noised = step.release(query, sums, num_records=len(norms))
+        step.end()
+        average = fixed_denominator_average(noised, denominator=self.denominator)
+        if silent:
+            self.silent_clients += silent
+            self.ledger.record_note(
+                {"flower_round": {"round": server_round, "sampled": len(drawn.cohort),
+                                  "silent": silent}}
+            )  # fmt: skip
+        originals = drawn.reference.to_numpy_ndarrays()
+        new = ArrayRecord(
+            {
+                k: Array(np.asarray(b + d).astype(o.dtype))
+                for k, b, d, o in zip(keys, reference, average, originals, strict=True)
+            }
+        )
+        metrics = MetricRecord({getattr(self.strategy, "weighted_by_key", "num-examples"): 1})
+        content = RecordDict({getattr(self.strategy, "arrayrecord_key", "arrays"): new,
+                              "metrics": metrics})  # fmt: skip
+        synthetic = Message(content=content, dst_node_id=0, message_type=MessageType.TRAIN)
+        arrays, _ = self.strategy.aggregate_train(server_round, [synthetic])
+        return arrays, self._epsilon_metrics(server_round)
+
+    def _check_client_clipping(
+        self, replied: list[int], norms: np.ndarray, bound: float, reported: list[float | None]
+    ) -> None:
+        for i, norm in enumerate(norms):
+            if not float(norm) <= bound * (1.0 + self._tolerances[i]):
+                raise UpdateOverBoundError(client=replied[i], norm=float(norm), bound=bound)
+            if reported[i] is None:
+                raise InvalidParameterError(
+                    "replies", f"a reply without {UPDATE_NORM_KEY!r}",
+                    "client-side clipping by clip_client_update, which reports the norm",
+                )  # fmt: skip
+
+    def _epsilon_metrics(self, server_round: int) -> MetricRecord | None:
+        if self.delta is None:
+            return None
+        result = make_accountant(self.accountant).epsilon(self.ledger, delta=self.delta)
+        self.epsilons[server_round] = float(result.value)
+        _log.info(
+            "round %d: user-level epsilon = %.4g at delta = %g (%s, %s)",
+            server_round, result.value, self.delta, self.accountant, result.kind.value,
+        )  # fmt: skip
+        return MetricRecord({EPSILON_METRIC: float(result.value)})
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The wrapped strategy's evaluation round (not accounted)."""
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """The wrapped strategy's aggregation of evaluation metrics (not private)."""
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+    def summary(self) -> None:
+        """Log the DP settings, then the wrapped strategy's summary."""
+        _log.info(
+            "user-level DP: %s, S=%g, z=%g, %s clipping, ledger %s",
+            self.event.describe(), self.l2_norm_bound, self.noise_multiplier, self.clipping,
+            self.ledger.path,
+        )  # fmt: skip
+        self.strategy.summary()
+
+
+def _scheme(num_clients: Any, q: Any, m: Any) -> PoissonScheme | FixedSizeScheme:
+    if (q is None) == (m is None):
+        raise InvalidParameterError(
+            "sampling_probability", q, "exactly one of sampling_probability and cohort_size"
+        )
+    if q is not None:
+        return PoissonScheme(population_size=num_clients, sampling_probability=q)
+    return FixedSizeScheme(population_size=num_clients, batch_size=m)
+
+
+def _rounding_tolerance(arrays: list[np.ndarray]) -> float:
+    """The relative slack of the client-side bound check: the model's dtype rounds w + Δ."""
+    eps = [float(np.finfo(a.dtype).eps) for a in arrays if np.issubdtype(a.dtype, np.floating)]
+    return 1e3 * max(eps, default=float(np.finfo(np.float64).eps))
+
+
+def _flwr_version() -> str:
+    from importlib.metadata import version
+
+    return version("flwr")
