@@ -482,31 +482,17 @@ __all__ += [
 ]
 
 
-# ---- the integrations' errors (federated learning)
-
-
 class UpdateOverBoundError(InvalidParameterError):
-    """A client's model update is longer than the bound it was to be clipped to.
-
-    In client-side clipping each client clips its own update to the round's bound S and the
-    server only checks; an update over S would be summed with a sensitivity the ledger does not
-    record, so the round is refused before anything is recorded or released.
-
-    Attributes:
-        client: the client (a Flower node id) that sent the update.
-        norm: the L2 norm of its update.
-        bound: S, the bound of the round.
-    """
+    """A client's model update (L2 ``norm``) is longer than the ``bound`` S it was to be clipped
+    to on the ``client`` (a Flower node id); the round is refused before anything is recorded."""
 
     def __init__(self, *, client: int, norm: float, bound: float) -> None:
-        self.client = client
-        self.norm = norm
-        self.bound = bound
-        super().__init__(
-            "update",
+        self.client, self.norm, self.bound = client, norm, bound
+        value, valid = (
             f"an update of L2 norm {norm!r} from client {client}",
-            f"an update clipped on the client to L2 norm <= {bound!r} (the round's bound S)",
+            f"norm <= S = {bound!r}",
         )
+        super().__init__("update", value, valid)
 
 
 __all__ += ["UpdateOverBoundError"]
