@@ -393,3 +393,26 @@ def test_the_example_runs_in_flowers_simulation_runtime_and_leaves_its_rounds(tm
     line = next(x for x in done.stdout.splitlines() if x.startswith("round  2"))
     epsilon = float(line.rsplit("=", 1)[1])
     assert epsilon == pytest.approx(RdpAccountant().epsilon(ledger, delta=1e-5).value, abs=5e-4)
+
+
+def test_each_round_is_in_the_ledger_file_before_the_wrapped_strategy_sees_its_model(
+    tmp_path,
+) -> None:
+    path = tmp_path / "ahead.dpl"
+    seen: list[tuple[int, int]] = []
+
+    class Watching(FedAvg):
+        def aggregate_train(self, server_round, replies):  # type: ignore[no-untyped-def]
+            lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+            kinds = [line["kind"] for line in lines]
+            seen.append((kinds.count("sample"), kinds.count("sum_query")))
+            return super().aggregate_train(server_round, replies)
+
+    with PrivacyLedger(path, neighboring="add_remove", flush_interval=1e9) as ledger:
+        inner = Watching(fraction_evaluate=0.0, min_available_nodes=1, min_train_nodes=1)
+        strategy = UserLevelDPStrategy(
+            inner, ledger=ledger, num_clients=20, l2_norm_bound=1.0, sampling_probability=0.3,
+            noise_multiplier=1.0, seed=5,
+        )  # fmt: skip
+        run(strategy, LoopbackGrid(make_client(), 20), 3)
+    assert seen == [(1, 1), (2, 2), (3, 3)]
