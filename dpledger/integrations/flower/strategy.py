@@ -37,6 +37,15 @@ Client metrics of the training replies are not private and are not passed on; th
 strategy's evaluation rounds run as configured and are not accounted (evaluate on the server,
 or treat client evaluation metrics as non-private).
 
+**Correlated noise across rounds** (``correlated=CorrelatedNoiseSpec(...)``: DP-FTRL with tree
+aggregation, BandMF or BLT). The cohorts are then the spec's cyclic groups
+(:class:`~dpledger.sampling.CyclicScheme`: each client assigned once to one of ``period`` groups,
+round t taking group t mod period, whole or Poisson-sampled within it), the ledger holds one
+correlated release (the factorization, its sensitivity under the cyclic participation schema)
+recorded before the first round's noise and a stream step per round, and each round's clipped
+sum gets the stream's next noise instead of independent noise. Adaptive clipping, calibration
+from a target ε and resume are refused in this mode.
+
 **Resume.** Give the strategy the ledger reopened with ``PrivacyLedger(path, resume=True)``:
 its earlier rounds stay in it, the new rounds are appended, and ε is over all of them.
 """
@@ -45,6 +54,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -70,8 +80,10 @@ from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingEvent
 from dpledger.ledger.intent import note_intent, run_intent
 from dpledger.mechanisms import AdaptiveClipping, GaussianSumQuery
 from dpledger.mechanisms.averaging import fixed_denominator_average
+from dpledger.mechanisms.correlated import CorrelatedNoiseRelease, CorrelatedNoiseSpec
 from dpledger.mechanisms.step import open_step
-from dpledger.sampling import FixedSizeScheme, PoissonScheme
+from dpledger.mechanisms.sum_query_checks import check_sensitivity
+from dpledger.sampling import CyclicScheme, FixedSizeScheme, PoissonScheme
 from dpledger.validation import check_delta, check_non_negative_finite, check_positive_finite
 
 __all__ = ["UserLevelDPStrategy"]
@@ -87,7 +99,9 @@ class _Round:
 
     __slots__ = ("cohort", "event", "reference")
 
-    def __init__(self, cohort: list[int], event: SamplingEvent, reference: ArrayRecord) -> None:
+    def __init__(
+        self, cohort: list[int], event: SamplingEvent | None, reference: ArrayRecord
+    ) -> None:
         self.cohort = cohort
         self.event = event
         self.reference = reference
@@ -123,6 +137,10 @@ class UserLevelDPStrategy(Strategy):
         count_noise_stddev: σ_b of the unclipped count (default: the expected cohort / 20, the
             paper's choice); the update query's noise is raised so that the step's z is z.
         clip_learning_rate: η of the geometric update of S.
+        correlated: a :class:`~dpledger.mechanisms.correlated.CorrelatedNoiseSpec` for correlated
+            noise across rounds (its ``num_steps`` are the rounds): the spec's cyclic groups are
+            the cohorts, so neither ``sampling_probability`` nor ``cohort_size`` is given; needs
+            ``noise_multiplier`` > 0 and an add/remove ledger without a correlated release.
         seed: seeds the cohort draws and the noise (recorded in the ledger's intent as
             caller-given: the noise is then not secret); None draws from the OS.
         registration_timeout: seconds the first round waits for the n clients.
@@ -150,6 +168,7 @@ class UserLevelDPStrategy(Strategy):
         target_unclipped_quantile: float | None = None,
         count_noise_stddev: float | None = None,
         clip_learning_rate: float = 0.2,
+        correlated: CorrelatedNoiseSpec | None = None,
         seed: int | None = None,
         registration_timeout: float = 60.0,
     ) -> None:
@@ -163,11 +182,13 @@ class UserLevelDPStrategy(Strategy):
         self.ledger = ledger
         self.clipping = clipping
         self.delta = None if delta is None else check_delta("delta", delta)
-        self.scheme = _scheme(num_clients, sampling_probability, cohort_size)
+        self.correlated = correlated
+        self._release: CorrelatedNoiseRelease | None = None
+        self.scheme = _scheme(num_clients, sampling_probability, cohort_size, correlated, seed)
         relation = (
-            NeighboringRelation.ADD_REMOVE
-            if isinstance(self.scheme, PoissonScheme)
-            else NeighboringRelation.REPLACE_ONE
+            NeighboringRelation.REPLACE_ONE
+            if isinstance(self.scheme, FixedSizeScheme)
+            else NeighboringRelation.ADD_REMOVE
         )
         if ledger.neighboring is not relation:
             raise InvalidParameterError(
@@ -175,16 +196,23 @@ class UserLevelDPStrategy(Strategy):
                 f"a ledger under {ledger.neighboring.value}",
                 f"a ledger under {relation.value} for {self.scheme.describe()} cohorts",
             )
-        self.event = (
-            SamplingEvent.poisson(self.scheme.sampling_probability, num_clients, unit="user")
-            if isinstance(self.scheme, PoissonScheme)
-            else SamplingEvent.fixed_size(self.scheme.batch_size, num_clients, unit="user")
-        )
+        self.event = _event(self.scheme, num_clients)
         self.denominator = float(self.scheme.average_denominator)
         self.accountant = accountant
         z = self._noise_multiplier(noise_multiplier, target_epsilon, num_rounds)
         self.noise_multiplier = z
         bound = check_positive_finite("l2_norm_bound", l2_norm_bound)
+        if correlated is not None and (target_unclipped_quantile is not None or z == 0.0):
+            raise InvalidParameterError(
+                "correlated", correlated, "None with adaptive clipping or noise_multiplier=0 "
+                "(a correlated release has a fixed bound and positive noise)",
+            )  # fmt: skip
+        if correlated is not None and (ledger.num_steps or ledger.correlated_releases):
+            raise InvalidParameterError(
+                "ledger", ledger.path, "a ledger without earlier rounds for correlated= (a "
+                "correlated stream is not resumed: its noise and groups continue only in-process)",
+            )  # fmt: skip
+        self._seed = seed
         self._adaptive: AdaptiveClipping | None = None
         self._query: GaussianSumQuery | None = None
         if target_unclipped_quantile is not None:
@@ -221,7 +249,7 @@ class UserLevelDPStrategy(Strategy):
             target_epsilon=target_epsilon,
             delta=self.delta,
             accountant=accountant if target_epsilon is not None else None,
-            sampling=self.event.describe(),
+            sampling=self.scheme.describe(),
             sampling_probability=self.scheme.sampling_probability,
             steps=num_rounds,
         )
@@ -241,8 +269,8 @@ class UserLevelDPStrategy(Strategy):
             return check_non_negative_finite("noise_multiplier", noise_multiplier)
         if not isinstance(self.scheme, PoissonScheme):
             raise InvalidParameterError(
-                "target_epsilon", target_epsilon, "None with cohort_size= (calibration plans "
-                "Poisson rounds; give noise_multiplier= for fixed-size cohorts)",
+                "target_epsilon", target_epsilon, "None with cohort_size= or correlated= "
+                "(calibration plans Poisson rounds; give noise_multiplier=)",
             )  # fmt: skip
         if self.delta is None or num_rounds is None:
             raise InvalidParameterError(
@@ -296,7 +324,10 @@ class UserLevelDPStrategy(Strategy):
                 "strategy", self.strategy, "a strategy that configures training every round"
             )
         template = inner[0]
-        indices = self.scheme.draw(self._rng)
+        if isinstance(self.scheme, CyclicScheme):
+            indices = self.scheme.draw(len(self.cohorts))  # refuses a round past the stream's T
+        else:
+            indices = self.scheme.draw(self._rng)
         cohort = [population[int(i)] for i in indices]
         self._pending[server_round] = _Round(cohort, self.event, arrays)
         self.cohorts[server_round] = cohort
@@ -384,14 +415,10 @@ class UserLevelDPStrategy(Strategy):
             # the count uses the clients' reported (unclipped) norms; missing ones count as
             # clipped. Each client still moves the count by ½ at most, whatever it reports.
             norms = np.array([math.inf if r is None else r for r in reported], dtype=np.float64)
-        step = open_step(self.ledger, event=drawn.event, generator=self._rng)
-        if self._adaptive is not None:
-            noised = self._adaptive.release(
-                sums, norms=norms, ledger=self.ledger, generator=self._rng
-            )
+        if self.correlated is not None:
+            noised = self._correlated_release(sums, len(norms), query.l2_norm_bound)
         else:
-            noised = step.release(query, sums, num_records=len(norms))
-        step.end()
+            noised = self._release_round(drawn, query, sums, norms)
         average = fixed_denominator_average(noised, denominator=self.denominator)
         if silent:
             self.silent_clients += silent
@@ -412,6 +439,44 @@ class UserLevelDPStrategy(Strategy):
         synthetic = Message(content=content, dst_node_id=0, message_type=MessageType.TRAIN)
         arrays, _ = self.strategy.aggregate_train(server_round, [synthetic])
         return arrays, self._epsilon_metrics(server_round)
+
+    def _release_round(
+        self, drawn: _Round, query: GaussianSumQuery, sums: list[np.ndarray], norms: np.ndarray
+    ) -> list[Any]:
+        """Record the round's sampling event, release its sum (and count) queries."""
+        step = open_step(self.ledger, event=drawn.event, generator=self._rng)
+        if self._adaptive is not None:
+            noised = self._adaptive.release(
+                sums, norms=norms, ledger=self.ledger, generator=self._rng
+            )
+        else:
+            noised = step.release(query, sums, num_records=len(norms))
+        step.end()
+        return list(noised)
+
+    def _correlated_release(self, sums: list[np.ndarray], count: int, bound: float) -> list[Any]:
+        """The round's clipped sum plus the correlated stream's next noise (the stream step is
+        recorded first; the release itself before the first round's noise)."""
+        assert self.correlated is not None
+        flat = np.concatenate([np.ravel(s) for s in sums])
+        check_sensitivity(
+            float(np.linalg.norm(flat)), num_records=count, bound=bound,
+            eps=float(np.finfo(np.float64).eps), size=flat.size,
+        )  # fmt: skip
+        if self._release is None:
+            spec = self.correlated
+            self._release = CorrelatedNoiseRelease(
+                self.ledger, spec.factorization(), spec.schema(), l2_norm_bound=bound,
+                noise_stddev=self.noise_multiplier * bound, dim=flat.size, label="update",
+                sampling_probability=spec.sampling_probability if spec.amplified else None,
+                seed=self._seed,
+            )  # fmt: skip
+        noised = flat + self._release.next_noise()
+        out, start = [], 0
+        for s in sums:
+            out.append(noised[start : start + s.size].reshape(s.shape))
+            start += s.size
+        return out
 
     def _check_client_clipping(
         self, replied: list[int], norms: np.ndarray, bound: float, reported: list[float | None]
@@ -452,13 +517,26 @@ class UserLevelDPStrategy(Strategy):
         """Log the DP settings, then the wrapped strategy's summary."""
         _log.info(
             "user-level DP: %s, S=%g, z=%g, %s clipping, ledger %s",
-            self.event.describe(), self.l2_norm_bound, self.noise_multiplier, self.clipping,
+            self.scheme.describe(), self.l2_norm_bound, self.noise_multiplier, self.clipping,
             self.ledger.path,
         )  # fmt: skip
         self.strategy.summary()
 
 
-def _scheme(num_clients: Any, q: Any, m: Any) -> PoissonScheme | FixedSizeScheme:
+def _scheme(
+    num_clients: Any, q: Any, m: Any, correlated: Any, seed: int | None
+) -> PoissonScheme | FixedSizeScheme | CyclicScheme:
+    if correlated is not None:
+        if not isinstance(correlated, CorrelatedNoiseSpec):
+            raise InvalidParameterError("correlated", correlated, "a CorrelatedNoiseSpec or None")
+        if q is not None or m is not None:
+            raise InvalidParameterError(
+                "sampling_probability" if q is not None else "cohort_size", q if m is None else m,
+                "None with correlated= (the spec's cyclic groups are the cohorts)",
+            )  # fmt: skip
+        # the group assignment must be secret like the noise unless the caller seeds the run
+        group_seed = secrets.randbits(63) if seed is None else seed
+        return correlated.scheme(population_size=num_clients, seed=group_seed)
     if (q is None) == (m is None):
         raise InvalidParameterError(
             "sampling_probability", q, "exactly one of sampling_probability and cohort_size"
@@ -466,6 +544,15 @@ def _scheme(num_clients: Any, q: Any, m: Any) -> PoissonScheme | FixedSizeScheme
     if q is not None:
         return PoissonScheme(population_size=num_clients, sampling_probability=q)
     return FixedSizeScheme(population_size=num_clients, batch_size=m)
+
+
+def _event(scheme: Any, num_clients: int) -> SamplingEvent | None:
+    """The user-level sampling event of a round (None: a correlated stream step instead)."""
+    if isinstance(scheme, PoissonScheme):
+        return SamplingEvent.poisson(scheme.sampling_probability, num_clients, unit="user")
+    if isinstance(scheme, FixedSizeScheme):
+        return SamplingEvent.fixed_size(scheme.batch_size, num_clients, unit="user")
+    return None
 
 
 def _rounding_tolerance(arrays: list[np.ndarray]) -> float:

@@ -416,3 +416,66 @@ def test_each_round_is_in_the_ledger_file_before_the_wrapped_strategy_sees_its_m
         )  # fmt: skip
         run(strategy, LoopbackGrid(make_client(), 20), 3)
     assert seen == [(1, 1), (2, 2), (3, 3)]
+
+
+def _spec():  # type: ignore[no-untyped-def]
+    from dpledger.mechanisms.correlated import CorrelatedNoiseSpec
+
+    return CorrelatedNoiseSpec(strategy="bandmf", num_steps=6, period=3, bands=2)
+
+
+def test_correlated_noise_follows_the_cyclic_groups_and_records_the_stream() -> None:
+    from dpledger.mechanisms.correlated import CorrelatedNoiseRelease, noise_for
+
+    grid = LoopbackGrid(make_client(mode="zero"), 21)
+    strategy = dp(
+        21, correlated=_spec(), noise_multiplier=1.5, l2_norm_bound=0.5, seed=11, delta=1e-5
+    )
+    weights = final(run(strategy, grid, 6))
+    population = strategy.population
+    groups = [sorted(strategy.cohorts[t]) for t in range(1, 7)]
+    assert groups[:3] == groups[3:]  # round t and t + period take the same group
+    assert sorted(n for g in groups[:3] for n in g) == population  # each client in one group
+    for t in range(1, 7):  # the cohorts are the scheme's draws
+        assert strategy.cohorts[t] == [population[i] for i in strategy.scheme.draw(t - 1)]
+    (release,) = strategy.ledger.correlated_releases
+    assert strategy.ledger.stream_progress(0) == 6 and strategy.ledger.num_steps == 0
+    # the updates are all zero: the model is the sum of the stream's six noises / (n / period)
+    expected = noise_for(_spec().factorization(), dim=DIM, noise_stddev=0.75, seed=11)
+    total = sum(expected.next() for _ in range(6))
+    np.testing.assert_allclose(weights, total / 7.0, rtol=1e-12, atol=1e-15)
+    # the ledger's ε is that of the same release recorded directly
+    direct = PrivacyLedger()
+    same = CorrelatedNoiseRelease(
+        direct, _spec().factorization(), _spec().schema(), l2_norm_bound=0.5,
+        noise_stddev=0.75, dim=DIM, seed=11, label="update",
+    )  # fmt: skip
+    for _ in range(6):
+        same.next_noise()
+    assert release == same.event
+    accountant = RdpAccountant()
+    assert accountant.epsilon(strategy.ledger, delta=1e-5).value == pytest.approx(
+        accountant.epsilon(direct, delta=1e-5).value, rel=1e-12
+    )
+    assert strategy.epsilons[6] == accountant.epsilon(strategy.ledger, delta=1e-5).value
+
+
+def test_correlated_noise_refuses_a_round_past_the_stream_and_bad_settings() -> None:
+    strategy = dp(21, correlated=_spec(), seed=1)
+    with pytest.raises(InvalidParameterError):
+        run(strategy, LoopbackGrid(make_client(), 21), 7)
+    assert strategy.ledger.stream_progress(0) == 6
+    cases = [
+        ({"sampling_probability": 0.2}, "sampling_probability"),
+        ({"noise_multiplier": 0.0}, "correlated"),
+        ({"target_unclipped_quantile": 0.5}, "correlated"),
+    ]
+    for kwargs, parameter in cases:
+        with pytest.raises(InvalidParameterError) as info:
+            dp(21, correlated=_spec(), **kwargs)
+        assert info.value.parameter == parameter
+    used = PrivacyLedger()
+    used.record_sample(event=SamplingEvent.poisson(0.2, 21, unit="user"))
+    with pytest.raises(InvalidParameterError) as info:
+        dp(21, ledger=used, correlated=_spec())
+    assert info.value.parameter == "ledger"
