@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import logging
 import math
-import secrets
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -74,8 +73,10 @@ from flwr.serverapp.strategy import Strategy
 
 from dpledger.accountants.base import make_accountant
 from dpledger.accountants.calibration import calibrate_noise_multiplier
-from dpledger.errors import InvalidParameterError, SamplerMismatchError, UpdateOverBoundError
-from dpledger.integrations.flower.client import CLIP_NORM_KEY, UPDATE_NORM_KEY
+from dpledger.errors import InvalidParameterError, SamplerMismatchError
+from dpledger.integrations.flower.client import CLIP_NORM_KEY
+from dpledger.integrations.flower.cohorts import cohort_scheme, round_event
+from dpledger.integrations.flower.replies import check_client_clipping, client_updates
 from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingEvent
 from dpledger.ledger.intent import note_intent, run_intent
 from dpledger.mechanisms import AdaptiveClipping, GaussianSumQuery
@@ -184,7 +185,10 @@ class UserLevelDPStrategy(Strategy):
         self.delta = None if delta is None else check_delta("delta", delta)
         self.correlated = correlated
         self._release: CorrelatedNoiseRelease | None = None
-        self.scheme = _scheme(num_clients, sampling_probability, cohort_size, correlated, seed)
+        self.scheme = cohort_scheme(
+            num_clients=num_clients, sampling_probability=sampling_probability,
+            cohort_size=cohort_size, correlated=correlated, seed=seed,
+        )  # fmt: skip
         relation = (
             NeighboringRelation.REPLACE_ONE
             if isinstance(self.scheme, FixedSizeScheme)
@@ -196,7 +200,7 @@ class UserLevelDPStrategy(Strategy):
                 f"a ledger under {ledger.neighboring.value}",
                 f"a ledger under {relation.value} for {self.scheme.describe()} cohorts",
             )
-        self.event = _event(self.scheme, num_clients)
+        self.event = round_event(self.scheme)
         self.denominator = float(self.scheme.average_denominator)
         self.accountant = accountant
         z = self._noise_multiplier(noise_multiplier, target_epsilon, num_rounds)
@@ -343,55 +347,6 @@ class UserLevelDPStrategy(Strategy):
             for node in cohort
         ]
 
-    def _updates(
-        self, drawn: _Round, replies: list[Message]
-    ) -> tuple[list[str], list[np.ndarray], list[np.ndarray], list[float | None], list[int]]:
-        """The repliers' updates Δ_i stacked per array, their reported norms, the repliers."""
-        keys = list(drawn.reference.keys())
-        reference = [np.asarray(a, dtype=np.float64) for a in drawn.reference.to_numpy_ndarrays()]
-        members: list[list[np.ndarray]] = [[] for _ in keys]
-        reported: list[float | None] = []
-        answered: list[int] = []
-        cohort = set(drawn.cohort)
-        key = getattr(self.strategy, "arrayrecord_key", "arrays")
-        tolerances: list[float] = []
-        for reply in replies:
-            if reply.has_error():
-                continue
-            node = int(reply.metadata.src_node_id)
-            if node not in cohort or node in answered:
-                raise SamplerMismatchError(
-                    f"a training reply from client {node}, which the round's recorded sampler "
-                    "did not draw (or which answered twice); the round is refused"
-                )
-            answered.append(node)
-            record = reply.content.array_records.get(key)
-            if record is None and len(reply.content.array_records) == 1:
-                record = next(iter(reply.content.array_records.values()))
-            if record is None or list(record.keys()) != keys:
-                raise InvalidParameterError(
-                    "replies", f"a reply from client {node}", f"model arrays named {keys}"
-                )
-            local = record.to_numpy_ndarrays()
-            for j, (a, b) in enumerate(zip(local, reference, strict=True)):
-                if a.shape != b.shape:
-                    raise InvalidParameterError(
-                        f"replies[{node}][{keys[j]}]", f"shape {a.shape}", f"shape {b.shape}"
-                    )
-                members[j].append(np.asarray(a, dtype=np.float64) - b)
-            tolerances.append(_rounding_tolerance(local))
-            norm = None
-            for metrics in reply.content.metric_records.values():
-                if UPDATE_NORM_KEY in metrics:
-                    norm = float(metrics[UPDATE_NORM_KEY])  # type: ignore[arg-type]
-            reported.append(norm)
-        stacked = [
-            np.stack(m) if m else np.zeros((0, *b.shape))
-            for m, b in zip(members, reference, strict=True)
-        ]
-        self._tolerances = tolerances
-        return keys, reference, stacked, reported, answered
-
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -402,13 +357,20 @@ class UserLevelDPStrategy(Strategy):
             raise SamplerMismatchError(
                 f"round {server_round} has no cohort drawn by configure_train; refused"
             )
-        keys, reference, members, reported, repliers = self._updates(drawn, list(replies))
-        silent = len(drawn.cohort) - len(repliers)
+        key = getattr(self.strategy, "arrayrecord_key", "arrays")
+        updates = client_updates(drawn.reference, drawn.cohort, list(replies), arrayrecord_key=key)
+        keys, reference, members, reported = (
+            updates.keys,
+            updates.reference,
+            updates.members,
+            updates.reported,
+        )
+        silent = len(drawn.cohort) - len(updates.repliers)
         query = self._adaptive.query if self._adaptive is not None else self._query
         assert query is not None
         norms = query.record_norms(members)
         if self.clipping == "client":
-            self._check_client_clipping(repliers, norms, query.l2_norm_bound, reported)
+            check_client_clipping(updates, norms, bound=query.l2_norm_bound)
         factors = query.clip_factors(norms)
         sums = query.clipped_sums(members, factors)
         if self._adaptive is not None and self.clipping == "client":
@@ -478,18 +440,6 @@ class UserLevelDPStrategy(Strategy):
             start += s.size
         return out
 
-    def _check_client_clipping(
-        self, replied: list[int], norms: np.ndarray, bound: float, reported: list[float | None]
-    ) -> None:
-        for i, norm in enumerate(norms):
-            if not float(norm) <= bound * (1.0 + self._tolerances[i]):
-                raise UpdateOverBoundError(client=replied[i], norm=float(norm), bound=bound)
-            if reported[i] is None:
-                raise InvalidParameterError(
-                    "replies", f"a reply without {UPDATE_NORM_KEY!r}",
-                    "client-side clipping by clip_client_update, which reports the norm",
-                )  # fmt: skip
-
     def _epsilon_metrics(self, server_round: int) -> MetricRecord | None:
         if self.delta is None:
             return None
@@ -521,44 +471,6 @@ class UserLevelDPStrategy(Strategy):
             self.ledger.path,
         )  # fmt: skip
         self.strategy.summary()
-
-
-def _scheme(
-    num_clients: Any, q: Any, m: Any, correlated: Any, seed: int | None
-) -> PoissonScheme | FixedSizeScheme | CyclicScheme:
-    if correlated is not None:
-        if not isinstance(correlated, CorrelatedNoiseSpec):
-            raise InvalidParameterError("correlated", correlated, "a CorrelatedNoiseSpec or None")
-        if q is not None or m is not None:
-            raise InvalidParameterError(
-                "sampling_probability" if q is not None else "cohort_size", q if m is None else m,
-                "None with correlated= (the spec's cyclic groups are the cohorts)",
-            )  # fmt: skip
-        # the group assignment must be secret like the noise unless the caller seeds the run
-        group_seed = secrets.randbits(63) if seed is None else seed
-        return correlated.scheme(population_size=num_clients, seed=group_seed)
-    if (q is None) == (m is None):
-        raise InvalidParameterError(
-            "sampling_probability", q, "exactly one of sampling_probability and cohort_size"
-        )
-    if q is not None:
-        return PoissonScheme(population_size=num_clients, sampling_probability=q)
-    return FixedSizeScheme(population_size=num_clients, batch_size=m)
-
-
-def _event(scheme: Any, num_clients: int) -> SamplingEvent | None:
-    """The user-level sampling event of a round (None: a correlated stream step instead)."""
-    if isinstance(scheme, PoissonScheme):
-        return SamplingEvent.poisson(scheme.sampling_probability, num_clients, unit="user")
-    if isinstance(scheme, FixedSizeScheme):
-        return SamplingEvent.fixed_size(scheme.batch_size, num_clients, unit="user")
-    return None
-
-
-def _rounding_tolerance(arrays: list[np.ndarray]) -> float:
-    """The relative slack of the client-side bound check: the model's dtype rounds w + Δ."""
-    eps = [float(np.finfo(a.dtype).eps) for a in arrays if np.issubdtype(a.dtype, np.floating)]
-    return 1e3 * max(eps, default=float(np.finfo(np.float64).eps))
 
 
 def _flwr_version() -> str:
