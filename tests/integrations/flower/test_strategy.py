@@ -479,3 +479,13 @@ def test_correlated_noise_refuses_a_round_past_the_stream_and_bad_settings() -> 
     with pytest.raises(InvalidParameterError) as info:
         dp(21, ledger=used, correlated=_spec())
     assert info.value.parameter == "ledger"
+
+
+def test_an_empty_poisson_cohort_is_still_a_recorded_round() -> None:
+    grid = LoopbackGrid(make_client(), 20)
+    strategy = dp(20, sampling_probability=0.01, noise_multiplier=2.0, l2_norm_bound=0.5)
+    weights = final(run(strategy, grid, 3))
+    empty = [t for t in (1, 2, 3) if not strategy.cohorts[t]]
+    assert empty  # q·n = 0.2: most rounds draw nobody
+    assert strategy.ledger.num_steps == 3  # the noise was released all the same
+    assert np.all(weights != 0.0)  # the model moved by the noise alone (σ̃ / (q·n) = 5)
