@@ -480,3 +480,19 @@ __all__ += [
     "UnsupportedLayerError",
     "UnsupportedParameterUseError",
 ]
+
+
+class UpdateOverBoundError(InvalidParameterError):
+    """A client's model update (L2 ``norm``) is longer than the ``bound`` S it was to be clipped
+    to on the ``client`` (a Flower node id); the round is refused before anything is recorded."""
+
+    def __init__(self, *, client: int, norm: float, bound: float) -> None:
+        self.client, self.norm, self.bound = client, norm, bound
+        value, valid = (
+            f"an update of L2 norm {norm!r} from client {client}",
+            f"norm <= S = {bound!r}",
+        )
+        super().__init__("update", value, valid)
+
+
+__all__ += ["UpdateOverBoundError"]

@@ -114,6 +114,7 @@ def test_the_site_has_its_pages(site: Path) -> None:
         "how-to/review-a-run/index.html",
         "how-to/calibrate/index.html",
         "how-to/audit/index.html",
+        "how-to/federated-flower/index.html",
         "architecture/index.html",
         "guarantees/index.html",
         "ledger-format/index.html",

@@ -274,6 +274,9 @@ RULES = (
          forbidden=("torch", "dpledger.adapters.torch")),
     Rule("report-not-frameworks-diagnostics-adapters-audit-checks-cli", ("dpledger.report",),
          forbidden=(*FRAMEWORKS, "dpledger.diagnostics", *NOT_BELOW_ADAPTERS)),
+    Rule("integrations.flower-not-frameworks-diagnostics-report-adapters-audit-checks-cli",
+         ("dpledger.integrations.flower",),
+         forbidden=(*FRAMEWORKS, "dpledger.diagnostics", "dpledger.report", *NOT_BELOW_ADAPTERS)),
     Rule("checks-not-cli", ("dpledger.checks",), forbidden=("dpledger.cli",)),
     Rule("audit-not-cli", ("dpledger.audit",), forbidden=("dpledger.cli",)),
 )  # fmt: skip
@@ -284,6 +287,7 @@ LAYERS = {
     "checks": ("dpledger.checks",),
     "audit": ("dpledger.audit",),
     "report": ("dpledger.report",),
+    "integrations": ("dpledger.integrations",),
     "cli": ("dpledger.cli", "dpledger.__main__"),
 }
 """The layers above the core, by the packages (and single modules) they hold."""
