@@ -526,8 +526,8 @@ def _first_special_steps(comp: CompressedLedger) -> tuple[float, float]:
 
 
 SCHEME_ADVICE: dict[SamplingScheme, str] = {
-    SamplingScheme.FIXED_SIZE: "The rdp accountant certifies it (Wang, Balle & "
-    "Kasiviswanathan 2019, replace-one).",
+    SamplingScheme.FIXED_SIZE: "The rdp accountant (Wang, Balle & Kasiviswanathan 2019) and "
+    "the pld accountant (a dominating pair, tighter) certify it under replace-one.",
     SamplingScheme.TRUNCATED_POISSON: "The pld accountant certifies it (dp-accounting's "
     "truncated subsampled Gaussian).",
     SamplingScheme.BALLS_IN_BINS: "The rdp and pld accountants certify it without "

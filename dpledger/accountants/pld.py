@@ -1,5 +1,10 @@
 """Privacy-loss-distribution accountant: a thin bridge to dp-accounting's PLD machinery.
 
+This module is over 500 lines because each kind of step a ledger holds (Poisson, full batch,
+truncated Poisson, fixed size, epochs reduced to full batches) needs its own PLD and budget entry
+inside the one replay that composes them all; the fixed-size pair and its proof are in
+:mod:`~dpledger.accountants.without_replacement_pld`.
+
 The privacy loss distribution (PLD) of a mechanism is the distribution of the log-likelihood
 ratio of its outputs on the worst-case neighbouring pair; PLDs of composed mechanisms convolve,
 and δ(ε) = E[(1 − e^{ε − L})₊] is read off the composed PLD (Koskela, Jälkö & Honkela 2020;
@@ -39,6 +44,8 @@ Replace-one: a full-batch step changes the sum by up to 2S, so it is a Gaussian 
 (handled). For Poisson-subsampled steps under replace-one dp-accounting uses the pair
 (1 − q)N(0, z²) + qN(∓1, z²); this module does not rely on that pair without a proof it can cite
 and test, so such ledgers are refused with :class:`~dpledger.errors.UnsupportedLedgerError`.
+Fixed-size steps (sampling without replacement, replace-one only) use the dominating pair of
+:mod:`~dpledger.accountants.without_replacement_pld`, whose proof is written out there.
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ from dpledger.accountants.sampling_reduction import (
     has_epochs,
     reduce_epochs,
 )
+from dpledger.accountants.without_replacement_pld import without_replacement_pld
 from dpledger.errors import InvalidParameterError, UnsupportedLedgerError
 from dpledger.ledger.events import NeighboringRelation, SamplingScheme
 from dpledger.ledger.steps import CompressedLedger, StepRun
@@ -128,12 +136,10 @@ class PldAccountant(Accountant):
             SamplingScheme.TRUNCATED_POISSON,
             SamplingScheme.BALLS_IN_BINS,
             SamplingScheme.SHUFFLE,
+            SamplingScheme.FIXED_SIZE,
         }
     )
-    scheme_notes: ClassVar[Mapping[SamplingScheme, str]] = {
-        SamplingScheme.FIXED_SIZE: "dp-accounting's PLD has no construction for sampling "
-        "without replacement",
-    }
+    scheme_notes: ClassVar[Mapping[SamplingScheme, str]] = {}
 
     def __init__(
         self,
@@ -247,6 +253,12 @@ class PldAccountant(Accountant):
             value_discretization_interval=self.value_discretization_interval,
         )
 
+    def _without_replacement(self, q: float, z: float) -> Any:
+        q, z = _clamped(q, z)
+        return without_replacement_pld(
+            q, z, value_discretization_interval=self.value_discretization_interval
+        )
+
     def _gaussian(self, mu_squared: float) -> Any:
         from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
@@ -316,7 +328,8 @@ class PldAccountant(Accountant):
         factor = self._factor(ledger)
         classic, truncated = _split_truncated(ledger)
         truncated = [run for run in truncated if not run.releases_nothing]
-        self._check_budget(_budget_items(classic, truncated), factor)
+        classic, fixed = _split_fixed_size(classic)
+        self._check_budget(_budget_items(classic, truncated, fixed), factor)
         mu_squared = 0.0
         parts = []
         for (q, z), count in classic.distinct().items():
@@ -326,6 +339,13 @@ class PldAccountant(Accountant):
                 mu_squared += _gaussian_term(count, factor, z)
             else:
                 parts.append(self_compose(self._subsampled(q, z), count)[0])
+        for (q, z), count in fixed.items():
+            if q == 0.0 or math.isinf(z):
+                continue
+            if q == 1.0:
+                mu_squared += _gaussian_term(count, factor, z)
+            else:
+                parts.append(self_compose(self._without_replacement(q, z), count)[0])
         if mu_squared > 0.0:
             parts.append(self._gaussian(mu_squared))
         if not truncated:
@@ -439,12 +459,32 @@ def _split_truncated(ledger: CompressedLedger) -> tuple[CompressedLedger, list[S
     return CompressedLedger(neighboring=ledger.neighboring, runs=rest), truncated
 
 
+def _split_fixed_size(
+    ledger: CompressedLedger,
+) -> tuple[CompressedLedger, dict[tuple[float, float], int]]:
+    """(the ledger without its fixed-size runs, their step count per distinct (q, z))."""
+    fixed: dict[tuple[float, float], int] = {}
+    for r in ledger.runs:
+        if r.scheme is SamplingScheme.FIXED_SIZE:
+            key = (r.sampling_probability, r.noise_multiplier)
+            fixed[key] = fixed.get(key, 0) + r.count
+    if not fixed:
+        return ledger, fixed
+    rest = tuple(r for r in ledger.runs if r.scheme is not SamplingScheme.FIXED_SIZE)
+    return CompressedLedger(neighboring=ledger.neighboring, runs=rest), fixed
+
+
 def _budget_items(
-    classic: CompressedLedger, truncated: list[StepRun]
+    classic: CompressedLedger,
+    truncated: list[StepRun],
+    fixed: dict[tuple[float, float], int] | None = None,
 ) -> dict[tuple[float, float], int]:
-    """Distinct (q, z) → steps to budget for; a truncated run counts twice (its PLD is built
-    for two neighbouring pairs, :meth:`PldAccountant.distributions`)."""
+    """Distinct (q, z) → steps to budget for; a truncated run counts twice (two neighbouring
+    pairs), a fixed-size (q, z) as Poisson steps at z/2, twice (two directions multiplied)."""
     items = dict(classic.distinct())
+    for (q, z), count in (fixed or {}).items():
+        key = (q, z / 2.0) if q < 1.0 else (q, z)
+        items[key] = items.get(key, 0) + (2 * count if q < 1.0 else count)
     for run in truncated:
         key = (run.sampling_probability, run.noise_multiplier)
         items[key] = items.get(key, 0) + 2 * run.count
@@ -454,7 +494,8 @@ def _budget_items(
 def _distinct(ledger: CompressedLedger) -> int:
     """The number of distinct steps the PLD is built from."""
     classic, truncated = _split_truncated(reduce_epochs(ledger))
-    return len(classic.distinct()) + len(truncated)
+    classic, fixed = _split_fixed_size(classic)
+    return len(classic.distinct()) + len(truncated) + len(fixed)
 
 
 def _details(ledger: CompressedLedger, **values: Any) -> dict[str, Any]:

@@ -148,7 +148,7 @@ def test_truncated_poisson_covers_the_added_and_the_removed_record() -> None:
 # ------------------------------------------------------------------ refusals
 REFUSALS = {
     # scheme builder, relation -> accountants that refuse it
-    "fixed": (lambda: SamplingEvent.fixed_size(10, 1000), "replace_one", {"pld", "prv", "gdp"}),
+    "fixed": (lambda: SamplingEvent.fixed_size(10, 1000), "replace_one", {"prv", "gdp"}),
     "truncated": (
         lambda: SamplingEvent.truncated_poisson(0.01, 1000, 20),
         "add_remove",

@@ -216,3 +216,66 @@ def test_property_never_below_brute_force_and_exact_when_claimed(
     assert got.value >= brute * (1 - 1e-12) - 1e-12
     if got.exact:
         assert got.value == pytest.approx(brute, rel=1e-9, abs=1e-12)
+
+
+def _tree_patterns_brute_force(gram: np.ndarray, k: int, b: int) -> float:
+    """max over every pattern of 1..k steps with gaps ≥ b of Σ_{i,j∈Π} G_ij, by itertools."""
+    t = gram.shape[0]
+    best = 0.0
+    for size in range(1, k + 1):
+        for p in itertools.combinations(range(t), size):
+            if all(j - i >= b for i, j in itertools.pairwise(p)):
+                best = max(best, float(gram[np.ix_(p, p)].sum()))
+    return best
+
+
+@pytest.mark.parametrize(("t", "k", "b"), [(64, 3, 10), (48, 4, 8), (24, 5, 3), (33, 2, 1)])
+def test_tree_min_separation_is_the_exhaustive_maximum(t: int, k: int, b: int) -> None:
+    """Reference: every pattern enumerated with itertools (the tree's 0/1 Gram matrix is
+    non-negative, so the pattern sum is the exact squared sensitivity). The search is exact:
+    equal to it, never below, and at most the row bound it replaces."""
+    c = tree_factorization(t).strategy
+    schema = ParticipationSchema.min_separation_schema(
+        num_steps=t, max_participations=k, min_separation=b
+    )
+    got = sensitivity(c, schema)
+    expected = math.sqrt(_tree_patterns_brute_force(c.T @ c, k, b))
+    assert got.exact
+    assert got.value == pytest.approx(expected, rel=1e-12)
+    assert got.value <= sensitivity(c, schema, max_patterns=1).value
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_search_matches_itertools_on_signed_gram_matrices(seed: int) -> None:
+    """With negative Gram entries the search maximises Σ|G_ij| (the upper bound of the module
+    docstring): equal to the itertools maximum of that sum, and never below the brute force of
+    the contribution vectors."""
+    rng = np.random.default_rng(seed)
+    c = rng.normal(size=(9, 9))
+    schema = ParticipationSchema.min_separation_schema(
+        num_steps=9, max_participations=3, min_separation=2
+    )
+    got = sensitivity(c, schema)
+    assert not got.exact
+    expected = math.sqrt(_tree_patterns_brute_force(np.abs(c.T @ c), 3, 2))
+    assert got.value == pytest.approx(expected, rel=1e-12)
+    assert got.value >= brute_force(c, schema) - 1e-12
+
+
+@pytest.mark.slow
+def test_tree_t256_k4_b50_is_exact_within_the_default_budget() -> None:
+    """T = 256, k = 4, b = 50 (6.0·10⁶ patterns, within the default budget): the exact value,
+    7.483 = √56, where the row bound gave 11.14. A witness pattern attains √56 (so the value
+    is not above the maximum), and the search visits every pattern (so not below it)."""
+    c = tree_factorization(256).strategy
+    gram = c.T @ c
+    schema = ParticipationSchema.min_separation_schema(
+        num_steps=256, max_participations=4, min_separation=50
+    )
+    got = sensitivity(c, schema)
+    witness = [0, 63, 127, 191]
+    attained = float(gram[np.ix_(witness, witness)].sum())
+    assert got.exact
+    assert got.value == pytest.approx(math.sqrt(attained), rel=1e-12)
+    assert got.value == pytest.approx(math.sqrt(56.0), rel=1e-12)
+    assert sensitivity(c, schema, max_patterns=1).value == pytest.approx(11.1355, abs=1e-4)
