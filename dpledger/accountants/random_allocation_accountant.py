@@ -1,0 +1,106 @@
+"""The ``random_allocation`` accountant: a certified ε for balls-in-bins ledgers WITH amplification.
+
+The RDP and PLD accountants certify balls-in-bins ledgers without amplification (each epoch as
+one Gaussian mechanism); the ``balls_in_bins`` accountant estimates the amplified ε by Monte
+Carlo, which is not a certificate. This accountant certifies the amplified ε: every epoch of a
+balls-in-bins sampler with k batches is one random allocation of each record into one of k
+Gaussian steps, whose privacy loss distribution is bounded by
+:func:`~dpledger.accountants.random_allocation.random_allocation_pld` (Feldman & Shenfeld's
+dominating pair, put on a grid by mean-preserving spreads only, so the result is an upper bound
+on δ(ε) for both directions of add/remove). Epochs are independent allocations and compose.
+
+Which ledgers: the costly steps must all be balls-in-bins steps (any number of samplers and
+noise multipliers); each epoch is analysed at the smallest z_eff of its steps, and an epoch cut
+short counts as a whole one (its outputs are a prefix of the whole epoch's outputs), as in
+:meth:`~dpledger.ledger.steps.CompressedLedger.epoch_view`. Add/remove only: the pair is the
+add/remove pair. Epochs with the same (k, z) are built once and self-composed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any, ClassVar
+
+from dpledger.accountants.base import Accountant, Answer, ResultKind
+from dpledger.accountants.random_allocation import DEFAULT_GRID_STEP, random_allocation_pld
+from dpledger.errors import InvalidParameterError
+from dpledger.ledger.events import SamplingScheme
+from dpledger.ledger.steps import CompressedLedger, EpochSegment
+from dpledger.validation import check_positive_finite
+
+__all__ = ["RandomAllocationAccountant"]
+
+_METHOD = (
+    "random allocation (Feldman & Shenfeld 2025): dominating pair of each balls-in-bins epoch, "
+    "mean-preserving spreads on a log grid, composed by dp-accounting's PLD"
+)
+
+
+class RandomAllocationAccountant(Accountant):
+    """Certified ε of balls-in-bins ledgers with the amplification of random allocation.
+
+    Args:
+        grid_step: the log-spacing h of the grid, in [1e-4, 0.1] (default 0.01). The bound's
+            excess over the exact ε of the dominating pair is of order h² (about 2e-3 at
+            ε ≈ 2.4 for h = 0.01, four times less for h = 0.005, which costs about 2.5× the
+            time).
+    """
+
+    name = "random_allocation"
+    default_kind = ResultKind.UPPER_BOUND
+    supports_replace_one = False
+    supported_schemes = frozenset({SamplingScheme.BALLS_IN_BINS})
+    scheme_notes: ClassVar[dict[SamplingScheme, str]] = {
+        SamplingScheme.POISSON: "it analyses balls-in-bins steps only (use prv or pld)",
+        SamplingScheme.FULL: "it analyses balls-in-bins steps only (use prv or pld)",
+    }
+
+    def __init__(self, *, grid_step: float = DEFAULT_GRID_STEP) -> None:
+        step = check_positive_finite("grid_step", grid_step)
+        if not 1e-4 <= step <= 0.1:
+            raise InvalidParameterError("grid_step", grid_step, "a log-spacing in [1e-4, 0.1]")
+        self.grid_step = step
+
+    def settings(self) -> dict[str, Any]:
+        """The grid step."""
+        return {"grid_step": self.grid_step}
+
+    def _epochs(self, ledger: CompressedLedger) -> Counter[tuple[int, float]]:
+        """Epochs per (batches per epoch k, noise multiplier z) of the ledger's costly steps."""
+        out: Counter[tuple[int, float]] = Counter()
+        for item in ledger.epoch_view():
+            if not isinstance(item, EpochSegment) or math.isinf(item.noise_multiplier):
+                continue
+            k = item.sampling.num_batches
+            assert k is not None
+            out[(k, item.noise_multiplier)] += item.epochs
+        return out
+
+    def _pld(self, ledger: CompressedLedger) -> Any:
+        pld = None
+        for (k, z), epochs in sorted(self._epochs(ledger).items()):
+            part = random_allocation_pld(
+                noise_multiplier=z, num_steps=k, epochs=epochs, grid_step=self.grid_step
+            )
+            pld = part if pld is None else pld.compose(part)
+        assert pld is not None  # the base class calls only with a costly step
+        return pld
+
+    def _details(self, ledger: CompressedLedger) -> dict[str, Any]:
+        epochs = self._epochs(ledger)
+        return {
+            "method": _METHOD,
+            "grid_step": self.grid_step,
+            "epochs": sum(epochs.values()),
+            "num_batches": sorted({k for k, _ in epochs}),
+        }
+
+    def _epsilon(self, ledger: CompressedLedger, delta: float) -> Answer:
+        eps = max(float(self._pld(ledger).get_epsilon_for_delta(delta)), 0.0)
+        return Answer(eps, kind=ResultKind.UPPER_BOUND, details=self._details(ledger))
+
+    def _delta(self, ledger: CompressedLedger, epsilon: float) -> Answer:
+        delta = float(self._pld(ledger).get_delta_for_epsilon(epsilon))
+        value = min(max(delta, 0.0), 1.0)
+        return Answer(value, kind=ResultKind.UPPER_BOUND, details=self._details(ledger))
