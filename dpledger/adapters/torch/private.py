@@ -181,12 +181,10 @@ def make_private(
         num_batches: k of ``"balls_in_bins"``.
         noise_multiplier: z ≥ 0; or, for Poisson or balls-in-bins sampling, give
             ``target_epsilon``, ``delta`` and ``epochs`` (or ``steps``) to calibrate it
-            (:func:`~dpledger.accountants.calibrate_noise_multiplier`; balls-in-bins with
-            amplification, by the ``random_allocation`` accountant unless another is given).
+            (:func:`~dpledger.accountants.calibrate_noise_multiplier`; amplified for balls-in-bins).
         target_epsilon: ε to meet at ``delta`` after the planned run.
         delta: δ of the target.
-        epochs: planned epochs (round(1/q) steps each, k for balls-in-bins), for the
-            calibration.
+        epochs: planned epochs (round(1/q) steps each; k for balls-in-bins), for calibration.
         steps: planned steps, instead of ``epochs``.
         ledger: the ledger to record into (None: in memory, ``optimizer.ledger``). Under
             ``torch.distributed`` pass it on rank 0 only.
@@ -252,11 +250,9 @@ def make_private(
     b = settings.batch_size if batch_size is None else batch_size
     q = _sampling_probability(sampling, sampling_probability, b, n)
     k = num_batches
-    if sampling == "balls_in_bins" and k is None and b is not None:
-        k = -(-n // check_positive_int("batch_size", b))  # as the sampler derives it
-    config, calibration = _calibrated(
-        config, sampling, q, steps=steps, epochs=epochs, num_batches=k, population_size=n
-    )
+    if sampling == "balls_in_bins" and k is None and b is not None:  # as the sampler derives it
+        k = -(-n // check_positive_int("batch_size", b))
+    config, calibration = _calibrated(config, sampling, q, steps, epochs, k, n)
     sampling_seed, noise_seed = _seeds(seed)
     rank, world = distributed_world(options.get("process_group"))
     distributed = world > 1 if options.get("distributed") is None else options["distributed"]
@@ -425,15 +421,13 @@ def _calibrated(
     config: DPConfig,
     sampling: str,
     q: float | None,
-    *,
     steps: int | None,
     epochs: float | None,
-    num_batches: int | None = None,
-    population_size: int | None = None,
+    num_batches: int | None,
+    population_size: int,
 ) -> tuple[DPConfig, CalibrationResult | None]:
-    """``config`` with its noise multiplier calibrated for its ``target_epsilon`` (Poisson, or
-    balls-in-bins with ``num_batches`` per epoch), and the calibration; ``config`` unchanged and
-    None without a target."""
+    """``config`` with z calibrated for its ``target_epsilon`` (Poisson, or balls-in-bins with
+    ``num_batches``), and the calibration; ``config`` unchanged and None without a target."""
     calibration: CalibrationResult | None = None
     if config.target_epsilon is not None:
         if sampling not in ("poisson", "balls_in_bins"):
@@ -444,25 +438,18 @@ def _calibrated(
                 "plans Poisson or balls-in-bins steps only)",
             )
         assert config.delta is not None
-        plan: dict[str, Any] = {"sampling_probability": q, "accountant": config.accountant}
-        if sampling == "balls_in_bins":
-            # the prv accountant has no analysis of balls-in-bins: its default gives way
-            if num_batches is None:
-                raise InvalidParameterError(
-                    "num_batches", None, "k (or batch_size=, for k = ⌈n / b⌉) to calibrate"
-                )
-            accountant = config.accountant
-            plan = {
-                "num_batches": num_batches,
-                "population_size": population_size,
-                "accountant": "random_allocation" if accountant == "prv" else accountant,
-            }
-        calibration = calibrate_noise_multiplier(
+        bins = sampling == "balls_in_bins"
+        if bins and num_batches is None:
+            raise InvalidParameterError("num_batches", None, "k (or batch_size=) to calibrate")
+        calibration = calibrate_noise_multiplier(  # prv has no analysis of balls-in-bins
             target_epsilon=config.target_epsilon,
             delta=config.delta,
+            sampling_probability=None if bins else q,
+            num_batches=num_batches if bins else None,
+            population_size=population_size if bins else None,
             steps=steps,
             epochs=epochs,
-            **plan,
+            accountant=None if bins and config.accountant == "prv" else config.accountant,
         )
         _log.info(
             "noise multiplier %r calibrated by the %s accountant for ε = %g at δ = %g",
