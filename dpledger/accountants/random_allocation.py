@@ -199,6 +199,25 @@ def _dominated_pairs(a: _Law, b: _Law, out: np.ndarray, o0: int, band: int, h: f
     out[i[ok] - o0 + 1] += ai * up
 
 
+def _near_pairs(
+    first: _Law, second: _Law, d_lo: int, weights: tuple[np.ndarray, np.ndarray], at: int
+) -> tuple[int, np.ndarray, np.ndarray]:
+    """For the pairs i = j + d, d_lo ≤ d < d_lo + len(weights[0]), (i in ``first``, j in
+    ``second``): (the first i, and per i the masses Σ_d q_i·q_j·w(d) for the two weights).
+
+    Each is a direct convolution (sums of non-negative products, never an FFT).
+    """
+    low = np.convolve(second.q, weights[0])
+    high = np.convolve(second.q, weights[1])
+    i0 = max(second.k0 + d_lo, first.k0)  # convolution index m is i = second.k0 + d_lo + m
+    i1 = min(second.k0 + d_lo + len(low), first.k0 + len(first.q))
+    if i1 <= i0:
+        return at, np.zeros(0), np.zeros(0)
+    a = first.q[i0 - first.k0 : i1 - first.k0]
+    m0 = i0 - second.k0 - d_lo
+    return i0, a * low[m0 : m0 + i1 - i0], a * high[m0 : m0 + i1 - i0]
+
+
 def _sum(a: _Law, b: _Law, h: float) -> _Law:
     """The law of A + B (independent) spread onto the grid (step 2)."""
     band = _band(h)
@@ -209,20 +228,21 @@ def _sum(a: _Law, b: _Law, h: float) -> _Law:
     g = np.log1p(np.exp(-ds * h))  # log(y_i + y_j) − log y_max for |i − j| = d
     shift = np.floor(g / h).astype(np.int64)
     frac = np.clip(np.expm1(g - shift * h) / math.expm1(h), 0.0, 1.0)
+    # the d with one shift form a contiguous range (the shift does not increase with d)
+    cuts = np.flatnonzero(np.diff(shift)) + 1
+    groups = np.split(ds, cuts)
     for start, (first, second) in enumerate(((a, b), (b, a))):
-        for d in range(start, band + 1):
-            # i (in first) = j (in second) + d; first is the larger term
-            lo = max(first.k0, second.k0 + d)
-            hi = min(first.k0 + len(first.q), second.k0 + len(second.q) + d)
-            if hi <= lo:
+        for group in groups:
+            group = group[group >= start]
+            if len(group) == 0:
                 continue
-            prod = (
-                first.q[lo - first.k0 : hi - first.k0]
-                * second.q[lo - d - second.k0 : hi - d - second.k0]
-            )
-            s = lo + int(shift[d]) - o0
-            out[s : s + hi - lo] += prod * (1.0 - frac[d])
-            out[s + 1 : s + 1 + hi - lo] += prod * frac[d]
+            d_lo, s = int(group[0]), int(shift[group[0]])
+            weights = (1.0 - frac[group], frac[group])
+            i0, low, high = _near_pairs(first, second, d_lo, weights, 0)
+            if len(low):
+                at = i0 + s - o0
+                out[at : at + len(low)] += low
+                out[at + 1 : at + 1 + len(high)] += high
         _dominated_pairs(first, second, out, o0, band, h)
     # The atom at 0 is neutral for sums; +∞ absorbs.
     out[a.k0 - o0 : a.k0 - o0 + len(a.q)] += a.q * b.zero
