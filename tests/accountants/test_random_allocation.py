@@ -57,22 +57,24 @@ def test_pull_request_414_reference() -> None:
     assert delta == pytest.approx(1e-6, abs=1e-7)
 
 
-# random-allocation 1.0.5 (PyPI; Feldman & Shenfeld's accountant, discretisation 1e-4):
-# (k batches per epoch, z, epochs, δ, its best provable ε (minimum over its methods), its lower
-# bound on ε, or None where it gives none).
+# random-allocation 1.0.5 (PyPI; Feldman & Shenfeld's accountant): (k batches per epoch, z,
+# epochs, δ, its best provable ε, its lower bound on ε or None where it gives none). The best
+# bound is the smaller of two published figures for the package: the issue's (1.852, 0.77671,
+# 1.4663, 3.9928) and its ``allocation_epsilon_combined`` at discretisation 1e-4 with RDP orders
+# 2..60 as run by benchmarks/random_allocation_bench.py (1.6343, 0.77671, 1.4268, 3.3862); the
+# lower bounds are its ``allocation_epsilon_lower_bound`` (one epoch), the same in both.
 PACKAGE_VALUES = [
-    (10, 1.0, 1, 1e-3, 1.852, 1.1656),
+    (10, 1.0, 1, 1e-3, 1.6343, 1.1656),
     (100, 1.0, 1, 1e-4, 0.77671, 0.36375),
-    (50, 0.8, 1, 1e-3, 1.4663, 0.80774),
-    (10, 1.0, 5, 1e-3, 3.9928, None),
+    (50, 0.8, 1, 1e-3, 1.4268, 0.80774),
+    (10, 1.0, 5, 1e-3, 3.3862, None),
 ]
 
 
 @pytest.mark.parametrize(("k", "z", "epochs", "delta", "best", "lower"), PACKAGE_VALUES)
 def test_against_the_random_allocation_package(k, z, epochs, delta, best, lower) -> None:
     """At or below 1.05× the package's best provable bound, never below its lower bound, in
-    seconds (values from random-allocation 1.0.5's ``allocation_epsilon_combined`` and
-    ``allocation_epsilon_lower_bound``, as run with that package)."""
+    seconds (the package takes 3–30 s for each)."""
     start = time.perf_counter()
     eps = random_allocation_epsilon(noise_multiplier=z, num_steps=k, epochs=epochs, delta=delta)
     assert time.perf_counter() - start < 5.0
