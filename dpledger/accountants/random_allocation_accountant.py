@@ -61,6 +61,7 @@ class RandomAllocationAccountant(Accountant):
         if not 1e-4 <= step <= 0.1:
             raise InvalidParameterError("grid_step", grid_step, "a log-spacing in [1e-4, 0.1]")
         self.grid_step = step
+        self._epoch_plds: dict[tuple[int, float], Any] = {}  # one epoch's PLD per (k, z)
 
     def settings(self) -> dict[str, Any]:
         """The grid step."""
@@ -78,11 +79,19 @@ class RandomAllocationAccountant(Accountant):
         return out
 
     def _pld(self, ledger: CompressedLedger) -> Any:
+        """The composed PLD of the ledger's epochs; each (k, z)'s one-epoch PLD is built once
+        per accountant (an ε curve then only composes)."""
+        from dpledger.accountants.pld_composition import self_compose
+
         pld = None
         for (k, z), epochs in sorted(self._epochs(ledger).items()):
-            part = random_allocation_pld(
-                noise_multiplier=z, num_steps=k, epochs=epochs, grid_step=self.grid_step
-            )
+            if (k, z) not in self._epoch_plds:
+                self._epoch_plds[(k, z)] = random_allocation_pld(
+                    noise_multiplier=z, num_steps=k, grid_step=self.grid_step
+                )
+            part = self._epoch_plds[(k, z)]
+            if epochs > 1:
+                part = self_compose(part, epochs)[0]
             pld = part if pld is None else pld.compose(part)
         assert pld is not None  # the base class calls only with a costly step
         return pld

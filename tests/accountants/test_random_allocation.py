@@ -258,3 +258,28 @@ def test_the_cli_shows_it_for_balls_in_bins_ledgers(tmp_path: Path, capsys) -> N
         noise_multiplier=1.0, num_steps=4, epochs=2, delta=1e-5
     )
     assert row["epsilon"] < rows["pld"]["epsilon"]
+
+
+@pytest.mark.slow
+def test_the_report_shows_it_for_balls_in_bins_ledgers(tmp_path: Path, monkeypatch) -> None:
+    """dpledger report's default accountants include it on a balls-in-bins ledger, as a
+    certified upper bound equal to the accountant's own answer, with its ε curve."""
+    from dpledger.report import build, build_report
+
+    def few_draws(name: str, **kwargs):  # the Monte-Carlo row's default draws take a minute
+        if name == "balls_in_bins":
+            kwargs["samples"] = 2000
+        return make_accountant(name, **kwargs)
+
+    monkeypatch.setattr(build, "make_accountant", few_draws)
+
+    path = tmp_path / "b.dpl"
+    with PrivacyLedger(path) as ledger:
+        for t in range(12):
+            event = SamplingEvent.balls_in_bins(4, 10_000, epoch_start=t % 4 == 0)
+            ledger.record_sample(event=event)
+            ledger.record_sum_query(l2_norm_bound=1.0, noise_stddev=1.0)
+    report = build_report(path, delta=1e-5, curve_points=3)
+    row = next(r for r in report.accountants if r.accountant == "random_allocation")
+    own = random_allocation_epsilon(noise_multiplier=1.0, num_steps=4, epochs=3, delta=1e-5)
+    assert row.kind == "upper_bound" and row.epsilon == own
