@@ -90,7 +90,8 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtr
 
-from dpledger.errors import InvalidParameterError
+from dpledger.accountants.gdp import gdp_delta, gdp_epsilon
+from dpledger.errors import ComputationBudgetError, InvalidParameterError
 from dpledger.validation import (
     check_delta,
     check_non_negative_finite,
@@ -113,6 +114,8 @@ FLOAT_SLACK = 1e-12
 """Infinite-loss mass added to each direction's PMF to cover floating-point error."""
 
 _TAIL = 1e-20  # Q-mass below / P-mass above the grid's ends, per variable
+_MAX_GRID_POINTS = 2_000_000  # of one variable's law (the noise that needs more: z < ~0.01)
+_FINEST_AUTOMATIC_STEP = 1e-3
 _Z_TAIL = 9.5  # standard deviations that leave less than _TAIL in a normal tail
 
 
@@ -302,6 +305,30 @@ def _check(
     return sigma, steps, selected, n_epochs, step
 
 
+def _effective_step(sigma: float, h: float) -> float:
+    """The grid step used: ``h``, or finer (down to 1e-3) when the log-normal's spread τ = 1/σ
+    is below 20h, so that its law spans at least about 20 grid cells; refuses a grid of more
+    than :data:`_MAX_GRID_POINTS` points."""
+    tau = 1.0 / sigma
+    step = min(h, max(tau / 20.0, _FINEST_AUTOMATIC_STEP))
+    points = (tau * tau + 2.0 * _Z_TAIL * tau) / step
+    if not points <= _MAX_GRID_POINTS:
+        raise ComputationBudgetError(
+            parameter="noise_multiplier",
+            value=sigma,
+            estimated_bytes=8.0 * points,
+            budget_bytes=8.0 * _MAX_GRID_POINTS,
+            suggestion="at this little noise amplification hardly helps: use the "
+            "no-amplification bound (the rdp or pld accountant), or a larger grid_step",
+        )
+    return step
+
+
+def _no_amplification_mu(noise_multiplier: float, num_selected: int, epochs: int) -> float:
+    """μ of the no-amplification bound: every record in k·E Gaussian steps of sensitivity 1."""
+    return math.sqrt(num_selected * epochs) / noise_multiplier
+
+
 def random_allocation_pld(
     *,
     noise_multiplier: float,
@@ -322,13 +349,15 @@ def random_allocation_pld(
         num_steps: T ≥ 1, the steps of one epoch.
         num_selected: k in [1, T], the steps each record is used in per epoch.
         epochs: E ≥ 1, independent epochs.
-        grid_step: h in [1e-4, 0.1], the log-spacing of the grid (the error is of order h²).
+        grid_step: h in [1e-4, 0.1], the log-spacing of the grid (the error is of order h²);
+            for σ above 1/(20h) a finer one is used (down to 1e-3).
 
     Returns:
         A ``dp_accounting.pld.privacy_loss_distribution.PrivacyLossDistribution``.
 
     Raises:
         InvalidParameterError: for an argument outside the ranges above.
+        ComputationBudgetError: the grid would exceed 2·10⁶ points (σ below about 0.01).
     """
     from dp_accounting.pld import pld_pmf, privacy_loss_distribution
 
@@ -337,6 +366,7 @@ def random_allocation_pld(
     sigma, steps, selected, n_epochs, h = _check(
         noise_multiplier, num_steps, num_selected, epochs, grid_step
     )
+    h = _effective_step(sigma, h)
     law = _mean_law(sigma, steps // selected, h)
     y = np.exp((law.k0 + np.arange(len(law.q))) * h)
     remove = pld_pmf.DensePLDPmf(
@@ -372,17 +402,27 @@ def random_allocation_epsilon(
     See :func:`random_allocation_pld` for the arguments; ``delta`` is δ in (0, 1).
 
     Returns:
-        ε ≥ 0 such that every allocation of the described kind is (ε, δ)-DP under add/remove.
+        ε ≥ 0 such that every allocation of the described kind is (ε, δ)-DP under add/remove:
+        the smaller of the amplified bound and the no-amplification one (every record in k·E
+        Gaussian steps, μ-GDP with μ = √(kE)/σ), which is also what is returned when the
+        amplified bound's grid would exceed 2·10⁶ points (σ below about 0.01).
     """
     target = check_delta("delta", delta)
-    pld = random_allocation_pld(
-        noise_multiplier=noise_multiplier,
-        num_steps=num_steps,
-        num_selected=num_selected,
-        epochs=epochs,
-        grid_step=grid_step,
+    sigma, _, selected, n_epochs, _ = _check(
+        noise_multiplier, num_steps, num_selected, epochs, grid_step
     )
-    return max(float(pld.get_epsilon_for_delta(target)), 0.0)
+    plain = gdp_epsilon(_no_amplification_mu(sigma, selected, n_epochs), target)
+    try:
+        pld = random_allocation_pld(
+            noise_multiplier=noise_multiplier,
+            num_steps=num_steps,
+            num_selected=num_selected,
+            epochs=epochs,
+            grid_step=grid_step,
+        )
+    except ComputationBudgetError:
+        return plain
+    return min(max(float(pld.get_epsilon_for_delta(target)), 0.0), plain)
 
 
 def random_allocation_delta(
@@ -399,14 +439,23 @@ def random_allocation_delta(
     See :func:`random_allocation_pld` for the arguments; ``epsilon`` is ε ≥ 0.
 
     Returns:
-        δ in [0, 1] such that every allocation of the described kind is (ε, δ)-DP.
+        δ in [0, 1] such that every allocation of the described kind is (ε, δ)-DP (the smaller
+        of the amplified and the no-amplification bound, as for
+        :func:`random_allocation_epsilon`).
     """
     eps = check_non_negative_finite("epsilon", epsilon)
-    pld = random_allocation_pld(
-        noise_multiplier=noise_multiplier,
-        num_steps=num_steps,
-        num_selected=num_selected,
-        epochs=epochs,
-        grid_step=grid_step,
+    sigma, _, selected, n_epochs, _ = _check(
+        noise_multiplier, num_steps, num_selected, epochs, grid_step
     )
-    return min(max(float(pld.get_delta_for_epsilon(eps)), 0.0), 1.0)
+    plain = gdp_delta(_no_amplification_mu(sigma, selected, n_epochs), eps)
+    try:
+        pld = random_allocation_pld(
+            noise_multiplier=noise_multiplier,
+            num_steps=num_steps,
+            num_selected=num_selected,
+            epochs=epochs,
+            grid_step=grid_step,
+        )
+    except ComputationBudgetError:
+        return plain
+    return min(max(float(pld.get_delta_for_epsilon(eps)), 0.0), plain, 1.0)

@@ -13,7 +13,10 @@ Which ledgers: the costly steps must all be balls-in-bins steps (any number of s
 noise multipliers); each epoch is analysed at the smallest z_eff of its steps, and an epoch cut
 short counts as a whole one (its outputs are a prefix of the whole epoch's outputs), as in
 :meth:`~dpledger.ledger.steps.CompressedLedger.epoch_view`. Add/remove only: the pair is the
-add/remove pair. Epochs with the same (k, z) are built once and self-composed.
+add/remove pair. Epochs with the same (k, z) are built once and self-composed. The answer is the
+smaller of that bound and the no-amplification one (each epoch one Gaussian mechanism, μ-GDP in
+closed form), both valid; the latter alone, with a warning, where the grid would be too large
+(z below about 0.01).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from collections import Counter
 from typing import Any, ClassVar
 
 from dpledger.accountants.base import Accountant, Answer, ResultKind
+from dpledger.accountants.gdp import gdp_delta, gdp_epsilon
 from dpledger.accountants.random_allocation import DEFAULT_GRID_STEP, random_allocation_pld
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import ComputationBudgetError, InvalidParameterError
 from dpledger.ledger.events import SamplingScheme
 from dpledger.ledger.steps import CompressedLedger, EpochSegment
 from dpledger.validation import check_positive_finite
@@ -105,11 +109,32 @@ class RandomAllocationAccountant(Accountant):
             "num_batches": sorted({k for k, _ in epochs}),
         }
 
+    def _plain_mu(self, ledger: CompressedLedger) -> float:
+        """μ of the no-amplification bound: each epoch one Gaussian mechanism of noise z."""
+        return math.hypot(*(math.sqrt(e) / z for (_, z), e in self._epochs(ledger).items()))
+
+    def _answer(self, ledger: CompressedLedger, amplified: Any, plain: float) -> Answer:
+        """The smaller of the amplified and the no-amplification bound (both valid)."""
+        details = self._details(ledger)
+        warnings: tuple[str, ...] = ()
+        try:
+            value = amplified(self._pld(ledger))
+        except ComputationBudgetError as exc:
+            value = plain
+            warnings = (f"the no-amplification bound: {exc}",)
+        details["no_amplification"] = plain
+        return Answer(
+            min(value, plain), kind=ResultKind.UPPER_BOUND, warnings=warnings, details=details
+        )
+
     def _epsilon(self, ledger: CompressedLedger, delta: float) -> Answer:
-        eps = max(float(self._pld(ledger).get_epsilon_for_delta(delta)), 0.0)
-        return Answer(eps, kind=ResultKind.UPPER_BOUND, details=self._details(ledger))
+        plain = gdp_epsilon(self._plain_mu(ledger), delta)
+        return self._answer(
+            ledger, lambda pld: max(float(pld.get_epsilon_for_delta(delta)), 0.0), plain
+        )
 
     def _delta(self, ledger: CompressedLedger, epsilon: float) -> Answer:
-        delta = float(self._pld(ledger).get_delta_for_epsilon(epsilon))
-        value = min(max(delta, 0.0), 1.0)
-        return Answer(value, kind=ResultKind.UPPER_BOUND, details=self._details(ledger))
+        plain = gdp_delta(self._plain_mu(ledger), epsilon)
+        return self._answer(
+            ledger, lambda pld: min(max(float(pld.get_delta_for_epsilon(epsilon)), 0.0), 1.0), plain
+        )

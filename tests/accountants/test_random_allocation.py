@@ -283,3 +283,37 @@ def test_the_report_shows_it_for_balls_in_bins_ledgers(tmp_path: Path, monkeypat
     row = next(r for r in report.accountants if r.accountant == "random_allocation")
     own = random_allocation_epsilon(noise_multiplier=1.0, num_steps=4, epochs=3, delta=1e-5)
     assert row.kind == "upper_bound" and row.epsilon == own
+
+
+@pytest.mark.parametrize(
+    "z", [5e-324, 1e-6, 1e-3, pytest.param(0.05, marks=pytest.mark.slow), 50.0, 1e6, 1e300]
+)
+def test_extreme_noise_gives_a_number_never_above_the_no_amplification_bound(z: float) -> None:
+    """At any noise: a number in [0, ∞], never NaN, at most the no-amplification μ-GDP bound
+    (μ = √E/z, closed form); below z ≈ 0.01 the grid would be too large and that bound is
+    returned (the accountant says so in a warning)."""
+    from dpledger.accountants.gdp import gdp_epsilon
+
+    eps = random_allocation_epsilon(noise_multiplier=z, num_steps=20, epochs=2, delta=1e-5)
+    plain = gdp_epsilon(math.sqrt(2.0) / z, 1e-5)
+    assert not math.isnan(eps) and 0.0 <= eps <= plain
+    delta = random_allocation_delta(noise_multiplier=z, num_steps=20, epochs=2, epsilon=1.0)
+    assert 0.0 <= delta <= 1.0
+    result = make_accountant("random_allocation").epsilon(bins_ledger(20, 2, z), delta=1e-5)
+    assert result.epsilon == eps or result.epsilon <= plain
+    if z <= 1e-3:
+        assert eps == plain and any("no-amplification" in w for w in result.warnings)
+
+
+def test_a_finer_grid_for_large_noise(monkeypatch) -> None:
+    """At z = 50 the log-normal spans about two 0.01 cells, which would keep the bound near
+    2h = 0.02 (measured 0.0195 with the finer grid switched off); the grid of τ/20 used instead
+    gives 0.0019, 30× below the no-amplification bound (0.0586)."""
+    from dpledger.accountants import random_allocation
+    from dpledger.accountants.gdp import gdp_epsilon
+
+    eps = random_allocation_epsilon(noise_multiplier=50.0, num_steps=1000, delta=1e-5)
+    assert eps < 0.1 * gdp_epsilon(0.02, 1e-5)
+    monkeypatch.setattr(random_allocation, "_FINEST_AUTOMATIC_STEP", 0.01)
+    coarse = random_allocation_epsilon(noise_multiplier=50.0, num_steps=1000, delta=1e-5)
+    assert coarse > 5.0 * eps
