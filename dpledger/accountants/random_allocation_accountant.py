@@ -46,8 +46,8 @@ class RandomAllocationAccountant(Accountant):
 
     Args:
         grid_step: the log-spacing h of the grid, in [1e-4, 0.1] (default 0.01). The bound's
-            excess over the exact ε of the dominating pair is of order h² (about 2e-3 at
-            ε ≈ 2.4 for h = 0.01, four times less for h = 0.005, which costs about 2.5× the
+            excess over the exact ε of the dominating pair is of order h² (about 3e-3 at
+            ε ≈ 2.4 for h = 0.01, about 3.4 times less for h = 0.005, which costs about 2× the
             time).
     """
 
