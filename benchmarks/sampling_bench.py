@@ -118,7 +118,7 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, events, relation in setups:
         comp = ledger(events, relation)
-        for acc_name in ("rdp", "pld", "prv", "gdp", "balls_in_bins"):
+        for acc_name in ("rdp", "pld", "prv", "gdp", "balls_in_bins", "random_allocation"):
             settings = {"samples": mc_samples} if acc_name == "balls_in_bins" else {}
             acc = make_accountant(acc_name, **settings)
             try:
@@ -127,7 +127,8 @@ def main() -> None:
                 )
             except UnsupportedLedgerError as exc:
                 reason = str(exc).split(":")[0].split(".")[0]
-                if acc_name == "balls_in_bins" and "balls_in_bins" not in name:
+                scheme_only = acc_name in ("balls_in_bins", "random_allocation")
+                if scheme_only and "balls_in_bins" not in name:
                     continue
                 print(
                     f"| {name} | {relation} | {comp.num_steps} | {acc_name} | refused | "

@@ -530,8 +530,9 @@ SCHEME_ADVICE: dict[SamplingScheme, str] = {
     "the pld accountant (a dominating pair, tighter) certify it under replace-one.",
     SamplingScheme.TRUNCATED_POISSON: "The pld accountant certifies it (dp-accounting's "
     "truncated subsampled Gaussian).",
-    SamplingScheme.BALLS_IN_BINS: "The rdp and pld accountants certify it without "
-    "amplification (each record is in one batch per epoch).",
+    SamplingScheme.BALLS_IN_BINS: "The random_allocation accountant certifies it with "
+    "amplification; the rdp and pld accountants certify it without (each record is in one "
+    "batch per epoch).",
     SamplingScheme.SHUFFLE: "No accountant credits shuffled batches with amplification; the "
     "rdp and pld accountants certify a replace-one ledger without it (each record is in one "
     "batch per epoch), and dpledger.accountants.shuffle_bound gives the ε a shuffled run "
@@ -555,10 +556,15 @@ ACCOUNTANT_MODULES: dict[str, tuple[str, str]] = {
     "gdp": ("dpledger.accountants.gdp", "GdpAccountant"),
     "pld": ("dpledger.accountants.pld", "PldAccountant"),
     "balls_in_bins": ("dpledger.accountants.balls_in_bins_mc", "BallsInBinsAccountant"),
+    "random_allocation": (
+        "dpledger.accountants.random_allocation_accountant",
+        "RandomAllocationAccountant",
+    ),
 }
 
 SCHEME_SPECIFIC_ACCOUNTANTS: dict[str, SamplingScheme] = {
     "balls_in_bins": SamplingScheme.BALLS_IN_BINS,
+    "random_allocation": SamplingScheme.BALLS_IN_BINS,
 }
 """Accountants that analyse one sampling scheme only; the CLI's ``--accountant all`` runs them
 only on ledgers with steps of that scheme."""
@@ -566,7 +572,8 @@ only on ledgers with steps of that scheme."""
 
 def make_accountant(name: str, **settings: Any) -> Accountant:
     """An accountant by its short name (``"rdp"``, ``"prv"``, ``"gdp"``, ``"pld"``, or
-    ``"balls_in_bins"`` for the Monte-Carlo estimate of balls-in-bins ledgers)."""
+    ``"balls_in_bins"`` for the Monte-Carlo estimate of balls-in-bins ledgers,
+    ``"random_allocation"`` for their certified bound with amplification)."""
     try:
         module_name, class_name = ACCOUNTANT_MODULES[name]
     except (KeyError, TypeError):

@@ -52,8 +52,8 @@ from dpledger.accountants.base import (
 from dpledger.accountants.budget import DEFAULT_TIME_BUDGET_S, check_time_budget
 from dpledger.accountants.result import _warnings_tuple
 from dpledger.errors import ComputationBudgetError, InvalidParameterError
-from dpledger.ledger.events import NeighboringRelation
-from dpledger.ledger.steps import CompressedLedger
+from dpledger.ledger.events import NeighboringRelation, SamplingEvent
+from dpledger.ledger.steps import CompressedLedger, StepRun
 from dpledger.sampling.validation import check_sampling_probability, default_steps
 from dpledger.validation import (
     check_delta,
@@ -132,8 +132,10 @@ class _Objective:
         allow_approximation: bool,
         build: Callable[[float], tuple[float, float, int]],
         time_budget_s: float = DEFAULT_TIME_BUDGET_S,
+        sampling: SamplingEvent | None = None,
     ) -> None:
         self.accountant = accountant
+        self.sampling = sampling
         self.time_budget_s = time_budget_s
         self.started = time.perf_counter()
         self.delta = delta
@@ -179,7 +181,8 @@ class _Objective:
                 ),
             )
         q, z, t = self.build(x)
-        ledger = CompressedLedger.from_runs([(q, z, t)], neighboring=self.neighboring)
+        run = StepRun(q, z, t, sampling=self.sampling)
+        ledger = CompressedLedger.from_runs([run], neighboring=self.neighboring)
         value = self.certified(self.accountant.epsilon(ledger, delta=self.delta))
         self.evaluations += 1
         self.cache[x] = value
@@ -292,31 +295,61 @@ def _planned_steps(sampling_probability: float, steps: Any, epochs: Any) -> int:
     return max(1, round(e * steps_per_epoch(sampling_probability)))
 
 
+def _planned_sampling(
+    sampling_probability: Any, num_batches: Any, population_size: Any
+) -> tuple[float, SamplingEvent | None]:
+    """(q, the balls-in-bins event or None for Poisson) of a planned run."""
+    if (sampling_probability is None) == (num_batches is None):
+        raise InvalidParameterError(
+            "sampling_probability",
+            sampling_probability,
+            "exactly one of sampling_probability= (Poisson) and num_batches= (balls-in-bins)",
+        )
+    if num_batches is None:
+        q = check_probability("sampling_probability", sampling_probability)
+        if q == 0.0:
+            raise InvalidParameterError("sampling_probability", sampling_probability, "q in (0, 1]")
+        return q, None
+    k = check_positive_int("num_batches", num_batches)
+    n = k if population_size is None else int(population_size)
+    event = SamplingEvent.balls_in_bins(k, n)
+    return event.sampling_probability, event
+
+
 def calibrate_noise_multiplier(
     *,
     target_epsilon: float,
     delta: float,
-    sampling_probability: float,
+    sampling_probability: float | None = None,
     steps: int | None = None,
     epochs: float | None = None,
-    accountant: str | Accountant = "prv",
+    accountant: str | Accountant | None = None,
     bracket: tuple[float, float] | None = None,
     neighboring: NeighboringRelation | str = NeighboringRelation.ADD_REMOVE,
     allow_approximation: bool = False,
     time_budget_s: float = DEFAULT_TIME_BUDGET_S,
     population_size: int | None = None,
+    num_batches: int | None = None,
 ) -> CalibrationResult:
     """The smallest noise multiplier z (to 0.1%) whose ε at δ is at most ``target_epsilon``.
+
+    The planned run samples its batches by Poisson sampling with rate ``sampling_probability``
+    or, with ``num_batches`` = k instead, by balls-in-bins sampling with k batches per epoch
+    (each record in one batch per epoch, chosen uniformly; certified with amplification by the
+    ``random_allocation`` accountant).
 
     Args:
         target_epsilon: the ε to meet.
         delta: δ in (0, 1).
-        sampling_probability: q of every step, in (0, 1].
+        sampling_probability: q of every Poisson-sampled step, in (0, 1]; or
+        num_batches: k ≥ 1, the balls-in-bins batches per epoch (q = 1/k).
         steps: T, the number of steps; or
         epochs: the number of epochs of the planned run (T = max(1, round(epochs·E)) with
-            E = :func:`steps_per_epoch` = round(1/q) steps per epoch).
-        accountant: an accountant or its name (``"prv"``, default: the PRV accountant's
-            certified upper bound, the tightest valid ε; ``"rdp"``, ``"pld"``, ``"gdp"``).
+            E = :func:`steps_per_epoch` = round(1/q) steps per epoch, k for balls-in-bins).
+        accountant: an accountant or its name (default: ``"prv"``, the PRV accountant's
+            certified upper bound, the tightest valid ε for Poisson sampling; for balls-in-bins
+            ``"random_allocation"``, its certified bound with amplification; or ``"rdp"``,
+            ``"pld"``, ``"gdp"``).
         bracket: (low, high) to search; None searches from (0.5, 4), doubling or halving within
             [1e-3, 1e4] until the boundary is bracketed.
         neighboring: the neighboring relation of the ledger being planned.
@@ -340,11 +373,11 @@ def calibrate_noise_multiplier(
     target = _check_target(target_epsilon)
     delta = check_delta("delta", delta)
     _check_population(delta, population_size)
-    q = check_probability("sampling_probability", sampling_probability)
-    if q == 0.0:
-        raise InvalidParameterError("sampling_probability", sampling_probability, "q in (0, 1]")
+    q, sampling = _planned_sampling(sampling_probability, num_batches, population_size)
     t = _planned_steps(q, steps, epochs)
     relation = NeighboringRelation.parse(neighboring)
+    if accountant is None:
+        accountant = "prv" if sampling is None else "random_allocation"
     objective = _Objective(
         _resolve(accountant),
         delta=delta,
@@ -352,6 +385,7 @@ def calibrate_noise_multiplier(
         allow_approximation=bool(allow_approximation),
         time_budget_s=check_time_budget(time_budget_s),
         build=lambda z: (q, z, t),
+        sampling=sampling,
     )
     warnings: list[str] = []
     if bracket is None:

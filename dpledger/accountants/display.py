@@ -17,6 +17,7 @@ ACCOUNTANT_STYLES: dict[str, dict[str, Any]] = {
     "pld": {"color": "#2ca02c", "linestyle": ":", "marker": "^", "markersize": 5},
     "gdp": {"color": "#7f7f7f", "linestyle": "--", "marker": "x", "markersize": 5},
     "balls_in_bins": {"color": "#9467bd", "linestyle": "-", "marker": "D", "markersize": 4},
+    "random_allocation": {"color": "#ff7f0e", "linestyle": "-", "marker": "v", "markersize": 5},
 }  # fmt: skip
 """Colour, line style and marker of each accountant's curve (matplotlib keyword arguments), so
 that curves that coincide (PRV and PLD usually do) both stay visible."""

@@ -22,7 +22,8 @@ __all__ = ["NO_AMPLIFICATION_NOTE", "has_epochs", "reduce_epochs"]
 
 NO_AMPLIFICATION_NOTE = (
     "balls-in-bins or shuffled steps are accounted without amplification: each epoch as one "
-    "Gaussian mechanism (each record is in one batch per epoch), a valid upper bound"
+    "Gaussian mechanism (each record is in one batch per epoch), a valid upper bound (the "
+    "random_allocation accountant certifies balls-in-bins steps with amplification)"
 )
 
 

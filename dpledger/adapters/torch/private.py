@@ -179,12 +179,12 @@ def make_private(
             derive q (Poisson) or k (balls-in-bins).
         max_batch_size: the cap of ``"truncated_poisson"``.
         num_batches: k of ``"balls_in_bins"``.
-        noise_multiplier: z ≥ 0; or, for Poisson sampling only, give ``target_epsilon``,
-            ``delta`` and ``epochs`` (or ``steps``) to calibrate it
-            (:func:`~dpledger.accountants.calibrate_noise_multiplier`).
+        noise_multiplier: z ≥ 0; or, for Poisson or balls-in-bins sampling, give
+            ``target_epsilon``, ``delta`` and ``epochs`` (or ``steps``) to calibrate it
+            (:func:`~dpledger.accountants.calibrate_noise_multiplier`; amplified for balls-in-bins).
         target_epsilon: ε to meet at ``delta`` after the planned run.
         delta: δ of the target.
-        epochs: planned epochs (round(1/q) steps each), for the calibration.
+        epochs: planned epochs (round(1/q) steps each; k for balls-in-bins), for calibration.
         steps: planned steps, instead of ``epochs``.
         ledger: the ledger to record into (None: in memory, ``optimizer.ledger``). Under
             ``torch.distributed`` pass it on rank 0 only.
@@ -212,8 +212,9 @@ def make_private(
 
     Raises:
         InvalidParameterError: a bad argument, a loader whose sampling cannot be reproduced (see
-            above), a scheme other than Poisson under ``torch.distributed`` or with
-            ``target_epsilon``, or a ledger whose relation the scheme is not analysed under.
+            above), a scheme other than Poisson under ``torch.distributed``, other than
+            Poisson or balls-in-bins with ``target_epsilon``, or a ledger whose relation the
+            scheme is not analysed under.
     """
     spec = check_noise(noise)
     if spec is not None:
@@ -248,7 +249,10 @@ def make_private(
         )
     b = settings.batch_size if batch_size is None else batch_size
     q = _sampling_probability(sampling, sampling_probability, b, n)
-    config, calibration = _calibrated(config, sampling, q, steps=steps, epochs=epochs)
+    k = num_batches
+    if sampling == "balls_in_bins" and k is None and b is not None:  # as the sampler derives it
+        k = -(-n // check_positive_int("batch_size", b))
+    config, calibration = _calibrated(config, sampling, q, steps, epochs, k, n)
     sampling_seed, noise_seed = _seeds(seed)
     rank, world = distributed_world(options.get("process_group"))
     distributed = world > 1 if options.get("distributed") is None else options["distributed"]
@@ -414,27 +418,38 @@ def _sampling_probability(
 
 
 def _calibrated(
-    config: DPConfig, sampling: str, q: float | None, *, steps: int | None, epochs: float | None
+    config: DPConfig,
+    sampling: str,
+    q: float | None,
+    steps: int | None,
+    epochs: float | None,
+    num_batches: int | None,
+    population_size: int,
 ) -> tuple[DPConfig, CalibrationResult | None]:
-    """``config`` with its noise multiplier calibrated for its ``target_epsilon`` (Poisson only),
-    and the calibration; ``config`` unchanged and None without a target."""
+    """``config`` with z calibrated for its ``target_epsilon`` (Poisson, or balls-in-bins with
+    ``num_batches``), and the calibration; ``config`` unchanged and None without a target."""
     calibration: CalibrationResult | None = None
     if config.target_epsilon is not None:
-        if sampling != "poisson":
+        if sampling not in ("poisson", "balls_in_bins"):
             raise InvalidParameterError(
                 "target_epsilon",
                 config.target_epsilon,
                 f"None for sampling={sampling!r}: give noise_multiplier= (the calibration "
-                "plans Poisson-sampled steps only)",
+                "plans Poisson or balls-in-bins steps only)",
             )
-        assert q is not None and config.delta is not None
-        calibration = calibrate_noise_multiplier(
+        assert config.delta is not None
+        bins = sampling == "balls_in_bins"
+        if bins and num_batches is None:
+            raise InvalidParameterError("num_batches", None, "k (or batch_size=) to calibrate")
+        calibration = calibrate_noise_multiplier(  # prv has no analysis of balls-in-bins
             target_epsilon=config.target_epsilon,
             delta=config.delta,
-            sampling_probability=q,
+            sampling_probability=None if bins else q,
+            num_batches=num_batches if bins else None,
+            population_size=population_size if bins else None,
             steps=steps,
             epochs=epochs,
-            accountant=config.accountant,
+            accountant=None if bins and config.accountant == "prv" else config.accountant,
         )
         _log.info(
             "noise multiplier %r calibrated by the %s accountant for ε = %g at δ = %g",
