@@ -119,7 +119,6 @@ from dpledger.adapters.torch.construction_checks import (
     distributed_setting,
     noise_generator,
     resolve_config,
-    resolve_ledger,
     sampling_of,
     trainable_parameters,
 )
@@ -147,7 +146,7 @@ from dpledger.ledger import PrivacyLedger, SamplingEvent
 from dpledger.mechanisms.backend import add_noise_to_all
 from dpledger.mechanisms.clipping import ClippingStrategy
 from dpledger.mechanisms.config import DPConfig, Grouping
-from dpledger.mechanisms.construction_checks import ledger_location
+from dpledger.mechanisms.construction_checks import ledger_location, step_ledger
 from dpledger.mechanisms.correlated.spec import CorrelatedNoiseSpec
 from dpledger.mechanisms.dp_step import DPStep
 from dpledger.mechanisms.gradient_queries import GradientQueries
@@ -385,7 +384,7 @@ class DPOptimizer(CorrelatedNoiseSetup, OptimizerCheckpoint, torch.optim.Optimiz
         denominator = self._event.average_denominator
         assert self._n is not None and denominator is not None
         self._denominator = denominator
-        self._ledger = resolve_ledger(ledger, self._event, rank=self._rank)
+        self._ledger = step_ledger(ledger, self._event, rank=self._rank)
 
     def _init_parameters(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, margin: float | None
@@ -921,8 +920,7 @@ class DPOptimizer(CorrelatedNoiseSetup, OptimizerCheckpoint, torch.optim.Optimiz
         count = self._acc_count
         bias = self._bias
         unclipped = None
-        if bias is not None:
-            assert bias.unclipped is not None
+        if bias is not None and bias.unclipped is not None:
             unclipped = [bias.unclipped[n] for n in names]
         clipped = 0 if bias is None else bias.clipped
         if self._acc_bad is not None:
