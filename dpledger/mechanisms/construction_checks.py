@@ -15,8 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from dpledger.errors import InvalidParameterError, LedgerStateError
-from dpledger.ledger import PrivacyLedger
+from dpledger.ledger import PrivacyLedger, SamplingEvent
 from dpledger.mechanisms.config import DPConfig
+from dpledger.sampling.relations import check_ledger_relation, default_relation
 
 __all__ = [
     "check_bias_callback",
@@ -24,6 +25,7 @@ __all__ = [
     "check_switch",
     "config_with_noise",
     "ledger_location",
+    "step_ledger",
 ]
 
 
@@ -96,3 +98,22 @@ def check_ledger(ledger: Any, *, rank: int = 0) -> PrivacyLedger | None:
             f"the ledger {ledger_location(ledger)} is closed; open a new one or resume its file"
         )
     return ledger
+
+
+def step_ledger(ledger: Any, event: SamplingEvent, *, rank: int = 0) -> PrivacyLedger | None:
+    """The ledger a DP step records to: ``ledger`` (checked by :func:`check_ledger`), or a new
+    in-memory one on rank 0 (None on the other ranks) under the neighbouring relation
+    ``event``'s scheme is analysed under (add/remove where it can be).
+
+    Raises:
+        InvalidParameterError: as :func:`check_ledger`, or a ledger whose neighbouring relation
+            ``event``'s scheme is not analysed under (fixed-size and shuffled batches:
+            replace-one only).
+        LedgerStateError: a closed ledger.
+    """
+    checked = check_ledger(ledger, rank=rank)
+    if checked is None and rank == 0:
+        checked = PrivacyLedger(neighboring=default_relation(event))
+    if checked is not None:
+        check_ledger_relation(event, checked.neighboring)
+    return checked

@@ -6,6 +6,7 @@ import pytest
 
 from dpledger import PrivacyLedger
 from dpledger.errors import InvalidParameterError, LedgerStateError
+from dpledger.ledger import NeighboringRelation, SamplingEvent
 from dpledger.mechanisms import DPConfig
 from dpledger.mechanisms.construction_checks import (
     check_bias_callback,
@@ -13,6 +14,7 @@ from dpledger.mechanisms.construction_checks import (
     check_switch,
     config_with_noise,
     ledger_location,
+    step_ledger,
 )
 
 
@@ -55,3 +57,16 @@ def test_the_ledger_is_open_and_on_rank_zero(tmp_path):
     on_file.close()
     with pytest.raises(LedgerStateError, match=r"run\.dpl"):
         check_ledger(on_file)
+
+
+def test_a_step_ledger_takes_the_relation_its_scheme_is_analysed_under():
+    shuffled, poisson = SamplingEvent.shuffle(4, 40), SamplingEvent.poisson(0.1, 40)
+    made = step_ledger(None, shuffled)
+    assert made is not None and made.neighboring is NeighboringRelation.REPLACE_ONE
+    made = step_ledger(None, poisson)
+    assert made is not None and made.neighboring is NeighboringRelation.ADD_REMOVE
+    assert step_ledger(None, poisson, rank=1) is None  # the other ranks record nothing
+    given = PrivacyLedger()
+    assert step_ledger(given, poisson) is given
+    with pytest.raises(InvalidParameterError, match="replace"):
+        step_ledger(given, shuffled)  # add/remove: not analysed for shuffled batches

@@ -13,15 +13,15 @@ import tensorflow as tf
 
 from dpledger.adapters.tensorflow.backend import make_generator
 from dpledger.errors import InvalidParameterError
-from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingScheme
+from dpledger.ledger import PrivacyLedger, SamplingScheme
 from dpledger.ledger.intent import INTENT_KEY, note_intent, run_intent
 from dpledger.mechanisms import DPConfig
-from dpledger.mechanisms.construction_checks import check_ledger
+from dpledger.mechanisms.construction_checks import step_ledger
 from dpledger.mechanisms.step import StepEvents
-from dpledger.sampling.relations import check_ledger_relation, default_relation
+from dpledger.sampling.relations import default_relation
 from dpledger.validation import warn_if_delta_too_large
 
-__all__ = ["generator_of", "ledger_of", "ledger_with_intent"]
+__all__ = ["generator_of", "ledger_with_intent"]
 
 
 def generator_of(generator: Any, seed: int | None) -> tf.random.Generator:
@@ -33,19 +33,6 @@ def generator_of(generator: Any, seed: int | None) -> tf.random.Generator:
             raise InvalidParameterError("generator", generator, "a tf.random.Generator")
         return generator
     return make_generator(seed)
-
-
-def ledger_of(ledger: Any, events: StepEvents | None = None) -> PrivacyLedger:
-    """The ledger given, or a new in-memory one (add/remove, or the relation the steps' scheme
-    is analysed under when that is not add/remove); checked against the steps' scheme."""
-    ledger = check_ledger(ledger)
-    if ledger is None:
-        if events is None:
-            return PrivacyLedger(neighboring=NeighboringRelation.ADD_REMOVE)
-        return PrivacyLedger(neighboring=default_relation(events.event))
-    if events is not None:
-        check_ledger_relation(events.event, ledger.neighboring)
-    return ledger
 
 
 def ledger_with_intent(
@@ -76,7 +63,8 @@ def ledger_with_intent(
     )
     if ledger is None:
         relation = default_relation(event)
-        return ledger_of(PrivacyLedger(neighboring=relation, metadata={INTENT_KEY: intent}), events)
-    checked = ledger_of(ledger, events)
+        return PrivacyLedger(neighboring=relation, metadata={INTENT_KEY: intent})
+    checked = step_ledger(ledger, event)
+    assert checked is not None  # rank 0 with a ledger given
     note_intent(checked, intent)
     return checked

@@ -1,32 +1,34 @@
 """The DP step shared by :class:`~dpledger.adapters.tensorflow.PrivateGradients` (custom
 loops) and :class:`~dpledger.adapters.tensorflow.DPKerasModel` (``fit``).
 
-One DP step on a Poisson sample R of the n records (McMahan & Andrew, sections 1–3):
+One DP step on a sample R of the n records (McMahan & Andrew, sections 1–3). The sequence is
+the core's :class:`~dpledger.mechanisms.dp_step.DPStep` (written once for
+PyTorch and Keras); this module runs it in a ``tf.function``:
 
 1. per-example squared norms of every trainable variable's gradient (the engine, in the graph);
-2. on the host, in float64: each group's norm ‖g_i‖_g and clip factors f_{i,g} by the group's
-   :class:`~dpledger.mechanisms.GaussianSumQuery` and its clipping strategy (flat, global,
-   automatic; joint scaled clipping through :class:`~dpledger.mechanisms.ScaledGaussianSumQuery`);
+2. on the host, in float64: each group's clip factors f_{i,g} (:meth:`DPStep.clip_factors` of
+   the core step: the group's :class:`~dpledger.mechanisms.GaussianSumQuery` and clipping
+   strategy, flat, global or automatic, joint scaled clipping through
+   :class:`~dpledger.mechanisms.ScaledGaussianSumQuery`);
 3. the clipped sums Σ_i f_{i,g} g_{i,j} (the engine's book-keeping, in the graph);
-4. on the host: the step's sampling event (the sampler's, see :class:`StepEvents`) is recorded,
-   then the mechanisms' release runs — the
-   sensitivity check ‖clipped sum‖ ≤ |R|·S_g and one sum-query event (S_g, σ̃_g, label) per
-   group — and returns the noise standard deviation of every variable (σ̃_g, or α_j·σ̃_g under
-   joint scaling);
+4. on the host, the core step's release on summaries of the sums (their float64 norms, shapes
+   and dtypes, :class:`~dpledger.mechanisms.backend.SummaryBackend`): the draw's event
+   (:class:`~dpledger.mechanisms.step.StepEvents`), the sensitivity check
+   ‖clipped sum‖ ≤ |R|·S_g, then the sampling event and one sum-query event (S_g, σ̃_g, label)
+   per group; it returns the noise standard deviation of every variable (σ̃_g, or α_j·σ̃_g
+   under joint scaling);
 5. in the graph: Gaussian noise of exactly those standard deviations, drawn in float64 on the
    sums' device (the standard normals are drawn before stage 4, overlapping it), is added and
    the result rounded once (:class:`~dpledger.adapters.tensorflow.backend.TensorFlowBackend`), and
-   the fixed-denominator average is returned (:func:`fixed_denominator_average`): sum/(q·n)
-   for Poisson and truncated Poisson, sum/b for fixed-size and shuffled batches, sum/(n/k) for
-   balls-in-bins (the event's ``average_denominator``).
+   the core step's fixed-denominator average is returned: sum/(q·n) for Poisson and truncated
+   Poisson, sum/b for fixed-size and shuffled batches, sum/(n/k) for balls-in-bins (the event's
+   ``average_denominator``).
 
 The host stages run in ``tf.numpy_function`` callbacks, so the whole step is one
 ``tf.function`` and the ledger is written when the step *executes* — exactly once per executed
 step, never at trace time, whatever the retracing, the epochs or ``steps_per_execution``. The
-release in stage 4 is the mechanisms' own code (:meth:`SampledStep.release` of a
-:class:`~dpledger.mechanisms.GroupedSumQuery`), run on summaries of the sums (their float64 norms,
-shapes and dtypes) instead of the tensors; the standard deviations it draws with are what the
-graph then uses, so the ledger records exactly the (S_g, σ̃_g) applied. Under
+standard deviations the release draws with are what the graph then uses, so the ledger records
+exactly the (S_g, σ̃_g) applied. Under
 ``tf.distribute`` stage 1–3 run per replica (each replica clips its own records); the clipped sums
 are summed across replicas and stages 4–5 run once, so there is one noise draw of the full
 variance and one sampling event per step.
@@ -72,11 +74,11 @@ from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine
 from dpledger.diagnostics.bias import ClippingBiasCallback, clipping_bias_from_sums
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger
-from dpledger.mechanisms.averaging import fixed_denominator_average
 from dpledger.mechanisms.backend import SummaryBackend, SumSummary
 from dpledger.mechanisms.clipping import rounding_clip_margin
+from dpledger.mechanisms.dp_step import DPStep as CoreStep
 from dpledger.mechanisms.gradient_queries import GradientQueries
-from dpledger.mechanisms.step import StepEvents, open_step
+from dpledger.mechanisms.step import StepEvents
 
 __all__ = ["DPStep", "default_clip_margin", "gradient_queries", "variable_layout"]
 
@@ -157,13 +159,9 @@ class DPStep:
         bias_callback: ClippingBiasCallback | None,
     ) -> None:
         self.engine = engine
-        self.queries = queries
         self.events = events
-        self.sampling_probability = events.event.sampling_probability
-        self.population_size = events.event.population_size
         self.denominator = events.denominator
         self.ledger = ledger
-        self._next_position = 0
         self.generator = generator
         self.bias_callback = bias_callback
         self.backend = TensorFlowBackend()
@@ -187,18 +185,24 @@ class DPStep:
                 f"queries over the {len(self.variables)} trainable variables",
             )
         if self._clip_margin is None:
-            margins = tuple(
+            margins: Any = tuple(
                 max(default_clip_margin(self._dtypes[j]) for j in members)
                 for members in queries.positions
             )
         else:
-            margins = (float(self._clip_margin),) * len(queries.positions)
-        if len(queries.positions) != len(getattr(self, "queries", queries).positions):
-            raise InvalidParameterError(
-                "queries", "a different number of groups", "the same groups as before"
+            margins = float(self._clip_margin)
+        core = self.__dict__.get("core")
+        if core is None:  # the first queries (a subclass sets up its own state, then calls this)
+            self.core = CoreStep(
+                queries, ledger=self.ledger, events=getattr(self, "events", None), margins=margins
             )
-        with self._lock:
-            self.queries, self.margins = queries, margins
+        else:
+            core.set_queries(queries, margins=margins)
+
+    @property
+    def queries(self) -> GradientQueries:
+        """The groups and their sum queries of the next executed step."""
+        return self.core.queries
 
     # ------------------------------------------------------------------ host callbacks
     def _fail(self, exc: BaseException) -> None:
@@ -213,16 +217,7 @@ class DPStep:
 
     def _host_factors(self, *squared: np.ndarray) -> tuple[np.ndarray, ...]:
         try:
-            vectors = [np.asarray(s, dtype=np.float64) for s in squared]
-            with self._lock:
-                queries, margins = self.queries, self.margins
-            out = []
-            for query, members, margin in zip(
-                queries.queries, queries.positions, margins, strict=True
-            ):
-                norms = query.group_norms(squared_norms=[vectors[j] for j in members])
-                out.append(query.clip_factors(norms, margin=margin))
-            return tuple(out)
+            return tuple(self.core.clip_factors(squared))
         except BaseException as exc:
             self._fail(exc)
             raise
@@ -231,13 +226,8 @@ class DPStep:
         self, num_records: np.ndarray, position: np.ndarray, *squared_sum_norms: np.ndarray
     ) -> np.ndarray:
         try:
-            with self._lock:
-                queries = self.queries
-                at = int(position)
-                if at < 0:  # no position given: count the executed steps
-                    at = self._next_position
-                self._next_position = at + 1
-            event = self.events.at(at)
+            count = int(num_records)
+            event = self.core.claim(count, position=int(position))
             summaries = []
             for j, sq in enumerate(squared_sum_norms):
                 info = np.finfo(self._dtypes[j].as_numpy_dtype)
@@ -249,17 +239,15 @@ class DPStep:
                         tiny=float(info.tiny),
                     )
                 )
-            step = open_step(self.ledger, event=event, backend=self._host_backend)
-            try:
-                released = step.release(
-                    queries.grouped,
-                    [[summaries[j] for j in members] for members in queries.positions],
-                    num_records=int(num_records),
-                )
-            finally:
-                step.end()
+            positions = self.core.queries.positions
+            released = self.core.noise(
+                [[summaries[j] for j in members] for members in positions],
+                num_records=count,
+                event=event,
+                backend=self._host_backend,
+            )
             stddevs = np.zeros(len(summaries), dtype=np.float64)
-            for members, orders in zip(queries.positions, released, strict=True):
+            for members, orders in zip(positions, released, strict=True):
                 for j, order in zip(members, orders, strict=True):
                     stddevs[j] = order.stddev
             return stddevs
@@ -381,14 +369,7 @@ class DPStep:
                 self.backend.add_scaled_noise(s, normals[j], stddev=stddevs[j])
                 for j, s in enumerate(sums)
             ]
-        if self.events.event.is_classic:
-            return fixed_denominator_average(
-                noised,
-                sampling_probability=self.sampling_probability,
-                population_size=self.population_size,
-                backend=self.backend,
-            )
-        return fixed_denominator_average(noised, denominator=self.denominator, backend=self.backend)
+        return CoreStep.average(noised, event=self.events.event, backend=self.backend)
 
     def gradients(
         self, inputs: Any, targets: Any, sample_weight: Any = None, position: Any = None

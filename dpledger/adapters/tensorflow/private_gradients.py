@@ -16,7 +16,6 @@ import tensorflow as tf
 
 from dpledger.adapters.tensorflow.construction_checks import (
     generator_of,
-    ledger_of,
 )
 from dpledger.adapters.tensorflow.correlated_model import (
     ledger_for_release,
@@ -35,7 +34,7 @@ from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger, SamplingEvent
 from dpledger.mechanisms import DPConfig, GaussianSumQuery
 from dpledger.mechanisms.clipping import ClippingStrategy
-from dpledger.mechanisms.construction_checks import check_bias_callback
+from dpledger.mechanisms.construction_checks import check_bias_callback, step_ledger
 from dpledger.mechanisms.gradient_queries import GradientQueries, settings_of_arguments
 from dpledger.mechanisms.step import step_events_of
 
@@ -171,7 +170,7 @@ class PrivateGradients:
             engine,
             queries=queries,
             events=events,
-            ledger=ledger_of(ledger, events),
+            ledger=step_ledger(ledger, events.event),
             generator=generator_of(generator, seed),
             clip_margin=settings.clip_margin,
             bias_callback=check_bias_callback(bias_callback),

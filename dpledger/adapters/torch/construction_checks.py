@@ -9,7 +9,6 @@ ledger, the trainable parameters, the clip margin, the noise generator. Every re
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -21,16 +20,14 @@ from dpledger.adapters.torch.backend import check_generator_device
 from dpledger.adapters.torch.distributed import DistributedPoissonBatchSampler, distributed_world
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.errors import InvalidParameterError
-from dpledger.ledger import PrivacyLedger, SamplingEvent
+from dpledger.ledger import SamplingEvent
 from dpledger.mechanisms.clipping import rounding_clip_margin
 from dpledger.mechanisms.config import DPConfig
 from dpledger.mechanisms.construction_checks import (
     check_bias_callback,
-    check_ledger,
     check_switch,
     config_with_noise,
 )
-from dpledger.sampling.relations import check_ledger_relation, default_relation
 from dpledger.sampling.validation import check_sampling_probability
 from dpledger.validation import check_non_negative_finite, check_positive_int
 
@@ -42,12 +39,9 @@ __all__ = [
     "distributed_setting",
     "noise_generator",
     "resolve_config",
-    "resolve_ledger",
     "sampling_of",
     "trainable_parameters",
 ]
-
-logger = logging.getLogger("dpledger.adapters.torch.optimizer")
 
 _SAMPLERS = (
     "a PoissonBatchSampler, FixedSizeBatchSampler, TruncatedPoissonBatchSampler, "
@@ -228,24 +222,6 @@ def check_user_level(
                 "None with a UserPoissonBatchSampler: the clipping-bias metrics are per "
                 "record, not per user",
             )
-
-
-def resolve_ledger(
-    ledger: PrivacyLedger | None, event: SamplingEvent, *, rank: int
-) -> PrivacyLedger | None:
-    """The ledger the steps record to: ``ledger``, or a new in-memory one on rank 0 (None on
-    the other ranks); open, and with a neighbouring relation the event is analysed under."""
-    ledger = check_ledger(ledger, rank=rank)
-    if ledger is None and rank == 0:
-        relation = default_relation(event)
-        ledger = PrivacyLedger(neighboring=relation)
-        logger.info(
-            "no ledger given: recording to an in-memory %s ledger (optimizer.ledger)",
-            relation.value,
-        )
-    if ledger is not None:
-        check_ledger_relation(event, ledger.neighboring)
-    return ledger
 
 
 def trainable_parameters(

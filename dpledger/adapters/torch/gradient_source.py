@@ -1,7 +1,7 @@
 """Where :class:`~dpledger.adapters.torch.optimizer.DPOptimizer` gets per-example gradients.
 
-:class:`GradientSource` is the part of ``DPOptimizer`` between the model and the clipping. On
-the hook path (no ``loss_fn``) a
+:class:`GradientSource` is the object ``DPOptimizer`` holds between the model and the clipping.
+On the hook path (no ``loss_fn``) a
 :class:`~dpledger.adapters.torch.engine.PerExampleGradientEngine` observes the user's forward
 and backward; two forward pre-hooks on the model run before the engine's: the guard, which
 refuses a forward that would lose a batch whose backward has not been stepped, and the
@@ -11,11 +11,6 @@ with at least two records and whenever the model's modules or training modes cha
 (``loss_fn``), :meth:`GradientSource.compute_gradients` computes the batch's per-example
 gradients with ``torch.func`` (with Bias-Aware Minimisation's ascent when ``bam_radius`` is
 set).
-
-The state it keeps on the optimizer: ``_engine`` (None on the functional path),
-``_functional`` (the functional path's pending gradients), ``_handles`` (the model hooks),
-``_probing`` and ``_probed`` (the model fingerprint the probe last passed), ``_loss_fn`` and
-``_bam_radius``.
 """
 
 from __future__ import annotations
@@ -30,7 +25,7 @@ from torch import nn
 
 from dpledger.adapters.torch.accumulation import MaterialisedGradients
 from dpledger.adapters.torch.bam import per_example_gradients_and_losses
-from dpledger.adapters.torch.engine import LossReduction, PerExampleGradientEngine
+from dpledger.adapters.torch.engine import LossReduction, PerExampleGradientEngine, Strategy
 from dpledger.adapters.torch.module_checks import check_module_configuration
 from dpledger.adapters.torch.record_probe import (
     model_fingerprint,
@@ -38,7 +33,6 @@ from dpledger.adapters.torch.record_probe import (
     records_in,
 )
 from dpledger.errors import EngineStateError
-from dpledger.mechanisms.config import DPConfig
 
 __all__ = ["GradientSource"]
 
@@ -46,40 +40,56 @@ logger = logging.getLogger("dpledger.adapters.torch.optimizer")
 
 
 class GradientSource:
-    """The per-example gradients of
-    :class:`~dpledger.adapters.torch.optimizer.DPOptimizer`: the engine and its forward hooks,
-    or the functional path (a base class of it; see the module docstring)."""
+    """The per-example gradients of one model: the engine and its forward hooks, or the
+    functional path (see the module docstring).
 
-    def _init_gradients(
+    Args:
+        model: the model.
+        names: the trainable parameters' names, in the optimizer's order.
+        loss_fn: ``loss_fn(output, target)`` for one example (the functional path), or None.
+        bam_radius: Bias-Aware Minimisation's λ on the functional path, or None.
+        loss_reduction: the hook path's declared loss reduction.
+        strategy: the engine's per-example strategy.
+        check_steps: steps on which the engine checks Σ_i g_i against autograd.
+
+    Attributes:
+        engine: the engine (None on the functional path).
+        functional: the functional path's pending per-example gradients (None when none wait).
+        probed: the model fingerprint the record-independence probe last passed (None before).
+    """
+
+    def __init__(
         self,
         model: nn.Module,
-        config: DPConfig,
+        *,
+        names: tuple[str, ...],
         loss_fn: Callable[..., torch.Tensor] | None,
-        radius: float | None,
+        bam_radius: float | None,
         loss_reduction: LossReduction,
+        strategy: Strategy,
         check_steps: int,
     ) -> None:
-        """The source of the per-example gradients: the engine, or the functional path."""
-        self._loss_fn = loss_fn
-        self._bam_radius = radius
-        self._engine: PerExampleGradientEngine | None = None
-        self._functional: MaterialisedGradients | None = None
-        self._handles: list[Any] = []
+        self.model = model
+        self.names = names
+        self.loss_fn = loss_fn
+        self.bam_radius = bam_radius
+        self.engine: PerExampleGradientEngine | None = None
+        self.functional: MaterialisedGradients | None = None
+        self.probed: tuple | None = None
         self._probing = False
-        self._probed: tuple | None = None
+        self._handles: list[Any] = []
         if loss_fn is None:
-            self._engine = PerExampleGradientEngine(
-                model,
-                loss_reduction=loss_reduction,
-                strategy=config.strategy,
-                check_steps=check_steps,
+            self.engine = PerExampleGradientEngine(
+                model, loss_reduction=loss_reduction, strategy=strategy, check_steps=check_steps
             )
 
-    def _install_hooks(self, model: nn.Module, check_record_independence: bool) -> None:
+    def install_hooks(self, check_record_independence: bool) -> None:
         """The forward hooks of the hook path: the record-independence probe and the guard."""
         if check_record_independence:
             self._handles.append(
-                model.register_forward_pre_hook(self._probe_forward, prepend=True, with_kwargs=True)
+                self.model.register_forward_pre_hook(
+                    self._probe_forward, prepend=True, with_kwargs=True
+                )
             )
         else:
             logger.warning(
@@ -89,11 +99,12 @@ class GradientSource:
                 "record's clipped gradient, and the ledger's epsilon is then wrong"
             )
         # the guard runs first: it refuses a forward that would lose a pending step
-        self._handles.append(model.register_forward_pre_hook(self._guard_forward, prepend=True))
+        self._handles.append(
+            self.model.register_forward_pre_hook(self._guard_forward, prepend=True)
+        )
 
-    # ------------------------------------------------------------------ hooks and state
     def _guard_forward(self, module: nn.Module, args: tuple) -> None:
-        engine = self._engine
+        engine = self.engine
         if engine is None or engine.recomputing or not torch.is_grad_enabled():
             return
         if engine.has_gradients:
@@ -106,76 +117,74 @@ class GradientSource:
             )
 
     def _probe_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        engine = self._engine
+        engine = self.engine
         if engine is None or self._probing or engine.recomputing or not torch.is_grad_enabled():
             return
-        fingerprint = model_fingerprint(self._model)
-        if fingerprint == self._probed or (records_in(args, kwargs) or 0) < 2:
+        fingerprint = model_fingerprint(self.model)
+        if fingerprint == self.probed or (records_in(args, kwargs) or 0) < 2:
             return  # probed already, or a batch of at most one record (which cannot mix)
         self._probing = True
         try:
-            probe_record_independence(self._model, engine=engine, args=args, kwargs=kwargs)
+            probe_record_independence(self.model, engine=engine, args=args, kwargs=kwargs)
         finally:
             self._probing = False
-        self._probed = fingerprint
+        self.probed = fingerprint
 
-    def _pending(self) -> bool:
-        if self._engine is not None:
-            return self._engine.has_gradients
-        return self._functional is not None
+    # ------------------------------------------------------------------ the pending batch
+    @property
+    def pending(self) -> bool:
+        """Whether a batch's per-example gradients wait for a step."""
+        if self.engine is not None:
+            return self.engine.has_gradients
+        return self.functional is not None
 
-    def _discard_pending(self) -> None:
-        if self._engine is not None:
-            self._engine.clear()
-        self._functional = None
+    def current(self) -> Any:
+        """The pending batch's per-example gradients: the engine, or the functional path's
+        :class:`~dpledger.adapters.torch.accumulation.MaterialisedGradients`."""
+        if self.engine is not None:
+            return self.engine
+        assert self.functional is not None
+        return self.functional
+
+    def discard(self) -> None:
+        """Let the pending batch's per-example gradients go."""
+        if self.engine is not None:
+            self.engine.clear()
+        self.functional = None
 
     def detach(self) -> None:
-        """Remove the hooks from the model (the optimizer cannot step afterwards)."""
+        """Remove the hooks from the model."""
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        if self._engine is not None:
-            self._engine.remove()
+        if self.engine is not None:
+            self.engine.remove()
 
     # ------------------------------------------------------------------ per-example gradients
     def backward(self, loss: torch.Tensor) -> None:
-        """Backpropagate ``loss`` to the layers' outputs only (a faster ``loss.backward()``).
-
-        Parameters' ``.grad`` is not touched; ``step()`` writes the private gradient.
-        """
-        if self._engine is None:
+        """The engine's backward to the layers' outputs only (see ``DPOptimizer.backward``)."""
+        if self.engine is None:
             raise EngineStateError(
                 "optimizer.backward(loss) is for the hook path; with loss_fn= call "
                 "optimizer.compute_gradients(inputs, targets)"
             )
-        self._engine.backward(loss)
+        self.engine.backward(loss)
 
     def compute_gradients(self, inputs: Any, targets: Any) -> torch.Tensor:
-        """Functional path: per-example gradients of ``loss_fn`` on a batch (BAM if set).
-
-        Replaces the forward and backward when the optimizer was created with ``loss_fn``.
-
-        Returns:
-            The batch's mean loss at the current parameters (detached, for logging; NaN for an
-            empty batch).
-        """
-        if self._loss_fn is None:
+        """The functional path (see ``DPOptimizer.compute_gradients``)."""
+        if self.loss_fn is None:
             raise EngineStateError(
                 "compute_gradients needs loss_fn= at construction; on the hook path run the "
                 "forward and loss.backward() (or optimizer.backward(loss))"
             )
-        if self._functional is not None:
+        if self.functional is not None:
             raise EngineStateError(
                 "per-example gradients of the previous batch are waiting: call "
                 "optimizer.step() (or virtual_step()) before computing another batch"
             )
-        check_module_configuration(self._model)
+        check_module_configuration(self.model)
         grads, losses = per_example_gradients_and_losses(
-            self._model,
-            self._loss_fn,
-            inputs,
-            targets,
-            bam_radius=self._bam_radius or 0.0,
+            self.model, self.loss_fn, inputs, targets, bam_radius=self.bam_radius or 0.0
         )
-        self._functional = MaterialisedGradients({n: grads[n] for n in self._names}, self._names)
+        self.functional = MaterialisedGradients({n: grads[n] for n in self.names}, self.names)
         return losses.mean() if losses.numel() else losses.new_tensor(math.nan)

@@ -59,15 +59,23 @@ which also provides Bias-Aware Minimisation's per-example ascent (``bam_radius``
 Distributed training: see :mod:`~dpledger.adapters.torch.distributed` (rank 0 draws the noise
 and writes the ledger).
 
-The step is split along its data flow (``DPOptimizer`` inherits each part; docs/architecture.md,
-"Package map"): :mod:`~dpledger.adapters.torch.gradient_source` (the engine with the
-forward guard and the record-independence probe, or the functional path),
-:mod:`~dpledger.adapters.torch.accumulation` (clipping, virtual batches, user-level sums),
-:mod:`~dpledger.adapters.torch.release` (the noisy release and the ledger's events),
-:mod:`~dpledger.adapters.torch.checkpoint`, :mod:`~dpledger.adapters.torch.optimizer_surface`
-(``param_groups``, ``state``, ``defaults`` and the properties) and
-:mod:`~dpledger.adapters.torch.construction_checks`. This module holds the construction (with
-the documentation of every argument), ``step``, ``empty_step`` and ``zero_grad``.
+The class holds what the step needs and nothing shares its state (docs/architecture.md,
+"Package map"): the per-example gradients come from a
+:class:`~dpledger.adapters.torch.gradient_source.GradientSource` (the engine with the forward
+guard and the record-independence probe, or the functional path); the step's sequence (claim the
+draw → clip factors → sensitivity check → record → noise → average) is the core's
+:class:`~dpledger.mechanisms.dp_step.DPStep`, which the optimizer drives over its torch backend;
+the torch halves of the clipping and the release are
+:mod:`~dpledger.adapters.torch.accumulation` (factors on the device, user-level sums, bias sums)
+and :mod:`~dpledger.adapters.torch.release` (grouping the sums, the noise backend). Checkpoints
+are :mod:`~dpledger.adapters.torch.checkpoint`, correlated noise
+:mod:`~dpledger.adapters.torch.correlated_stream`, the constructor's checks
+:mod:`~dpledger.adapters.torch.construction_checks`.
+
+This module is over 500 lines because it holds one class, ``DPOptimizer``, whose construction
+documents every argument and whose step (its override points, the accumulation of the clipped
+sums over virtual batches, the release on rank 0 and the broadcast) reads and writes the same
+state: split by line count, the class was six mixins sharing thirty private attributes.
 
 Override points (subclass ``DPOptimizer``; each method's docstring states its contract and what
 the ledger records): :meth:`DPOptimizer.clip` (per-example factors → the batch's clipped sums),
@@ -90,12 +98,18 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from dpledger.adapters.torch.accumulation import ClippedSumAccumulation
-from dpledger.adapters.torch.backend import TorchBackend
+from dpledger.adapters.torch.accumulation import (
+    BiasSums,
+    DeviceFactors,
+    refuse_virtual_batches,
+    user_gradients,
+)
+from dpledger.adapters.torch.backend import TorchBackend, check_generator_device
 from dpledger.adapters.torch.checkpoint import OptimizerCheckpoint
 from dpledger.adapters.torch.construction_checks import (
     check_optimizer_and_model,
@@ -105,24 +119,36 @@ from dpledger.adapters.torch.construction_checks import (
     distributed_setting,
     noise_generator,
     resolve_config,
-    resolve_ledger,
     sampling_of,
     trainable_parameters,
 )
 from dpledger.adapters.torch.correlated_stream import CorrelatedNoiseSetup
-from dpledger.adapters.torch.engine import LossReduction, Strategy
+from dpledger.adapters.torch.distributed import broadcast_tensors, reduce_tensors, sum_counts
+from dpledger.adapters.torch.engine import LossReduction, PerExampleGradientEngine, Strategy
 from dpledger.adapters.torch.gradient_source import GradientSource
 from dpledger.adapters.torch.module_checks import check_module_configuration
-from dpledger.adapters.torch.optimizer_surface import OptimizerSurface
-from dpledger.adapters.torch.release import NoisyRelease, OptimizerNoiseBackend
+from dpledger.adapters.torch.release import (
+    OptimizerNoiseBackend,
+    grouped_sums,
+    poison_sums,
+    ungroup,
+)
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.adapters.torch.user_level import UserPoissonBatchSampler
-from dpledger.errors import EngineStateError, LedgerStateError
-from dpledger.ledger import PrivacyLedger
+from dpledger.errors import (
+    EngineStateError,
+    InvalidParameterError,
+    LedgerStateError,
+    NoiseStreamEndError,
+    SamplerMismatchError,
+)
+from dpledger.ledger import PrivacyLedger, SamplingEvent
+from dpledger.mechanisms.backend import add_noise_to_all
 from dpledger.mechanisms.clipping import ClippingStrategy
 from dpledger.mechanisms.config import DPConfig, Grouping
-from dpledger.mechanisms.construction_checks import ledger_location
+from dpledger.mechanisms.construction_checks import ledger_location, step_ledger
 from dpledger.mechanisms.correlated.spec import CorrelatedNoiseSpec
+from dpledger.mechanisms.dp_step import DPStep
 from dpledger.mechanisms.gradient_queries import GradientQueries
 
 __all__ = ["BiasCallback", "DPOptimizer"]
@@ -134,15 +160,7 @@ BiasCallback = Callable[[int, Any], None]
 :data:`dpledger.diagnostics.bias.ClippingBiasCallback`."""
 
 
-class DPOptimizer(
-    CorrelatedNoiseSetup,
-    OptimizerSurface,
-    GradientSource,
-    ClippedSumAccumulation,
-    NoisyRelease,
-    OptimizerCheckpoint,
-    torch.optim.Optimizer,
-):
+class DPOptimizer(CorrelatedNoiseSetup, OptimizerCheckpoint, torch.optim.Optimizer):
     """Differentially private steps with any ``torch.optim.Optimizer``.
 
     See the module docstring for the step and its semantics, and :meth:`clip`,
@@ -323,9 +341,16 @@ class DPOptimizer(
         self._init_queries(config)
         self._check_stream_queries(config)
         self._init_noise(generator, seed)
-        self._init_gradients(model, config, loss_fn, radius, loss_reduction, check_steps)
-        if self._engine is not None:
-            self._install_hooks(model, check_record_independence)
+        self._gradients = GradientSource(
+            model,
+            names=self._names,
+            loss_fn=loss_fn,
+            bam_radius=radius,
+            loss_reduction=loss_reduction,
+            strategy=config.strategy,
+            check_steps=check_steps,
+        )
+        self._init_engine(check_record_independence)
         self._bias_callback = bias_callback
 
         # ---- the step being assembled (several chunks with virtual batches)
@@ -335,6 +360,7 @@ class DPOptimizer(
         if self._distributed:
             self._sync_model()
 
+    # ------------------------------------------------------------------ construction
     def _init_sampler(
         self,
         sampler: RecordedBatchSampler | DataLoader | None,
@@ -358,7 +384,7 @@ class DPOptimizer(
         denominator = self._event.average_denominator
         assert self._n is not None and denominator is not None
         self._denominator = denominator
-        self._ledger = resolve_ledger(ledger, self._event, rank=self._rank)
+        self._ledger = step_ledger(ledger, self._event, rank=self._rank)
 
     def _init_parameters(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, margin: float | None
@@ -368,7 +394,7 @@ class DPOptimizer(
         self._opt = optimizer
         self._model = model
         self._params, self._device = trainable_parameters(model, optimizer)
-        self._tiny = max(torch.finfo(p.dtype).tiny for p in self._params.values())
+        self._names = tuple(self._params)
         self._clip_margin = default_clip_margin(self._params) if margin is None else margin
 
     def _init_noise(self, generator: torch.Generator | None, seed: int | None) -> None:
@@ -378,19 +404,24 @@ class DPOptimizer(
         self._backend = OptimizerNoiseBackend(self.add_noise)
 
     def _init_queries(self, config: DPConfig) -> None:
-        """The groups and their sum queries, with the layout cache of the clipping."""
-        self._queries = GradientQueries.of_config(
+        """The groups and their sum queries, in the core step, and the factors on the device."""
+        queries = GradientQueries.of_config(
             {n: p.numel() for n, p in self._params.items()},
             config,
             # per_layer: one group per module, the parameters named "<module>.<name>"
             layers={n: n.rpartition(".")[0] or "<model>" for n in self._params},
         )
-        self._query_cache = {
-            (self._queries.l2_norm_bound, self._queries.noise_multiplier): self._queries
-        }
-        self._names = tuple(self._params)
-        self._index_of = {n: i for i, n in enumerate(self._names)}
-        self._layouts: dict[int, tuple[GradientQueries, torch.Tensor, torch.Tensor, bool]] = {}
+        self._dp_step = DPStep(queries, ledger=self._ledger, margins=self._clip_margin)
+        tiny = max(torch.finfo(p.dtype).tiny for p in self._params.values())
+        self._factors = DeviceFactors(
+            self._dp_step, names=self._names, device=self._device, tiny=tiny
+        )
+
+    def _init_engine(self, check_record_independence: bool) -> None:
+        """The engine the gradient source holds, with its forward hooks (the hook path)."""
+        self._engine: PerExampleGradientEngine | None = self._gradients.engine
+        if self._engine is not None:
+            self._gradients.install_hooks(check_record_independence)
 
     def _sync_model(self) -> None:
         import torch.distributed as dist
@@ -401,6 +432,265 @@ class DPOptimizer(
         with torch.no_grad():
             for t in [*self._model.parameters(), *self._model.buffers()]:
                 dist.broadcast(t.data, src=src, group=self._group)
+
+    # ------------------------------------------------------------------ optimizer surface
+    @property
+    def param_groups(self) -> list[dict]:  # type: ignore[override]
+        """The wrapped optimizer's parameter groups (learning rates and so on)."""
+        return self._opt.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict]) -> None:
+        self._opt.param_groups = value
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        """The wrapped optimizer's per-parameter state."""
+        return self._opt.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._opt.state = value
+
+    @property
+    def defaults(self) -> dict:  # type: ignore[override]
+        """The wrapped optimizer's defaults."""
+        return self._opt.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict) -> None:
+        self._opt.defaults = value
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Refused: the DP step covers the parameters known when it was created."""
+        raise InvalidParameterError(
+            "param_group",
+            "<a new parameter group>",
+            "no new groups after wrapping: build the optimizer with every parameter first",
+        )
+
+    @property
+    def original_optimizer(self) -> torch.optim.Optimizer:
+        """The wrapped optimizer."""
+        return self._opt
+
+    @property
+    def model(self) -> nn.Module:
+        """The model."""
+        return self._model
+
+    @property
+    def engine(self) -> PerExampleGradientEngine | None:
+        """The per-example gradient engine (None on the functional path)."""
+        return self._engine
+
+    @property
+    def ledger(self) -> PrivacyLedger | None:
+        """The ledger (None on ranks other than 0)."""
+        return self._ledger
+
+    @property
+    def sampling_probability(self) -> float:
+        """q of the sampler, recorded with every step."""
+        return self._q
+
+    @property
+    def population_size(self) -> int:
+        """n, the number of records the batches are drawn from."""
+        return self._n
+
+    @property
+    def expected_batch_size(self) -> float:
+        """q·n: the mean batch size of a Poisson sampler (and the average's denominator for
+        one); for the other schemes the nominal rate q times n (see :attr:`denominator`)."""
+        return self._q * self._n
+
+    @property
+    def denominator(self) -> float:
+        """The fixed denominator of every step's average: the sampling event's
+        ``average_denominator`` (q·n for Poisson and truncated Poisson, b for fixed-size and
+        shuffled batches, n / k for balls-in-bins)."""
+        return self._denominator
+
+    @property
+    def sampling_event(self) -> SamplingEvent:
+        """The sampling event the steps record (``epoch_start=False``; the first step of each
+        epoch of an epoch-based sampler records it with ``epoch_start=True``)."""
+        return self._event
+
+    @property
+    def sampler(self) -> RecordedBatchSampler | None:
+        """The batch sampler the events are read from (None when q and n were given)."""
+        return self._sampler
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The noise generator."""
+        return self._generator
+
+    @generator.setter
+    def generator(self, value: torch.Generator) -> None:
+        check_generator_device(value, self._device, parameter="generator")
+        self._generator = value
+
+    @property
+    def _queries(self) -> GradientQueries:
+        return self._dp_step.queries
+
+    @property
+    def queries(self) -> GradientQueries:
+        """The groups and their Gaussian sum queries (S_g, σ̃_g) used by the next step."""
+        return self._dp_step.queries
+
+    @property
+    def l2_norm_bound(self) -> float:
+        """C, the clip bound of the next step (settable; the ledger records each step's)."""
+        return self._dp_step.queries.l2_norm_bound
+
+    @l2_norm_bound.setter
+    def l2_norm_bound(self, value: float) -> None:
+        self._dp_step.set_values(l2_norm_bound=value, noise_multiplier=self.noise_multiplier)
+
+    @property
+    def noise_multiplier(self) -> float:
+        """z of the next step (settable; the ledger records each step's σ̃)."""
+        return self._dp_step.queries.noise_multiplier
+
+    @noise_multiplier.setter
+    def noise_multiplier(self, value: float) -> None:
+        self._dp_step.set_values(l2_norm_bound=self.l2_norm_bound, noise_multiplier=value)
+
+    @property
+    def steps_taken(self) -> int:
+        """Number of DP steps released by this optimizer (including resumed ones)."""
+        return self._steps_taken
+
+    # ------------------------------------------------------------------ per-example gradients
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate ``loss`` to the layers' outputs only (a faster ``loss.backward()``).
+
+        Parameters' ``.grad`` is not touched; ``step()`` writes the private gradient.
+        """
+        self._gradients.backward(loss)
+
+    def compute_gradients(self, inputs: Any, targets: Any) -> torch.Tensor:
+        """Functional path: per-example gradients of ``loss_fn`` on a batch (BAM if set).
+
+        Replaces the forward and backward when the optimizer was created with ``loss_fn``.
+
+        Returns:
+            The batch's mean loss at the current parameters (detached, for logging; NaN for an
+            empty batch).
+        """
+        return self._gradients.compute_gradients(inputs, targets)
+
+    def detach(self) -> None:
+        """Remove the hooks from the model (the optimizer cannot step afterwards)."""
+        self._gradients.detach()
+
+    def _pending(self) -> bool:
+        return self._gradients.pending
+
+    def _discard_pending(self) -> None:
+        self._gradients.discard()
+
+    # ------------------------------------------------------------------ override points
+    def clip(
+        self, source: Any, factors: dict[tuple[str, ...], torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """The clipped sums Σ_i f_ig·g_ig of a batch, per parameter (an override point).
+
+        Called once per batch (once per chunk with virtual batches) after the clip factors
+        were computed from the records' group norms with the chosen clipping strategy, on the
+        parameters' device in float64, and before the sums are added to the step's. The
+        default forms the sums on the device without materialising g_i where the engine can
+        (book-keeping).
+
+        Contract: the result holds, for every trainable parameter name, a tensor of the
+        parameter's shape, and record i's contribution to group g, Σ_{p in g} f_ig·g_ip, has L2
+        norm at most S_g (the clip bound ``queries`` gives the group). The ledger records S_g
+        as the sensitivity of each group's sum-query event whatever this method does: the
+        release's sensitivity check only bounds the whole sum by |R|·S_g, so an override that
+        lets one record contribute more than S_g makes the recorded ε wrong.
+
+        Args:
+            source: the batch's per-example gradients: the
+                :class:`~dpledger.adapters.torch.engine.PerExampleGradientEngine` (hook path) or
+                a :class:`~dpledger.adapters.torch.accumulation.MaterialisedGradients`
+                (functional path, user-level vectors), with ``squared_norms()``,
+                ``clipped_sum(factors)`` and ``batch_size``.
+            factors: ``{group's parameter names: factors of shape (B,)}``, float64 on the
+                parameters' device; zero for a record with a non-finite norm.
+
+        Returns:
+            ``{parameter name: Σ_i f_ig·g_ip}`` in at least float32, on the parameters' device.
+        """
+        return source.clipped_sum(factors)
+
+    def release(
+        self, sums: list[torch.Tensor], *, num_records: int, event: SamplingEvent
+    ) -> list[torch.Tensor]:
+        """The whole noisy release of one step: clipped sums in, averaged noisy gradients out
+        (an override point).
+
+        The default, on rank 0, is the core's :meth:`~dpledger.mechanisms.dp_step.DPStep.release`:
+        each group's sums are validated and sensitivity-checked against |R|·S_g (one read-back
+        of their norms), then ``event`` is recorded, then every group's noise is drawn by
+        :meth:`add_noise` and one sum-query event (S_g, σ̃_g, label) per group is recorded,
+        then each noisy sum is divided by the event's fixed denominator (:attr:`denominator`).
+        Under ``torch.distributed`` the other ranks receive rank 0's averages (a broadcast).
+
+        Contract: the ledger holds, once this returns, the sampling event and one sum-query
+        event per group whose S_g and σ̃_g are the bound every record's contribution was held
+        to and the standard deviation the noise was drawn with; a step refused here (a failed
+        sensitivity check, a non-finite sum) raises *before* ``event`` is recorded and leaves
+        the ledger unchanged. An override that records anything else makes the ledger's ε wrong.
+
+        Args:
+            sums: the step's clipped sums, one per trainable parameter (in the order of the
+                model's named parameters), summed over the ranks under ``torch.distributed``.
+            num_records: |R|, the records (users with user-level sampling) in the sums.
+            event: the sampling event of the draw the step claimed.
+
+        Returns:
+            The averaged noisy gradients, one per parameter in the order of ``sums``; the
+            optimizer writes them to ``p.grad`` (in the parameter's dtype).
+        """
+        if self._rank == 0:
+            averaged = self._release_on_rank_zero(sums, num_records, event)
+        else:
+            averaged = [torch.empty_like(s) for s in sums]
+        if self._distributed:
+            averaged = broadcast_tensors(averaged, process_group=self._group)
+        return averaged
+
+    def add_noise(
+        self, sums: list[torch.Tensor], *, stddevs: list[float], generator: torch.Generator
+    ) -> list[torch.Tensor]:
+        """sums_j + N(0, σ̃_j² I) for every array of the step's groups (an override point).
+
+        Called by :meth:`release` through the sum queries, after the sampling event was
+        recorded and just before the sum-query events are: ``stddevs`` are the σ̃_g the ledger
+        records for those events, whatever this method draws. The default draws the standard
+        normals of all arrays in one float64 call on the parameters' device from ``generator``
+        (the optimizer's seedable noise generator).
+
+        Contract: return new tensors (``sums`` must not be modified), each ``sums[j]`` plus
+        Gaussian noise of standard deviation exactly ``stddevs[j]`` per coordinate, drawn from
+        ``generator``. An override that draws less noise than ``stddevs`` says releases more
+        than the ledger records: exactly the kind of bug a privacy audit must catch
+        (:class:`~dpledger.audit.torch_audit.UndernoisedDPOptimizer` plants one this way).
+
+        Args:
+            sums: the arrays to noise: the clipped sums, one flat array per group under
+                separate clipping, one per parameter in joint scaled groups.
+            stddevs: σ̃ of each array's group, as recorded.
+            generator: the noise generator.
+
+        Returns:
+            The noisy arrays, in the order of ``sums``.
+        """
+        return add_noise_to_all(self._noise_source, sums, stddevs=stddevs, generator=generator)
 
     # ------------------------------------------------------------------ steps
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -432,8 +722,8 @@ class DPOptimizer(
                 "empty; call optimizer.step()"
             )
         self._acc = {n: torch.zeros_like(p) for n, p in self._params.items()}
-        if self._bias_callback is not None:
-            self._acc_unclipped = {n: torch.zeros_like(p) for n, p in self._params.items()}
+        if self._bias is not None:
+            self._bias.zeros(self._params)
         self._release_and_update()
 
     def _check_ledger_open(self) -> None:
@@ -474,6 +764,18 @@ class DPOptimizer(
         self._release_and_update()
         return loss
 
+    def virtual_step(self) -> None:
+        """Accumulate this chunk's clipped sum into the open logical step (no release)."""
+        if self._user_level:
+            refuse_virtual_batches()
+        self._check_foreign_gradients()
+        if not self._pending():
+            raise EngineStateError(
+                "virtual_step() without a backward since the last step: run the chunk's "
+                "forward and loss.backward() first"
+            )
+        self._absorb_or_drop()
+
     def _check_foreign_gradients(self) -> None:
         managed = {id(p) for p in self._params.values()}
         for group in self._opt.param_groups:
@@ -484,6 +786,283 @@ class DPOptimizer(
                         "gradient now; its update would not be private. Freeze it again "
                         "(requires_grad_(False), grad = None) or wrap the optimizer anew"
                     )
+
+    # ------------------------------------------------------------------ clip and accumulate
+    def _reset(self) -> None:
+        """Forget the step being assembled."""
+        self._acc: dict[str, torch.Tensor] | None = None
+        self._acc_count = 0
+        self._acc_bad: torch.Tensor | None = None
+        self._claimed_event: SamplingEvent | None = None
+        self._bias = BiasSums() if self._bias_callback is not None else None
+
+    def _absorb_or_drop(self) -> None:
+        """Clip the pending batch into the step's sums; on any error (out of memory, a
+        module's own error) drop the step.
+
+        Nothing has been released or recorded at this point, so dropping is free of privacy
+        cost: the batch's stored activations, per-example results and the chunks of an open
+        virtual step are let go (the memory a retry at a smaller batch needs), the batch's draw
+        is discarded as by ``zero_grad()``, and the error is raised with a note saying so.
+        """
+        try:
+            if self._user_level:
+                self._absorb_users()
+            else:
+                source = self._gradients.current()
+                self._clip_and_add(source)
+                self._acc_count += source.batch_size
+                self._discard_pending()
+        except BaseException as exc:
+            self._discard_pending()
+            self._reset()
+            if self._sampler is not None and not self._user_level:
+                self._sampler.discard_draw()
+            exc.add_note(
+                "dpledger: this step was dropped before anything was released or recorded; "
+                "its stored activations and per-example gradients were freed, and the next "
+                "batch can be stepped (a retry at a smaller batch size works in this process)"
+            )
+            raise
+
+    def _absorb_users(self) -> None:
+        """User-level: claim the batch's draw, sum (or average) the per-example gradients of
+        each user, clip each user's vector as one and add the clipped sum to the step's sums."""
+        assert isinstance(self._sampler, UserPoissonBatchSampler)
+        if self._final_chunk is not None or self._acc is not None:
+            refuse_virtual_batches()
+        source = self._gradients.current()
+        try:
+            event, users = self._sampler.claim_users(source.batch_size)
+        except SamplerMismatchError:
+            self._discard_pending()
+            self._reset()
+            raise
+        per_user = user_gradients(
+            source,
+            users,
+            names=self._names,
+            device=self._device,
+            mean=self._user_gradient == "mean",
+        )
+        self._clip_and_add(per_user)
+        self._acc_count = users.num_users  # the sum query's sample: users, not records
+        self._claimed_event = event
+        self._discard_pending()
+
+    def _clip_and_add(self, source: Any) -> None:
+        """Clip the vectors of ``source`` per group and add their sum to the step's.
+
+        The group norms and clip factors stay on the parameters' device, in float64: no copy to
+        the host and no synchronisation. A record whose group norm is not finite (or whose
+        squared norm is negative) is counted on the device; the release refuses a step with
+        such a record before anything is recorded.
+        """
+        factors, norms, stacked, bad = self._factors(source.squared_norms())
+        self._acc_bad = bad if self._acc_bad is None else self._acc_bad + bad
+        members = self._dp_step.queries.members
+        mapping = {group: factors[g] for g, group in enumerate(members)}
+        with torch.no_grad():
+            sums = self.clip(source, mapping)
+            if self._acc is None:
+                self._acc = {n: sums[n] for n in self._names}
+            else:
+                torch._foreach_add_(
+                    [self._acc[n] for n in self._names], [sums[n] for n in self._names]
+                )
+            if self._bias is not None:
+                self._bias.add(
+                    source, names=self._names, stacked=stacked, norms=norms, factors=factors
+                )
+
+    # ------------------------------------------------------------------ release
+    def _claim_draw(self) -> tuple[str | None, SamplingEvent]:
+        """Tie this step to the sampler's draw (see :mod:`~dpledger.adapters.torch.sampler_base`),
+        before anything is released or recorded; the step is dropped when refused.
+
+        In one process a mismatch raises :class:`~dpledger.errors.SamplerMismatchError` here.
+        Under torch.distributed it is returned instead (the message, or None): every rank must
+        learn of any rank's refusal through the step's count collective and raise together,
+        or the others would wait in the step's collectives for ever. The event to record is
+        returned with it.
+        """
+        if self._stream is not None:  # a correlated-noise stream: the draw of its next step
+            (query,) = self._queries.queries
+            try:
+                self._stream.check_open()
+                self._stream.check_values(
+                    l2_norm_bound=query.l2_norm_bound, noise_stddev=query.noise_stddev
+                )
+                self._sampler.claim_step(self._acc_count, step=self._stream.step)
+            except (NoiseStreamEndError, InvalidParameterError, SamplerMismatchError):
+                self._reset()
+                raise
+            return None, self._event
+        if self._sampler is None:
+            return None, self._event
+        if self._claimed_event is not None:
+            return None, self._claimed_event
+        try:
+            event = self._dp_step.claim(self._acc_count, sampler=self._sampler)
+        except SamplerMismatchError as exc:
+            if not self._distributed:
+                self._reset()
+                raise
+            return str(exc), self._event
+        return None, event
+
+    def _release_and_update(self) -> None:
+        """Release the step's accumulated sums, write ``p.grad`` and step the wrapped optimizer."""
+        assert self._acc is not None
+        problem, event = self._claim_draw()
+        names = self._names
+        sums = [self._acc[n] for n in names]
+        count = self._acc_count
+        bias = self._bias
+        unclipped = None
+        if bias is not None and bias.unclipped is not None:
+            unclipped = [bias.unclipped[n] for n in names]
+        clipped = 0 if bias is None else bias.clipped
+        if self._acc_bad is not None:
+            poison_sums(sums, self._acc_bad)
+        if self._distributed:
+            sums, unclipped, count, clipped = self._reduce_over_ranks(
+                sums, unclipped, count, clipped, problem
+            )
+        averaged = self.release(sums, num_records=count, event=event)
+        for n, avg in zip(names, averaged, strict=True):
+            p = self._params[n]
+            p.grad = avg.to(dtype=p.dtype)
+        self._opt.step()
+        if bias is not None and self._rank == 0 and count > 0:
+            self._report_bias(sums, unclipped, count, clipped, bias)
+        self._reset()
+        self._steps_taken += 1
+
+    def _reduce_over_ranks(
+        self,
+        sums: list[torch.Tensor],
+        unclipped: list[torch.Tensor] | None,
+        count: int,
+        clipped: int,
+        problem: str | None,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, int, int]:
+        """The counts and the sums (with the unclipped sums of the bias metrics) over the ranks.
+
+        Counts first, on every rank: a rank whose records were not its sampler's draw stops
+        every rank before the gradients are reduced or anything is recorded.
+        """
+        count, clipped, refused = sum_counts(
+            [count, clipped, 0 if problem is None else 1],
+            device=self._device,
+            process_group=self._group,
+        )
+        if refused:
+            self._reset()
+            raise SamplerMismatchError(
+                problem
+                or f"{refused} other rank(s) stepped on records their sampler did not draw; "
+                "no rank released or recorded anything for this step"
+            )
+        reduced = reduce_tensors(sums + (unclipped or []), process_group=self._group)
+        sums = reduced[: len(self._names)]
+        if unclipped is not None:
+            unclipped = reduced[len(self._names) :]
+        return sums, unclipped, count, clipped
+
+    def _bad_records(self) -> int:
+        """The records of the step whose norm was not finite; a step with any is dropped."""
+        bad = 0 if self._acc_bad is None else int(self._acc_bad)
+        if bad > 0:
+            self._reset()
+        return bad
+
+    def _release_on_rank_zero(
+        self, sums: list[torch.Tensor], count: int, event: SamplingEvent
+    ) -> list[torch.Tensor]:
+        """:meth:`release` on the rank that holds the ledger: the core step's release."""
+        assert self._ledger is not None
+        queries = self._queries
+        by_name = dict(zip(self._names, sums, strict=True))
+        grouped = grouped_sums(queries, by_name)
+        if self._stream is not None:
+            return self._release_correlated(queries, by_name, grouped, count)
+        averaged = self._dp_step.release(
+            grouped,
+            num_records=count,
+            event=event,
+            backend=self._backend,
+            generator=self._generator,
+            bad_records=self._bad_records,
+        )
+        return ungroup(queries, by_name, grouped, averaged, self._names)
+
+    def _release_correlated(
+        self,
+        queries: GradientQueries,
+        by_name: dict[str, torch.Tensor],
+        grouped: list[list[torch.Tensor]],
+        count: int,
+    ) -> list[torch.Tensor]:
+        """The release of one step of a correlated-noise stream (one group, one vector).
+
+        The sensitivity check of the clipped sum (against |R|·S, as for independent noise)
+        comes first; the stream's release is recorded on its first step, after the check and
+        before any noise is added; then w_t (float64) is added to the sum in float64 and the
+        result, in the sum's dtype, divided by the fixed denominator.
+        """
+        assert self._stream is not None and self._ledger is not None
+        try:
+            queries.grouped.prepare(grouped, num_records=count, backend=self._backend)
+        except InvalidParameterError:
+            bad = self._bad_records()
+            if bad > 0:
+                raise InvalidParameterError(
+                    "per-example gradients",
+                    f"{bad} record(s) with a NaN, infinite or negative squared norm",
+                    "finite per-example gradients: nothing was released or recorded",
+                ) from None
+            raise
+        (query,) = queries.queries
+        ((flat,),) = grouped
+        self._stream.record(
+            self._ledger,
+            l2_norm_bound=query.l2_norm_bound,
+            noise_stddev=query.noise_stddev,
+            dim=flat.numel(),
+            label=query.label,
+        )
+        t = flat.detach()
+        step = self._stream.step
+        noisy = self._stream.next_noise(t).add_(t)
+        self._sampler.step_released(step)
+        noisy = noisy if t.dtype == torch.float64 else noisy.to(t.dtype)
+        averaged = noisy * (1.0 / self._denominator)
+        return ungroup(queries, by_name, grouped, [averaged], self._names)
+
+    def _report_bias(
+        self,
+        sums: list[torch.Tensor],
+        unclipped: list[torch.Tensor] | None,
+        count: int,
+        clipped: int,
+        bias: BiasSums,
+    ) -> None:
+        from dpledger.diagnostics.bias import clipping_bias_from_sums
+
+        assert unclipped is not None and self._bias_callback is not None
+        norms = None
+        if not self._distributed and bias.norms:
+            norms = np.concatenate(bias.norms)  # other ranks' norms stay on their ranks
+        metrics = clipping_bias_from_sums(
+            unclipped_sum=[self._backend.to_host(t).ravel() for t in unclipped],
+            clipped_sum=[self._backend.to_host(t).ravel() for t in sums],
+            num_examples=count,
+            per_example_norms=norms,
+            num_clipped=clipped,
+            denominator=self._denominator,
+        )
+        self._bias_callback(self._steps_taken, metrics)
 
     def __repr__(self) -> str:
         sampling = self._describe_sampling()

@@ -21,6 +21,7 @@ from dpledger.errors import (
     RecordMixingLayerError,
 )
 from dpledger.mechanisms import AutomaticClipping
+from dpledger.mechanisms.sum_query_checks import SensitivityCheckError
 from tests.adapters.tensorflow.helpers import per_example_gradients
 from tests.adapters.tensorflow.test_engine import CASES, COVERED_TYPES
 
@@ -301,6 +302,22 @@ def test_ledger_errors_come_back_typed_and_nothing_is_applied():
     ledger.close()
     with pytest.raises(LedgerStateError):
         private(x, y)
+
+
+def test_a_step_refused_by_the_sensitivity_check_records_nothing():
+    model = _cnn()
+    ledger = PrivacyLedger()
+    private = _private(model, l2_norm_bound=0.1, noise_multiplier=1.0, ledger=ledger)
+    engine, clipped_sum = private.engine, private.engine.clipped_sum
+
+    def inflated(norms, *, factors):  # a planted bug: every clipped sum 1000 times too long
+        return tuple(s * 1000.0 for s in clipped_sum(norms, factors=factors))
+
+    engine.clipped_sum = inflated
+    x, y = _batch()
+    with pytest.raises(SensitivityCheckError):
+        private(x, y)
+    assert ledger.num_events == 0  # checked before the sampling event is recorded
 
 
 def test_nan_loss_is_refused_with_the_record_named():

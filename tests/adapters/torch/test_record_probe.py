@@ -285,7 +285,7 @@ def test_correct_model_trains_exactly_as_without_the_probe(case):
         dp = _train(model, shape, 3, probe)
         results.append(([p.detach().clone() for p in model.parameters()], torch.rand(3)))
         assert dp.ledger.num_steps == 3
-        assert (dp._probed is not None) == probe
+        assert (dp._gradients.probed is not None) == probe
     (params_on, rng_on), (params_off, rng_off) = results
     for a, b in zip(params_on, params_off, strict=True):
         assert torch.equal(a, b)  # same dropout masks, same noise: the probe changed nothing
@@ -316,7 +316,7 @@ def test_batch_of_one_is_not_probed_and_the_next_batch_is():
     dp.zero_grad()
     F.cross_entropy(model(x), y).backward()  # one record cannot mix: the step is sound
     dp.step()
-    assert dp._probed is None
+    assert dp._gradients.probed is None
     with pytest.raises(RecordDependenceError):
         model(_batch((B, D))[0])
     assert dp.ledger.num_steps == 1
