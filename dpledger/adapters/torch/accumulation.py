@@ -280,6 +280,7 @@ class ClippedSumAccumulation:
         is discarded as by ``zero_grad()``, and the error is raised with a note saying so.
         """
         try:
+            self._run_deferred_probe()  # a compiled forward's probe, before anything is used
             self._absorb()
         except BaseException as exc:
             self._discard_pending()

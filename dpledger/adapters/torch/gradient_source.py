@@ -30,6 +30,7 @@ from torch import nn
 
 from dpledger.adapters.torch.accumulation import MaterialisedGradients
 from dpledger.adapters.torch.bam import per_example_gradients_and_losses
+from dpledger.adapters.torch.compiled_capture import is_compiling
 from dpledger.adapters.torch.engine import LossReduction, PerExampleGradientEngine
 from dpledger.adapters.torch.module_checks import check_module_configuration
 from dpledger.adapters.torch.record_probe import (
@@ -67,6 +68,8 @@ class GradientSource:
         self._handles: list[Any] = []
         self._probing = False
         self._probed: tuple | None = None
+        # a compiled forward's probe, run eagerly at step(): (fingerprint, inputs, their names)
+        self._deferred_probe: tuple[tuple, list[torch.Tensor], list[str]] | None = None
         if loss_fn is None:
             self._engine = PerExampleGradientEngine(
                 model,
@@ -90,13 +93,22 @@ class GradientSource:
             )
         # the guard runs first: it refuses a forward that would lose a pending step
         self._handles.append(model.register_forward_pre_hook(self._guard_forward, prepend=True))
+        if self._engine is not None:  # under torch.compile both run at run time instead
+            callbacks = self._engine._compiled_forward_callbacks
+            callbacks.append(lambda tensors, names: self._refuse_lost_step())
+            if check_record_independence:
+                callbacks.append(self._defer_probe)
 
     # ------------------------------------------------------------------ hooks and state
     def _guard_forward(self, module: nn.Module, args: tuple) -> None:
         engine = self._engine
         if engine is None or engine.recomputing or not torch.is_grad_enabled():
             return
-        if engine.has_gradients:
+        if not is_compiling():
+            self._refuse_lost_step()
+
+    def _refuse_lost_step(self) -> None:
+        if self._engine is not None and self._engine.has_gradients:
             raise EngineStateError(
                 "a forward pass with gradients enabled started after loss.backward() and "
                 "before optimizer.step(): the previous batch's per-example gradients would be "
@@ -109,12 +121,43 @@ class GradientSource:
         engine = self._engine
         if engine is None or self._probing or engine.recomputing or not torch.is_grad_enabled():
             return
+        if is_compiling():
+            return  # deferred: _defer_probe runs at run time, the probe itself at step()
         fingerprint = model_fingerprint(self._model)
         if fingerprint == self._probed or (records_in(args, kwargs) or 0) < 2:
             return  # probed already, or a batch of at most one record (which cannot mix)
         self._probing = True
         try:
             probe_record_independence(self._model, engine=engine, args=args, kwargs=kwargs)
+        finally:
+            self._probing = False
+        self._probed = fingerprint
+
+    def _defer_probe(self, tensors: list[torch.Tensor], names: list[str]) -> None:
+        """A compiled forward starts (run time): keep its inputs for the probe at step()."""
+        fingerprint = model_fingerprint(self._model)
+        if self._probing or fingerprint == self._probed:
+            return
+        if min((t.shape[0] for t in tensors if t.dim() > 0), default=0) < 2:
+            return
+        self._deferred_probe = (fingerprint, [t.detach().clone() for t in tensors], names)
+
+    def _run_deferred_probe(self) -> None:
+        """Probe a compiled forward's batch eagerly (the model's compiled code set aside),
+        before its step uses anything; the step's own captures are kept aside meanwhile."""
+        deferred, self._deferred_probe = self._deferred_probe, None
+        if deferred is None or self._engine is None:
+            return
+        fingerprint, tensors, names = deferred
+        positional = {int(n): t for n, t in zip(names, tensors, strict=True) if n.isdigit()}
+        args = tuple(positional.get(i) for i in range(max(positional, default=-1) + 1))
+        kwargs = {n: t for n, t in zip(names, tensors, strict=True) if not n.isdigit()}
+        self._probing = True
+        try:
+            with self._engine._set_aside(), torch.compiler.set_stance("force_eager"):
+                probe_record_independence(
+                    self._model, engine=self._engine, args=args, kwargs=kwargs
+                )
         finally:
             self._probing = False
         self._probed = fingerprint
