@@ -17,7 +17,11 @@ from torch._dynamo.utils import counters
 
 from dpledger import PrivacyLedger
 from dpledger.adapters.torch import DPOptimizer
-from dpledger.errors import RecordDependenceError, UnsupportedLayerError
+from dpledger.errors import (
+    RecordDependenceError,
+    UnsupportedLayerError,
+    UnsupportedParameterUseError,
+)
 from tests.adapters.torch.dp_helpers import batch, params_of, small_cnn
 
 N, Q = 100, 0.2
@@ -132,3 +136,16 @@ def test_layer_without_a_rule_is_refused_under_compile():
     with pytest.raises(UnsupportedLayerError, match=r"0 \(_NoRule\) has none"):
         torch.compile(model, backend="aot_eager")(x)
     opt.zero_grad()
+
+
+def test_model_compiled_before_it_was_wrapped_is_refused_at_the_step():
+    x, y = batch(6)
+    plain = small_cnn(seed=6)
+    F.cross_entropy(torch.compile(plain, backend="aot_eager")(x), y).backward()
+    wrapped = small_cnn(seed=5)  # the same structure: Dynamo reuses the code without hooks
+    ledger = PrivacyLedger()
+    opt = _optimizer(wrapped, ledger)
+    F.cross_entropy(torch.compile(wrapped, backend="aot_eager")(x), y).backward()
+    with pytest.raises(UnsupportedParameterUseError):
+        opt.step()
+    assert list(ledger.steps()) == []
