@@ -116,6 +116,7 @@ from dpledger.adapters.torch.module_checks import check_module_configuration
 from dpledger.adapters.torch.optimizer_surface import OptimizerSurface
 from dpledger.adapters.torch.release import NoisyRelease, OptimizerNoiseBackend
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
+from dpledger.adapters.torch.sharding import check_sharded_parameters, replicated_tensors
 from dpledger.adapters.torch.user_level import UserPoissonBatchSampler
 from dpledger.errors import EngineStateError, LedgerStateError
 from dpledger.ledger import PrivacyLedger
@@ -368,6 +369,7 @@ class DPOptimizer(
         self._opt = optimizer
         self._model = model
         self._params, self._device = trainable_parameters(model, optimizer)
+        check_sharded_parameters(self._params, world_size=self._world)  # FSDP2: sharding.py
         self._tiny = max(torch.finfo(p.dtype).tiny for p in self._params.values())
         self._clip_margin = default_clip_margin(self._params) if margin is None else margin
 
@@ -399,7 +401,7 @@ class DPOptimizer(
 
         src = _global_rank(0, self._group)
         with torch.no_grad():
-            for t in [*self._model.parameters(), *self._model.buffers()]:
+            for t in replicated_tensors(self._model):  # FSDP2's shards stay where they are
                 dist.broadcast(t.data, src=src, group=self._group)
 
     # ------------------------------------------------------------------ steps

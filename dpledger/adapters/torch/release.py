@@ -25,6 +25,7 @@ import torch
 
 from dpledger.adapters.torch.backend import TorchBackend
 from dpledger.adapters.torch.distributed import broadcast_tensors, reduce_tensors, sum_counts
+from dpledger.adapters.torch.sharding import local_gradient
 from dpledger.errors import InvalidParameterError, NoiseStreamEndError, SamplerMismatchError
 from dpledger.ledger import SamplingEvent
 from dpledger.mechanisms import ScaledGaussianSumQuery
@@ -183,7 +184,7 @@ class NoisyRelease:
         averaged = self.release(sums, num_records=count, event=event)
         for n, avg in zip(names, averaged, strict=True):
             p = self._params[n]
-            p.grad = avg.to(dtype=p.dtype)
+            p.grad = local_gradient(p, avg)  # this rank's shard under FSDP2
         self._opt.step()
         if self._bias_callback is not None and self._rank == 0 and count > 0:
             self._report_bias(sums, unclipped, count, clipped)
