@@ -34,7 +34,11 @@ from torch import nn
 from torch.autograd.graph import get_gradient_edge
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
-from dpledger.adapters.torch.compiled_capture import CompiledCapture, is_compiling
+from dpledger.adapters.torch.compiled_capture import (
+    CompiledCapture,
+    guard_module_hooks,
+    is_compiling,
+)
 from dpledger.adapters.torch.dropout_replay import DropoutMasks
 from dpledger.adapters.torch.engine_state import (
     _bound_arguments,
@@ -111,6 +115,7 @@ class CaptureHooks:
         self._compiled = CompiledCapture(self, [u.name for u in self._units if u.sampler])
         self._unit_of = {u.name: u for u in self._units}
         weakref.finalize(self, self._compiled.release)
+        guard_module_hooks()
         self._handles.append(
             self._model.register_forward_pre_hook(self._on_model_forward, with_kwargs=True)
         )

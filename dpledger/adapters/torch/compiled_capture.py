@@ -18,6 +18,15 @@ the compiler does not trace into them and their Python bodies run at run time, e
 * ``dpledger::deliver_grad``: stores a copy of the gradient with respect to that output and
   passes the gradient on.
 
+Dynamo does not guard compiled code on a module's hooks by default
+(``torch._dynamo.config.skip_nnmodule_hook_guards``): code compiled for another model of the
+same structure, without hooks, would then run in place of the hooked code, and the step would
+be refused (its parameters received gradients the engine did not observe).
+:func:`guard_module_hooks` turns those guards on when the engine is created (if Dynamo is
+loaded) and at every compiled step, so that code compiled from then on is only reused for
+modules with the same hooks; code compiled before is not, so wrap a model before compiling
+another model of the same structure (or call ``torch._dynamo.reset()``).
+
 The copies are needed because the compiled code may reuse the memory of a buffer once its last
 use in the graph has passed; they cost one copy of each unit's input and output per step. Only
 units with a layer rule and positional tensor inputs, called once per forward, are supported
@@ -28,6 +37,7 @@ under compilation; anything else is refused with
 from __future__ import annotations
 
 import itertools
+import sys
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -36,7 +46,7 @@ import torch
 
 from dpledger.errors import UnsupportedLayerError
 
-__all__ = ["CompiledCapture", "is_compiling"]
+__all__ = ["CompiledCapture", "guard_module_hooks", "is_compiling"]
 
 _SLOTS = itertools.count()
 # slot -> (engine, unit name): the units (and, with unit name "", engines) hooked for compiling
@@ -46,6 +56,14 @@ _REGISTRY: dict[int, tuple[weakref.ReferenceType[Any], str]] = {}
 def is_compiling() -> bool:
     """True while ``torch.compile`` traces the code that calls this (never at run time)."""
     return bool(torch.compiler.is_compiling())
+
+
+def guard_module_hooks() -> None:
+    """Make Dynamo guard the code it compiles from now on on the modules' hooks (see the
+    module docstring); nothing when Dynamo is not loaded (nothing was compiled yet)."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.config.skip_nnmodule_hook_guards = False
 
 
 def _lookup(slot: int) -> tuple[Any, str] | None:
@@ -60,6 +78,7 @@ def _lookup(slot: int) -> tuple[Any, str] | None:
 
 @torch.library.custom_op("dpledger::begin_forward", mutates_args=())
 def _begin_forward(tensors: list[torch.Tensor], names: str, slot: int) -> torch.Tensor:
+    guard_module_hooks()
     found = _lookup(slot)
     if found is not None:  # names: the inputs' positions or keywords, joined by commas
         found[0]._on_compiled_model_forward(list(tensors), names.split(","))

@@ -149,3 +149,22 @@ def test_model_compiled_before_it_was_wrapped_is_refused_at_the_step():
     with pytest.raises(UnsupportedParameterUseError):
         opt.step()
     assert list(ledger.steps()) == []
+
+
+def test_a_model_of_the_same_structure_compiled_later_does_not_take_the_wrapped_ones_place():
+    sizes = [8, 8]
+    eager = small_cnn(seed=7)
+    reference = _train(eager, eager, PrivacyLedger(), sizes)
+    model = small_cnn(seed=7)
+    opt = _optimizer(model, PrivacyLedger())
+    compiled = torch.compile(model, backend="aot_eager")
+    other = small_cnn(seed=8)  # not wrapped, compiled between the wrapped model's steps
+    other_compiled = torch.compile(other, backend="aot_eager")
+    for step, size in enumerate(sizes):
+        x, y = batch(size, seed=10 + step)
+        opt.zero_grad()
+        F.cross_entropy(compiled(x), y).backward()
+        opt.step()
+        F.cross_entropy(other_compiled(x), y).backward()
+    for name, ref in reference[-1].items():
+        torch.testing.assert_close(params_of(model)[name], ref, rtol=1e-10, atol=1e-12)
