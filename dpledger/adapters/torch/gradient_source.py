@@ -38,6 +38,7 @@ from dpledger.adapters.torch.record_probe import (
     probe_record_independence,
     records_in,
 )
+from dpledger.adapters.torch.sharding import all_ranks_have_records
 from dpledger.errors import EngineStateError
 from dpledger.mechanisms.config import DPConfig
 
@@ -124,8 +125,14 @@ class GradientSource:
         if is_compiling():
             return  # deferred: _defer_probe runs at run time, the probe itself at step()
         fingerprint = model_fingerprint(self._model)
-        if fingerprint == self._probed or (records_in(args, kwargs) or 0) < 2:
-            return  # probed already, or a batch of at most one record (which cannot mix)
+        if fingerprint == self._probed:
+            return
+        records = records_in(args, kwargs) or 0
+        if getattr(self, "_sharded", False):  # FSDP2: every rank probes, or none (sharding.py)
+            if not all_ranks_have_records(records, minimum=2, process_group=self._group):
+                return
+        elif records < 2:
+            return  # a batch of at most one record (which cannot mix)
         self._probing = True
         try:
             probe_record_independence(self._model, engine=engine, args=args, kwargs=kwargs)

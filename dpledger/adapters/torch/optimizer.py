@@ -116,7 +116,11 @@ from dpledger.adapters.torch.module_checks import check_module_configuration
 from dpledger.adapters.torch.optimizer_surface import OptimizerSurface
 from dpledger.adapters.torch.release import NoisyRelease, OptimizerNoiseBackend
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
-from dpledger.adapters.torch.sharding import check_sharded_parameters, replicated_tensors
+from dpledger.adapters.torch.sharding import (
+    check_sharded_model,
+    check_sharded_parameters,
+    replicated_tensors,
+)
 from dpledger.adapters.torch.user_level import UserPoissonBatchSampler
 from dpledger.errors import EngineStateError, LedgerStateError
 from dpledger.ledger import PrivacyLedger
@@ -325,6 +329,8 @@ class DPOptimizer(
         self._check_stream_queries(config)
         self._init_noise(generator, seed)
         self._init_gradients(model, config, loss_fn, radius, loss_reduction, check_steps)
+        if self._sharded:  # FSDP2: what needs the full weights after the backward (sharding.py)
+            check_sharded_model(model, self._engine)
         if self._engine is not None:
             self._install_hooks(model, check_record_independence)
         self._bias_callback = bias_callback
@@ -369,7 +375,7 @@ class DPOptimizer(
         self._opt = optimizer
         self._model = model
         self._params, self._device = trainable_parameters(model, optimizer)
-        check_sharded_parameters(self._params, world_size=self._world)  # FSDP2: sharding.py
+        self._sharded = check_sharded_parameters(self._params, world_size=self._world)  # FSDP2
         self._tiny = max(torch.finfo(p.dtype).tiny for p in self._params.values())
         self._clip_margin = default_clip_margin(self._params) if margin is None else margin
 

@@ -33,9 +33,11 @@ import torch
 from torch import nn
 
 from dpledger.adapters.torch.registry import LayerRule, layer_rule, register_rule_resolver
-from dpledger.errors import InvalidParameterError
+from dpledger.errors import InvalidParameterError, UnsupportedLayerError
 
 __all__ = [
+    "all_ranks_have_records",
+    "check_sharded_model",
     "check_sharded_parameters",
     "fsdp_layer_rule",
     "is_sharded",
@@ -113,6 +115,58 @@ def check_sharded_parameters(params: dict[str, nn.Parameter], *, world_size: int
                 "sharding and tensor parallelism are not supported by the DP step",
             )
     return sharded
+
+
+# Layer rules that recompute a layer's forward with its weights after the backward, when FSDP2
+# holds only their shards: refused under FSDP2.
+_NEED_FULL_WEIGHTS = (nn.RNNBase, nn.MultiheadAttention)
+
+
+def check_sharded_model(model: nn.Module, engine: Any) -> None:
+    """Refuse, before the first step, what the DP step cannot do on a model sharded by FSDP2.
+
+    Refused: the functional path (``loss_fn=``: ``torch.func`` over the whole model's
+    parameters), modules without a layer rule (the generic path differentiates the module
+    again after the backward) and layers whose rule recomputes their forward (recurrent
+    layers, ``nn.MultiheadAttention``): each needs the full weights after the backward, when
+    FSDP2 holds only their shards.
+
+    Raises:
+        UnsupportedLayerError: naming the path or the modules.
+    """
+    if engine is None:
+        raise UnsupportedLayerError(
+            "loss_fn= (the functional per-example path) is not supported for a model sharded "
+            "by FSDP2: run the forward and loss.backward() (the hook path) instead"
+        )
+    generic = list(engine.generic_modules)
+    recomputed = [
+        f"{name} ({type(m).__name__})"
+        for name, m in model.named_modules()
+        if isinstance(m, _NEED_FULL_WEIGHTS) and any(p.requires_grad for p in m.parameters())
+    ]
+    if generic or recomputed:
+        names = ", ".join([*(f"{n or '<model>'} (no layer rule)" for n in generic), *recomputed])
+        raise UnsupportedLayerError(
+            f"a model sharded by FSDP2 needs layer rules that work from a layer's inputs and "
+            f"output gradients alone (Linear, Conv, Embedding, the normalisation layers); "
+            f"these need the full weights after the backward: {names}. Freeze them, replace "
+            "them, or train without FSDP2 (DDP)"
+        )
+
+
+def all_ranks_have_records(records: int, *, minimum: int, process_group: Any = None) -> bool:
+    """Whether every rank's batch has at least ``minimum`` records (one all-reduce).
+
+    Under FSDP2 every forward and backward all-gathers the layers' weights, so the
+    record-independence probe's extra forwards and backwards must run on every rank together
+    or on none: the ranks decide together, at the same forward.
+    """
+    import torch.distributed as dist
+
+    flat = torch.tensor([records], dtype=torch.int64)
+    dist.all_reduce(flat, op=dist.ReduceOp.MIN, group=process_group)
+    return int(flat.item()) >= minimum
 
 
 def local_gradient(param: torch.Tensor, full: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 from pathlib import Path
 
@@ -16,7 +17,12 @@ from torch.utils.data._utils.collate import default_collate
 from dpledger import PrivacyLedger
 from dpledger.adapters.torch import DistributedPoissonBatchSampler, DPOptimizer, PoissonBatchSampler
 from dpledger.adapters.torch.poisson import EmptyBatchCollate
-from dpledger.errors import InvalidParameterError, SamplerMismatchError
+from dpledger.errors import (
+    InvalidParameterError,
+    RecordDependenceError,
+    SamplerMismatchError,
+    UnsupportedLayerError,
+)
 from tests.adapters.torch.dp_helpers import batch, small_cnn
 
 N, Q, STEPS, SEED, NOISE_SEED, CLIP = 40, 0.25, 3, 3, 7, 0.05  # CLIP binds: every g_i clipped
@@ -88,8 +94,55 @@ def single_process(directory: Path) -> None:
         ledger.close()
 
 
-def _refusals(rank: int, world: int, path: Path) -> list[str]:
+class Centre(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x - x.mean(0)
+
+
+def _dp(model, rank: int, **kwargs) -> DPOptimizer:
+    return DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model=model,
+        sampler=DistributedPoissonBatchSampler(
+            population_size=N, sampling_probability=Q, seed=SEED
+        ),
+        ledger=PrivacyLedger() if rank == 0 else None,
+        l2_norm_bound=1.0,
+        noise_multiplier=1.0,
+        **kwargs,
+    )
+
+
+def _model_refusals(rank: int) -> list[str]:
     refusals = []
+    # The probe runs on every rank or on none: at the first forward rank 1 has one record, so
+    # no rank probes (rank 0 alone would wait in FSDP2's all-gathers); at the next forward
+    # every rank has three and every rank refuses the model that mixes records.
+    torch.manual_seed(0)
+    mixing = torch.nn.Sequential(torch.nn.Linear(4, 4), Centre(), torch.nn.Linear(4, 2)).double()
+    fully_shard(mixing[0])
+    fully_shard(mixing[2])
+    fully_shard(mixing)
+    _keep = _dp(mixing, rank)  # its hooks stay on the model
+    mixing(torch.randn(3 if rank == 0 else 1, 4, dtype=torch.float64))
+    try:
+        mixing(torch.randn(3, 4, dtype=torch.float64))
+    except RecordDependenceError:
+        refusals.append("mixing")
+    recurrent = fully_shard(torch.nn.Sequential(torch.nn.LSTM(4, 4)).double())
+    try:
+        _dp(recurrent, rank)
+    except UnsupportedLayerError as err:
+        refusals.append("lstm" if "LSTM" in str(err) else str(err))
+    try:
+        _dp(sharded_cnn(), rank, loss_fn=F.cross_entropy)
+    except UnsupportedLayerError as err:
+        refusals.append("loss_fn" if "loss_fn" in str(err) else str(err))
+    return refusals
+
+
+def _refusals(rank: int, world: int, path: Path) -> list[str]:
+    refusals = _model_refusals(rank)
     try:  # hybrid sharding (a two-dimensional mesh) is refused before the first step
         mesh = init_device_mesh("cpu", (1, world), mesh_dim_names=("replicate", "shard"))
         m = sharded_cnn(mesh)
@@ -138,7 +191,11 @@ def worker(rank: int, world: int, directory: str) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     path = Path(directory)
     dist.init_process_group(
-        "gloo", init_method=f"file://{path / 'rendezvous'}", rank=rank, world_size=world
+        "gloo",
+        init_method=f"file://{path / 'rendezvous'}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=120),  # a rank left waiting fails instead of hanging
     )
     try:
         for sigma in SIGMAS:

@@ -7,8 +7,9 @@ single process would, so the noise is the single-process noise, draw for draw: o
 N(0, σ̃² I) vector for the whole gradient, never one stream per rank), with the user's
 ``loss.backward()`` and with ``optimizer.backward(loss)``. Each rank's parameter shards are its
 shard of the single-process parameters; rank 0's ledger is the single-process ledger. A sampler
-mismatch on one rank is refused on every rank with nothing recorded, and hybrid sharding is
-refused before the first step.
+mismatch on one rank is refused on every rank with nothing recorded; the record-independence
+probe runs on every rank together (or on none); hybrid sharding, the functional path and layers
+whose rule needs the full weights after the backward are refused before the first step.
 """
 
 from __future__ import annotations
@@ -41,5 +42,6 @@ def test_fsdp2_two_gloo_ranks_equal_one_process_on_the_union(tmp_path):
                     torch.testing.assert_close(ranks[r]["local"][n], shard, rtol=1e-12, atol=1e-13)
             assert list(PrivacyLedger.load(tmp_path / f"fsdp_{name}.dpl").events()) == reference
     assert not list(tmp_path.glob("rank1*.dpl"))
-    assert torch.load(tmp_path / "refusals0.pt") == ["hybrid:model", "other rank", "steps:0"]
-    assert torch.load(tmp_path / "refusals1.pt") == ["hybrid:model", "no draw"]
+    models = ["mixing", "lstm", "loss_fn", "hybrid:model"]
+    assert torch.load(tmp_path / "refusals0.pt") == [*models, "other rank", "steps:0"]
+    assert torch.load(tmp_path / "refusals1.pt") == [*models, "no draw"]
