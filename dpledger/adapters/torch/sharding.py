@@ -27,6 +27,7 @@ sharded. Hybrid sharding (a two-dimensional mesh) and shardings other than FSDP2
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -55,11 +56,9 @@ def _dtensor_type() -> type | None:
 
 
 def _fsdp_module_type() -> type | None:
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover - torch built without distributed
-        return None
-    return FSDPModule
+    """FSDP2's module class, if FSDP2 was imported (no module can be sharded otherwise)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return getattr(fsdp, "FSDPModule", None)
 
 
 def fsdp_layer_rule(module_type: type[nn.Module]) -> LayerRule | None:
