@@ -145,8 +145,8 @@ class GradientSource:
         fingerprint = model_fingerprint(self._model)
         if self._probing or fingerprint == self._probed:
             return
-        if min((t.shape[0] for t in tensors if t.dim() > 0), default=0) < 2:
-            return
+        if (records_in(*_inputs_of(tensors, names)) or 0) < 2:
+            return  # a batch of at most one record (which cannot mix)
         self._deferred_probe = (fingerprint, [t.detach().clone() for t in tensors], names)
 
     def _run_deferred_probe(self) -> None:
@@ -156,9 +156,7 @@ class GradientSource:
         if deferred is None or self._engine is None:
             return
         fingerprint, tensors, names = deferred
-        positional = {int(n): t for n, t in zip(names, tensors, strict=True) if n.isdigit()}
-        args = tuple(positional.get(i) for i in range(max(positional, default=-1) + 1))
-        kwargs = {n: t for n, t in zip(names, tensors, strict=True) if not n.isdigit()}
+        args, kwargs = _inputs_of(tensors, names)
         self._probing = True
         try:
             with self._engine._set_aside(), torch.compiler.set_stance("force_eager"):
@@ -229,3 +227,12 @@ class GradientSource:
         )
         self._functional = MaterialisedGradients({n: grads[n] for n in self._names}, self._names)
         return losses.mean() if losses.numel() else losses.new_tensor(math.nan)
+
+
+def _inputs_of(tensors: list[torch.Tensor], names: list[str]) -> tuple[tuple, dict]:
+    """A compiled forward's inputs as (args, kwargs), from its tensors and their names (a
+    position, or a keyword); positions without a tensor were None."""
+    positional = {int(n): t for n, t in zip(names, tensors, strict=True) if n.isdigit()}
+    args = tuple(positional.get(i) for i in range(max(positional, default=-1) + 1))
+    kwargs = {n: t for n, t in zip(names, tensors, strict=True) if not n.isdigit()}
+    return args, kwargs

@@ -138,7 +138,9 @@ def test_layer_without_a_rule_is_refused_under_compile():
     opt.zero_grad()
 
 
-def test_model_compiled_before_it_was_wrapped_is_refused_at_the_step():
+def test_model_compiled_before_it_was_wrapped_is_refused_at_the_step(monkeypatch):
+    # Dynamo's default, as in a process where dpledger's engine was not created yet
+    monkeypatch.setattr(torch._dynamo.config, "skip_nnmodule_hook_guards", True)
     x, y = batch(6)
     plain = small_cnn(seed=6)
     F.cross_entropy(torch.compile(plain, backend="aot_eager")(x), y).backward()
