@@ -15,12 +15,18 @@ at every forward.
 An output shared by every record through broadcasting (one row, e.g. position embeddings of
 shape (1, T, d)) is handed to the model expanded to the B records, so that its gradient arrives
 per record.
+
+Under ``torch.compile`` the same hooks put the opaque operators of
+:mod:`~dpledger.adapters.torch.compiled_capture` into the graph instead, whose bodies call
+this class's ``_on_compiled_*`` methods at run time, outside the compiled region.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -28,6 +34,11 @@ from torch import nn
 from torch.autograd.graph import get_gradient_edge
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
+from dpledger.adapters.torch.compiled_capture import (
+    CompiledCapture,
+    guard_module_hooks,
+    is_compiling,
+)
 from dpledger.adapters.torch.dropout_replay import DropoutMasks
 from dpledger.adapters.torch.engine_state import (
     _bound_arguments,
@@ -98,6 +109,13 @@ class CaptureHooks:
 
     def _install_hooks(self) -> None:
         """Hook the model, every unit, every BatchNorm and every trainable parameter."""
+        self._compiled_step = False
+        # called with a compiled forward's tensor inputs and their names, at run time
+        self._compiled_forward_callbacks: list[Callable[[list, list], None]] = []
+        self._compiled = CompiledCapture(self, [u.name for u in self._units if u.sampler])
+        self._unit_of = {u.name: u for u in self._units}
+        weakref.finalize(self, self._compiled.release)
+        guard_module_hooks()
         self._handles.append(
             self._model.register_forward_pre_hook(self._on_model_forward, with_kwargs=True)
         )
@@ -130,15 +148,19 @@ class CaptureHooks:
         if any(unit.sampler is None for unit in self._units):
             self._handles.extend(DropoutMasks(self).install(self._model))
 
-    def _on_model_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def _on_model_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         if self._recomputing or not torch.is_grad_enabled():
-            return
+            return None
+        if is_compiling():
+            return self._compiled.model_forward(args, kwargs)
+        self._compiled_step = False
         self.clear()
         self._open_generic = []
         leaves, _ = tree_flatten((args, kwargs))
         self._input_records = {
             t.shape[0] for t in leaves if isinstance(t, torch.Tensor) and t.dim() > 0
         }
+        return None
 
     def _on_unit_pre_forward(
         self, unit: _Unit, module: nn.Module, args: tuple, kwargs: dict
@@ -152,6 +174,8 @@ class CaptureHooks:
     def _on_generic_call(self, unit: _Unit, module: nn.Module, args: tuple) -> None:
         if self._recomputing or not torch.is_grad_enabled():
             return
+        if is_compiling():
+            raise _no_rule_under_compile(unit)
         unit.rng_state = (
             torch.get_rng_state(),
             {d: torch.cuda.get_rng_state(d) for d in self._cuda_devices},
@@ -189,6 +213,10 @@ class CaptureHooks:
     ) -> Any:
         if self._recomputing or not torch.is_grad_enabled():
             return None
+        if is_compiling():
+            if unit.sampler is None:
+                raise _no_rule_under_compile(unit)
+            return self._compiled.unit_forward(unit.name, unit.label, args, kwargs, output)
         masks = self._close_generic(unit) if unit.sampler is None else None
         leaves, spec = tree_flatten(output)
         indices = [
@@ -263,3 +291,78 @@ class CaptureHooks:
             prev = self._autograd_grads.get(name)
             self._autograd_grads[name] = grad if prev is None else prev + grad
         self._mark_changed()
+
+    # ------------------------------------------------------------------ under torch.compile
+    def _on_compiled_model_forward(self, tensors: list, names: list) -> None:
+        """A compiled forward starts (run time): the callbacks, then a new step."""
+        for callback in self._compiled_forward_callbacks:
+            callback(tensors, names)
+        self.clear()
+        self._open_generic = []
+        self._compiled_step = True
+        self._input_records = {t.shape[0] for t in tensors if t.dim() > 0}
+
+    def _on_compiled_unit_forward(
+        self, name: str, inputs: list[torch.Tensor], output: torch.Tensor
+    ) -> None:
+        """A unit's call in a compiled forward (run time): store a capture of its inputs."""
+        unit = self._unit_of[name]
+        sampler = unit.sampler
+        assert sampler is not None
+        if unit.captures:
+            raise UnsupportedLayerError(
+                f"under torch.compile each layer is called once per forward; {unit.label} was "
+                "called again (tied or reused layers need the eager model)"
+            )
+        batch = self._input_records - {1}
+        if output.dim() == 0 or (len(batch) == 1 and output.shape[0] == 1):
+            raise UnsupportedLayerError(
+                f"under torch.compile the output of {unit.label} must have one row per record "
+                f"(got shape {tuple(output.shape)}; outputs broadcast over the batch need the "
+                "eager model)"
+            )
+        record_dims = None
+        if sampler.output_record_dims is not None:
+            record_dims = [sampler.output_record_dims(unit.module, tuple(inputs))[0]]
+        unit.captures.append(_Capture(tuple(inputs), {}, [0], record_dims, None, None))
+        self._mark_changed()
+
+    def _on_compiled_output_grad(self, name: str, grad: torch.Tensor) -> None:
+        """The gradient with respect to a unit's output in a compiled backward (run time)."""
+        captures = self._unit_of[name].captures
+        if captures:
+            self._on_output_grad(captures[-1], 0, grad)
+
+    @contextlib.contextmanager
+    def _set_aside(self) -> Iterator[None]:
+        """Keep the current step's captures and gradients aside while the block runs (the
+        deferred record-independence probe of a compiled forward uses the engine too)."""
+        saved = (
+            [(u, u.captures) for u in self._units],
+            self._grad_seen,
+            self._autograd_grads,
+            self._input_records,
+            self._state,
+            self._stale,
+            self._compiled_step,
+        )
+        for u in self._units:
+            u.captures = []
+        self._grad_seen, self._autograd_grads = set(), {}
+        self._state, self._stale = None, False
+        try:
+            yield
+        finally:
+            self.clear()
+            for u, captures in saved[0]:
+                u.captures = captures
+            (_, self._grad_seen, self._autograd_grads, self._input_records) = saved[:4]
+            self._state, self._stale, self._compiled_step = saved[4:]
+
+
+def _no_rule_under_compile(unit: _Unit) -> UnsupportedLayerError:
+    return UnsupportedLayerError(
+        f"under torch.compile every layer with trainable parameters needs a layer rule; "
+        f"{unit.label} has none (its generic per-example path keeps Python state that cannot "
+        "be compiled): register a layer rule for it, or train the model eagerly"
+    )

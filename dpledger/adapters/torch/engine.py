@@ -303,7 +303,7 @@ class PerExampleGradientEngine(CaptureHooks, StepFinalisation, LossReductionChec
             raise InvalidParameterError("loss", type(loss).__name__, "a scalar torch.Tensor")
         found = None if self._reduction_checked else _loss_reduction_of(loss)
         self._reduction_checked = True
-        if self._checks_remaining > 0:
+        if self._checks_remaining > 0 or self._compiled_step:  # compiled: no autograd edges
             loss.backward()
         else:
             self._backward_to_outputs(loss)

@@ -25,6 +25,7 @@ from torch import nn
 
 from dpledger.adapters.torch.accumulation import MaterialisedGradients
 from dpledger.adapters.torch.bam import per_example_gradients_and_losses
+from dpledger.adapters.torch.compiled_capture import is_compiling
 from dpledger.adapters.torch.engine import LossReduction, PerExampleGradientEngine, Strategy
 from dpledger.adapters.torch.module_checks import check_module_configuration
 from dpledger.adapters.torch.record_probe import (
@@ -32,6 +33,7 @@ from dpledger.adapters.torch.record_probe import (
     probe_record_independence,
     records_in,
 )
+from dpledger.adapters.torch.sharding import all_ranks_have_records
 from dpledger.errors import EngineStateError
 
 __all__ = ["GradientSource"]
@@ -51,6 +53,8 @@ class GradientSource:
         loss_reduction: the hook path's declared loss reduction.
         strategy: the engine's per-example strategy.
         check_steps: steps on which the engine checks Σ_i g_i against autograd.
+        sharded: whether the model is sharded by FSDP2 (every rank then probes, or none).
+        process_group: the process group of a distributed run (None: the default group).
 
     Attributes:
         engine: the engine (None on the functional path).
@@ -68,6 +72,8 @@ class GradientSource:
         loss_reduction: LossReduction,
         strategy: Strategy,
         check_steps: int,
+        sharded: bool = False,
+        process_group: Any = None,
     ) -> None:
         self.model = model
         self.names = names
@@ -77,7 +83,11 @@ class GradientSource:
         self.functional: MaterialisedGradients | None = None
         self.probed: tuple | None = None
         self._probing = False
+        self._sharded = sharded
+        self._group = process_group
         self._handles: list[Any] = []
+        # a compiled forward's probe, run eagerly at step(): (fingerprint, inputs, their names)
+        self._deferred_probe: tuple[tuple, list[torch.Tensor], list[str]] | None = None
         if loss_fn is None:
             self.engine = PerExampleGradientEngine(
                 model, loss_reduction=loss_reduction, strategy=strategy, check_steps=check_steps
@@ -102,12 +112,21 @@ class GradientSource:
         self._handles.append(
             self.model.register_forward_pre_hook(self._guard_forward, prepend=True)
         )
+        if self.engine is not None:  # under torch.compile both run at run time instead
+            callbacks = self.engine._compiled_forward_callbacks
+            callbacks.append(lambda tensors, names: self._refuse_lost_step())
+            if check_record_independence:
+                callbacks.append(self._defer_probe)
 
     def _guard_forward(self, module: nn.Module, args: tuple) -> None:
         engine = self.engine
         if engine is None or engine.recomputing or not torch.is_grad_enabled():
             return
-        if engine.has_gradients:
+        if not is_compiling():
+            self._refuse_lost_step()
+
+    def _refuse_lost_step(self) -> None:
+        if self.engine is not None and self.engine.has_gradients:
             raise EngineStateError(
                 "a forward pass with gradients enabled started after loss.backward() and "
                 "before optimizer.step(): the previous batch's per-example gradients would be "
@@ -120,12 +139,45 @@ class GradientSource:
         engine = self.engine
         if engine is None or self._probing or engine.recomputing or not torch.is_grad_enabled():
             return
+        if is_compiling():
+            return  # deferred: _defer_probe runs at run time, the probe itself at step()
         fingerprint = model_fingerprint(self.model)
-        if fingerprint == self.probed or (records_in(args, kwargs) or 0) < 2:
-            return  # probed already, or a batch of at most one record (which cannot mix)
+        if fingerprint == self.probed:
+            return
+        records = records_in(args, kwargs) or 0
+        if self._sharded:  # FSDP2: every rank probes, or none (sharding.py)
+            if not all_ranks_have_records(records, minimum=2, process_group=self._group):
+                return
+        elif records < 2:
+            return  # a batch of at most one record (which cannot mix)
         self._probing = True
         try:
             probe_record_independence(self.model, engine=engine, args=args, kwargs=kwargs)
+        finally:
+            self._probing = False
+        self.probed = fingerprint
+
+    def _defer_probe(self, tensors: list[torch.Tensor], names: list[str]) -> None:
+        """A compiled forward starts (run time): keep its inputs for the probe at step()."""
+        fingerprint = model_fingerprint(self.model)
+        if self._probing or fingerprint == self.probed:
+            return
+        if (records_in(*_inputs_of(tensors, names)) or 0) < 2:
+            return  # a batch of at most one record (which cannot mix)
+        self._deferred_probe = (fingerprint, [t.detach().clone() for t in tensors], names)
+
+    def run_deferred_probe(self) -> None:
+        """Probe a compiled forward's batch eagerly (the model's compiled code set aside),
+        before its step uses anything; the step's own captures are kept aside meanwhile."""
+        deferred, self._deferred_probe = self._deferred_probe, None
+        if deferred is None or self.engine is None:
+            return
+        fingerprint, tensors, names = deferred
+        args, kwargs = _inputs_of(tensors, names)
+        self._probing = True
+        try:
+            with self.engine._set_aside(), torch.compiler.set_stance("force_eager"):
+                probe_record_independence(self.model, engine=self.engine, args=args, kwargs=kwargs)
         finally:
             self._probing = False
         self.probed = fingerprint
@@ -188,3 +240,12 @@ class GradientSource:
         )
         self.functional = MaterialisedGradients({n: grads[n] for n in self.names}, self.names)
         return losses.mean() if losses.numel() else losses.new_tensor(math.nan)
+
+
+def _inputs_of(tensors: list[torch.Tensor], names: list[str]) -> tuple[tuple, dict]:
+    """A compiled forward's inputs as (args, kwargs), from its tensors and their names (a
+    position, or a keyword); positions without a tensor were None."""
+    positional = {int(n): t for n, t in zip(names, tensors, strict=True) if n.isdigit()}
+    args = tuple(positional.get(i) for i in range(max(positional, default=-1) + 1))
+    kwargs = {n: t for n, t in zip(names, tensors, strict=True) if not n.isdigit()}
+    return args, kwargs

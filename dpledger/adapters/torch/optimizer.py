@@ -134,6 +134,12 @@ from dpledger.adapters.torch.release import (
     ungroup,
 )
 from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
+from dpledger.adapters.torch.sharding import (
+    check_sharded_model,
+    check_sharded_parameters,
+    local_gradient,
+    replicated_tensors,
+)
 from dpledger.adapters.torch.user_level import UserPoissonBatchSampler
 from dpledger.errors import (
     EngineStateError,
@@ -349,7 +355,11 @@ class DPOptimizer(CorrelatedNoiseSetup, OptimizerCheckpoint, torch.optim.Optimiz
             loss_reduction=loss_reduction,
             strategy=config.strategy,
             check_steps=check_steps,
+            sharded=self._sharded,
+            process_group=self._group,
         )
+        if self._sharded:  # FSDP2: what needs the full weights after the backward (sharding.py)
+            check_sharded_model(model, self._gradients.engine)
         self._init_engine(check_record_independence)
         self._bias_callback = bias_callback
 
@@ -395,6 +405,7 @@ class DPOptimizer(CorrelatedNoiseSetup, OptimizerCheckpoint, torch.optim.Optimiz
         self._model = model
         self._params, self._device = trainable_parameters(model, optimizer)
         self._names = tuple(self._params)
+        self._sharded = check_sharded_parameters(self._params, world_size=self._world)  # FSDP2
         self._clip_margin = default_clip_margin(self._params) if margin is None else margin
 
     def _init_noise(self, generator: torch.Generator | None, seed: int | None) -> None:
@@ -430,7 +441,7 @@ class DPOptimizer(CorrelatedNoiseSetup, OptimizerCheckpoint, torch.optim.Optimiz
 
         src = _global_rank(0, self._group)
         with torch.no_grad():
-            for t in [*self._model.parameters(), *self._model.buffers()]:
+            for t in replicated_tensors(self._model):  # FSDP2's shards stay where they are
                 dist.broadcast(t.data, src=src, group=self._group)
 
     # ------------------------------------------------------------------ optimizer surface
@@ -806,6 +817,7 @@ class DPOptimizer(CorrelatedNoiseSetup, OptimizerCheckpoint, torch.optim.Optimiz
         is discarded as by ``zero_grad()``, and the error is raised with a note saying so.
         """
         try:
+            self._gradients.run_deferred_probe()  # a compiled forward's probe, before any use
             if self._user_level:
                 self._absorb_users()
             else:
@@ -932,7 +944,7 @@ class DPOptimizer(CorrelatedNoiseSetup, OptimizerCheckpoint, torch.optim.Optimiz
         averaged = self.release(sums, num_records=count, event=event)
         for n, avg in zip(names, averaged, strict=True):
             p = self._params[n]
-            p.grad = avg.to(dtype=p.dtype)
+            p.grad = local_gradient(p, avg)  # this rank's shard under FSDP2
         self._opt.step()
         if bias is not None and self._rank == 0 and count > 0:
             self._report_bias(sums, unclipped, count, clipped, bias)

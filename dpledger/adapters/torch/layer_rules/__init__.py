@@ -12,6 +12,7 @@ Hugging Face's GPT-2 ``Conv1D`` and Llama-style RMSNorm layers are recognised by
 
 import torch  # noqa: F401  (every rule works on torch modules and tensors)
 
+from dpledger.adapters.torch import sharding  # noqa: F401 (FSDP2 classes' rules)
 from dpledger.adapters.torch.layer_rules import (  # noqa: F401 (each module registers its rules)
     attention,
     conv,
