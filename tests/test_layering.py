@@ -18,6 +18,9 @@ The layers:
 * **report** (``dpledger report``, the privacy report) imports core, matplotlib and tqdm; never
   a framework, the diagnostics, the adapters, audit, checks or the CLI: a reviewer renders a
   report from a ledger file alone, on a machine without a training framework;
+* **integrations** (the Hugging Face Trainer, …) sit beside the adapters: core, diagnostics,
+  the PyTorch adapter, torch, transformers and accelerate; never audit, checks, the CLI or
+  TensorFlow;
 * **checks** and **audit** import anything but the CLI; the CLI imports anything.
 
 A further rule: no module imports a private name (``from x import _name``) from another package
@@ -274,6 +277,9 @@ RULES = (
          forbidden=("torch", "dpledger.adapters.torch")),
     Rule("report-not-frameworks-diagnostics-adapters-audit-checks-cli", ("dpledger.report",),
          forbidden=(*FRAMEWORKS, "dpledger.diagnostics", *NOT_BELOW_ADAPTERS)),
+    Rule("integrations-not-audit-checks-cli-tensorflow", ("dpledger.integrations",),
+         forbidden=("dpledger.audit", "dpledger.checks", "dpledger.cli", "tensorflow", "keras",
+                    "dpledger.adapters.tensorflow")),
     Rule("checks-not-cli", ("dpledger.checks",), forbidden=("dpledger.cli",)),
     Rule("audit-not-cli", ("dpledger.audit",), forbidden=("dpledger.cli",)),
 )  # fmt: skip
@@ -281,6 +287,7 @@ RULES = (
 LAYERS = {
     "diagnostics": ("dpledger.diagnostics",),
     "adapters": ("dpledger.adapters",),
+    "integrations": ("dpledger.integrations",),
     "checks": ("dpledger.checks",),
     "audit": ("dpledger.audit",),
     "report": ("dpledger.report",),
@@ -383,6 +390,12 @@ CORE_RULE = RULES[0].id
             3,
         ),
         ("adapters.torch-not-audit", "dpledger.adapters.torch.fake", "from ...audit import x\n", 1),
+        (
+            "integrations-not-audit-checks-cli-tensorflow",
+            "dpledger.integrations.fake",
+            "def f():\n    import tensorflow\n",
+            2,
+        ),
         (
             "adapters.torch-not-tensorflow",
             "dpledger.adapters.torch.fake",

@@ -1,0 +1,579 @@
+"""DP fine-tuning inside the Hugging Face ``Trainer``, with the ledger beside the checkpoints.
+
+:class:`DPTrainer` is a ``transformers.Trainer`` that trains with DP-SGD (Abadi et al. 2016;
+McMahan & Andrew 2018) through the PyTorch adapter's public API:
+
+* **Sampling.** The train loader is replaced by a recorded
+  :class:`~dpledger.adapters.torch.PoissonBatchSampler` (a
+  :class:`~dpledger.adapters.torch.DistributedPoissonBatchSampler` under ``torch.distributed``)
+  of rate q = B·W·k / n, the expected logical batch of B = ``per_device_train_batch_size``
+  records on each of W ranks for each of k = ``gradient_accumulation_steps`` micro-batches
+  (logged at the start). An epoch is round(1/q) logical steps.
+* **Gradient accumulation** is a virtual batch: each Poisson draw is cut into k micro-batches
+  (empty ones are skipped); every micro-batch's clipped per-example sum is accumulated with
+  :meth:`~dpledger.adapters.torch.DPOptimizer.virtual_step`, and the Trainer's one optimizer step
+  releases the logical step: one sampling event (q, n) and one noise draw per optimizer step,
+  so the ledger's steps equal ``trainer.state.global_step``. A draw with no record on a rank is
+  stepped with :meth:`~dpledger.adapters.torch.DPOptimizer.empty_step` (pure noise, recorded).
+* **Optimizer and scheduler.** The optimizer the Trainer builds (or is given) is wrapped in a
+  :class:`~dpledger.adapters.torch.DPOptimizer`; the scheduler is built on the wrapper and drives
+  the wrapped optimizer's learning rate.
+* **Loss.** The loss must be a per-example mean for the clipping to be per record: the
+  Trainer's token-level losses (a sum over the batch's tokens divided by the batch's token
+  count, ``num_items_in_batch``) let one record change another's weight, so DPTrainer computes
+  each example's mean token loss itself for causal and masked language models and token
+  classification, and averages over examples; sequence classification uses the model's loss
+  (a mean over examples). Any other head needs ``per_example_loss=``.
+* **ε** at ``delta`` (the ``epsilon_accountant``'s number, RDP by default, a valid upper bound)
+  is added to every log of the Trainer as ``epsilon``, so it reaches ``log_history`` and every
+  ``report_to`` integration. The non-private gradient norm (``grad_norm``) is not logged.
+* **Checkpoints.** Each checkpoint folder gets ``dpledger.json`` (the ledger's path, head hash,
+  steps and events); the optimizer's state carries the ledger position. With
+  ``resume_from_checkpoint`` the ledger file is continued (``PrivacyLedger(path, resume=True)``):
+  steps recorded after the checkpoint stay spent, nothing is recorded twice
+  (:meth:`~dpledger.adapters.torch.DPOptimizer.load_state_dict`).
+
+Refused before training, with :class:`~dpledger.errors.InvalidParameterError` (settings that
+would make the ledger untrue): ``train_sampling_strategy`` other than ``"random"`` (e.g.
+``"group_by_length"``), a subclass that overrides the train loader or sampler, a data set without
+``__len__``, ``compute_loss_func`` or an overridden ``compute_loss`` (a loss DPTrainer cannot see
+is a per-example mean), DeepSpeed, FSDP, ``fp16`` (the gradient scaler scales each record's
+gradient before clipping) and ``DataParallel`` over several GPUs in one process.
+
+Layer: an integration (docs/architecture.md, "Layers"): core, diagnostics and the PyTorch
+adapter's public API, torch, transformers and accelerate.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn import functional
+from transformers import Trainer, TrainerCallback
+from transformers.models.auto import modeling_auto
+
+from dpledger.accountants import calibrate_noise_multiplier, make_accountant
+from dpledger.adapters.torch import (
+    DistributedPoissonBatchSampler,
+    DPOptimizer,
+    PoissonBatchSampler,
+    private_data_loader,
+)
+from dpledger.errors import InvalidParameterError, PerExampleLossError
+from dpledger.ledger import PrivacyLedger
+
+__all__ = ["LEDGER_INFO_NAME", "DPTrainer", "per_example_token_loss"]
+
+logger = logging.getLogger(__name__)
+
+LEDGER_INFO_NAME = "dpledger.json"
+"""The file each checkpoint folder gets: the ledger's path, head hash, steps and events."""
+
+PerExampleLoss = Callable[[Any, torch.Tensor], torch.Tensor]
+"""``per_example_loss(model_outputs, labels)`` → one loss per example, shape ``(B,)``."""
+
+_IGNORE_INDEX = -100
+
+
+def _class_names(*mappings: Any) -> frozenset[str]:
+    names: set[str] = set()
+    for mapping in mappings:
+        for value in mapping.values():
+            names.update((value,) if isinstance(value, str) else value)
+    return frozenset(names)
+
+
+_SEQUENCE_HEADS = _class_names(modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
+_CAUSAL_HEADS = _class_names(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+_TOKEN_HEADS = _class_names(
+    modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    modeling_auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+)
+
+
+def per_example_token_loss(
+    logits: torch.Tensor, labels: torch.Tensor, *, shift: bool
+) -> torch.Tensor:
+    """Each example's mean cross-entropy over its labelled tokens, shape ``(B,)``.
+
+    ℓ_i = (1/T_i) Σ_t CE(logits[i, t], labels[i, t]) over the T_i tokens of example i whose
+    label is not -100 (an example with none has ℓ_i = 0). Unlike the Trainer's token-level loss
+    (Σ over the batch's tokens / the batch's token count), ℓ_i depends on example i alone.
+
+    Args:
+        logits: ``(B, T, V)``.
+        labels: ``(B, T)``, -100 where a token is not scored.
+        shift: predict token t + 1 from position t (causal language models).
+    """
+    if shift:
+        logits, labels = logits[:, :-1, :], labels[:, 1:]
+    per_token = functional.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]),
+        labels.reshape(-1),
+        ignore_index=_IGNORE_INDEX,
+        reduction="none",
+    ).reshape(labels.shape)
+    counts = (labels != _IGNORE_INDEX).sum(dim=1).clamp(min=1)
+    return per_token.sum(dim=1) / counts
+
+
+def _loss_kind(model: Any) -> str | None:
+    """``"sequence"``, ``"causal"`` or ``"token"`` for a head DPTrainer knows, else None."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    name = type(base).__name__
+    if name in _SEQUENCE_HEADS:
+        return "sequence"
+    if name in _CAUSAL_HEADS:
+        return "causal"
+    if name in _TOKEN_HEADS:
+        return "token"
+    return None
+
+
+def _num_records(inputs: Any) -> int:
+    """The number of records along dim 0 of the batch's tensors."""
+    values = inputs.values() if isinstance(inputs, dict) else inputs
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return int(value.shape[0])
+    raise InvalidParameterError("inputs", type(inputs).__name__, "a batch with tensors")
+
+
+def _split(batch: Any, parts: int) -> list[Any]:
+    """``batch`` (a dict of tensors, records along dim 0) cut into ``parts`` micro-batches of
+    sizes differing by at most one; other values are repeated in each."""
+    pieces = {
+        key: torch.tensor_split(value, parts)
+        if isinstance(value, torch.Tensor) and value.dim() > 0
+        else (value,) * parts
+        for key, value in batch.items()
+    }
+    return [{key: pieces[key][i] for key in batch} for i in range(parts)]
+
+
+class _MicroBatchLoader:
+    """Each logical (Poisson) batch of ``loader`` as ``parts`` micro-batches, so that the
+    Trainer's gradient accumulation runs over one draw per optimizer step."""
+
+    def __init__(self, loader: torch.utils.data.DataLoader, parts: int) -> None:
+        self.loader = loader
+        self.parts = parts
+        self.dataset = loader.dataset
+        self.batch_sampler = loader.batch_sampler
+
+    def __len__(self) -> int:
+        return len(self.loader) * self.parts
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.loader:
+            if not isinstance(batch, dict):
+                raise InvalidParameterError(
+                    "data_collator",
+                    type(batch).__name__,
+                    "a collator returning a dict of tensors (the Trainer's model inputs)",
+                )
+            yield from _split(batch, self.parts)
+
+
+class _TrainerDPOptimizer(DPOptimizer):
+    """A DPOptimizer whose ``step()`` records an empty step when the Trainer's micro-batches of
+    the logical batch held no record on this rank (every micro-batch is skipped then)."""
+
+    records_in_step = 0
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        records, self.records_in_step = self.records_in_step, 0
+        if records == 0 and closure is None:
+            self.empty_step()
+            return None
+        return super().step(closure)
+
+
+class _LedgerCheckpointCallback(TrainerCallback):
+    """Writes the ledger's position into each checkpoint folder (rank 0)."""
+
+    def __init__(self, trainer: DPTrainer) -> None:
+        self.trainer = trainer
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        ledger = self.trainer.ledger
+        if ledger is None or not state.is_world_process_zero:
+            return
+        ledger.flush()
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        folder.mkdir(parents=True, exist_ok=True)
+        info = {
+            "ledger_path": None if ledger.path is None else os.fspath(ledger.path),
+            "head_hash": ledger.head_hash,
+            "num_steps": ledger.num_steps,
+            "num_events": ledger.num_events,
+            "global_step": state.global_step,
+        }
+        (folder / LEDGER_INFO_NAME).write_text(json.dumps(info, indent=2), encoding="utf-8")
+
+
+class DPTrainer(Trainer):
+    """A ``transformers.Trainer`` that trains with DP and records every step in a ledger.
+
+    See the module docstring for what changes in the Trainer. Example::
+
+        trainer = DPTrainer(
+            model=model, args=TrainingArguments("out", per_device_train_batch_size=16,
+                                                gradient_accumulation_steps=4, max_steps=100),
+            train_dataset=train_set, l2_norm_bound=1.0, target_epsilon=8.0, delta=1e-5,
+            ledger="run.dpl")
+        trainer.train()
+        trainer.log_history[-1]["epsilon"]
+
+    Args:
+        *args: the ``Trainer``'s positional arguments (``model``, ``args``, …).
+        l2_norm_bound: C > 0, each record's gradient bound.
+        noise_multiplier: z ≥ 0; or give ``target_epsilon`` and ``delta``.
+        target_epsilon: ε to meet at ``delta`` after the planned steps (``args.max_steps``, or
+            ``ceil(num_train_epochs · round(1/q))``): z is calibrated by ``accountant``
+            (:func:`~dpledger.accountants.calibrate_noise_multiplier`).
+        delta: δ of the target, and of the ε added to the logs (no ``epsilon`` is logged
+            without it).
+        ledger: a path (a new ledger file, continued when training resumes from a checkpoint),
+            a :class:`~dpledger.ledger.PrivacyLedger`, or None (in memory). Under
+            ``torch.distributed`` only rank 0 opens or takes it.
+        accountant: the accountant of the calibration (default ``"prv"``).
+        epsilon_accountant: the accountant of the logged ε (default ``"rdp"``).
+        seed: seeds the sampling and the noise (two independent streams); None draws both
+            from OS entropy (a caller-given seed means the noise is not secret).
+        per_example_loss: ``per_example_loss(outputs, labels)`` → the ``(B,)`` losses of a
+            head DPTrainer does not know; the loss stepped is their mean.
+        dp_options: further keyword arguments of
+            :class:`~dpledger.adapters.torch.DPOptimizer` (``clipping``, ``groups``,
+            ``strategy``, ``check_record_independence``, …).
+        **kwargs: the ``Trainer``'s keyword arguments.
+
+    Raises:
+        InvalidParameterError: a bad privacy argument, or a Trainer setting that would make the
+            ledger untrue (module docstring), before training.
+        PerExampleLossError: a model head whose loss is not known to be a per-example mean,
+            without ``per_example_loss``.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        l2_norm_bound: float,
+        noise_multiplier: float | None = None,
+        target_epsilon: float | None = None,
+        delta: float | None = None,
+        ledger: str | os.PathLike[str] | PrivacyLedger | None = None,
+        accountant: str = "prv",
+        epsilon_accountant: str = "rdp",
+        seed: int | None = None,
+        per_example_loss: PerExampleLoss | None = None,
+        dp_options: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if (noise_multiplier is None) == (target_epsilon is None):
+            raise InvalidParameterError(
+                "noise_multiplier",
+                noise_multiplier,
+                "exactly one of noise_multiplier= and target_epsilon= (with delta=)",
+            )
+        if target_epsilon is not None and delta is None:
+            raise InvalidParameterError("delta", delta, "δ in (0, 1) with target_epsilon=")
+        if ledger is not None and not isinstance(ledger, (str, os.PathLike, PrivacyLedger)):
+            raise InvalidParameterError("ledger", ledger, "a path, a PrivacyLedger or None")
+        make_accountant(epsilon_accountant)  # an unknown name fails here, before training
+        super().__init__(*args, **kwargs)
+        self._dp = {
+            "l2_norm_bound": l2_norm_bound,
+            "noise_multiplier": noise_multiplier,
+            "target_epsilon": target_epsilon,
+            "delta": delta,
+            "accountant": accountant,
+            "seed": seed,
+            "options": dict(dp_options or {}),
+        }
+        self._ledger_arg = ledger
+        self._epsilon_accountant = make_accountant(epsilon_accountant)
+        self._per_example_loss = per_example_loss
+        self._loss_kind = "custom" if per_example_loss is not None else _loss_kind(self.model)
+        self._resuming = False
+        self._dp_optimizer: _TrainerDPOptimizer | None = None
+        self._train_loader: _MicroBatchLoader | None = None
+        self.ledger: PrivacyLedger | None = None
+        self._refuse_untrue_settings()
+        self.add_callback(_LedgerCheckpointCallback(self))
+
+    # ------------------------------------------------------------------ refusals
+    def _refuse_untrue_settings(self) -> None:
+        """Refuse, before training, every setting that would make the ledger untrue."""
+        args = self.args
+        if self.train_dataset is not None and not hasattr(self.train_dataset, "__len__"):
+            raise InvalidParameterError(
+                "train_dataset",
+                type(self.train_dataset).__name__,
+                "a map-style data set with __len__ (Poisson sampling draws from all n records)",
+            )
+        strategy = getattr(args, "train_sampling_strategy", "random")
+        if strategy != "random" or getattr(args, "group_by_length", False):
+            raise InvalidParameterError(
+                "args.train_sampling_strategy",
+                "group_by_length" if getattr(args, "group_by_length", False) else strategy,
+                "'random': DPTrainer draws every batch by Poisson sampling, which the ledger "
+                "records; batches grouped by length are no scheme the accountants analyse",
+            )
+        for name in ("get_train_dataloader", "_get_train_sampler"):
+            if getattr(type(self), name) is not getattr(DPTrainer, name):
+                raise InvalidParameterError(
+                    name,
+                    f"{type(self).__name__}.{name}",
+                    "not overridden: DPTrainer's recorded Poisson sampler must draw the batches "
+                    "(a custom sampler's draws are not what the ledger records)",
+                )
+        if self.compute_loss_func is not None:
+            raise InvalidParameterError(
+                "compute_loss_func",
+                self.compute_loss_func,
+                "None: give per_example_loss=(outputs, labels) -> (B,) losses instead; a loss "
+                "that is not a per-example mean makes records depend on each other",
+            )
+        if type(self).compute_loss is not DPTrainer.compute_loss:
+            raise InvalidParameterError(
+                "compute_loss",
+                f"{type(self).__name__}.compute_loss",
+                "not overridden: give per_example_loss=(outputs, labels) -> (B,) losses",
+            )
+        self._refuse_untrue_engines(args)
+        if self._loss_kind is None:
+            raise PerExampleLossError(
+                f"DPTrainer does not know whether the loss of {type(self.model).__name__} is a "
+                "per-example mean (it knows sequence classification, causal and masked language "
+                "models and token classification): give per_example_loss=(outputs, labels) -> "
+                "one loss per example, shape (B,)"
+            )
+
+    def _refuse_untrue_engines(self, args: Any) -> None:
+        refused = {
+            "args.deepspeed": self.is_deepspeed_enabled,
+            "args.fsdp": self.is_fsdp_enabled,
+            "args.fp16": bool(args.fp16),
+        }
+        for name, on in refused.items():
+            if on:
+                raise InvalidParameterError(
+                    name,
+                    getattr(args, name.split(".")[1], True),
+                    "off: DPTrainer supports one process or DDP without a gradient scaler "
+                    "(DeepSpeed ZeRO and FSDP shard the gradients the per-example engine needs; "
+                    "fp16's scaler scales every record's gradient before clipping)",
+                )
+        if args.n_gpu > 1:
+            raise InvalidParameterError(
+                "args.n_gpu",
+                args.n_gpu,
+                "1 per process: use DDP (accelerate launch / torchrun), not DataParallel",
+            )
+
+    # ------------------------------------------------------------------ setup
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kw: Any) -> Any:
+        """``Trainer.train``; with ``resume_from_checkpoint`` the ledger file is continued."""
+        self._resuming = resume_from_checkpoint not in (None, False)
+        return super().train(resume_from_checkpoint, *args, **kw)
+
+    def _setup_dp(self) -> None:
+        """Build the Poisson loader, the ledger and the DPOptimizer once (at the first of
+        ``get_train_dataloader`` and ``create_optimizer``)."""
+        if self._dp_optimizer is not None:
+            return
+        if self.train_dataset is None:
+            raise InvalidParameterError("train_dataset", None, "a data set to train on")
+        args = self.args
+        dataset = self.train_dataset
+        if type(dataset).__module__.startswith("datasets"):
+            dataset = self._remove_unused_columns(dataset, description="training")
+        n = len(dataset)
+        world, parts = args.world_size, args.gradient_accumulation_steps
+        expected = args.per_device_train_batch_size * world * parts
+        q = expected / n
+        if not 0 < q <= 1:
+            raise InvalidParameterError(
+                "args.per_device_train_batch_size",
+                args.per_device_train_batch_size,
+                f"B with B·W·k = B·{world}·{parts} ≤ n = {n} (q = B·W·k / n ≤ 1)",
+            )
+        sampling_seed, noise_seed = self._seeds()
+        if world > 1:
+            sampler: Any = DistributedPoissonBatchSampler(
+                population_size=n, sampling_probability=q, seed=sampling_seed
+            )
+        else:
+            sampler = PoissonBatchSampler(
+                population_size=n, sampling_probability=q, seed=sampling_seed
+            )
+        loader = private_data_loader(
+            dataset,
+            sampler=sampler,
+            collate_fn=self.data_collator,
+            num_workers=args.dataloader_num_workers,
+            pin_memory=args.dataloader_pin_memory,
+        )
+        steps_per_epoch = len(sampler)
+        z = self._noise_multiplier(q, steps_per_epoch)
+        logger.info(
+            "DP training: Poisson sampling with q = B·W·k / n = %d·%d·%d / %d = %r (expected "
+            "logical batch %d records, %d steps per epoch), C = %r, z = %r",
+            args.per_device_train_batch_size,
+            world,
+            parts,
+            n,
+            q,
+            expected,
+            steps_per_epoch,
+            self._dp["l2_norm_bound"],
+            z,
+        )
+        self.ledger = self._open_ledger(world)
+        optimizer = self.optimizer if self.optimizer is not None else super().create_optimizer()
+        self._dp_optimizer = _TrainerDPOptimizer(
+            optimizer,
+            model=self.model,
+            l2_norm_bound=self._dp["l2_norm_bound"],
+            noise_multiplier=z,
+            ledger=self.ledger,
+            sampler=loader,
+            seed=noise_seed,
+            loss_reduction="mean",
+            **self._dp["options"],
+        )
+        self.optimizer = self._dp_optimizer
+        self._train_loader = _MicroBatchLoader(loader, parts)
+
+    def _seeds(self) -> tuple[int | None, int | None]:
+        seed = self._dp["seed"]
+        if seed is None:
+            return None, None
+        sampling, noise = np.random.SeedSequence(seed).generate_state(2, dtype=np.uint32)
+        return int(sampling), int(noise)
+
+    def _noise_multiplier(self, q: float, steps_per_epoch: int) -> float:
+        if self._dp["noise_multiplier"] is not None:
+            return float(self._dp["noise_multiplier"])
+        args = self.args
+        steps = (
+            args.max_steps
+            if args.max_steps > 0
+            else math.ceil(args.num_train_epochs * steps_per_epoch)
+        )
+        result = calibrate_noise_multiplier(
+            target_epsilon=self._dp["target_epsilon"],
+            delta=self._dp["delta"],
+            sampling_probability=q,
+            steps=steps,
+            accountant=self._dp["accountant"],
+        )
+        logger.info(
+            "noise multiplier %r calibrated by the %s accountant for ε = %g at δ = %g over %d "
+            "steps",
+            result.value,
+            result.accountant,
+            result.target_epsilon,
+            result.delta,
+            steps,
+        )
+        return float(result.value)
+
+    def _open_ledger(self, world: int) -> PrivacyLedger | None:
+        if world > 1 and not self.is_world_process_zero():
+            return None
+        given = self._ledger_arg
+        if given is None or isinstance(given, PrivacyLedger):
+            return given
+        return PrivacyLedger(given, resume=self._resuming)
+
+    def get_train_dataloader(self) -> Any:
+        """The recorded Poisson loader, each draw cut into the accumulation's micro-batches."""
+        self._setup_dp()
+        return self._train_loader
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+        """Not used: the recorded Poisson batch sampler draws the batches."""
+        return None
+
+    def create_optimizer(self, model: Any = None) -> Any:
+        """The Trainer's optimizer (built as usual, or the one given), wrapped in a
+        :class:`~dpledger.adapters.torch.DPOptimizer`."""
+        self._setup_dp()
+        return self.optimizer
+
+    # ------------------------------------------------------------------ the step
+    def compute_loss(
+        self,
+        model: Any,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: Any = None,
+    ) -> Any:
+        """The mean over the batch's examples of each example's own loss (module docstring);
+        ``num_items_in_batch`` is ignored (normalising by the batch's token count mixes
+        records)."""
+        labels = inputs.get("labels")
+        if labels is None:
+            raise PerExampleLossError("DPTrainer needs labels= in every batch to form the loss")
+        kind = self._loss_kind
+        if kind == "sequence":
+            outputs = model(**inputs)
+            loss = outputs.loss
+        else:
+            outputs = model(**{k: v for k, v in inputs.items() if k != "labels"})
+            if kind == "custom":
+                assert self._per_example_loss is not None
+                losses = self._per_example_loss(outputs, labels)
+            else:
+                losses = per_example_token_loss(outputs.logits, labels, shift=kind == "causal")
+            if losses.shape != (labels.shape[0],):
+                raise PerExampleLossError(
+                    f"per_example_loss returned shape {tuple(losses.shape)}; expected "
+                    f"({labels.shape[0]},), one loss per example"
+                )
+            loss = losses.mean()
+        return (loss, outputs) if return_outputs else loss
+
+    def training_step(
+        self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None
+    ) -> torch.Tensor:
+        """One micro-batch: forward, backward, and its clipped sum accumulated into the
+        logical step (the Trainer's optimizer step releases it). Returns the micro-batch's
+        mean loss divided by the accumulation steps, for the Trainer's logged loss."""
+        assert self._dp_optimizer is not None
+        model.train()
+        inputs = self._prepare_inputs(inputs)
+        records = _num_records(inputs)
+        if records == 0:  # an empty micro-batch of a Poisson draw: nothing to clip or add
+            return torch.zeros((), device=self.args.device)
+        with self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs)
+        loss.backward()
+        self._dp_optimizer.virtual_step()
+        self._dp_optimizer.records_in_step += records
+        # the per-example sums are taken: drop autograd's batch gradient, so that nothing
+        # (the Trainer's grad_norm, a callback) sees the non-private gradient
+        self.model.zero_grad(set_to_none=True)
+        return loss.detach() / self.current_gradient_accumulation_steps
+
+    # ------------------------------------------------------------------ logs
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """``Trainer.log`` with ``epsilon`` (at ``delta``) added and the non-private
+        ``grad_norm`` removed."""
+        logs.pop("grad_norm", None)
+        delta = self._dp["delta"]
+        if self.ledger is not None and delta is not None and self.ledger.num_steps > 0:
+            logs["epsilon"] = float(
+                self._epsilon_accountant.epsilon(self.ledger, delta=delta).epsilon
+            )
+        super().log(logs, *args, **kwargs)
