@@ -31,7 +31,9 @@ McMahan & Andrew 2018) through the PyTorch adapter's public API:
   steps and events); the optimizer's state carries the ledger position. With
   ``resume_from_checkpoint`` the ledger file is continued (``PrivacyLedger(path, resume=True)``):
   steps recorded after the checkpoint stay spent, nothing is recorded twice
-  (:meth:`~dpledger.adapters.torch.DPOptimizer.load_state_dict`).
+  (:meth:`~dpledger.adapters.torch.DPOptimizer.load_state_dict`). The sampler's and the noise
+  generator's states come back with the optimizer's; no batch is skipped or replayed
+  (``args.ignore_data_skip`` is set: Poisson draws are independent of the epoch).
 
 Refused before training, with :class:`~dpledger.errors.InvalidParameterError` (settings that
 would make the ledger untrue): ``train_sampling_strategy`` other than ``"random"`` (e.g.
@@ -60,7 +62,7 @@ from torch.nn import functional
 from transformers import Trainer, TrainerCallback
 from transformers.models.auto import modeling_auto
 
-from dpledger.accountants import calibrate_noise_multiplier, make_accountant
+from dpledger.accountants import Accountant, calibrate_noise_multiplier, make_accountant
 from dpledger.adapters.torch import (
     DistributedPoissonBatchSampler,
     DPOptimizer,
@@ -115,8 +117,10 @@ def per_example_token_loss(
     """
     if shift:
         logits, labels = logits[:, :-1, :], labels[:, 1:]
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
     per_token = functional.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]),
+        logits.reshape(-1, logits.shape[-1]),
         labels.reshape(-1),
         ignore_index=_IGNORE_INDEX,
         reduction="none",
@@ -246,7 +250,8 @@ class DPTrainer(Trainer):
             a :class:`~dpledger.ledger.PrivacyLedger`, or None (in memory). Under
             ``torch.distributed`` only rank 0 opens or takes it.
         accountant: the accountant of the calibration (default ``"prv"``).
-        epsilon_accountant: the accountant of the logged ε (default ``"rdp"``).
+        epsilon_accountant: the accountant of the logged ε, by name (default ``"rdp"``) or an
+            :class:`~dpledger.accountants.Accountant`.
         seed: seeds the sampling and the noise (two independent streams); None draws both
             from OS entropy (a caller-given seed means the noise is not secret).
         per_example_loss: ``per_example_loss(outputs, labels)`` → the ``(B,)`` losses of a
@@ -272,7 +277,7 @@ class DPTrainer(Trainer):
         delta: float | None = None,
         ledger: str | os.PathLike[str] | PrivacyLedger | None = None,
         accountant: str = "prv",
-        epsilon_accountant: str = "rdp",
+        epsilon_accountant: str | Accountant = "rdp",
         seed: int | None = None,
         per_example_loss: PerExampleLoss | None = None,
         dp_options: dict[str, Any] | None = None,
@@ -288,7 +293,8 @@ class DPTrainer(Trainer):
             raise InvalidParameterError("delta", delta, "δ in (0, 1) with target_epsilon=")
         if ledger is not None and not isinstance(ledger, (str, os.PathLike, PrivacyLedger)):
             raise InvalidParameterError("ledger", ledger, "a path, a PrivacyLedger or None")
-        make_accountant(epsilon_accountant)  # an unknown name fails here, before training
+        if not isinstance(epsilon_accountant, Accountant):  # an unknown name fails here
+            epsilon_accountant = make_accountant(epsilon_accountant)
         super().__init__(*args, **kwargs)
         self._dp = {
             "l2_norm_bound": l2_norm_bound,
@@ -300,7 +306,7 @@ class DPTrainer(Trainer):
             "options": dict(dp_options or {}),
         }
         self._ledger_arg = ledger
-        self._epsilon_accountant = make_accountant(epsilon_accountant)
+        self._epsilon_accountant = epsilon_accountant
         self._per_example_loss = per_example_loss
         self._loss_kind = "custom" if per_example_loss is not None else _loss_kind(self.model)
         self._resuming = False
@@ -360,8 +366,8 @@ class DPTrainer(Trainer):
 
     def _refuse_untrue_engines(self, args: Any) -> None:
         refused = {
-            "args.deepspeed": self.is_deepspeed_enabled,
-            "args.fsdp": self.is_fsdp_enabled,
+            "args.deepspeed": self.is_deepspeed_enabled or bool(args.deepspeed),
+            "args.fsdp": self.is_fsdp_enabled or bool(args.fsdp),
             "args.fp16": bool(args.fp16),
         }
         for name, on in refused.items():
@@ -384,6 +390,11 @@ class DPTrainer(Trainer):
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kw: Any) -> Any:
         """``Trainer.train``; with ``resume_from_checkpoint`` the ledger file is continued."""
         self._resuming = resume_from_checkpoint not in (None, False)
+        if self._resuming and not self.args.ignore_data_skip:
+            # every Poisson draw is fresh: there are no batches of the checkpoint's epoch to
+            # skip (the sampler's state comes back with the optimizer's)
+            logger.info("resuming: args.ignore_data_skip set to True (Poisson draws are fresh)")
+            self.args.ignore_data_skip = True
         return super().train(resume_from_checkpoint, *args, **kw)
 
     def _setup_dp(self) -> None:
@@ -452,6 +463,7 @@ class DPTrainer(Trainer):
             **self._dp["options"],
         )
         self.optimizer = self._dp_optimizer
+        self.ledger = self._dp_optimizer.ledger  # the one given, or the optimizer's in-memory one
         self._train_loader = _MicroBatchLoader(loader, parts)
 
     def _seeds(self) -> tuple[int | None, int | None]:
