@@ -570,7 +570,10 @@ class DPTrainer(Trainer):
             return torch.zeros((), device=self.args.device)
         with self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs)
-        loss.backward()
+        if self.args.world_size > 1:
+            loss.backward()  # DDP's reducer expects every parameter's gradient
+        else:  # only the gradients with respect to the layers' outputs (the engine's fast path)
+            self._dp_optimizer.backward(loss)
         self._dp_optimizer.virtual_step()
         self._dp_optimizer.records_in_step += records
         # the per-example sums are taken: drop autograd's batch gradient, so that nothing
