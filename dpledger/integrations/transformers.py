@@ -52,15 +52,13 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch.nn import functional
 from transformers import Trainer, TrainerCallback
-from transformers.models.auto import modeling_auto
 
 from dpledger.accountants import Accountant, calibrate_noise_multiplier, make_accountant
 from dpledger.adapters.torch import (
@@ -70,6 +68,8 @@ from dpledger.adapters.torch import (
     private_data_loader,
 )
 from dpledger.errors import InvalidParameterError, PerExampleLossError
+from dpledger.integrations.hf_batches import MicroBatchLoader, num_records
+from dpledger.integrations.hf_loss import PerExampleLoss, loss_kind, per_example_token_loss
 from dpledger.ledger import PrivacyLedger
 
 __all__ = ["LEDGER_INFO_NAME", "DPTrainer", "per_example_token_loss"]
@@ -78,113 +78,6 @@ logger = logging.getLogger(__name__)
 
 LEDGER_INFO_NAME = "dpledger.json"
 """The file each checkpoint folder gets: the ledger's path, head hash, steps and events."""
-
-PerExampleLoss = Callable[[Any, torch.Tensor], torch.Tensor]
-"""``per_example_loss(model_outputs, labels)`` → one loss per example, shape ``(B,)``."""
-
-_IGNORE_INDEX = -100
-
-
-def _class_names(*mappings: Any) -> frozenset[str]:
-    names: set[str] = set()
-    for mapping in mappings:
-        for value in mapping.values():
-            names.update((value,) if isinstance(value, str) else value)
-    return frozenset(names)
-
-
-_SEQUENCE_HEADS = _class_names(modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
-_CAUSAL_HEADS = _class_names(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-_TOKEN_HEADS = _class_names(
-    modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-    modeling_auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
-)
-
-
-def per_example_token_loss(
-    logits: torch.Tensor, labels: torch.Tensor, *, shift: bool
-) -> torch.Tensor:
-    """Each example's mean cross-entropy over its labelled tokens, shape ``(B,)``.
-
-    ℓ_i = (1/T_i) Σ_t CE(logits[i, t], labels[i, t]) over the T_i tokens of example i whose
-    label is not -100 (an example with none has ℓ_i = 0). Unlike the Trainer's token-level loss
-    (Σ over the batch's tokens / the batch's token count), ℓ_i depends on example i alone.
-
-    Args:
-        logits: ``(B, T, V)``.
-        labels: ``(B, T)``, -100 where a token is not scored.
-        shift: predict token t + 1 from position t (causal language models).
-    """
-    if shift:
-        logits, labels = logits[:, :-1, :], labels[:, 1:]
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
-    per_token = functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]),
-        labels.reshape(-1),
-        ignore_index=_IGNORE_INDEX,
-        reduction="none",
-    ).reshape(labels.shape)
-    counts = (labels != _IGNORE_INDEX).sum(dim=1).clamp(min=1)
-    return per_token.sum(dim=1) / counts
-
-
-def _loss_kind(model: Any) -> str | None:
-    """``"sequence"``, ``"causal"`` or ``"token"`` for a head DPTrainer knows, else None."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    name = type(base).__name__
-    if name in _SEQUENCE_HEADS:
-        return "sequence"
-    if name in _CAUSAL_HEADS:
-        return "causal"
-    if name in _TOKEN_HEADS:
-        return "token"
-    return None
-
-
-def _num_records(inputs: Any) -> int:
-    """The number of records along dim 0 of the batch's tensors."""
-    values = inputs.values() if isinstance(inputs, dict) else inputs
-    for value in values:
-        if isinstance(value, torch.Tensor) and value.dim() > 0:
-            return int(value.shape[0])
-    raise InvalidParameterError("inputs", type(inputs).__name__, "a batch with tensors")
-
-
-def _split(batch: Any, parts: int) -> list[Any]:
-    """``batch`` (a dict of tensors, records along dim 0) cut into ``parts`` micro-batches of
-    sizes differing by at most one; other values are repeated in each."""
-    pieces = {
-        key: torch.tensor_split(value, parts)
-        if isinstance(value, torch.Tensor) and value.dim() > 0
-        else (value,) * parts
-        for key, value in batch.items()
-    }
-    return [{key: pieces[key][i] for key in batch} for i in range(parts)]
-
-
-class _MicroBatchLoader:
-    """Each logical (Poisson) batch of ``loader`` as ``parts`` micro-batches, so that the
-    Trainer's gradient accumulation runs over one draw per optimizer step."""
-
-    def __init__(self, loader: torch.utils.data.DataLoader, parts: int) -> None:
-        self.loader = loader
-        self.parts = parts
-        self.dataset = loader.dataset
-        self.batch_sampler = loader.batch_sampler
-
-    def __len__(self) -> int:
-        return len(self.loader) * self.parts
-
-    def __iter__(self) -> Iterator[Any]:
-        for batch in self.loader:
-            if not isinstance(batch, dict):
-                raise InvalidParameterError(
-                    "data_collator",
-                    type(batch).__name__,
-                    "a collator returning a dict of tensors (the Trainer's model inputs)",
-                )
-            yield from _split(batch, self.parts)
 
 
 class _TrainerDPOptimizer(DPOptimizer):
@@ -308,10 +201,10 @@ class DPTrainer(Trainer):
         self._ledger_arg = ledger
         self._epsilon_accountant = epsilon_accountant
         self._per_example_loss = per_example_loss
-        self._loss_kind = "custom" if per_example_loss is not None else _loss_kind(self.model)
+        self._loss_kind = "custom" if per_example_loss is not None else loss_kind(self.model)
         self._resuming = False
         self._dp_optimizer: _TrainerDPOptimizer | None = None
-        self._train_loader: _MicroBatchLoader | None = None
+        self._train_loader: MicroBatchLoader | None = None
         self.ledger: PrivacyLedger | None = None
         self._refuse_untrue_settings()
         self.add_callback(_LedgerCheckpointCallback(self))
@@ -464,7 +357,7 @@ class DPTrainer(Trainer):
         )
         self.optimizer = self._dp_optimizer
         self.ledger = self._dp_optimizer.ledger  # the one given, or the optimizer's in-memory one
-        self._train_loader = _MicroBatchLoader(loader, parts)
+        self._train_loader = MicroBatchLoader(loader, parts)
 
     def _seeds(self) -> tuple[int | None, int | None]:
         seed = self._dp["seed"]
@@ -565,7 +458,7 @@ class DPTrainer(Trainer):
         assert self._dp_optimizer is not None
         model.train()
         inputs = self._prepare_inputs(inputs)
-        records = _num_records(inputs)
+        records = num_records(inputs)
         if records == 0:  # an empty micro-batch of a Poisson draw: nothing to clip or add
             return torch.zeros((), device=self.args.device)
         with self.compute_loss_context_manager():
