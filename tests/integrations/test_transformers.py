@@ -416,3 +416,15 @@ def test_two_ranks_under_accelerate_launch_record_one_ledger(tmp_path):
     assert one["ledger_steps"] is None
     assert zero["parameters"] == one["parameters"]  # every rank took the same step
     assert zero["epsilon"][-1] == pytest.approx(_rdp_epsilon(0.25, 1.0, 2, DELTA), rel=1e-6)
+
+
+def test_an_empty_poisson_draw_is_a_recorded_step(tmp_path):
+    n, steps = 64, 6  # q = 1/64: a draw is empty with probability (63/64)^64 ≈ 0.37
+    args = training_args(str(tmp_path / "out"), per_device_train_batch_size=1, max_steps=steps)
+    twin = _dp_trainer(tmp_path, n=n, args=args, model=tiny_bert()).get_train_dataloader()
+    sizes = [batch["labels"].shape[0] for batch, _ in zip(twin, range(steps), strict=False)]
+    assert 0 in sizes and any(sizes)  # the same seed draws these batches in the run below
+    trainer = _dp_trainer(tmp_path, n=n, args=args)
+    trainer.train()
+    assert trainer.ledger.num_steps == trainer.state.global_step == steps
+    assert all(s.sampling_probability == 1 / n for s in trainer.ledger.steps())
