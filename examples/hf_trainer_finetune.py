@@ -6,7 +6,8 @@ micro-batches form one DP step, ε is logged with the Trainer's own logs, and ev
 ledger file whose path and head hash each checkpoint names. The model is built from a small
 config (random initialisation: nothing is downloaded); the data are generated sentences whose
 label says whether most of their words are "positive" or "negative" ones. The noise multiplier is
-calibrated for ε = 8 at δ = 1e-5 over the planned steps. About 45 s of CPU time (2-core x86_64, 20 steps; test accuracy 1.0).
+calibrated for ε = 8 at δ = 1e-5 over the planned steps. About 45 s of CPU time (2-core
+x86_64; 20 steps; test accuracy 1.0).
 
     python examples/hf_trainer_finetune.py [--out hf-run] [--epochs 2]
     dpledger epsilon hf-run/run.dpl --delta 1e-5
