@@ -18,6 +18,9 @@ The layers:
 * **report** (``dpledger report``, the privacy report) imports core, matplotlib and tqdm; never
   a framework, the diagnostics, the adapters, audit, checks or the CLI: a reviewer renders a
   report from a ledger file alone, on a machine without a training framework;
+* **integrations** (the Hugging Face Trainer, Flower, …) sit beside the adapters: core, diagnostics,
+  the PyTorch adapter, torch, transformers and accelerate; never audit, checks, the CLI or
+  TensorFlow;
 * **checks** and **audit** import anything but the CLI; the CLI imports anything.
 
 A further rule: no module imports a private name (``from x import _name``) from another package
@@ -277,6 +280,9 @@ RULES = (
     Rule("integrations.flower-not-frameworks-diagnostics-report-adapters-audit-checks-cli",
          ("dpledger.integrations.flower",),
          forbidden=(*FRAMEWORKS, "dpledger.diagnostics", "dpledger.report", *NOT_BELOW_ADAPTERS)),
+    Rule("integrations-not-audit-checks-cli-tensorflow", ("dpledger.integrations",),
+         forbidden=("dpledger.audit", "dpledger.checks", "dpledger.cli", "tensorflow", "keras",
+                    "dpledger.adapters.tensorflow")),
     Rule("checks-not-cli", ("dpledger.checks",), forbidden=("dpledger.cli",)),
     Rule("audit-not-cli", ("dpledger.audit",), forbidden=("dpledger.cli",)),
 )  # fmt: skip
@@ -284,10 +290,10 @@ RULES = (
 LAYERS = {
     "diagnostics": ("dpledger.diagnostics",),
     "adapters": ("dpledger.adapters",),
+    "integrations": ("dpledger.integrations",),
     "checks": ("dpledger.checks",),
     "audit": ("dpledger.audit",),
     "report": ("dpledger.report",),
-    "integrations": ("dpledger.integrations",),
     "cli": ("dpledger.cli", "dpledger.__main__"),
 }
 """The layers above the core, by the packages (and single modules) they hold."""
@@ -387,6 +393,12 @@ CORE_RULE = RULES[0].id
             3,
         ),
         ("adapters.torch-not-audit", "dpledger.adapters.torch.fake", "from ...audit import x\n", 1),
+        (
+            "integrations-not-audit-checks-cli-tensorflow",
+            "dpledger.integrations.fake",
+            "def f():\n    import tensorflow\n",
+            2,
+        ),
         (
             "adapters.torch-not-tensorflow",
             "dpledger.adapters.torch.fake",
