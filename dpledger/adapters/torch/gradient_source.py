@@ -53,8 +53,8 @@ class GradientSource:
         loss_reduction: the hook path's declared loss reduction.
         strategy: the engine's per-example strategy.
         check_steps: steps on which the engine checks Σ_i g_i against autograd.
-        sharded: whether the model is sharded by FSDP2 (every rank then probes, or none).
-        process_group: the process group of a distributed run (None: the default group).
+        sharding: (whether the model is sharded by FSDP2, the run's process group or None):
+            a sharded model's ranks probe together, or none does.
 
     Attributes:
         engine: the engine (None on the functional path).
@@ -72,8 +72,7 @@ class GradientSource:
         loss_reduction: LossReduction,
         strategy: Strategy,
         check_steps: int,
-        sharded: bool = False,
-        process_group: Any = None,
+        sharding: tuple[bool, Any] = (False, None),
     ) -> None:
         self.model = model
         self.names = names
@@ -83,8 +82,7 @@ class GradientSource:
         self.functional: MaterialisedGradients | None = None
         self.probed: tuple | None = None
         self._probing = False
-        self._sharded = sharded
-        self._group = process_group
+        self._sharded, self._group = sharding
         self._handles: list[Any] = []
         # a compiled forward's probe, run eagerly at step(): (fingerprint, inputs, their names)
         self._deferred_probe: tuple[tuple, list[torch.Tensor], list[str]] | None = None

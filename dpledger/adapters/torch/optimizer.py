@@ -355,15 +355,15 @@ class DPOptimizer(CorrelatedNoiseSetup, OptimizerCheckpoint, torch.optim.Optimiz
             loss_reduction=loss_reduction,
             strategy=config.strategy,
             check_steps=check_steps,
-            sharded=self._sharded,
-            process_group=self._group,
+            sharding=(self._sharded, self._group),
         )
-        if self._sharded:  # FSDP2: what needs the full weights after the backward (sharding.py)
-            check_sharded_model(model, self._gradients.engine)
         self._init_engine(check_record_independence)
         self._bias_callback = bias_callback
+        self._init_steps()
 
-        # ---- the step being assembled (several chunks with virtual batches)
+    def _init_steps(self) -> None:
+        """The step being assembled (several chunks with virtual batches) and the step count;
+        under ``torch.distributed`` every rank starts from rank 0's model."""
         self._reset()
         self._final_chunk: bool | None = None
         self._steps_taken = 0
@@ -431,6 +431,8 @@ class DPOptimizer(CorrelatedNoiseSetup, OptimizerCheckpoint, torch.optim.Optimiz
     def _init_engine(self, check_record_independence: bool) -> None:
         """The engine the gradient source holds, with its forward hooks (the hook path)."""
         self._engine: PerExampleGradientEngine | None = self._gradients.engine
+        if self._sharded:  # FSDP2: what needs the full weights after the backward (sharding.py)
+            check_sharded_model(self._model, self._engine)
         if self._engine is not None:
             self._gradients.install_hooks(check_record_independence)
 
