@@ -23,7 +23,7 @@ from dpledger.checks.synthetic_data import (
     ordinary_batch,
 )
 from dpledger.errors import InvalidParameterError
-from dpledger.validation import check_non_negative_int, check_positive_finite
+from dpledger.validation import check_bool, check_non_negative_int, check_positive_finite
 
 __all__ = ["StepDriver"]
 
@@ -73,12 +73,6 @@ def _learning_rate(value: float | None) -> float | None:
     return None if value is None else check_positive_finite("learning_rate", value)
 
 
-def _plain_sgd(value: bool) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidParameterError("plain_sgd", value, "True or False")
-    return value
-
-
 def _noise_multiplier(value: float | None) -> float | None:
     return None if value is None else check_positive_finite("noise_multiplier", value)
 
@@ -117,7 +111,7 @@ class StepDriver:
     labels: LabelKind = attrs.field(default="soft", converter=LabelKind.parse)
     learning_rate: float | None = attrs.field(default=None, converter=_learning_rate)
     denominator: str | float = attrs.field(default="batch", converter=_denominator)
-    plain_sgd: bool = attrs.field(default=True, converter=_plain_sgd)
+    plain_sgd: bool = attrs.field(default=True, converter=lambda v: check_bool("plain_sgd", v))
     given_noise_multiplier: float | None = attrs.field(
         default=None, converter=_noise_multiplier, alias="noise_multiplier"
     )

@@ -489,11 +489,6 @@ class RunCompressor:
         return self._steps
 
     @property
-    def num_runs(self) -> int:
-        """Number of finished runs (the open step not included)."""
-        return len(self._rc)
-
-    @property
     def step_open(self) -> bool:
         """True after a sampling event, until the step is ended."""
         return self._step_open
