@@ -202,8 +202,6 @@ def _per_example_matrix(name: str, value: Any) -> np.ndarray:
         if arr.shape[0] < 1 or arr.size == 0:
             raise InvalidParameterError(name, f"(shape {arr.shape})", "at least one example")
         mat = arr.reshape(arr.shape[0], -1)
-    if mat.shape[0] < 1:
-        raise InvalidParameterError(name, value, "at least one example")
     if not np.all(np.isfinite(mat)):
         raise InvalidParameterError(name, "(array with non-finite entries)", "finite numbers")
     return mat
