@@ -33,7 +33,12 @@ import attrs
 import numpy as np
 
 from dpledger.errors import InvalidParameterError
-from dpledger.validation import check_enum, check_positive_finite, check_positive_int
+from dpledger.validation import (
+    check_enum,
+    check_non_negative_int,
+    check_positive_finite,
+    check_positive_int,
+)
 
 __all__ = [
     "ClippingPool",
@@ -212,11 +217,7 @@ class ClippingPool:
             (x, y); the large-gradient points are the last k rows.
         """
         b = check_positive_int("batch_size", batch_size)
-        if isinstance(num_large, bool) or not isinstance(num_large, (int, np.integer)):
-            raise InvalidParameterError("num_large", num_large, "an integer in [0, batch_size]")
-        k = int(num_large)
-        if not 0 <= k <= b:
-            raise InvalidParameterError("num_large", num_large, f"an integer in [0, {b}]")
+        k = check_non_negative_int("num_large", num_large, maximum=b)
         fillers = b - k
         if fillers > self.filler_x.shape[0]:
             raise InvalidParameterError(
