@@ -19,6 +19,7 @@ from dpledger.checks.synthetic_data import (
     ClippingPool,
     LabelKind,
     LossKind,
+    check_input_shape,
     make_clipping_pool,
     ordinary_batch,
 )
@@ -26,18 +27,6 @@ from dpledger.errors import InvalidParameterError
 from dpledger.validation import check_bool, check_non_negative_int, check_positive_finite
 
 __all__ = ["StepDriver"]
-
-
-def _input_shape(value: Any) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(s) for s in value)
-    except (TypeError, ValueError):
-        raise InvalidParameterError(
-            "input_shape", value, "a sequence of positive integers"
-        ) from None
-    if not shape or min(shape) < 1:
-        raise InvalidParameterError("input_shape", value, "positive integers")
-    return shape
 
 
 def _denominator(value: str | float) -> str | float:
@@ -106,7 +95,7 @@ class StepDriver:
     """
 
     harness: StepHarness = attrs.field(converter=_harness)
-    input_shape: tuple[int, ...] = attrs.field(converter=_input_shape)
+    input_shape: tuple[int, ...] = attrs.field(converter=check_input_shape)
     loss: LossKind = attrs.field(converter=LossKind.parse)
     labels: LabelKind = attrs.field(default="soft", converter=LabelKind.parse)
     learning_rate: float | None = attrs.field(default=None, converter=_learning_rate)

@@ -44,6 +44,7 @@ __all__ = [
     "ClippingPool",
     "LabelKind",
     "LossKind",
+    "check_input_shape",
     "cross_entropy_residual",
     "large_gradient_targets",
     "make_clipping_pool",
@@ -170,10 +171,11 @@ def cross_entropy_residual(predictions: Any, targets: Any) -> np.ndarray:
     return np.linalg.norm(p - y, axis=1)
 
 
-def _shape(input_shape: Sequence[int]) -> tuple[int, ...]:
+def check_input_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
+    """``input_shape`` as a tuple of ints, each ≥ 1; else :class:`InvalidParameterError`."""
     try:
         shape = tuple(int(s) for s in input_shape)
-    except TypeError:
+    except (TypeError, ValueError):
         raise InvalidParameterError(
             "input_shape", input_shape, "a sequence of positive integers"
         ) from None
@@ -251,7 +253,7 @@ def make_clipping_pool(
         rng: source of the inputs.
         dtype: dtype of the inputs.
     """
-    shape = _shape(input_shape)
+    shape = check_input_shape(input_shape)
     n = check_positive_int("max_fillers", max_fillers)
     filler_x = rng.standard_normal((n, *shape)).astype(dtype)
     large_x = rng.standard_normal((1, *shape)).astype(dtype)
@@ -276,7 +278,7 @@ def ordinary_batch(
     float vectors for soft labels, int64 indices for hard labels). Used for the noise checks and
     for warming up an adaptive optimiser's state.
     """
-    shape = _shape(input_shape)
+    shape = check_input_shape(input_shape)
     m = check_positive_int("num_outputs", num_outputs)
     b = check_positive_int("batch_size", batch_size)
     kind = LossKind.parse(loss)
