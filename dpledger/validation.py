@@ -23,11 +23,13 @@ __all__ = [
     "FLOAT_INT_MAX",
     "MAX_MATRIX_BYTES",
     "check_allocation",
+    "check_bool",
     "check_delta",
     "check_enum",
     "check_finite",
     "check_non_negative_finite",
     "check_non_negative_int",
+    "check_optional_str",
     "check_positive_finite",
     "check_positive_int",
     "check_probability",
@@ -99,6 +101,22 @@ def _as_float(name: str, value: Any, expected: str) -> float:
         return float(value)
     except (OverflowError, TypeError, ValueError):
         raise InvalidParameterError(name, value, expected) from None
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """Return ``value``; it must be ``True`` or ``False`` (numpy bools and 0/1 refused)."""
+    if not isinstance(value, bool):
+        raise InvalidParameterError(name, value, "True or False")
+    return value
+
+
+def check_optional_str(name: str, value: Any) -> str | None:
+    """Return ``value`` as a plain ``str`` (a subclass's text) or None; else refuse it."""
+    if value is None or type(value) is str:
+        return value
+    if not isinstance(value, str):
+        raise InvalidParameterError(name, value, "a string or None")
+    return str(value)
 
 
 def check_finite(name: str, value: Any) -> float:

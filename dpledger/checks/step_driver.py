@@ -19,25 +19,14 @@ from dpledger.checks.synthetic_data import (
     ClippingPool,
     LabelKind,
     LossKind,
+    check_input_shape,
     make_clipping_pool,
     ordinary_batch,
 )
 from dpledger.errors import InvalidParameterError
-from dpledger.validation import check_non_negative_int, check_positive_finite
+from dpledger.validation import check_bool, check_non_negative_int, check_positive_finite
 
 __all__ = ["StepDriver"]
-
-
-def _input_shape(value: Any) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(s) for s in value)
-    except (TypeError, ValueError):
-        raise InvalidParameterError(
-            "input_shape", value, "a sequence of positive integers"
-        ) from None
-    if not shape or min(shape) < 1:
-        raise InvalidParameterError("input_shape", value, "positive integers")
-    return shape
 
 
 def _denominator(value: str | float) -> str | float:
@@ -73,12 +62,6 @@ def _learning_rate(value: float | None) -> float | None:
     return None if value is None else check_positive_finite("learning_rate", value)
 
 
-def _plain_sgd(value: bool) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidParameterError("plain_sgd", value, "True or False")
-    return value
-
-
 def _noise_multiplier(value: float | None) -> float | None:
     return None if value is None else check_positive_finite("noise_multiplier", value)
 
@@ -112,12 +95,12 @@ class StepDriver:
     """
 
     harness: StepHarness = attrs.field(converter=_harness)
-    input_shape: tuple[int, ...] = attrs.field(converter=_input_shape)
+    input_shape: tuple[int, ...] = attrs.field(converter=check_input_shape)
     loss: LossKind = attrs.field(converter=LossKind.parse)
     labels: LabelKind = attrs.field(default="soft", converter=LabelKind.parse)
     learning_rate: float | None = attrs.field(default=None, converter=_learning_rate)
     denominator: str | float = attrs.field(default="batch", converter=_denominator)
-    plain_sgd: bool = attrs.field(default=True, converter=_plain_sgd)
+    plain_sgd: bool = attrs.field(default=True, converter=lambda v: check_bool("plain_sgd", v))
     given_noise_multiplier: float | None = attrs.field(
         default=None, converter=_noise_multiplier, alias="noise_multiplier"
     )

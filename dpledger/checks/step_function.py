@@ -35,8 +35,6 @@ __all__ = [
     "StepFunctionChecks",
     "StepFunctionHarness",
     "assert_checks_pass",
-    "check_step_function",
-    "stateless",
 ]
 
 StepFunction = Callable[..., Any]
@@ -257,98 +255,6 @@ class StepFunctionHarness(abc.ABC):
         )
 
 
-def stateless(step: StepFunction) -> Callable[[Any], StepFunction]:
-    """``make_step`` for a step without optimiser state: every model gets ``step`` itself.
-
-    Raises:
-        InvalidParameterError: ``step`` is not callable.
-    """
-    if not callable(step):
-        raise InvalidParameterError("step", step, "a callable")
-    return lambda _model: step
-
-
-def check_step_function(
-    harness_type: Callable[..., StepFunctionHarness],
-    make_step: Callable[[Any], StepFunction],
-    model_factory: Callable[[], Any],
-    *,
-    loss: str,
-    input_shape: Sequence[int],
-    dtype: Any,
-    labels: str = "soft",
-    lr: float = 0.01,
-    plain_sgd: bool = False,
-    warmup_steps: int = 5,
-    warmup_clip_norm: float = 1.0,
-    denominator: str | float = "batch",
-    noise_multiplier: float | None = None,
-    seed: int = 0,
-    config: CheckConfig | None = None,
-    checks: Sequence[str] = CHECK_NAMES,
-    settings: dict[str, Any] | None = None,
-) -> CheckReport:
-    """Run the checks on a DP step function through a framework's harness.
-
-    ``make_step(model)`` returns a step function bound to a fresh optimiser for ``model``; it is
-    called once per experiment on a copy of the starting model, followed by ``warmup_steps``
-    σ = 0 steps on a fixed batch so that the optimiser state is non-zero (appendix E). With
-    ``plain_sgd=False`` the magnitude test is skipped and σ is chosen by the appendix-B search
-    unless ``noise_multiplier`` is given.
-
-    Args:
-        harness_type: the framework's :class:`StepFunctionHarness` subclass.
-        make_step: builds the step for one model copy.
-        model_factory: returns a fresh model; called once under ``seed``.
-        loss: ``"mse"`` or ``"cross_entropy"``: the loss the step minimises.
-        input_shape: shape of one input.
-        dtype: the model's floating dtype, in the framework's terms.
-        labels: ``"soft"`` (probability targets, exact zero-gradient fillers) or ``"hard"``.
-        lr: learning rate passed to the step.
-        plain_sgd: True if the update is −(lr/D)·(noisy clipped sum).
-        warmup_steps: σ = 0 steps before each measured step.
-        warmup_clip_norm: C of the warm-up steps.
-        denominator: what the step divides the noisy sum by: ``"batch"`` or a number.
-        noise_multiplier: σ of the noise checks (None: see above).
-        seed: seeds the model initialisation, the synthetic data and the noise.
-        config: grids and thresholds (:class:`~dpledger.checks.config.CheckConfig`).
-        checks: which checks to run.
-        settings: framework entries added to the report's settings after ``learning_rate``.
-
-    Returns:
-        The :class:`~dpledger.checks.report.CheckReport`.
-    """
-    harness = harness_type(
-        make_step,
-        model_factory,
-        input_shape=input_shape,
-        loss=loss,
-        labels=labels,
-        lr=lr,
-        dtype=dtype,
-        init_seed=seed,
-        warmup_steps=warmup_steps,
-        warmup_clip_norm=warmup_clip_norm,
-    )
-    checker = DPSGDChecker(
-        harness,
-        input_shape=input_shape,
-        loss=loss,
-        labels=labels,
-        learning_rate=lr if plain_sgd else None,
-        denominator=denominator,
-        plain_sgd=plain_sgd,
-        noise_multiplier=noise_multiplier,
-        seed=seed,
-        config=config,
-    )
-    report = checker.run(checks)
-    merged = {**report.settings, "learning_rate": lr, **(settings or {})}
-    if not plain_sgd:
-        merged["warmup_steps"] = warmup_steps
-    return CheckReport(results=report.results, settings=merged)
-
-
 class StepFunctionChecks:
     """The checks of a framework's DP step functions: one driver for PyTorch and Keras.
 
@@ -375,7 +281,16 @@ class StepFunctionChecks:
         loss: str,
         input_shape: Sequence[int],
         dtype: Any = None,
-        **kwargs: Any,
+        labels: str = "soft",
+        lr: float = 0.01,
+        plain_sgd: bool = False,
+        warmup_steps: int = 5,
+        warmup_clip_norm: float = 1.0,
+        denominator: str | float = "batch",
+        noise_multiplier: float | None = None,
+        seed: int = 0,
+        config: CheckConfig | None = None,
+        checks: Sequence[str] = CHECK_NAMES,
     ) -> CheckReport:
         """Check a DP step whose optimiser keeps state (momentum, Adam, …).
 
@@ -395,23 +310,52 @@ class StepFunctionChecks:
             dtype: the model's dtype in the framework's terms (``torch.float64`` or
                 ``torch.float32``; the Keras floatx name ``"float64"`` or ``"float32"``); None:
                 double precision.
-            **kwargs: ``labels`` (``"soft"`` or ``"hard"``), ``lr`` (0.01), ``plain_sgd``
-                (False), ``warmup_steps`` (5), ``warmup_clip_norm`` (1.0), ``denominator``
-                (``"batch"`` or a number), ``noise_multiplier``, ``seed`` (0), ``config`` and
-                ``checks``; see :func:`check_step_function`.
+            labels: ``"soft"`` (probability targets, exact zero-gradient fillers) or ``"hard"``.
+            lr: learning rate passed to the step.
+            plain_sgd: True if the update is −(lr/D)·(noisy clipped sum).
+            warmup_steps: σ = 0 steps before each measured step.
+            warmup_clip_norm: C of the warm-up steps.
+            denominator: what the step divides the noisy sum by: ``"batch"`` or a number.
+            noise_multiplier: σ of the noise checks (None: see above).
+            seed: seeds the model initialisation, the synthetic data and the noise.
+            config: grids and thresholds (:class:`~dpledger.checks.config.CheckConfig`).
+            checks: which checks to run.
+
+        Returns:
+            The :class:`~dpledger.checks.report.CheckReport`; its settings add ``learning_rate``,
+            the framework's entries and (unless ``plain_sgd``) ``warmup_steps``.
         """
         harness_type = self.harness_type
         dtype = harness_type.default_dtype if dtype is None else dtype
-        return check_step_function(
-            harness_type,
+        harness = harness_type(
             make_step,
             model_factory,
-            loss=loss,
             input_shape=input_shape,
+            loss=loss,
+            labels=labels,
+            lr=lr,
             dtype=dtype,
-            settings=harness_type.report_settings(dtype),
-            **kwargs,
+            init_seed=seed,
+            warmup_steps=warmup_steps,
+            warmup_clip_norm=warmup_clip_norm,
         )
+        checker = DPSGDChecker(
+            harness,
+            input_shape=input_shape,
+            loss=loss,
+            labels=labels,
+            learning_rate=lr if plain_sgd else None,
+            denominator=denominator,
+            plain_sgd=plain_sgd,
+            noise_multiplier=noise_multiplier,
+            seed=seed,
+            config=config,
+        )
+        report = checker.run(checks)
+        settings = {**report.settings, "learning_rate": lr, **harness_type.report_settings(dtype)}
+        if not plain_sgd:
+            settings["warmup_steps"] = warmup_steps
+        return CheckReport(results=report.results, settings=settings)
 
     def check_dp_sgd(
         self, step: StepFunction, model_factory: Callable[[], Any], **kwargs: Any
@@ -434,8 +378,10 @@ class StepFunctionChecks:
         Returns:
             The :class:`~dpledger.checks.report.CheckReport`.
         """
+        if not callable(step):
+            raise InvalidParameterError("step", step, "a callable")
         return self.check_dp_optimizer(
-            stateless(step), model_factory, plain_sgd=True, warmup_steps=0, **kwargs
+            lambda _model: step, model_factory, plain_sgd=True, warmup_steps=0, **kwargs
         )
 
     def assert_dp_sgd_correct(

@@ -33,12 +33,18 @@ import attrs
 import numpy as np
 
 from dpledger.errors import InvalidParameterError
-from dpledger.validation import check_enum, check_positive_finite, check_positive_int
+from dpledger.validation import (
+    check_enum,
+    check_non_negative_int,
+    check_positive_finite,
+    check_positive_int,
+)
 
 __all__ = [
     "ClippingPool",
     "LabelKind",
     "LossKind",
+    "check_input_shape",
     "cross_entropy_residual",
     "large_gradient_targets",
     "make_clipping_pool",
@@ -165,10 +171,11 @@ def cross_entropy_residual(predictions: Any, targets: Any) -> np.ndarray:
     return np.linalg.norm(p - y, axis=1)
 
 
-def _shape(input_shape: Sequence[int]) -> tuple[int, ...]:
+def check_input_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
+    """``input_shape`` as a tuple of ints, each ≥ 1; else :class:`InvalidParameterError`."""
     try:
         shape = tuple(int(s) for s in input_shape)
-    except TypeError:
+    except (TypeError, ValueError):
         raise InvalidParameterError(
             "input_shape", input_shape, "a sequence of positive integers"
         ) from None
@@ -212,11 +219,7 @@ class ClippingPool:
             (x, y); the large-gradient points are the last k rows.
         """
         b = check_positive_int("batch_size", batch_size)
-        if isinstance(num_large, bool) or not isinstance(num_large, (int, np.integer)):
-            raise InvalidParameterError("num_large", num_large, "an integer in [0, batch_size]")
-        k = int(num_large)
-        if not 0 <= k <= b:
-            raise InvalidParameterError("num_large", num_large, f"an integer in [0, {b}]")
+        k = check_non_negative_int("num_large", num_large, maximum=b)
         fillers = b - k
         if fillers > self.filler_x.shape[0]:
             raise InvalidParameterError(
@@ -250,7 +253,7 @@ def make_clipping_pool(
         rng: source of the inputs.
         dtype: dtype of the inputs.
     """
-    shape = _shape(input_shape)
+    shape = check_input_shape(input_shape)
     n = check_positive_int("max_fillers", max_fillers)
     filler_x = rng.standard_normal((n, *shape)).astype(dtype)
     large_x = rng.standard_normal((1, *shape)).astype(dtype)
@@ -275,7 +278,7 @@ def ordinary_batch(
     float vectors for soft labels, int64 indices for hard labels). Used for the noise checks and
     for warming up an adaptive optimiser's state.
     """
-    shape = _shape(input_shape)
+    shape = check_input_shape(input_shape)
     m = check_positive_int("num_outputs", num_outputs)
     b = check_positive_int("batch_size", batch_size)
     kind = LossKind.parse(loss)

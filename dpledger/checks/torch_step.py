@@ -43,6 +43,7 @@ from dpledger.checks.report import CheckReport
 from dpledger.checks.step_function import StepFunction, StepFunctionChecks, StepFunctionHarness
 from dpledger.checks.synthetic_data import LossKind
 from dpledger.errors import InvalidParameterError
+from dpledger.validation import check_positive_int
 
 __all__ = [
     "STEP_CHECKS",
@@ -183,9 +184,7 @@ def run_for_command(
         **kwargs: further keyword arguments of :func:`check_dp_sgd`.
     """
     if threads is not None:
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise InvalidParameterError("--threads", threads, "an integer >= 1")
-        torch.set_num_threads(threads)
+        torch.set_num_threads(check_positive_int("--threads", threads))
     if model_factory is None:
         shape, outputs = tuple(input_shape), int(num_outputs)
 

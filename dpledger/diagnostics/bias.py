@@ -38,7 +38,7 @@ import attrs
 import numpy as np
 
 from dpledger.errors import InvalidParameterError
-from dpledger.validation import check_positive_finite
+from dpledger.validation import check_positive_finite, check_positive_int
 
 __all__ = [
     "ClippingBias",
@@ -202,8 +202,6 @@ def _per_example_matrix(name: str, value: Any) -> np.ndarray:
         if arr.shape[0] < 1 or arr.size == 0:
             raise InvalidParameterError(name, f"(shape {arr.shape})", "at least one example")
         mat = arr.reshape(arr.shape[0], -1)
-    if mat.shape[0] < 1:
-        raise InvalidParameterError(name, value, "at least one example")
     if not np.all(np.isfinite(mat)):
         raise InvalidParameterError(name, "(array with non-finite entries)", "finite numbers")
     return mat
@@ -347,11 +345,7 @@ def clipping_bias_from_sums(
         num_clipped: number of clipped records, instead of norms and bound.
         denominator: l, what both sums are divided by (default ``num_examples``).
     """
-    if isinstance(num_examples, bool) or not isinstance(num_examples, numbers.Integral):
-        raise InvalidParameterError("num_examples", num_examples, "an integer >= 1")
-    n = int(num_examples)
-    if n < 1:
-        raise InvalidParameterError("num_examples", num_examples, "an integer >= 1")
+    n = check_positive_int("num_examples", num_examples)
     g_sum = _vector("unclipped_sum", unclipped_sum)
     c_sum = _vector("clipped_sum", clipped_sum)
     if g_sum.shape != c_sum.shape:

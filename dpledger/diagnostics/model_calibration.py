@@ -32,7 +32,7 @@ import attrs
 import numpy as np
 
 from dpledger.errors import InvalidParameterError
-from dpledger.validation import check_enum
+from dpledger.validation import check_enum, check_positive_int
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -171,8 +171,7 @@ def model_calibration_metrics(
     p = _probabilities(probabilities)
     n, m = p.shape
     y = _labels(labels, n, m)
-    if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
-        raise InvalidParameterError("num_bins", num_bins, "an integer >= 1")
+    num_bins = check_positive_int("num_bins", num_bins)
     binning = Binning.parse(binning)
 
     pred = np.argmax(p, axis=1)

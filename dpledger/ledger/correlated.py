@@ -34,7 +34,9 @@ import attrs
 
 from dpledger.errors import InvalidParameterError, LedgerStateError, UnsupportedLedgerError
 from dpledger.validation import (
+    check_bool,
     check_non_negative_finite,
+    check_optional_str,
     check_positive_finite,
     check_positive_int,
     check_probability,
@@ -108,18 +110,6 @@ def _optional_bands(value: Any) -> int | None:
     return None if value is None else check_positive_int("bands", value)
 
 
-def _flag(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidParameterError("sensitivity_exact", value, "True or False")
-    return value
-
-
-def _label(value: Any) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise InvalidParameterError("label", value, "a string or None")
-    return None if value is None else str(value)
-
-
 @attrs.frozen
 class CorrelatedReleaseEvent:
     """One correlated-noise (matrix-mechanism) release of a T-step stream.
@@ -173,11 +163,13 @@ class CorrelatedReleaseEvent:
         converter=lambda v: check_non_negative_finite("noise_stddev", v)
     )
     sensitivity: float = attrs.field(converter=lambda v: check_positive_finite("sensitivity", v))
-    sensitivity_exact: bool = attrs.field(converter=_flag)
+    sensitivity_exact: bool = attrs.field(converter=lambda v: check_bool("sensitivity_exact", v))
     max_column_norm: float = attrs.field(
         converter=lambda v: check_positive_finite("max_column_norm", v)
     )
-    label: str | None = attrs.field(default=None, converter=_label)
+    label: str | None = attrs.field(
+        default=None, converter=lambda v: check_optional_str("label", v)
+    )
 
     def __attrs_post_init__(self) -> None:
         t, k, b = self.num_steps, self.max_participations, self.min_separation

@@ -18,8 +18,10 @@ import attrs
 
 from dpledger.errors import InvalidParameterError
 from dpledger.validation import (
+    check_bool,
     check_enum,
     check_non_negative_finite,
+    check_optional_str,
     check_positive_finite,
     check_positive_int,
     check_probability,
@@ -192,12 +194,6 @@ def _unit(value: Any) -> PrivacyUnit:
     return PrivacyUnit.parse(value)
 
 
-def _flag(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidParameterError("epoch_start", value, "True or False")
-    return value
-
-
 def _default_scheme(inst: SamplingEvent) -> SamplingScheme:
     return SamplingScheme.FULL if inst.sampling_probability == 1.0 else SamplingScheme.POISSON
 
@@ -257,7 +253,9 @@ class SamplingEvent:
     batch_size: int | None = attrs.field(default=None, converter=_batch_size, kw_only=True)
     max_batch_size: int | None = attrs.field(default=None, converter=_max_batch_size, kw_only=True)
     num_batches: int | None = attrs.field(default=None, converter=_num_batches, kw_only=True)
-    epoch_start: bool = attrs.field(default=False, converter=_flag, kw_only=True)
+    epoch_start: bool = attrs.field(
+        default=False, converter=lambda v: check_bool("epoch_start", v), kw_only=True
+    )
     unit: PrivacyUnit = attrs.field(default=PrivacyUnit.RECORD, converter=_unit, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
@@ -485,11 +483,6 @@ def _noise_stddev(value: Any) -> float:
     return check_non_negative_finite("noise_stddev", value)
 
 
-def _label(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None and not isinstance(value, str):
-        raise InvalidParameterError(attribute.name, value, "a string or None")
-
-
 def inverse_square_term(l2_norm_bound: float, noise_stddev: float) -> float:
     """(S / σ̃)², one query's term in paper Eq. 1; ∞ when σ̃ = 0.
 
@@ -522,7 +515,9 @@ class SumQueryEvent:
 
     l2_norm_bound: float = attrs.field(converter=_norm_bound)
     noise_stddev: float = attrs.field(converter=_noise_stddev)
-    label: str | None = attrs.field(default=None, validator=_label)
+    label: str | None = attrs.field(
+        default=None, converter=lambda v: check_optional_str("label", v)
+    )
 
     @property
     def noise_multiplier(self) -> float:

@@ -96,7 +96,6 @@ class LedgerJournal:
         closed_cleanly: whether the file ends with a close marker (for a writer: has ended).
         torn_tail: the incomplete final line a :meth:`load` found, or None.
         header_torn: a :meth:`load` found no complete header.
-        forked: this is a forked child's copy of a writer; it never writes.
     """
 
     def __init__(
@@ -122,7 +121,6 @@ class LedgerJournal:
         self.closed_cleanly = False
         self.torn_tail: ff.TornTail | None = None
         self.header_torn = False
-        self.forked = False
         # Encoded event bodies by value: steps repeat, formatting floats is not free.
         self._sample_bodies: dict[tuple[float, int | None, str], str] = {}
         self._query_bodies: dict[tuple[float, float, str | None], str] = {}
@@ -462,7 +460,6 @@ class LedgerJournal:
         fd = self._fd
         self._buffer.clear()
         self._fd = None
-        self.forked = True
         if self._on_fork is not None:
             self._on_fork()
         if fd is not None:

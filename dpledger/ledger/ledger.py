@@ -47,7 +47,9 @@ from dpledger.ledger.journal import LedgerJournal, LedgerWarning
 from dpledger.ledger.steps import CompressedLedger, LedgerStep, StepRun
 from dpledger.ledger.store import LedgerColumns
 from dpledger.validation import (
+    check_bool,
     check_non_negative_finite,
+    check_optional_str,
     check_positive_finite,
     check_positive_int,
     check_probability,
@@ -160,12 +162,9 @@ class PrivacyLedger:
         spath = _check_path(path)
         relation = None if neighboring is None else NeighboringRelation.parse(neighboring)
         meta_json = ff.dump_metadata({} if metadata is None else metadata)
-        if not isinstance(resume, bool):
-            raise InvalidParameterError("resume", resume, "True or False")
-        if resume and spath is None:
+        if check_bool("resume", resume) and spath is None:
             raise InvalidParameterError("resume", resume, "False for an in-memory ledger")
-        if not isinstance(fsync, bool):
-            raise InvalidParameterError("fsync", fsync, "True or False")
+        check_bool("fsync", fsync)
         buffer_size = check_positive_int("buffer_size", buffer_size)
         flush_interval = check_non_negative_finite("flush_interval", flush_interval)
 
@@ -236,8 +235,7 @@ class PrivacyLedger:
         spath = _check_path(path)
         if spath is None:
             raise InvalidParameterError("path", path, "the path of a ledger file")
-        if not isinstance(keep_events, bool):
-            raise InvalidParameterError("keep_events", keep_events, "True or False")
+        check_bool("keep_events", keep_events)
         if os.path.isdir(spath):
             raise NotALedgerError(f"path {spath!r} is a directory, not a file", path=spath)
         self = cls.__new__(cls)
@@ -266,6 +264,13 @@ class PrivacyLedger:
                 "may append to it"
             )
         return LedgerStateError("this ledger is closed; no further events can be recorded")
+
+    def _require_version_2(self, what: str) -> None:
+        if self.header.format_version < 2 and self.path is not None:
+            raise LedgerStateError(
+                f"{self.path} is a format-version-1 ledger, which cannot hold {what}; "
+                "record this run in a new ledger file"
+            )
 
     def record_sample(
         self,
@@ -352,11 +357,7 @@ class PrivacyLedger:
                 scheme=event.scheme,
             )
             return
-        if self.header is not None and self.header.format_version < 2 and self.path is not None:
-            raise LedgerStateError(
-                f"{self.path} is a format-version-1 ledger, which cannot hold a "
-                f"{event.describe()} sampling event; record this run in a new ledger file"
-            )
+        self._require_version_2(f"a {event.describe()} sampling event")
         self._store.add_event(event)
         if self._journal is not None:
             self._journal.write_event(event)
@@ -392,9 +393,7 @@ class PrivacyLedger:
         else:
             sigma = check_non_negative_finite("noise_stddev", sigma)
         if label is not None and type(label) is not str:
-            if not isinstance(label, str):
-                raise InvalidParameterError("label", label, "a string or None")
-            label = str(label)  # a str subclass is stored as the plain string it holds
+            label = check_optional_str("label", label)  # a str subclass: its plain text
         store = self._store
         if not store.compressor.step_open:
             raise LedgerStateError(
@@ -426,11 +425,7 @@ class PrivacyLedger:
             raise self._not_writable()
         if not isinstance(event, CorrelatedReleaseEvent):
             raise InvalidParameterError("event", event, "a CorrelatedReleaseEvent")
-        if self.header.format_version < 2 and self.path is not None:
-            raise LedgerStateError(
-                f"{self.path} is a format-version-1 ledger, which cannot hold a "
-                "correlated-noise release; record this run in a new ledger file"
-            )
+        self._require_version_2("a correlated-noise release")
         self._store.add_correlated(event)
         if self._journal is not None:
             self._journal.write_correlated(event)
@@ -453,10 +448,7 @@ class PrivacyLedger:
         if not self._writable:
             raise self._not_writable()
         value = json.loads(ff.dump_metadata(metadata))
-        if self.header.format_version < 2 and self.path is not None:
-            raise LedgerStateError(
-                f"{self.path} is a format-version-1 ledger, which cannot hold a note"
-            )
+        self._require_version_2("a note")
         self._store.add_marker("note", {"metadata": value})
         if self._journal is not None:
             self._journal.write_note(value)
@@ -498,11 +490,7 @@ class PrivacyLedger:
         """
         if not self._writable:
             raise self._not_writable()
-        if self.header.format_version < 2 and self.path is not None:
-            raise LedgerStateError(
-                f"{self.path} is a format-version-1 ledger, which cannot hold a "
-                "correlated-noise stream step; record this run in a new ledger file"
-            )
+        self._require_version_2("a correlated-noise stream step")
         event = StreamStepEvent(release, step)
         store = self._store
         if event.release >= len(store.correlated):
@@ -563,14 +551,10 @@ class PrivacyLedger:
     def flush(self) -> None:
         """Write buffered events to the file (and ``fsync`` if the ledger was opened so).
 
-        This is the write-ahead point (see the class docstring): every event recorded before a
-        flush survives a crash of the process after it (and, with ``fsync=True``, a power
-        loss). dpledger's mechanisms call it before they return a release's noisy output;
-        call it yourself after recording events with :meth:`record_sample` and
-        :meth:`record_sum_query` and before using noise you drew for them. If the
-        write fails (disk full, …) the exception propagates and the bytes not written stay
-        buffered for the next flush; the events are recorded in memory either way. No-op for an
-        in-memory ledger.
+        The write-ahead point (class docstring): events recorded before it survive a crash after
+        it (with ``fsync=True``, a power loss). If the write fails (disk full, …) the exception
+        propagates and the unwritten bytes stay buffered for the next flush; the events are in
+        memory either way. No-op for an in-memory ledger.
         """
         if self._journal is not None:
             self._journal.flush()
@@ -660,8 +644,7 @@ class PrivacyLedger:
     def events(
         self,
     ) -> Iterator[SamplingEvent | SumQueryEvent | CorrelatedReleaseEvent | StreamStepEvent]:
-        """All events (sampling, sum-query, correlated release, stream step), in the order
-        recorded."""
+        """All events, in the order recorded."""
         return self._store.events()
 
     def steps(self) -> Iterator[LedgerStep]:

@@ -34,7 +34,7 @@ from dpledger.ledger.events import (
     SumQueryEvent,
     inverse_square_term,
 )
-from dpledger.validation import check_positive_int, check_probability
+from dpledger.validation import check_non_negative_int, check_positive_int, check_probability
 
 __all__ = [
     "CompressedLedger",
@@ -377,8 +377,7 @@ class CompressedLedger:
 
     def prefix(self, num_steps: int) -> CompressedLedger:
         """The ledger of the first ``num_steps`` steps."""
-        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
-            raise InvalidParameterError("num_steps", num_steps, "an integer >= 0")
+        num_steps = check_non_negative_int("num_steps", num_steps)
         if num_steps > self.num_steps:
             raise InvalidParameterError(
                 "num_steps", num_steps, f"at most the ledger's {self.num_steps} steps"
@@ -487,11 +486,6 @@ class RunCompressor:
     def num_steps(self) -> int:
         """Number of steps seen (including the open one)."""
         return self._steps
-
-    @property
-    def num_runs(self) -> int:
-        """Number of finished runs (the open step not included)."""
-        return len(self._rc)
 
     @property
     def step_open(self) -> bool:

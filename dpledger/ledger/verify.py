@@ -11,6 +11,7 @@ import attrs
 
 from dpledger.errors import InvalidParameterError, LedgerVerificationError
 from dpledger.ledger.ledger import PrivacyLedger
+from dpledger.validation import check_bool
 
 __all__ = ["VerificationReport", "verify_ledger"]
 
@@ -99,8 +100,7 @@ def verify_ledger(
         InvalidParameterError: ``expect_head`` is not 64 lowercase hex digits.
         OSError: the file cannot be read.
     """
-    if not isinstance(require_closed, bool):
-        raise InvalidParameterError("require_closed", require_closed, "True or False")
+    check_bool("require_closed", require_closed)
     if expect_head is not None and not (
         isinstance(expect_head, str) and _HASH.fullmatch(expect_head)
     ):

@@ -63,7 +63,7 @@ from dpledger.report.contents import (
 )
 from dpledger.report.findings import run_findings
 from dpledger.report.tradeoff_view import TRADEOFF_ACCOUNTANTS, tradeoff_view
-from dpledger.validation import check_delta
+from dpledger.validation import check_delta, check_positive_int
 
 __all__ = [
     "DEFAULT_CURVE_POINTS",
@@ -180,8 +180,7 @@ def check_expect_head(expect_head: str | None) -> str | None:
 
 def _check_options(expect_head: str | None, curve_points: int) -> None:
     check_expect_head(expect_head)
-    if isinstance(curve_points, bool) or not isinstance(curve_points, int) or curve_points < 1:
-        raise InvalidParameterError("curve_points", curve_points, "an integer >= 1")
+    check_positive_int("curve_points", curve_points)
 
 
 def altered_report(

@@ -4,24 +4,16 @@ Which records a step uses decides its privacy guarantee, so the ledger must reco
 that actually drew them (:class:`~dpledger.ledger.SamplingEvent`). This package holds what every
 sampler of a scheme shares, whatever the framework:
 
-* :mod:`~dpledger.sampling.schemes`: each scheme's validated parameters, its q, the denominator
-  of DP-SGD's average, the batches of an epoch, the unit of privacy and the event a step records
-  (:class:`PoissonScheme`, :class:`FixedSizeScheme`, :class:`TruncatedPoissonScheme`,
-  :class:`BallsInBinsScheme`, :class:`ShuffleScheme`, :class:`UserPoissonScheme`).
-* :mod:`~dpledger.sampling.validation`: the one copy of the sampling parameters' checks.
-* :mod:`~dpledger.sampling.relations`: which neighbouring relation a ledger needs for a scheme.
-* :mod:`~dpledger.sampling.draws`: the bookkeeping that ties each step to a draw of the sampler
-  whose event it records, and refuses a step whose records the sampler did not draw
-  (:class:`PendingDraws`).
-* :mod:`~dpledger.sampling.cyclic`: :class:`CyclicScheme`, the fixed groups visited in turn
-  (whole or Poisson-sampled) that a correlated-noise release is analysed under, and the
-  participation schema it records.
-* :mod:`~dpledger.sampling.index_draws`: every scheme's draw of record indices, on the host in
-  NumPy (through :meth:`BatchScheme.draw` and :meth:`BatchScheme.draw_epoch`).
-* :mod:`~dpledger.sampling.participation`: the participation schemas a correlated-noise release
-  is analysed under.
-* :class:`PoissonSampler`: Poisson samples of record indices with NumPy, for the framework-free
-  mechanisms (``dpledger.mechanisms.sampled_step(ledger, sampler=...)``).
+* :mod:`~dpledger.sampling.schemes`: each scheme's parameters, q, average denominator, epoch
+  and recorded event; :mod:`~dpledger.sampling.index_draws`: their index draws in NumPy.
+* :mod:`~dpledger.sampling.validation`: the one copy of the sampling parameters' checks;
+  :mod:`~dpledger.sampling.relations`: the neighbouring relation a ledger needs for a scheme.
+* :mod:`~dpledger.sampling.draws`: ties each step to the draw whose event it records and refuses
+  a step whose records the sampler did not draw (:class:`PendingDraws`).
+* :mod:`~dpledger.sampling.cyclic` and :mod:`~dpledger.sampling.participation`: the cyclic
+  groups and the participation schemas a correlated-noise release is analysed under.
+* :class:`PoissonSampler`: Poisson samples of record indices for the framework-free mechanisms
+  (``dpledger.mechanisms.sampled_step(ledger, sampler=...)``).
 
 The PyTorch batch samplers (:mod:`dpledger.adapters.torch`) and the ``tf.data`` samplers
 (:mod:`dpledger.adapters.tensorflow`) hold a scheme from here and only turn its index draws into

@@ -14,7 +14,12 @@ from typing import Any
 import numpy as np
 
 from dpledger.errors import InvalidParameterError
-from dpledger.validation import check_positive_finite, check_positive_int, check_probability
+from dpledger.validation import (
+    check_bool,
+    check_positive_finite,
+    check_positive_int,
+    check_probability,
+)
 
 __all__ = [
     "MAX_POPULATION",
@@ -136,9 +141,7 @@ def check_drop_last(value: Any, *, batch_size: int, population_size: int) -> boo
     Raises:
         InvalidParameterError: naming ``drop_last``: not a bool, or True with b not dividing n.
     """
-    if not isinstance(value, bool):
-        raise InvalidParameterError("drop_last", value, "True or False")
-    if value and population_size % batch_size:
+    if check_bool("drop_last", value) and population_size % batch_size:
         raise InvalidParameterError(
             "drop_last",
             value,

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from dpledger.checks.synthetic_data import (
+    check_input_shape,
     cross_entropy_residual,
     large_gradient_targets,
     make_clipping_pool,
@@ -179,3 +180,10 @@ def test_bad_inputs_are_rejected(call, parameter):
     with pytest.raises(InvalidParameterError) as info:
         call()
     assert info.value.parameter == parameter
+
+
+@pytest.mark.parametrize("bad", [(), (0,), (3, -1), ("a",), None, 5])
+def test_input_shape_is_positive_integers_or_a_typed_error(bad) -> None:
+    assert check_input_shape([1, 28, np.int64(28)]) == (1, 28, 28)
+    with pytest.raises(InvalidParameterError, match="input_shape"):
+        check_input_shape(bad)

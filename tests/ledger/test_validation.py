@@ -13,11 +13,13 @@ from hypothesis import strategies as st
 
 from dpledger.errors import InvalidParameterError
 from dpledger.validation import (
+    check_bool,
     check_delta,
     check_enum,
     check_finite,
     check_non_negative_finite,
     check_non_negative_int,
+    check_optional_str,
     check_positive_finite,
     check_positive_int,
     check_probability,
@@ -124,3 +126,23 @@ def test_check_enum_accepts_members_and_values_and_names_the_valid_ones():
         with pytest.raises(InvalidParameterError, match="one of 'red', 'blue'") as info:
             check_enum("colour", bad, _Colour)
         assert info.value.parameter == "colour"
+
+
+def test_check_bool_accepts_only_python_bools() -> None:
+    assert check_bool("flag", True) is True and check_bool("flag", False) is False
+    for bad in (0, 1, np.True_, "True", None):
+        with pytest.raises(InvalidParameterError, match=r"flag.*True or False"):
+            check_bool("flag", bad)
+
+
+def test_check_optional_str_returns_plain_text_or_none() -> None:
+    class Name(str):
+        pass
+
+    assert check_optional_str("label", None) is None
+    assert check_optional_str("label", "g") == "g"
+    plain = check_optional_str("label", Name("g"))
+    assert type(plain) is str and plain == "g"
+    for bad in (1, b"g", np.str_):
+        with pytest.raises(InvalidParameterError, match=r"label.*a string or None"):
+            check_optional_str("label", bad)

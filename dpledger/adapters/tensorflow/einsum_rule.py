@@ -83,18 +83,10 @@ class EinsumDenseRule(_LinearKernelRule):
             return f"equation {layer.equation!r} does not keep the batch axis first"
         return None
 
-    def variables(self, layer: keras.layers.Layer) -> tuple[keras.Variable, ...]:
-        """(kernel, bias) or (kernel,)."""
-        return (layer.kernel,) if layer.bias is None else (layer.kernel, layer.bias)
-
     def forward(self, layer, call, args, kwargs, tap):
         """See :meth:`LayerRule.forward`."""
         x = _first_input(args, kwargs)
-        z = keras.ops.einsum(layer.equation, x, layer.kernel)
-        if layer.bias is not None:
-            z = keras.ops.add(z, layer.bias)
-        z = tap(z)
-        return (layer.activation(z) if layer.activation is not None else z), x
+        return self._output(layer, keras.ops.einsum(layer.equation, x, layer.kernel), tap), x
 
     @staticmethod
     def _as_linear(

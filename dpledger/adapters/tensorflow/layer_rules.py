@@ -77,18 +77,10 @@ class DenseRule(_LinearKernelRule):
         """See :meth:`LayerRule.unsupported_reason`."""
         return _common_unsupported(layer)
 
-    def variables(self, layer: keras.layers.Layer) -> tuple[keras.Variable, ...]:
-        """(kernel, bias) or (kernel,)."""
-        return (layer.kernel,) if layer.bias is None else (layer.kernel, layer.bias)
-
     def forward(self, layer, call, args, kwargs, tap):
         """See :meth:`LayerRule.forward`."""
         x = _first_input(args, kwargs)
-        z = keras.ops.matmul(x, layer.kernel)
-        if layer.bias is not None:
-            z = keras.ops.add(z, layer.bias)
-        z = tap(z)
-        return (layer.activation(z) if layer.activation is not None else z), x
+        return self._output(layer, keras.ops.matmul(x, layer.kernel), tap), x
 
     def squared_norms(self, layer, calls, *, batch_size):
         """See :meth:`LayerRule.squared_norms`."""
@@ -107,14 +99,6 @@ class DenseRule(_LinearKernelRule):
         if layer.bias is not None:
             sums.append(_contract(factors[1], residual[1]))
         return tuple(sums)
-
-
-# --------------------------------------------------------------------------------------------
-# Embedding
-
-
-# --------------------------------------------------------------------------------------------
-# LayerNormalization
 
 
 class Conv2DRule(LayerRule):

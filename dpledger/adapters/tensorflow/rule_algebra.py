@@ -110,6 +110,18 @@ def _concat_positions(parts: Sequence[tf.Tensor]) -> tf.Tensor:
 class _LinearKernelRule(LayerRule):
     """Common code for kernels acting as A_iᵀ G_i (Dense and Dense-like EinsumDense)."""
 
+    def variables(self, layer: keras.layers.Layer) -> tuple[keras.Variable, ...]:
+        """(kernel, bias) or (kernel,)."""
+        return (layer.kernel,) if layer.bias is None else (layer.kernel, layer.bias)
+
+    @staticmethod
+    def _output(layer: keras.layers.Layer, z: tf.Tensor, tap: Any) -> tf.Tensor:
+        """activation(z + b), with z + b tapped."""
+        if layer.bias is not None:
+            z = keras.ops.add(z, layer.bias)
+        z = tap(z)
+        return layer.activation(z) if layer.activation is not None else z
+
     @staticmethod
     def _kernel_terms(a: tf.Tensor, g: tf.Tensor) -> tuple[tf.Tensor, dict[str, Any]]:
         norms, materialise = _outer_norms(a, g)
