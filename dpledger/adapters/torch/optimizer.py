@@ -119,6 +119,7 @@ from dpledger.adapters.torch.sampler_base import RecordedBatchSampler
 from dpledger.adapters.torch.user_level import UserPoissonBatchSampler
 from dpledger.errors import EngineStateError, LedgerStateError
 from dpledger.ledger import PrivacyLedger
+from dpledger.ledger.provenance import seeding_of
 from dpledger.mechanisms.clipping import ClippingStrategy
 from dpledger.mechanisms.config import DPConfig, Grouping
 from dpledger.mechanisms.construction_checks import ledger_location
@@ -374,8 +375,10 @@ class DPOptimizer(
     def _init_noise(self, generator: torch.Generator | None, seed: int | None) -> None:
         """The noise generator on the parameters' device, and the noise source of ``add_noise``."""
         self._generator = noise_generator(generator, seed, self._device)
+        self._noise_seeding = seeding_of(generator=generator, seed=seed)
         self._noise_source = TorchBackend()
         self._backend = OptimizerNoiseBackend(self.add_noise)
+        self._note_provenance()
 
     def _init_queries(self, config: DPConfig) -> None:
         """The groups and their sum queries, with the layout cache of the clipping."""

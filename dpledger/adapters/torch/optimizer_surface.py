@@ -134,6 +134,8 @@ class OptimizerSurface:
     def generator(self, value: torch.Generator) -> None:
         check_generator_device(value, self._device, parameter="generator")
         self._generator = value
+        self._noise_seeding = "caller_generator"
+        self._note_provenance()
 
     @property
     def l2_norm_bound(self) -> float:

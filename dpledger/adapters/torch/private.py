@@ -323,6 +323,8 @@ def _make_correlated(
     if sampling_seed is None:
         sampling_seed = secrets.randbits(62)
     sampler = CyclicBatchSampler.for_spec(spec, population_size=n, seed=sampling_seed)
+    if seed is None:
+        sampler._seeding = "os_entropy"  # the seed above came from the OS, not the caller
     loader = private_data_loader(dataset, sampler=sampler, **loader_kwargs)
     dp_optimizer = DPOptimizer(
         optimizer,
