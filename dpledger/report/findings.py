@@ -39,10 +39,11 @@ def run_findings(ledger: PrivacyLedger, comp: CompressedLedger, delta: float) ->
         unrecorded one), ``intent`` (the header's intent, or None), ``intent_text`` (it on one
         line, or :data:`NOT_RECORDED`), ``generated`` (UTC, ISO 8601), ``findings`` (the
         warnings a reader must see before signing: noise or batches seeded by the caller or
-        generator states in checkpoints (:func:`~dpledger.ledger.provenance.provenance_findings`),
-        δ ≥ 1/n, a shuffle gap that refutes the Poisson ε), ``noise_provenance`` (where the
-        noise came from, or "not recorded"), ``sampling_notes`` (``epsilon``'s ``sampling:`` lines) and ``shuffle_gap``
-        (its numbers, or None).
+        generator states in checkpoints, from
+        :func:`~dpledger.ledger.provenance.provenance_findings`; δ ≥ 1/n; a shuffle gap that
+        refutes the Poisson ε), ``noise_provenance`` (where the noise came from, or "not
+        recorded"), ``sampling_notes`` (``epsilon``'s ``sampling:`` lines) and
+        ``shuffle_gap`` (its numbers, or None).
     """
     findings: list[str] = []
     records = provenance_of(ledger.notes)

@@ -104,9 +104,7 @@ def test_an_old_ledger_says_not_recorded_and_keeps_its_epsilon(tmp_path, capsys)
     assert "seeded by os_entropy" in capsys.readouterr().out
 
 
-def test_a_caller_seed_is_a_warning_an_error_under_strict_and_a_report_finding(
-    tmp_path, capsys
-):
+def test_a_caller_seed_is_a_warning_an_error_under_strict_and_a_report_finding(tmp_path, capsys):
     path = tmp_path / "seeded.dpl"
     _ledger(path, SEEDED)
     assert main(["epsilon", str(path), "--delta", "1e-5", "--accountant", "rdp"]) == 0
@@ -132,3 +130,46 @@ def test_checkpoints_that_carry_the_state_are_flagged(tmp_path, capsys):
     )
     assert main(["epsilon", str(path), "--delta", "1e-5", "--accountant", "rdp", "--strict"]) == 0
     assert "checkpoints stay secret" in capsys.readouterr().err
+
+
+def test_numpy_sampled_step_seeds_from_the_os_and_records_it_once():
+    import numpy as np
+
+    from dpledger.mechanisms import GaussianSumQuery, sampled_step
+    from dpledger.sampling import PoissonSampler
+
+    query = GaussianSumQuery(l2_norm_bound=1.0, noise_stddev=1.0)
+    ledger = PrivacyLedger()
+    for _ in range(3):  # no generator: a fresh OS-seeded one, recorded once
+        with sampled_step(ledger, sampling_probability=0.1, population_size=10) as step:
+            step.run(query, np.ones((2, 3)))
+    (record,) = provenance_of(ledger.notes)
+    assert (record.entry_point, record.seeding) == ("numpy.sampled_step", "os_entropy")
+    assert record.generator == "numpy.random.Generator(PCG64)"
+    assert ledger.num_steps == 3
+    sampler = PoissonSampler(
+        population_size=10, sampling_probability=0.5, generator=np.random.default_rng(7)
+    )
+    with sampled_step(ledger, sampler=sampler) as step:
+        step.run(query, np.ones((len(step.indices), 3)))
+    record = provenance_of(ledger.notes)[-1]
+    assert (record.seeding, record.sampler_seeding) == ("caller_generator", "caller_generator")
+
+
+def test_a_numpy_correlated_release_records_its_seeding():
+    from dpledger.mechanisms.correlated import CorrelatedNoiseRelease, tree_factorization
+    from dpledger.sampling.participation import ParticipationSchema
+
+    for seed, seeding in ((None, "os_entropy"), (5, "caller_seed")):
+        ledger = PrivacyLedger()
+        CorrelatedNoiseRelease(
+            ledger,
+            tree_factorization(4),
+            ParticipationSchema.single(num_steps=4),
+            l2_norm_bound=1.0,
+            noise_stddev=1.0,
+            dim=2,
+            seed=seed,
+        )
+        (record,) = provenance_of(ledger.notes)
+        assert (record.entry_point, record.seeding) == ("numpy.CorrelatedNoiseRelease", seeding)

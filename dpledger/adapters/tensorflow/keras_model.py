@@ -78,7 +78,7 @@ from dpledger.adapters.tensorflow.inner_training import (
     warn_on_direct_training,
 )
 from dpledger.adapters.tensorflow.losses import per_example_loss
-from dpledger.adapters.tensorflow.model_saving import SavedDPModel
+from dpledger.adapters.tensorflow.model_saving import SavedDPModel, note_keras_provenance
 from dpledger.adapters.tensorflow.record_probe import (
     check_probe_switch,
     probe_record_independence,
@@ -87,6 +87,7 @@ from dpledger.adapters.tensorflow.train_function import dp_train_function
 from dpledger.diagnostics.bias import ClippingBiasCallback
 from dpledger.errors import InvalidParameterError, LedgerNotAttachedError, PerExampleLossError
 from dpledger.ledger import PrivacyLedger, SamplingEvent
+from dpledger.ledger.provenance import seeding_of
 from dpledger.mechanisms import DPConfig, GaussianSumQuery
 from dpledger.mechanisms.clipping import ClippingStrategy
 from dpledger.mechanisms.construction_checks import check_bias_callback
@@ -237,6 +238,8 @@ class DPKerasModel(SavedDPModel, keras.Model):
         self._dp_iterator: Any = None  # the iterator of the current epoch, and the next
         self._dp_position = 0  # step's position in it
         self._dp_generator = generator_of(generator, seed)
+        self._dp_noise_seeding = seeding_of(generator=generator, seed=seed)
+        note_keras_provenance(self)
         self._dp_strategy = settings.strategy
         self._dp_margin = settings.clip_margin
         self._dp_bias_callback = check_bias_callback(bias_callback)
