@@ -41,13 +41,17 @@ from typing import Any
 import numpy as np
 
 from dpledger.errors import InvalidParameterError
+from dpledger.mechanisms.backend import NumpyBackend
 from dpledger.validation import check_positive_finite
 
 __all__ = [
     "ChaCha20Stream",
+    "SecureNoiseBackend",
+    "add_on_grid",
     "chacha20_blocks",
     "discrete_gaussian",
     "grid_for",
+    "recorded_bound",
     "secure_noisy_sum",
 ]
 
@@ -259,6 +263,87 @@ def secure_noisy_sum(
         raise InvalidParameterError("stream", stream, "a ChaCha20Stream")
     ledger.record_sum_query(l2_norm_bound=s + gamma * math.sqrt(d), noise_stddev=sigma, label=label)
     ledger.flush()  # write-ahead: the query reaches the file before its output exists
-    lattice = np.rint(x / gamma).astype(np.int64)
-    noise = discrete_gaussian(stream, sigma / gamma, x.size).reshape(x.shape)
-    return (lattice + noise).astype(np.float64) * gamma
+    return add_on_grid(x, noise_stddev=sigma, grid=gamma, stream=stream)
+
+
+def add_on_grid(
+    x: np.ndarray, *, noise_stddev: float, grid: float, stream: ChaCha20Stream
+) -> np.ndarray:
+    """(round(x/γ) + K)·γ in float64 with K ~ N_ℤ(0, (σ/γ)²) per coordinate (no recording:
+    the caller records the sensitivity after rounding, S + γ√d)."""
+    x = np.asarray(x, dtype=np.float64)
+    if not np.isfinite(x).all() or (x.size and float(np.abs(x).max()) / grid >= 2.0**52):
+        raise InvalidParameterError(
+            "clipped_sum", "<array>", "finite values below 2**52 grid steps"
+        )
+    lattice = np.rint(x / grid).astype(np.int64)
+    if noise_stddev == 0.0:
+        return lattice.astype(np.float64) * grid
+    noise = discrete_gaussian(stream, noise_stddev / grid, x.size).reshape(x.shape)
+    return (lattice + noise).astype(np.float64) * grid
+
+
+class SecureNoiseBackend(NumpyBackend):
+    """The NumPy backend with secure noise: every release is rounded to the grid γℤ and gets
+    discrete Gaussian noise from a ChaCha20 keystream (:func:`add_on_grid`); the mechanisms
+    record each query's sensitivity after rounding, S + γ√d
+    (:meth:`sensitivity_after_rounding`), instead of S.
+
+    The ``generator`` the mechanisms pass is ignored: the noise comes from :attr:`stream`.
+
+    Args:
+        grid: γ, a power of two (default 2⁻³⁰: S + γ√d exceeds S by 3e-6 at d = 10⁷).
+        stream: the keystream; None (the default, and the only choice outside tests) keys a
+            new one from the OS.
+    """
+
+    name = "numpy-secure"
+
+    def __init__(self, *, grid: float = 2.0**-30, stream: ChaCha20Stream | None = None) -> None:
+        mantissa = math.frexp(grid)[0] if isinstance(grid, float) and grid > 0 else 0.0
+        if mantissa != 0.5 or not math.isfinite(grid):
+            raise InvalidParameterError("grid", grid, "a positive power of two (a float)")
+        if stream is not None and not isinstance(stream, ChaCha20Stream):
+            raise InvalidParameterError("stream", stream, "a ChaCha20Stream or None")
+        self.grid = grid
+        self.stream = ChaCha20Stream() if stream is None else stream
+
+    def sensitivity_after_rounding(self, l2_norm_bound: float, shapes: list[Any]) -> float:
+        """S + γ√d for a query over arrays of these shapes (d coordinates in all)."""
+        d = sum(math.prod(shape) for shape in shapes)
+        return float(l2_norm_bound) + self.grid * math.sqrt(max(d, 1))
+
+    def recorded_bound(self, prepared: Any) -> float:
+        """The bound the ledger records for a prepared release of the mechanisms
+        (``record_releases`` in :mod:`~dpledger.mechanisms.sum_query`): S + γ√d.
+
+        Raises:
+            InvalidParameterError: a query with scales ≠ 1 (the grid's extra sensitivity is
+                derived here for unscaled groups).
+        """
+        return recorded_bound(prepared, self.sensitivity_after_rounding)
+
+    def add_gaussian_noise(self, x: Any, *, stddev: float, generator: Any) -> Any:
+        """x rounded to the grid plus discrete Gaussian noise of scale ``stddev``, in x's dtype
+        (the rounding to float32 of a float32 sum is post-processing)."""
+        a = self._array(x)
+        out = add_on_grid(a, noise_stddev=float(stddev), grid=self.grid, stream=self.stream)
+        return out.astype(a.dtype, copy=False) if a.dtype != np.float64 else out
+
+    def __repr__(self) -> str:
+        return f"SecureNoiseBackend(grid={self.grid!r})"
+
+
+def recorded_bound(prepared: Any, sensitivity_after_rounding: Any) -> float:
+    """S + γ√d of a prepared release (its query, its sums' shapes through its backend), by
+    ``sensitivity_after_rounding(S, shapes)``; a query with scales ≠ 1 is refused."""
+    sigma = prepared.query.noise_stddev
+    if any(sd != sigma for sd in prepared.stddevs):
+        raise InvalidParameterError(
+            "backend",
+            prepared.backend,
+            "a backend without grid rounding for a query with scales != 1 (the grid's extra "
+            "sensitivity is derived for unscaled groups)",
+        )
+    shapes = [prepared.backend.shape(x) for x in prepared.sums]
+    return sensitivity_after_rounding(prepared.query.l2_norm_bound, shapes)

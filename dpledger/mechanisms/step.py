@@ -27,10 +27,10 @@ import numpy as np
 
 from dpledger.errors import InvalidParameterError, LedgerStateError
 from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingEvent, SamplingScheme
-from dpledger.ledger.provenance import NoiseProvenance, note_noise_provenance
 from dpledger.mechanisms.averaging import fixed_denominator_average, realised_batch_average
-from dpledger.mechanisms.backend import Array, ArrayBackend, NumpyBackend, resolve_backend
+from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
 from dpledger.mechanisms.grouped import GroupedSumQuery, PreparedRelease
+from dpledger.mechanisms.noise_provenance import note_numpy_provenance
 from dpledger.mechanisms.sum_query import GaussianSumQuery
 from dpledger.sampling.poisson import PoissonSampler
 from dpledger.validation import check_positive_int, check_probability
@@ -350,7 +350,7 @@ def sampled_step(
             sampler.population_size,
         )
         generator = sampler.generator if generator is None else generator
-    generator = _note_numpy_provenance(ledger, backend, generator, sampler)
+    generator = note_numpy_provenance(ledger, backend, generator, sampler)
     step = open_step(
         ledger,
         sampling_probability=sampling_probability,
@@ -467,28 +467,3 @@ def step_events_of(
         )
     n = check_positive_int("population_size", population_size)
     return StepEvents(SamplingEvent.poisson(q, n))
-
-
-def _note_numpy_provenance(
-    ledger: Any, backend: ArrayBackend | None, generator: Any, sampler: Any
-) -> Any:
-    """The step's generator (a fresh OS-seeded one for None with NumPy), after recording the
-    NumPy entry point's noise provenance; other backends' adapters record their own."""
-    numpy_backend = isinstance(resolve_backend(backend), NumpyBackend)
-    if not isinstance(ledger, PrivacyLedger) or not numpy_backend:
-        return generator
-    seeding = "caller_generator"
-    if generator is None:
-        generator, seeding = np.random.default_rng(), "os_entropy"
-    kind = type(getattr(generator, "bit_generator", generator)).__name__
-    note_noise_provenance(
-        ledger,
-        NoiseProvenance(
-            entry_point="numpy.sampled_step",
-            generator=f"numpy.random.Generator({kind})",
-            seeding=seeding,
-            sampler_seeding=None if sampler is None else "caller_generator",
-            state_location="the process's memory",
-        ),
-    )
-    return generator

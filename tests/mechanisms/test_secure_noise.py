@@ -133,3 +133,45 @@ def test_secure_outputs_are_exact_grid_multiples_whatever_the_input():
         # and the noise is the discrete Gaussian's: the output minus the rounded input
         k = steps - np.rint(x / gamma)
         assert abs(float(np.std(k)) / 2.0**10 - 1.0) < 5 / math.sqrt(2 * 1000)
+
+
+def test_the_numpy_mechanisms_record_the_grids_sensitivity_with_the_secure_backend():
+    from dpledger.ledger.provenance import provenance_of
+    from dpledger.mechanisms import GaussianSumQuery, GroupedSumQuery, sampled_step
+    from dpledger.mechanisms.secure_noise import SecureNoiseBackend
+    from dpledger.mechanisms.sum_query import ScaledGaussianSumQuery
+
+    backend = SecureNoiseBackend(grid=2.0**-20)
+    ledger = PrivacyLedger()
+    group = GroupedSumQuery(
+        [
+            GaussianSumQuery(l2_norm_bound=1.0, noise_stddev=0.5, label="a"),
+            GaussianSumQuery(l2_norm_bound=2.0, noise_stddev=1.0, label="b"),
+        ]
+    )
+    with sampled_step(ledger, sampling_probability=0.5, backend=backend) as step:
+        (a,), (b,) = step.run(group, [[np.ones((3, 7))], [np.ones((3, 2, 5))]])
+    bounds = [e.l2_norm_bound for e in ledger.events() if hasattr(e, "noise_stddev")]
+    assert bounds == [1.0 + 2.0**-20 * math.sqrt(7), 2.0 + 2.0**-20 * math.sqrt(10)]
+    for out in (a, b):
+        assert np.array_equal(out * 2.0**20, np.rint(out * 2.0**20))
+    (record,) = provenance_of(ledger.notes)
+    assert record.secure_sampler and record.seeding == "os_entropy"
+    assert record.generator.startswith("chacha20")
+    scaled = ScaledGaussianSumQuery(l2_norm_bound=1.0, noise_stddev=1.0, scales=(1.0, 2.0))
+    with (
+        sampled_step(ledger, sampling_probability=0.5, backend=backend) as step,
+        pytest.raises(InvalidParameterError, match="scales"),
+    ):
+        step.run(scaled, [np.ones((2, 3)), np.ones((2, 3))])
+    with pytest.raises(InvalidParameterError, match="grid"):
+        SecureNoiseBackend(grid=0.3)
+
+
+def test_dpconfig_secure_noise_is_a_checked_bool():
+    from dpledger.mechanisms import DPConfig
+
+    assert DPConfig(l2_norm_bound=1.0, noise_multiplier=1.0).secure_noise is False
+    assert DPConfig(l2_norm_bound=1.0, noise_multiplier=1.0, secure_noise=True).secure_noise
+    with pytest.raises(InvalidParameterError, match="secure_noise"):
+        DPConfig(l2_norm_bound=1.0, noise_multiplier=1.0, secure_noise="yes")

@@ -212,6 +212,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
         check_probe_switch(check_record_independence)
         super().__init__(name=name or f"dp_{model.name}")
         refuse_regularizers(model)
+        self._refuse_secure_noise(settings.config)
         # Built here so that bad clipping arguments fail now, not at the first fit.
         self._dp_queries = settings.queries_for(**variable_layout(model.trainable_variables))
         self._dp_sampler, self._dp_noise = sampler, noise
@@ -238,8 +239,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
         self._dp_iterator: Any = None  # the iterator of the current epoch, and the next
         self._dp_position = 0  # step's position in it
         self._dp_generator = generator_of(generator, seed)
-        self._dp_noise_seeding = seeding_of(generator=generator, seed=seed)
-        note_keras_provenance(self)
+        note_keras_provenance(self, seeding_of(generator=generator, seed=seed))
         self._dp_strategy = settings.strategy
         self._dp_margin = settings.clip_margin
         self._dp_bias_callback = check_bias_callback(bias_callback)

@@ -187,6 +187,18 @@ class SavedDPModel:
     _dp_stream: Any
     _dp_noise: Any
 
+    @staticmethod
+    def _refuse_secure_noise(config: Any) -> None:
+        """Refuse ``DPConfig(secure_noise=True)``: the Keras adapter does not draw secure
+        noise yet (InvalidParameterError)."""
+        if config is not None and config.secure_noise:
+            raise InvalidParameterError(
+                "config.secure_noise",
+                True,
+                "False: the Keras adapter does not draw secure noise yet (the PyTorch adapter "
+                "and the NumPy mechanisms do)",
+            )
+
     def get_compile_config(self) -> dict[str, Any]:
         """Keras's record of :meth:`compile`'s arguments (the optimizer, the loss as given,
         the metrics), saved with the model."""
@@ -346,13 +358,12 @@ class SavedDPModel:
         noise = generator_of(generator, seed)
         self._dp_ledger = ledger_with_intent(ledger, events, self._dp_config, None)
         self._dp_events, self._dp_sampler, self._dp_generator = events, sampler, noise
-        self._dp_noise_seeding = seeding_of(generator=generator, seed=seed)
-        note_keras_provenance(self)
+        note_keras_provenance(self, seeding_of(generator=generator, seed=seed))
         self._dp_step = None
         self.train_function = None
 
 
-def note_keras_provenance(model: Any) -> None:
+def note_keras_provenance(model: Any, seeding: str | None = None) -> None:
     """Record where a :class:`~dpledger.adapters.tensorflow.DPKerasModel`'s noise comes from
     in its ledger (:class:`~dpledger.ledger.provenance.NoiseProvenance`; nothing without one).
 
@@ -360,6 +371,8 @@ def note_keras_provenance(model: Any) -> None:
     so its checkpoints exclude them; a correlated-noise model's save carries its stream's seed
     and state, so that the stream can continue, and says so.
     """
+    if seeding is not None:  # a new noise generator: how it was seeded
+        model._dp_noise_seeding = seeding
     ledger = getattr(model, "_dp_ledger", None)
     if ledger is None:
         return

@@ -65,6 +65,17 @@ class OptimizerCheckpoint:
                 state_location="the training process's memory (rank 0) and every checkpoint",
                 checkpoint="included",  # the stream's seed and state continue the stream
             )
+        elif getattr(self._noise_source, "recorded_bound", None) is not None:
+            source = self._noise_source
+            record = NoiseProvenance(
+                entry_point="torch.DPOptimizer",
+                generator=f"chacha20 discrete Gaussian on the grid {source.grid!r}, host-drawn",
+                seeding="caller_seed" if source.stream.keyed_by_caller else "os_entropy",
+                sampler_seeding=getattr(self._sampler, "seeding", None),
+                secure_sampler=True,
+                state_location="the training process's memory (the keystream's key, rank 0)",
+                checkpoint="excluded",  # a ChaCha20Stream is never saved
+            )
         else:
             where = "rank 0's" if self._distributed else "the training process's"
             record = NoiseProvenance(

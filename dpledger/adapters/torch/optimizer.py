@@ -95,7 +95,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from dpledger.adapters.torch.accumulation import ClippedSumAccumulation
-from dpledger.adapters.torch.backend import TorchBackend
+from dpledger.adapters.torch.backend import noise_source
 from dpledger.adapters.torch.checkpoint import OptimizerCheckpoint
 from dpledger.adapters.torch.construction_checks import (
     check_optimizer_and_model,
@@ -323,7 +323,7 @@ class DPOptimizer(
         self._init_parameters(model, optimizer, config.clip_margin)
         self._init_queries(config)
         self._check_stream_queries(config)
-        self._init_noise(generator, seed)
+        self._init_noise(generator, seed, secure=config.secure_noise)
         self._init_gradients(model, config, loss_fn, radius, loss_reduction, check_steps)
         if self._engine is not None:
             self._install_hooks(model, check_record_independence)
@@ -372,12 +372,15 @@ class DPOptimizer(
         self._tiny = max(torch.finfo(p.dtype).tiny for p in self._params.values())
         self._clip_margin = default_clip_margin(self._params) if margin is None else margin
 
-    def _init_noise(self, generator: torch.Generator | None, seed: int | None) -> None:
-        """The noise generator on the parameters' device, and the noise source of ``add_noise``."""
+    def _init_noise(
+        self, generator: torch.Generator | None, seed: int | None, *, secure: bool = False
+    ) -> None:
+        """The noise generator on the parameters' device, and the noise source of ``add_noise``
+        (the secure sampler's with ``secure``: the queries then record S + γ√d)."""
         self._generator = noise_generator(generator, seed, self._device)
         self._noise_seeding = seeding_of(generator=generator, seed=seed)
-        self._noise_source = TorchBackend()
         self._backend = OptimizerNoiseBackend(self.add_noise)
+        self._noise_source = noise_source(self._backend, secure, self._stream is not None)
         self._note_provenance()
 
     def _init_queries(self, config: DPConfig) -> None:

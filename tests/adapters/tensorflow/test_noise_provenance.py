@@ -74,3 +74,15 @@ def test_a_saved_model_holds_neither_generator_state(tmp_path):
         state = generator.state.numpy()
         assert state.tobytes() not in saved  # the raw int64 words
         assert all(str(int(word)).encode() not in saved for word in state if abs(word) > 10**6)
+
+
+def test_keras_refuses_secure_noise_until_it_draws_it():
+    import pytest
+
+    from dpledger.errors import InvalidParameterError
+    from dpledger.mechanisms import DPConfig
+
+    sampler = PoissonDatasetSampler(population_size=N, sampling_probability=0.25)
+    config = DPConfig(l2_norm_bound=1.0, noise_multiplier=1.0, secure_noise=True)
+    with pytest.raises(InvalidParameterError, match="secure_noise"):
+        DPKerasModel(_inner(), config=config, sampler=sampler)

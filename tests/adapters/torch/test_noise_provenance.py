@@ -138,3 +138,30 @@ def test_the_generator_setter_records_a_caller_generator():
     _, optimizer, _ = _private(ledger)
     optimizer.generator = torch.Generator().manual_seed(0)
     assert provenance_of(ledger.notes)[-1].seeding == "caller_generator"
+
+
+def test_secure_noise_records_the_grids_sensitivity_and_a_secure_provenance():
+    from dpledger.adapters.torch.backend import TorchSecureNoise
+    from dpledger.mechanisms import DPConfig
+
+    ledger = PrivacyLedger()
+    model = small_cnn()
+    model, optimizer, loader = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DATA,
+        sampling_probability=0.2,
+        config=DPConfig(l2_norm_bound=1.0, noise_multiplier=1.0, secure_noise=True),
+        ledger=ledger,
+    )
+    _train(model, optimizer, loader, 1)
+    d = sum(p.numel() for p in model.parameters())
+    (query,) = [e for e in ledger.events() if hasattr(e, "noise_stddev")]
+    assert query.l2_norm_bound == 1.0 + 2.0**-30 * d**0.5
+    (record,) = provenance_of(ledger.notes)
+    assert record.secure_sampler and record.seeding == "os_entropy"
+    noisy = TorchSecureNoise().add_gaussian_noise(
+        torch.linspace(-1, 1, 100, dtype=torch.float64), stddev=1.0, generator=None
+    )
+    steps = noisy * 2.0**30
+    assert torch.equal(steps, torch.round(steps))
