@@ -16,14 +16,14 @@ Two weaknesses of ordinary floating-point Gaussian noise are addressed here
   γ whose distribution depends on x only through round(x/γ).
 
 The discrete Gaussian sampler (:func:`discrete_gaussian`) follows Canonne, Kamath & Steinke
-(2020), Algorithm 3: a discrete Laplace proposal Y of scale t = ⌊σ⌋ + 1 accepted with
-probability exp(−(|Y| − σ²/t)²/(2σ²)). Here the proposal's magnitude is ⌊t·E₁⌋ (E₁ standard
-exponential; ⌊t·E⌋ is exactly geometric with ratio e^(−1/t)) and the acceptance test is
-E₂ > (|Y| − σ²/t)²/(2σ²), both with E = −ln U for a 53-bit uniform U from the keystream. The
-floating point touches only *which integer* is drawn, never the output value, and the result
-is independent of x. Its distribution error (the 53-bit uniforms and the rounding of ``log``)
-is bounded in docs/concepts/noise.md: draws are truncated at |K| ≲ 9.5σ/γ (the uniforms'
-smallest value is 2⁻⁵³), a tail mass below 1e-19 per coordinate.
+(2020), Algorithms 2 and 3: a discrete Laplace proposal Y of scale t = ⌊σ⌋ + 1 accepted with
+probability exp(−(|Y| − σ²/t)²/(2σ²)), vectorised over coordinates. Integers are drawn exactly
+(uniforms below t by rejection from 64-bit words, geometric counts by Bernoulli(e^(−1))
+chains); the probabilities computed in floating point are each compared where a 53-bit uniform
+resolves them to a relative error of about 2⁻⁵², so every integer's probability is within a
+factor 1 ± 2⁻⁵⁰ of the exact pmf whatever σ is (the bound and what it costs in ε are in
+docs/concepts/noise.md). The floating point touches only *which integer* is drawn, never the
+output value, and the result is independent of x.
 
 Sensitivity after rounding: rounding each coordinate of both neighbouring sums to γℤ moves each
 by at most γ/2 per coordinate, so ‖round(x) − round(x')‖₂ ≤ S + γ√d. :func:`secure_noisy_sum`
@@ -182,12 +182,67 @@ class ChaCha20Stream:
         raise TypeError("a ChaCha20Stream is never pickled: its key is the noise")
 
 
-def discrete_gaussian(stream: ChaCha20Stream, sigma: float, size: int) -> np.ndarray:
-    """``size`` independent draws of the discrete Gaussian N_ℤ(0, σ²) (int64), by CKS 2020
-    Algorithm 3 with exponential variates from ``stream`` (see the module docstring).
+_INV_E = math.exp(-1.0)
 
-    P[K = k] ∝ exp(−k²/(2σ²)) for every integer k with |k| below the truncation point
-    (about t·36.7 + σ²/t + σ·8.6 for t = ⌊σ⌋ + 1, i.e. ≈ 9.5σ for large σ).
+
+def _geometric_counts(stream: ChaCha20Stream, size: int) -> np.ndarray:
+    """``size`` draws of J with P[J = j] = e^(−j)·(1 − e^(−1)): the number of successes of
+    Bernoulli(e^(−1)) trials before the first failure (each trial a 53-bit uniform compared
+    with the double nearest e^(−1)). No truncation: the loop runs until every draw failed."""
+    counts = np.zeros(size, dtype=np.int64)
+    active = np.arange(size)
+    while active.size:
+        success = stream.uniforms(active.size) < _INV_E
+        active = active[success]
+        counts[active] += 1
+    return counts
+
+
+def _exceeds_exponential(stream: ChaCha20Stream, threshold: np.ndarray) -> np.ndarray:
+    """Bernoulli(exp(−c)) for each c ≥ 0 of ``threshold``, as E > c for E = J + F ~ Exp(1):
+    J the whole part (:func:`_geometric_counts`), F = −ln(1 − U·(1 − e^(−1))) its fraction in
+    [0, 1). Comparing J with ⌊c⌋ first keeps the floating point to a fraction below 1, so the
+    probability is right to a relative error of a few 2⁻⁵³ however large c is."""
+    whole = np.floor(threshold)
+    j = _geometric_counts(stream, threshold.size)
+    f = -np.log1p(-stream.uniforms(threshold.size) * (1.0 - _INV_E))
+    return (j > whole) | ((j == whole) & (f > threshold - whole))
+
+
+def _uniform_below(stream: ChaCha20Stream, t: int, size: int) -> np.ndarray:
+    """``size`` exact uniform integers in [0, t) (t ≤ 2⁴¹) from 32- or 64-bit words, by
+    rejection of the words above the largest multiple of t."""
+    out = np.empty(size, dtype=np.int64)
+    filled = 0
+    bits = 32 if t <= 1 << 31 else 64  # one word per draw, or two
+    limit = np.uint64(((1 << bits) // t) * t - 1)
+    while filled < size:
+        w = stream.words((bits // 32) * (size - filled) + 32).astype(np.uint64)
+        if bits == 64:
+            w = w.reshape(-1, 2)
+            m = (w[:, 0] << np.uint64(32)) | w[:, 1]
+        else:
+            m = w
+        m = m[m <= limit] % np.uint64(t)
+        take = min(size - filled, m.size)
+        out[filled : filled + take] = m[:take].astype(np.int64)
+        filled += take
+    return out
+
+
+def discrete_gaussian(stream: ChaCha20Stream, sigma: float, size: int) -> np.ndarray:
+    """``size`` independent draws of the discrete Gaussian N_ℤ(0, σ²) (int64), by Canonne,
+    Kamath & Steinke 2020, Algorithms 2 and 3, vectorised.
+
+    Discrete Laplace proposal of scale t = ⌊σ⌋ + 1: magnitude t·V + R with R uniform in
+    [0, t) kept with probability e^(−R/t) and V geometric with ratio e^(−1) (so
+    P[t·V + R = g] ∝ e^(−g/t) exactly, up to the acceptance's rounding), a random sign, −0
+    refused; then kept with probability exp(−(|Y| − σ²/t)²/(2σ²)) by
+    :func:`_exceeds_exponential`. Every probability the floating point computes is compared
+    at a scale where the 53-bit uniforms resolve it to a relative error of about 2⁻⁵² (e^(−R/t)
+    ≥ e^(−1); the exponentials' fractions), so each integer's probability is within a factor
+    1 ± 2⁻⁵⁰ of the exact pmf (docs/concepts/noise.md), independently of σ; nothing is
+    truncated. The floating point decides which integer is drawn and never touches its value.
     """
     sigma = check_positive_finite("sigma", sigma)
     if sigma > 2.0**40:
@@ -199,13 +254,17 @@ def discrete_gaussian(stream: ChaCha20Stream, sigma: float, size: int) -> np.nda
     filled = 0
     while filled < size:
         need = int(size) - filled
-        trials = max(64, int(need * 1.5) + 64)  # the acceptance is about 0.76 for large σ
-        u1, negative = stream.uniforms_and_bits(trials)
-        magnitude = np.floor(-np.log(u1) * t)  # geometric, ratio e^(-1/t) (up to rounding)
+        trials = need * 2 + 64  # about 0.63 · 0.76 of the trials are kept for large σ
+        r = _uniform_below(stream, t, trials)
+        keep = stream.uniforms(trials) < np.exp(-r / t)  # e^(−R/t) ≥ e^(−1)
+        r = r[keep]
+        negative = (stream.words(r.size) & np.uint32(1)).astype(bool)
+        magnitude = t * _geometric_counts(stream, r.size) + r
         keep = ~(negative & (magnitude == 0))  # −0 and +0 are one value
-        e2 = -np.log(stream.uniforms(trials))
-        keep &= e2 > (magnitude - shift) ** 2 / two_var
-        value = np.where(negative, -magnitude, magnitude)[keep].astype(np.int64)
+        magnitude, negative = magnitude[keep], negative[keep]
+        c = (magnitude - shift) ** 2 / two_var
+        keep = _exceeds_exponential(stream, c)
+        value = np.where(negative, -magnitude, magnitude)[keep]
         take = min(need, value.size)
         out[filled : filled + take] = value[:take]
         filled += take
