@@ -214,6 +214,13 @@ def provenance_findings(records: tuple[NoiseProvenance, ...]) -> list[str]:
             "the noise or the batch sampler used a generator the caller built: dpledger cannot "
             "tell how it was seeded, and the ε holds only while its seed and state stay secret"
         )
+    if any(r.secure_sampler for r in records):
+        out.append(
+            "secure noise (the discrete Gaussian on a grid): RDP's ε is sound for it (zCDP, "
+            "Canonne, Kamath & Steinke 2020); PLD and PRV, and RDP under subsampling, account it "
+            "as the continuous Gaussian with the recorded sensitivity S + γ√d, a dominance "
+            "docs/concepts/noise.md argues but does not prove"
+        )
     if any(r.checkpoint == "included" for r in records):
         out.append(
             "the run's checkpoints carry the noise and sampler generator states (bit-for-bit "

@@ -173,3 +173,15 @@ def test_a_numpy_correlated_release_records_its_seeding():
         )
         (record,) = provenance_of(ledger.notes)
         assert (record.entry_point, record.seeding) == ("numpy.CorrelatedNoiseRelease", seeding)
+
+
+def test_secure_noise_says_which_accountants_are_proved_sound(tmp_path, capsys):
+    path = tmp_path / "secure.dpl"
+    _ledger(
+        path,
+        NoiseProvenance(entry_point="e", generator="chacha20", seeding="os_entropy",
+                        secure_sampler=True),
+    )  # fmt: skip
+    assert main(["epsilon", str(path), "--delta", "1e-5", "--accountant", "rdp", "--strict"]) == 0
+    captured = capsys.readouterr()
+    assert "RDP's ε is sound" in captured.err and "secure discrete Gaussian" in captured.out
