@@ -165,3 +165,15 @@ def test_secure_noise_records_the_grids_sensitivity_and_a_secure_provenance():
     )
     steps = noisy * 2.0**30
     assert torch.equal(steps, torch.round(steps))
+
+
+def test_a_distributed_sampler_seeded_by_rank_0_from_the_os_says_os_entropy():
+    from dpledger.adapters.torch import DistributedPoissonBatchSampler
+
+    def make(seed):
+        return DistributedPoissonBatchSampler(
+            population_size=40, sampling_probability=0.2, rank=0, world_size=2, seed=seed
+        )
+
+    assert make(None).seeding == "os_entropy"
+    assert make(3).seeding == "caller_seed"
