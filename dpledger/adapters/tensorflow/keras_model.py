@@ -143,7 +143,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
             one the sampler's scheme is analysed under (fixed-size and shuffled batches:
             ``neighboring="replace_one"``).
         generator: the noise ``tf.random.Generator``; or ``seed``.
-        seed: seed of the noise generator (None: OS entropy).
+        seed: seed of the noise generator (None: OS entropy); for tests and research only.
         clipping: ``"flat"`` (default), ``"global"``, ``"automatic"`` or a
             :class:`ClippingStrategy`.
         groups: ``"all"`` (one group, default), ``"per_layer"``, ``"per_parameter"`` (one group

@@ -202,8 +202,8 @@ class DPOptimizer(
         bam_radius: λ > 0 for Bias-Aware Minimisation's per-example ascent (needs
             ``loss_fn``); None for none.
         generator: the noise generator, a ``torch.Generator`` on the parameters' device.
-        seed: a seed for a new noise generator (when ``generator`` is None); None seeds from
-            OS entropy.
+        seed: a seed for a new noise generator (when ``generator`` is None), for tests and
+            research (recorded as ``caller_seed``); None seeds from OS entropy.
         bias_callback: ``callback(step, ClippingBias)`` after every step (NOT private).
         clip_margin: ρ in [0, 0.5): factors clip to C·(1 − ρ) while the ledger records C, so
             that rounding in the per-example norms and sums (computed in the parameters' dtype)
