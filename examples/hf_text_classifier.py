@@ -61,6 +61,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--ledger", type=Path, default=Path("bert.dpl"))
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--target-epsilon", type=float, default=8.0)
+    parser.add_argument(
+        "--noise-seed",
+        type=int,
+        default=None,
+        help="seeds the noise and the batches, for tests only (default: the OS's entropy)",
+    )
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
@@ -86,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         delta=DELTA,
         epochs=args.epochs,
         ledger=ledger,
-        seed=0,
+        seed=args.noise_seed,  # None: noise and batches from the OS
     )
     start = time.perf_counter()
     for _ in range(args.epochs):

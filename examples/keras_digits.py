@@ -90,8 +90,14 @@ def train(
     ledger_path: str | os.PathLike[str] | None = None,
     seed: int = 0,
     strategy: str = "auto",
+    noise_seed: int | None = None,
 ) -> DigitsRun:
-    """Train the CNN with DP for ``epochs`` epochs of 1/q steps; return accuracy and ε."""
+    """Train the CNN with DP for ``epochs`` epochs of 1/q steps; return accuracy and ε.
+
+    ``seed`` seeds the data split and the model's initialisation; the noise and the batches
+    come from the operating system unless ``noise_seed`` is given (for tests and research:
+    the ledger then records a caller-given seed and ``dpledger epsilon`` flags it).
+    """
     digits = load_digits()
     x = (digits.images / 16.0).astype("float32")[..., None]
     y = digits.target.astype("int32")
@@ -99,7 +105,7 @@ def train(
         x, y, test_size=0.2, random_state=seed, stratify=y
     )
     sampler = PoissonDatasetSampler.from_expected_batch_size(
-        population_size=len(x_train), expected_batch_size=EXPECTED_BATCH, seed=seed
+        population_size=len(x_train), expected_batch_size=EXPECTED_BATCH, seed=noise_seed
     )
     steps = epochs * sampler.steps_per_epoch
     z = calibrate_noise_multiplier(
@@ -118,7 +124,7 @@ def train(
         noise_multiplier=z,
         sampler=sampler,
         ledger=ledger,
-        seed=seed + 1,
+        seed=None if noise_seed is None else noise_seed + 1,
         strategy=strategy,
     )
     dp_model.compile(
@@ -143,9 +149,10 @@ def train(
 def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     path = Path(sys.argv[1] if len(sys.argv) > 1 else "keras_digits.dpl")
+    noise_seed = int(sys.argv[2]) if len(sys.argv) > 2 else None  # tests only: OS by default
     if path.exists():
         path.unlink()  # the demo starts over; a resumed run would pass resume=True
-    run = train(ledger_path=path)
+    run = train(ledger_path=path, noise_seed=noise_seed)
     run.ledger.close()
     print(f"steps: {run.steps}, noise multiplier: {run.noise_multiplier:.4f}, C = {CLIP}")
     print(f"test accuracy: {run.test_accuracy:.3f}")

@@ -15,6 +15,8 @@ Run:  PYTHONPATH=. python examples/numpy_correlated_noise.py
 
 from __future__ import annotations
 
+import secrets
+
 import numpy as np
 from sklearn.datasets import load_breast_cancer
 
@@ -61,7 +63,10 @@ def main() -> None:
     x_test = np.hstack([x_test, np.ones((len(x_test), 1))])
     n, d = x_train.shape
     steps = BATCHES * EPOCHS
-    scheme = CyclicScheme(population_size=n, period=BATCHES, num_steps=steps, seed=SEED)
+    # the batches and the noise come from the OS's entropy; SEED seeds only the data
+    scheme = CyclicScheme(
+        population_size=n, period=BATCHES, num_steps=steps, seed=secrets.randbits(62)
+    )
 
     factorization = optimize_banded_toeplitz(num_steps=steps, bands=BANDS)
     schema = scheme.participation().schema
@@ -73,7 +78,6 @@ def main() -> None:
         l2_norm_bound=CLIP,
         noise_stddev=NOISE_STDDEV,
         dim=d,
-        seed=SEED,
         label="weights",
     )
 

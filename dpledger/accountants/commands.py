@@ -24,7 +24,13 @@ from dpledger.errors import (
     InvalidParameterError,
     UnsupportedLedgerError,
 )
-from dpledger.ledger.commands import add_ledger_checks, load_for_command, print_warnings
+from dpledger.ledger.commands import (
+    add_ledger_checks,
+    load_for_command,
+    print_warnings,
+    provenance_warnings,
+)
+from dpledger.ledger.provenance import provenance_of, provenance_text
 from dpledger.validation import (
     check_delta,
     check_positive_finite,
@@ -185,6 +191,7 @@ def _epsilon(args: argparse.Namespace) -> int:
             "is still running, or its final lines were deleted): ε is that of the steps it holds "
             "(--require-closed refuses such a ledger)"
         )
+    notes.extend(provenance_warnings(loaded))
     sizes = [n for n in loaded.population_sizes if n is not None]
     too_large = delta_too_large_message(delta, max(sizes)) if sizes else None
     if too_large is not None:
@@ -233,10 +240,12 @@ def _epsilon(args: argparse.Namespace) -> int:
                 {"steps": r.num_steps, "epsilon": r.to_dict()["epsilon"]} for r in curves[name]
             ]
         rows.append(row)
+    noise_lines = provenance_text(provenance_of(loaded.notes))
     if args.json:
         for row in rows:
             row["ledger_warnings"] = notes
             row["sampling_notes"] = sampling_notes
+            row["noise_provenance"] = noise_lines
             print(json.dumps(row, sort_keys=True))
     else:
         torn = loaded.torn_tail
@@ -248,6 +257,8 @@ def _epsilon(args: argparse.Namespace) -> int:
         _print_table(rows, ledger.num_steps, delta, prefix)
         for note in sampling_notes:
             print(f"sampling: {note}")
+        for line in noise_lines:
+            print(f"noise: {line}")
         if steps and not args.plot:
             _print_curves(curves)
     if args.plot and curves:

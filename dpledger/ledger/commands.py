@@ -4,7 +4,9 @@ Commands that print numbers from a ledger load it with :func:`load_for_command`:
 complete header is an error (exit 2), never an empty ledger with ε = 0; a file whose last line
 was cut short loads as its valid prefix with a warning printed before any result, and
 ``--strict`` (an intact file is required) or ``--require-closed`` (a close marker is required)
-turn that into a failed check (exit 1).
+turn that into a failed check (exit 1). Every command warns about the ledger's noise provenance
+(a caller-given seed, a caller's generator, generator states in checkpoints), and ``--strict``
+refuses a ledger whose noise or sampler was seeded by the caller.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import attrs
 
 from dpledger.ledger.events import SumQueryEvent
 from dpledger.ledger.ledger import LedgerWarning, PrivacyLedger
+from dpledger.ledger.provenance import provenance_findings, provenance_of, provenance_text
 from dpledger.ledger.verify import verify_ledger
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "load_for_command",
     "one_line",
     "print_warnings",
+    "provenance_warnings",
     "register",
     "run_rows",
     "sum_query_summary",
@@ -47,8 +51,9 @@ def add_ledger_checks(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--strict",
         action="store_true",
-        help="fail (exit 1) unless the file is intact: a last line cut short is an error, "
-        "not a warning",
+        help="fail (exit 1) unless the file is intact and its noise was not seeded by the "
+        "caller: a last line cut short, or a caller-given seed of the noise or the sampler, "
+        "is an error, not a warning",
     )
     parser.add_argument(
         "--require-closed",
@@ -64,7 +69,9 @@ def load_for_command(
 
     Args:
         path: the ledger file.
-        strict: a torn last line is a failed check rather than a warning.
+        strict: a torn last line, or noise or batches seeded with a caller's seed (the
+            ledger's noise provenance, :mod:`dpledger.ledger.provenance`), is a failed check
+            rather than a warning.
         require_closed: the ledger must end with a close marker (implies ``strict``).
         keep_events: keep every event in memory (for a command that reads the queries).
 
@@ -83,16 +90,29 @@ def load_for_command(
         warnings.simplefilter("always", LedgerWarning)
         ledger = PrivacyLedger.load(path, keep_events=keep_events)
     notes = [str(w.message) for w in caught if issubclass(w.category, LedgerWarning)]
+    records = provenance_of(ledger.notes)
     problem = None
     torn = ledger.torn_tail
     if (strict or require_closed) and torn is not None:
         problem = f"{path}: {torn.describe().replace('; it was ignored', '')}"
+    elif strict and any(r.caller_seeded for r in records):
+        problem = (
+            f"{path}: the noise or the batch sampler was seeded with a seed the caller gave "
+            "(--strict refuses a ledger whose ε holds only while a seed stays secret)"
+        )
     elif require_closed and not ledger.closed_cleanly:
         problem = (
             f"{path}: the ledger does not end with a close marker (its writer crashed or is still "
             "running, or its final lines were deleted)"
         )
     return ledger, notes, problem
+
+
+def provenance_warnings(ledger: PrivacyLedger) -> list[str]:
+    """What ``info`` and ``epsilon`` warn about the ledger's noise provenance (a caller-given
+    seed, a caller's generator, generator states in checkpoints), one sentence each, naming
+    the file (:func:`~dpledger.ledger.provenance.provenance_findings`)."""
+    return [f"{ledger.path}: {f}" for f in provenance_findings(provenance_of(ledger.notes))]
 
 
 def print_warnings(command: str, notes: list[str]) -> None:
@@ -187,7 +207,7 @@ def _info(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"dpledger info: verification failed: {problem}", file=sys.stderr)
         return 1
-    print_warnings("info", notes)
+    print_warnings("info", notes + provenance_warnings(ledger))
     runs = ledger.runs()
     comp = ledger.compressed()
     distinct = {(r.sampling, r.sampling_probability, r.noise_multiplier) for r in runs}
@@ -195,6 +215,7 @@ def _info(args: argparse.Namespace) -> int:
     header = ledger.header
     queries = _query_summary(ledger)
     intent = ledger.intent  # the header's, or a note's
+    provenance = provenance_of(ledger.notes)
     if args.json:
         out: dict[str, Any] = {
             "path": ledger.path,
@@ -227,6 +248,7 @@ def _info(args: argparse.Namespace) -> int:
             "warnings": notes,
             "queries": queries,
             "intent": intent,
+            "noise_provenance": [r.to_json() for r in provenance] or "not recorded",
             "correlated_releases": [
                 {
                     **{a.name: getattr(c, a.name) for a in attrs.fields(type(c))},
@@ -246,6 +268,8 @@ def _info(args: argparse.Namespace) -> int:
     print(f"metadata      {json.dumps(header.metadata, sort_keys=True)}")
     if intent is not None:
         print(f"intent        {intent_text(intent)}")
+    for i, line in enumerate(provenance_text(provenance)):
+        print(f"{'noise' if i == 0 else '':<14}{one_line(line)}")
     print(f"steps         {ledger.num_steps}")
     print(f"events        {ledger.num_events}")
     print(f"closed        {'yes' if ledger.closed_cleanly else 'no'}")

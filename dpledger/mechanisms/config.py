@@ -225,6 +225,15 @@ def _to_strategy(value: Any) -> Any:
     return _convert(check_strategy, "strategy", "auto", value)
 
 
+def _to_secure_noise(value: Any) -> bool:
+    """The checked ``secure_noise`` (None: False)."""
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidParameterError("secure_noise", value, "True or False")
+    return value
+
+
 def _to_clip_margin(value: Any) -> Any:
     """The checked ``clip_margin`` (None: its default)."""
     return _convert(check_clip_margin, "clip_margin", None, value)
@@ -280,6 +289,13 @@ class DPConfig:
         clip_margin: ρ in [0, 0.5): factors clip to S·(1 − ρ) while the ledger records S, so
             that rounding cannot push a record's contribution above S; None (default) chooses ρ
             by the parameters' dtype.
+        secure_noise: draw the noise from the secure sampler
+            (:mod:`~dpledger.mechanisms.secure_noise`: a ChaCha20 keystream keyed from the OS,
+            the discrete Gaussian on a power-of-two grid γℤ, each sum rounded to the grid) and
+            record each group's sensitivity after rounding, S_g + γ√d_g. The PyTorch adapter
+            draws it on the host and copies it to the parameters' device; the Keras adapter
+            refuses it for now. Default False (floating-point Gaussian noise from the
+            framework's generator).
 
     Raises:
         InvalidParameterError: a bad field, named with its value and what would be valid.
@@ -305,6 +321,7 @@ class DPConfig:
     scales: Mapping[str, float] | None = attrs.field(default=None, converter=_to_scales, hash=False)
     strategy: Strategy = attrs.field(default="auto", converter=_to_strategy)
     clip_margin: float | None = attrs.field(default=None, converter=_to_clip_margin)
+    secure_noise: bool = attrs.field(default=False, converter=_to_secure_noise)
 
     def __attrs_post_init__(self) -> None:
         if self.l2_norm_bound is None:

@@ -30,6 +30,7 @@ from dpledger.ledger import NeighboringRelation, PrivacyLedger, SamplingEvent, S
 from dpledger.mechanisms.averaging import fixed_denominator_average, realised_batch_average
 from dpledger.mechanisms.backend import Array, ArrayBackend, resolve_backend
 from dpledger.mechanisms.grouped import GroupedSumQuery, PreparedRelease
+from dpledger.mechanisms.noise_provenance import note_numpy_provenance
 from dpledger.mechanisms.sum_query import GaussianSumQuery
 from dpledger.sampling.poisson import PoissonSampler
 from dpledger.validation import check_positive_int, check_probability
@@ -311,7 +312,12 @@ def sampled_step(
         event: the sampling event of any scheme (``SamplingEvent.shuffle(b, n, ...)``, …),
             instead of q, n and the scheme.
         generator: the random generator for the step's noise (``numpy.random.Generator`` for
-            NumPy); may instead be given per call.
+            NumPy); may instead be given per call. None with the NumPy backend and no
+            ``sampler``: a new generator seeded from the operating system's entropy. The
+            ledger's noise provenance (:mod:`dpledger.ledger.provenance`, a note written before
+            the step's sampling event when it changes) records ``os_entropy`` for that one and
+            ``caller_generator`` for a generator given here or a sampler's (a generator given
+            per call is not seen by it).
         backend: the array backend (default NumPy).
         sampler: a :class:`~dpledger.sampling.PoissonSampler` to draw the step's sample from,
             instead of q, n, the scheme and the event: the step records the sampler's own q and
@@ -344,6 +350,7 @@ def sampled_step(
             sampler.population_size,
         )
         generator = sampler.generator if generator is None else generator
+    generator = note_numpy_provenance(ledger, backend, generator, sampler)
     step = open_step(
         ledger,
         sampling_probability=sampling_probability,

@@ -428,10 +428,10 @@ def _draw(prepared: _Prepared, generator: Any) -> list[Array]:
 
 
 def record_releases(prepared: Sequence[_Prepared], ledger: PrivacyLedger) -> None:
-    """Append one sum-query event per release to ``ledger``, then write the step's events to
-    its file in one write before the noised sums are returned (write-ahead; ledger.flush)."""
+    """One sum-query event per release, written in one write before the sums return (WAL)."""
     for p in prepared:
-        q, s, sigma = p.query, p.query.l2_norm_bound, p.query.noise_stddev
+        q, sigma = p.query, p.query.noise_stddev
+        s = getattr(p.backend, "recorded_bound", lambda _, s=q.l2_norm_bound: s)(p)  # S+γ√d
         ledger.record_sum_query(l2_norm_bound=s, noise_stddev=sigma, label=q.label)
         logger.debug("released sum query %r: S=%r, noise_stddev=%r", q.label, s, sigma)
     ledger.flush()

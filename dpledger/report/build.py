@@ -306,6 +306,7 @@ _FINDINGS = (
     "findings",
     "sampling_notes",
     "shuffle_gap",
+    "noise_provenance",
 )
 
 

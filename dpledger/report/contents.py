@@ -166,6 +166,9 @@ class PrivacyReport:
             ``sampling:`` lines; empty for a Poisson ledger).
         shuffle_gap: the shuffle gap's numbers (relation, Poisson ε, lower bound, whether it
             refutes the Poisson ε) for a shuffled ledger, else None.
+        noise_provenance: where the noise came from, one line per distinct record of the
+            ledger (:func:`~dpledger.ledger.provenance.provenance_text`; "not recorded ..." for
+            a ledger without one).
     """
 
     delta: float
@@ -185,6 +188,7 @@ class PrivacyReport:
     findings: tuple[str, ...] = ()
     sampling_notes: tuple[str, ...] = ()
     shuffle_gap: dict[str, Any] | None = None
+    noise_provenance: tuple[str, ...] = ("not recorded",)
 
     @property
     def answered(self) -> tuple[AccountantRow, ...]:

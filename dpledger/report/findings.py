@@ -6,8 +6,9 @@ it too, from the same checks (never a second copy of them): δ ≥ 1/n
 ledger records), the samplers of a non-Poisson ledger, and for a shuffled ledger the shuffle gap
 (:func:`~dpledger.accountants.sampling_report.shuffle_gap`: the Poisson ε commonly reported
 beside the certified lower bound on the run's ε, both under one named relation). With them: the
-population sizes n, the run's intent (``dpledger info``'s line, or "not recorded") and the time
-the report was generated.
+population sizes n, the run's intent (``dpledger info``'s line, or "not recorded"), where the
+noise came from (a caller-given seed is a finding: the ε holds only while it stays secret) and
+the time the report was generated.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dpledger.errors import DPLedgerError
 from dpledger.ledger.commands import intent_text
 from dpledger.ledger.intent import intent_of
 from dpledger.ledger.ledger import PrivacyLedger
+from dpledger.ledger.provenance import provenance_findings, provenance_of, provenance_text
 from dpledger.ledger.steps import CompressedLedger
 from dpledger.validation import delta_too_large_message
 
@@ -36,11 +38,16 @@ def run_findings(ledger: PrivacyLedger, comp: CompressedLedger, delta: float) ->
         A dict with ``population_sizes`` (the distinct n of the sampling events, None for an
         unrecorded one), ``intent`` (the header's intent, or None), ``intent_text`` (it on one
         line, or :data:`NOT_RECORDED`), ``generated`` (UTC, ISO 8601), ``findings`` (the
-        warnings a reader must see before signing: δ ≥ 1/n, a shuffle gap that refutes the
-        Poisson ε), ``sampling_notes`` (``epsilon``'s ``sampling:`` lines) and ``shuffle_gap``
-        (its numbers, or None).
+        warnings a reader must see before signing: noise or batches seeded by the caller or
+        generator states in checkpoints, from
+        :func:`~dpledger.ledger.provenance.provenance_findings`; δ ≥ 1/n; a shuffle gap that
+        refutes the Poisson ε), ``noise_provenance`` (where the noise came from, or "not
+        recorded"), ``sampling_notes`` (``epsilon``'s ``sampling:`` lines) and
+        ``shuffle_gap`` (its numbers, or None).
     """
     findings: list[str] = []
+    records = provenance_of(ledger.notes)
+    findings.extend(f"NOISE: {finding}" for finding in provenance_findings(records))
     sizes = [n for n in ledger.population_sizes if n is not None]
     too_large = delta_too_large_message(delta, max(sizes)) if sizes else None
     if too_large is not None:
@@ -77,4 +84,5 @@ def run_findings(ledger: PrivacyLedger, comp: CompressedLedger, delta: float) ->
         "findings": tuple(findings),
         "sampling_notes": tuple(notes),
         "shuffle_gap": gap_data,
+        "noise_provenance": tuple(provenance_text(records)),
     }

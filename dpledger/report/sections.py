@@ -88,6 +88,7 @@ def report_sections(report: PrivacyReport) -> list[Section]:
                         ("file format version", str(report.header.get("format_version", "-"))),
                         ("metadata", json.dumps(report.header.get("metadata", {}), sort_keys=True)),
                         ("intent", report.intent_text),
+                        ("noise source", "; ".join(report.noise_provenance)),
                         ("records (n)", _population(report)),
                         ("steps", str(v.num_steps)),
                         ("events", str(v.num_events)),

@@ -66,8 +66,6 @@ def test_step_generator_can_be_given_per_call_and_grouped_queries_run() -> None:
     ledger = PrivacyLedger()
     group = GroupedSumQuery([QUERY])
     with sampled_step(ledger, sampling_probability=0.1, population_size=10) as step:
-        with pytest.raises(InvalidParameterError, match="generator"):
-            step.run(QUERY, np.ones((2, 2)))
         ((a,),) = step.run(group, [[np.ones((2, 2))]], generator=np.random.default_rng(1))
         ((b,),) = step.release(
             group, [[np.zeros(2)]], num_records=2, generator=np.random.default_rng(1)

@@ -38,7 +38,9 @@ def on_disk(path: Path) -> list[dict]:
 
 
 def kinds(path: Path) -> list[str]:
-    return [line["kind"] for line in on_disk(path)]
+    """The kinds of the event lines on disk (the notes, e.g. the noise's provenance, are no
+    events)."""
+    return [line["kind"] for line in on_disk(path) if line["kind"] != "note"]
 
 
 @pytest.mark.parametrize("steps", [7, 23, 41])
@@ -83,6 +85,7 @@ def test_a_grouped_release_writes_all_its_groups_before_it_returns(tmp_path: Pat
         with sampled_step(ledger, sampling_probability=0.1, generator=rng) as step:
             step.run(group, [[np.ones((5, 4))], [np.ones((5, 1))]])
         assert [(line["kind"], line.get("label")) for line in on_disk(path)] == [
+            ("note", None),  # the noise's provenance, written before the step
             ("sample", None),
             ("sum_query", "kernel"),
             ("sum_query", "bias"),
@@ -129,7 +132,7 @@ def test_a_correlated_release_writes_the_release_and_each_stream_step_first(
         release.release(np.ones((3, 2)))
         assert kinds(path) == ["correlated_release", "stream_step"]
         release.next_noise()
-        assert [line.get("step") for line in on_disk(path)[1:]] == [0, 1]
+        assert [line.get("step") for line in on_disk(path)[2:]] == [0, 1]  # after the note
 
 
 def test_events_recorded_directly_are_written_at_a_flush(tmp_path: Path) -> None:

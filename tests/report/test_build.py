@@ -153,6 +153,7 @@ def test_json_keys_are_stable(report: PrivacyReport) -> None:
         "header",
         "intent",
         "intent_text",
+        "noise_provenance",
         "population_sizes",
         "runs",
         "samplers",

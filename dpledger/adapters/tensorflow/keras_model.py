@@ -78,7 +78,7 @@ from dpledger.adapters.tensorflow.inner_training import (
     warn_on_direct_training,
 )
 from dpledger.adapters.tensorflow.losses import per_example_loss
-from dpledger.adapters.tensorflow.model_saving import SavedDPModel
+from dpledger.adapters.tensorflow.model_saving import SavedDPModel, note_keras_provenance
 from dpledger.adapters.tensorflow.record_probe import (
     check_probe_switch,
     probe_record_independence,
@@ -87,6 +87,7 @@ from dpledger.adapters.tensorflow.train_function import dp_train_function
 from dpledger.diagnostics.bias import ClippingBiasCallback
 from dpledger.errors import InvalidParameterError, LedgerNotAttachedError, PerExampleLossError
 from dpledger.ledger import PrivacyLedger, SamplingEvent
+from dpledger.ledger.provenance import seeding_of
 from dpledger.mechanisms import DPConfig, GaussianSumQuery
 from dpledger.mechanisms.clipping import ClippingStrategy
 from dpledger.mechanisms.construction_checks import check_bias_callback
@@ -142,7 +143,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
             one the sampler's scheme is analysed under (fixed-size and shuffled batches:
             ``neighboring="replace_one"``).
         generator: the noise ``tf.random.Generator``; or ``seed``.
-        seed: seed of the noise generator (None: OS entropy).
+        seed: seed of the noise generator (None: OS entropy); for tests and research only.
         clipping: ``"flat"`` (default), ``"global"``, ``"automatic"`` or a
             :class:`ClippingStrategy`.
         groups: ``"all"`` (one group, default), ``"per_layer"``, ``"per_parameter"`` (one group
@@ -211,6 +212,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
         check_probe_switch(check_record_independence)
         super().__init__(name=name or f"dp_{model.name}")
         refuse_regularizers(model)
+        self._refuse_secure_noise(settings.config)
         # Built here so that bad clipping arguments fail now, not at the first fit.
         self._dp_queries = settings.queries_for(**variable_layout(model.trainable_variables))
         self._dp_sampler, self._dp_noise = sampler, noise
@@ -237,6 +239,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
         self._dp_iterator: Any = None  # the iterator of the current epoch, and the next
         self._dp_position = 0  # step's position in it
         self._dp_generator = generator_of(generator, seed)
+        note_keras_provenance(self, seeding_of(generator=generator, seed=seed))
         self._dp_strategy = settings.strategy
         self._dp_margin = settings.clip_margin
         self._dp_bias_callback = check_bias_callback(bias_callback)

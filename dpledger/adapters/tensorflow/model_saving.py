@@ -39,6 +39,7 @@ from dpledger.adapters.tensorflow.correlated_model import (
 )
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import PrivacyLedger, SamplingEvent, SamplingScheme
+from dpledger.ledger.provenance import NoiseProvenance, note_noise_provenance, seeding_of
 from dpledger.mechanisms import DPConfig
 from dpledger.mechanisms.clipping import (
     AutomaticClipping,
@@ -56,6 +57,7 @@ __all__ = [
     "config_to_json",
     "event_from_json",
     "event_to_json",
+    "note_keras_provenance",
 ]
 
 _log = logging.getLogger("dpledger.adapters.tensorflow.keras_model")
@@ -184,6 +186,18 @@ class SavedDPModel:
     _dp_check_record_independence: bool
     _dp_stream: Any
     _dp_noise: Any
+
+    @staticmethod
+    def _refuse_secure_noise(config: Any) -> None:
+        """Refuse ``DPConfig(secure_noise=True)``: the Keras adapter does not draw secure
+        noise yet (InvalidParameterError)."""
+        if config is not None and config.secure_noise:
+            raise InvalidParameterError(
+                "config.secure_noise",
+                True,
+                "False: the Keras adapter does not draw secure noise yet (the PyTorch adapter "
+                "and the NumPy mechanisms do)",
+            )
 
     def get_compile_config(self) -> dict[str, Any]:
         """Keras's record of :meth:`compile`'s arguments (the optimizer, the loss as given,
@@ -321,6 +335,7 @@ class SavedDPModel:
             self._dp_sampler = attach_release(self._dp_stream, ledger, sampler)
             self._dp_ledger = ledger_for_release(ledger, self._dp_stream, self._dp_config)
             self._dp_step, self.train_function = None, None
+            note_keras_provenance(self)
             return
         saved = self._dp_events.event
         if sampler is None:
@@ -343,5 +358,43 @@ class SavedDPModel:
         noise = generator_of(generator, seed)
         self._dp_ledger = ledger_with_intent(ledger, events, self._dp_config, None)
         self._dp_events, self._dp_sampler, self._dp_generator = events, sampler, noise
+        note_keras_provenance(self, seeding_of(generator=generator, seed=seed))
         self._dp_step = None
         self.train_function = None
+
+
+def note_keras_provenance(model: Any, seeding: str | None = None) -> None:
+    """Record where a :class:`~dpledger.adapters.tensorflow.DPKerasModel`'s noise comes from
+    in its ledger (:class:`~dpledger.ledger.provenance.NoiseProvenance`; nothing without one).
+
+    A saved model carries no noise generator and no sampler state (see the module docstring),
+    so its checkpoints exclude them; a correlated-noise model's save carries its stream's seed
+    and state, so that the stream can continue, and says so.
+    """
+    if seeding is not None:  # a new noise generator: how it was seeded
+        model._dp_noise_seeding = seeding
+    ledger = getattr(model, "_dp_ledger", None)
+    if ledger is None:
+        return
+    sampler = getattr(model, "_dp_sampler", None)
+    sampler_seeding = getattr(sampler, "seeding", None)
+    stream = getattr(model, "_dp_stream", None)
+    if stream is not None:
+        record = NoiseProvenance(
+            entry_point="keras.DPKerasModel(correlated)",
+            generator="numpy.random.Generator(PCG64)",
+            seeding="os_entropy" if getattr(stream, "fresh_seed", False) else "caller_seed",
+            sampler_seeding=sampler_seeding,
+            state_location="the training process's memory and every model.save",
+            checkpoint="included",
+        )
+    else:
+        record = NoiseProvenance(
+            entry_point="keras.DPKerasModel",
+            generator="tf.random.Generator(philox)",
+            seeding=getattr(model, "_dp_noise_seeding", "os_entropy"),
+            sampler_seeding=sampler_seeding,
+            state_location="the training process's memory (a tf.Variable)",
+            checkpoint="excluded",
+        )
+    note_noise_provenance(ledger, record)

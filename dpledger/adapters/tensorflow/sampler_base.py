@@ -59,6 +59,7 @@ class RecordedDatasetSampler:
 
     def __init__(self, *, population_size: int, seed: int | None) -> None:
         self._n = check_population_size(population_size)
+        self._seeding = "os_entropy" if seed is None else "caller_seed"
         self._seed = _check_seed(seed)
         self._generator = tf.random.Generator.from_seed(self._seed)
         self._datasets: weakref.WeakSet[tf.data.Dataset] = weakref.WeakSet()
@@ -81,6 +82,12 @@ class RecordedDatasetSampler:
         if self._scheme is None:
             raise NotImplementedError
         return self._scheme.steps_per_epoch
+
+    @property
+    def seeding(self) -> str:
+        """How the generator was seeded: ``"os_entropy"`` or ``"caller_seed"``
+        (:data:`~dpledger.ledger.provenance.SEEDINGS`)."""
+        return self._seeding
 
     @property
     def seed(self) -> int:

@@ -39,7 +39,7 @@ import torch
 from dpledger.errors import InvalidParameterError
 from dpledger.mechanisms.backend import Array
 
-__all__ = ["TorchBackend", "check_generator_device"]
+__all__ = ["TorchBackend", "TorchSecureNoise", "check_generator_device", "noise_source"]
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
@@ -256,3 +256,75 @@ class TorchBackend:
 
     def __repr__(self) -> str:
         return "TorchBackend()"
+
+
+class TorchSecureNoise(TorchBackend):
+    """:class:`TorchBackend` whose noise is the secure sampler's
+    (:class:`~dpledger.mechanisms.secure_noise.SecureNoiseBackend`: the sum rounded to the grid
+    γℤ plus discrete Gaussian noise from a ChaCha20 keystream keyed from the OS).
+
+    The noise is drawn on the host and the noisy sum copied back to the tensor's device and
+    dtype (one round trip per tensor; a device-side cipher is future work). The ``generator``
+    the mechanisms pass is ignored. :meth:`sensitivity_after_rounding` gives the S + γ√d the
+    ledger records.
+
+    Args:
+        grid: γ, a power of two (see :class:`~dpledger.mechanisms.secure_noise.SecureNoiseBackend`).
+        stream: a :class:`~dpledger.mechanisms.secure_noise.ChaCha20Stream` for tests; None keys
+            a new one from the OS.
+    """
+
+    name = "torch-secure"
+
+    def __init__(self, *, grid: float = 2.0**-30, stream: Any = None) -> None:
+        from dpledger.mechanisms.secure_noise import SecureNoiseBackend
+
+        self._secure = SecureNoiseBackend(grid=grid, stream=stream)
+
+    @property
+    def grid(self) -> float:
+        """γ."""
+        return self._secure.grid
+
+    @property
+    def stream(self) -> Any:
+        """The keystream."""
+        return self._secure.stream
+
+    def sensitivity_after_rounding(self, l2_norm_bound: float, shapes: list[Any]) -> float:
+        """S + γ√d (see :class:`~dpledger.mechanisms.secure_noise.SecureNoiseBackend`)."""
+        return self._secure.sensitivity_after_rounding(l2_norm_bound, shapes)
+
+    def recorded_bound(self, prepared: Any) -> float:
+        """S + γ√d of a prepared release (see
+        :meth:`~dpledger.mechanisms.secure_noise.SecureNoiseBackend.recorded_bound`)."""
+        return self._secure.recorded_bound(prepared)
+
+    def add_gaussian_noise(self, x: Array, *, stddev: float, generator: Any) -> Array:
+        """x on the grid plus discrete Gaussian noise of scale ``stddev``, drawn on the host."""
+        t = self._tensor(x).detach()
+        host = t.to(device="cpu", dtype=torch.float64).numpy()
+        noisy = self._secure.add_gaussian_noise(host, stddev=float(stddev), generator=None)
+        return torch.from_numpy(noisy).to(device=t.device, dtype=t.dtype)
+
+    def __repr__(self) -> str:
+        return f"TorchSecureNoise(grid={self.grid!r})"
+
+
+def noise_source(release_backend: Any, secure: bool, correlated: bool) -> TorchBackend:
+    """The noise source of an optimizer's ``add_noise``: :class:`TorchBackend`, or with
+    ``secure`` :class:`TorchSecureNoise`, whose ``recorded_bound`` (S + γ√d) is given to the
+    optimizer's release backend so that its queries record it.
+
+    Raises:
+        InvalidParameterError: ``secure`` with correlated noise (not supported yet).
+    """
+    if not secure:
+        return TorchBackend()
+    if correlated:
+        raise InvalidParameterError(
+            "config.secure_noise", True, "False with correlated noise (not supported yet)"
+        )
+    source = TorchSecureNoise()
+    release_backend.recorded_bound = source.recorded_bound
+    return source

@@ -1,8 +1,17 @@
 """Checkpoints of :class:`~dpledger.adapters.torch.optimizer.DPOptimizer`.
 
 :class:`OptimizerCheckpoint` holds ``state_dict`` and ``load_state_dict``: the wrapped
-optimizer's state with the noise generator, the sampler and the ledger position, and the rules
-for resuming against a ledger that holds as many, more, or fewer steps than the checkpoint.
+optimizer's state, the sampler's position and the ledger position, and the rules for resuming
+against a ledger that holds as many, more, or fewer steps than the checkpoint; and the record of
+where the run's noise comes from (:class:`~dpledger.ledger.provenance.NoiseProvenance`).
+
+A default checkpoint carries neither the noise generator's state nor the batch sampler's: a
+checkpoint pushed next to the weights must not hand out the noise of later (or, for an
+invertible generator, earlier) steps or which records were drawn. A resume draws fresh states
+from OS entropy, logs it, and records the new provenance. Bit-for-bit resume is an explicit
+opt-in, :meth:`OptimizerCheckpoint.enable_bit_for_bit_resume`, which the ledger records
+(``checkpoint: "included"``). Correlated noise is the exception: its checkpoint must carry the
+stream's seed and state to continue the stream, and its provenance says so.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import torch
 
 from dpledger.adapters.torch.distributed import _common_seed, broadcast_tensors
 from dpledger.errors import EngineStateError, InvalidParameterError, LedgerStateError
+from dpledger.ledger.provenance import NoiseProvenance, note_noise_provenance
 
 __all__ = ["OptimizerCheckpoint"]
 
@@ -28,12 +38,64 @@ class OptimizerCheckpoint:
     """``state_dict`` / ``load_state_dict`` of
     :class:`~dpledger.adapters.torch.optimizer.DPOptimizer` (a base class of it)."""
 
-    def state_dict(self) -> dict[str, Any]:
-        """The wrapped optimizer's state with the noise generator, the sampler and the ledger
-        position, to be saved together with the model's ``state_dict()``.
+    _generator_states_in_checkpoints = False
+    _noise_seeding = "os_entropy"
 
-        The ledger is flushed first, so that the ledger file holds at least every step this
-        checkpoint counts.
+    def enable_bit_for_bit_resume(self) -> None:
+        """Opt in to checkpoints that carry the noise and sampler generator states.
+
+        A resume from such a checkpoint continues the same noise and the same batches, bit for
+        bit (tests, debugging, research). Whoever holds the checkpoint can then regenerate the
+        noise of the later steps (and, for torch's invertible generators, of earlier ones) and
+        which records were drawn, so the ledger records the opt-in (a provenance note with
+        ``checkpoint: "included"``) and ``dpledger epsilon`` and ``report`` flag it.
+        """
+        self._generator_states_in_checkpoints = True
+        self._note_provenance()
+
+    def _note_provenance(self) -> None:
+        """Record where the noise comes from in the ledger (rank 0's; a note, once per change)."""
+        stream = getattr(self, "_stream", None)
+        if stream is not None:
+            record = NoiseProvenance(
+                entry_point="torch.DPOptimizer(correlated)",
+                generator="numpy.random.Generator(PCG64)",
+                seeding="os_entropy" if stream.fresh_seed else "caller_seed",
+                sampler_seeding=getattr(self._sampler, "seeding", None),
+                state_location="the training process's memory (rank 0) and every checkpoint",
+                checkpoint="included",  # the stream's seed and state continue the stream
+            )
+        elif getattr(self._noise_source, "recorded_bound", None) is not None:
+            source = self._noise_source
+            record = NoiseProvenance(
+                entry_point="torch.DPOptimizer",
+                generator=f"chacha20 discrete Gaussian on the grid {source.grid!r}, host-drawn",
+                seeding="caller_seed" if source.stream.keyed_by_caller else "os_entropy",
+                sampler_seeding=getattr(self._sampler, "seeding", None),
+                secure_sampler=True,
+                state_location="the training process's memory (the keystream's key, rank 0)",
+                checkpoint="excluded",  # a ChaCha20Stream is never saved
+            )
+        else:
+            where = "rank 0's" if self._distributed else "the training process's"
+            record = NoiseProvenance(
+                entry_point="torch.DPOptimizer",
+                generator=f"torch.Generator({self._device.type})",
+                seeding=self._noise_seeding,
+                sampler_seeding=getattr(self._sampler, "seeding", None),
+                state_location=f"{where} memory ({self._device.type})",
+                checkpoint="included" if self._generator_states_in_checkpoints else "excluded",
+            )
+        note_noise_provenance(self._ledger, record)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state with the sampler's and the ledger's positions, to be
+        saved together with the model's ``state_dict()``.
+
+        No generator state unless :meth:`enable_bit_for_bit_resume` was called
+        (``noise_generator_state`` is then the noise generator's, ``sampler`` the sampler's
+        with its generator). The ledger is flushed first, so that the ledger file holds at
+        least every step this checkpoint counts.
         """
         if self._pending() or self._acc is not None:
             raise EngineStateError(
@@ -48,11 +110,18 @@ class OptimizerCheckpoint:
                 "num_events": self._ledger.num_events,
                 "path": self._ledger.path,
             }
+        keep = self._generator_states_in_checkpoints
+        if self._sampler is None:
+            sampler = None
+        elif self._stream is not None:  # the cyclic scheme: no generator, the stream's batches
+            sampler = self._sampler.state_dict()
+        else:
+            sampler = self._sampler.state_dict(include_generator_state=keep)
         return {
             "version": _STATE_VERSION,
             "optimizer": self._opt.state_dict(),
-            "noise_generator_state": self._generator.get_state(),
-            "sampler": None if self._sampler is None else self._sampler.state_dict(),
+            "noise_generator_state": self._generator.get_state() if keep else None,
+            "sampler": sampler,
             "steps_taken": self._steps_taken,
             "ledger": ledger_position,
             "l2_norm_bound": self.l2_norm_bound,
@@ -138,21 +207,34 @@ class OptimizerCheckpoint:
                 state_dict["correlated"], ledger=self._ledger, scheme=scheme
             )
         self._opt.load_state_dict(state_dict["optimizer"])
-        if behind:
-            logger.warning(
-                "reseeding the noise generator and the batch sampler from OS entropy: "
-                "restoring the checkpoint's generator states would repeat the noise and the "
-                "samples of the steps recorded after it"
-            )
+        saved = state_dict.get("noise_generator_state")
+        if behind or (saved is None and self._stream is None):
+            if behind:
+                logger.warning(
+                    "reseeding the noise generator and the batch sampler from OS entropy: "
+                    "restoring the checkpoint's generator states would repeat the noise and the "
+                    "samples of the steps recorded after it"
+                )
+            else:
+                logger.info(
+                    "the checkpoint holds no generator states (the default): the noise "
+                    "generator and the batch sampler continue from fresh states drawn from OS "
+                    "entropy (enable_bit_for_bit_resume() before saving keeps them)"
+                )
             self._generator.seed()
-            if self._sampler is not None:
+            self._noise_seeding = "os_entropy"
+            if self._sampler is not None and self._stream is None:
                 self._sampler.reseed(
                     _common_seed(self._group) if self._distributed else secrets.randbits(62)
                 )
+                self._sampler._seeding = "os_entropy"
         else:
-            self._generator.set_state(state_dict["noise_generator_state"])
+            if saved is not None:
+                self._generator.set_state(saved)
+                self._generator_states_in_checkpoints = True
             if self._sampler is not None and state_dict.get("sampler") is not None:
                 self._sampler.load_state_dict(state_dict["sampler"])
+        self._note_provenance()
         self._steps_taken = int(state_dict["steps_taken"])
         self._discard_pending()
         self._reset()

@@ -112,7 +112,8 @@ class DistributedPoissonBatchSampler(PoissonBatchSampler):
         me = default_rank if rank is None else check_non_negative_int("rank", rank)
         if me >= world:
             raise InvalidParameterError("rank", rank, f"an integer in [0, {world - 1}]")
-        if seed is None:
+        drawn = seed is None
+        if drawn:
             seed = _common_seed(process_group)
         super().__init__(
             population_size=population_size,
@@ -120,6 +121,8 @@ class DistributedPoissonBatchSampler(PoissonBatchSampler):
             steps=steps,
             seed=seed,
         )
+        if drawn:
+            self._seeding = "os_entropy"  # rank 0 drew the common seed from the OS
         self._rank = me
         self._world = world
 

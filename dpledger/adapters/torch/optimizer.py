@@ -109,7 +109,7 @@ from dpledger.adapters.torch.accumulation import (
     refuse_virtual_batches,
     user_gradients,
 )
-from dpledger.adapters.torch.backend import TorchBackend, check_generator_device
+from dpledger.adapters.torch.backend import check_generator_device, noise_source
 from dpledger.adapters.torch.checkpoint import OptimizerCheckpoint
 from dpledger.adapters.torch.construction_checks import (
     check_optimizer_and_model,
@@ -149,6 +149,7 @@ from dpledger.errors import (
     SamplerMismatchError,
 )
 from dpledger.ledger import PrivacyLedger, SamplingEvent
+from dpledger.ledger.provenance import seeding_of
 from dpledger.mechanisms.backend import add_noise_to_all
 from dpledger.mechanisms.clipping import ClippingStrategy
 from dpledger.mechanisms.config import DPConfig, Grouping
@@ -225,8 +226,8 @@ class DPOptimizer(CorrelatedNoiseSetup, OptimizerCheckpoint, torch.optim.Optimiz
         bam_radius: λ > 0 for Bias-Aware Minimisation's per-example ascent (needs
             ``loss_fn``); None for none.
         generator: the noise generator, a ``torch.Generator`` on the parameters' device.
-        seed: a seed for a new noise generator (when ``generator`` is None); None seeds from
-            OS entropy.
+        seed: a seed for a new noise generator (when ``generator`` is None), for tests and
+            research (recorded as ``caller_seed``); None seeds from OS entropy.
         bias_callback: ``callback(step, ClippingBias)`` after every step (NOT private).
         clip_margin: ρ in [0, 0.5): factors clip to C·(1 − ρ) while the ledger records C, so
             that rounding in the per-example norms and sums (computed in the parameters' dtype)
@@ -346,7 +347,7 @@ class DPOptimizer(CorrelatedNoiseSetup, OptimizerCheckpoint, torch.optim.Optimiz
         self._init_parameters(model, optimizer, config.clip_margin)
         self._init_queries(config)
         self._check_stream_queries(config)
-        self._init_noise(generator, seed)
+        self._init_noise(generator, seed, secure=config.secure_noise)
         self._gradients = GradientSource(
             model,
             names=self._names,
@@ -408,11 +409,16 @@ class DPOptimizer(CorrelatedNoiseSetup, OptimizerCheckpoint, torch.optim.Optimiz
         self._sharded = check_sharded_parameters(self._params, world_size=self._world)  # FSDP2
         self._clip_margin = default_clip_margin(self._params) if margin is None else margin
 
-    def _init_noise(self, generator: torch.Generator | None, seed: int | None) -> None:
-        """The noise generator on the parameters' device, and the noise source of ``add_noise``."""
+    def _init_noise(
+        self, generator: torch.Generator | None, seed: int | None, *, secure: bool = False
+    ) -> None:
+        """The noise generator on the parameters' device, and the noise source of ``add_noise``
+        (the secure sampler's with ``secure``: the queries then record S + γ√d)."""
         self._generator = noise_generator(generator, seed, self._device)
-        self._noise_source = TorchBackend()
+        self._noise_seeding = seeding_of(generator=generator, seed=seed)
         self._backend = OptimizerNoiseBackend(self.add_noise)
+        self._noise_source = noise_source(self._backend, secure, self._stream is not None)
+        self._note_provenance()
 
     def _init_queries(self, config: DPConfig) -> None:
         """The groups and their sum queries, in the core step, and the factors on the device."""
@@ -545,6 +551,8 @@ class DPOptimizer(CorrelatedNoiseSetup, OptimizerCheckpoint, torch.optim.Optimiz
     def generator(self, value: torch.Generator) -> None:
         check_generator_device(value, self._device, parameter="generator")
         self._generator = value
+        self._noise_seeding = "caller_generator"
+        self._note_provenance()
 
     @property
     def _queries(self) -> GradientQueries:

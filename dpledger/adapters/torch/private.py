@@ -190,8 +190,10 @@ def make_private(
             ``torch.distributed`` pass it on rank 0 only.
         accountant: the accountant of the calibration (None: ``"prv"``, its certified upper
             bound); it is written into the ledger's metadata.
-        seed: seeds the sampling and the noise (two independent streams); None draws both
-            from OS entropy (the sampling seed is then shared by rank 0 in distributed runs).
+        seed: seeds the sampling and the noise (two independent streams), for tests and
+            research: the ledger records ``caller_seed`` and the CLI flags it (the ε holds
+            only while the seed stays secret). None (the default) draws both from OS entropy
+            (the sampling seed is then shared by rank 0 in distributed runs).
             With ``noise=`` a spec, a checkpoint loaded later brings its own scheme and noise.
         max_physical_batch_size: split each logical batch into chunks of at most this many
             records (virtual batches; the loop stays the same).
@@ -327,6 +329,8 @@ def _make_correlated(
     if sampling_seed is None:
         sampling_seed = secrets.randbits(62)
     sampler = CyclicBatchSampler.for_spec(spec, population_size=n, seed=sampling_seed)
+    if seed is None:
+        sampler._seeding = "os_entropy"  # the seed above came from the OS, not the caller
     loader = private_data_loader(dataset, sampler=sampler, **loader_kwargs)
     dp_optimizer = DPOptimizer(
         optimizer,

@@ -28,6 +28,7 @@ and hand the indices to ``torch.utils.data`` as lists.
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,12 +38,15 @@ from torch.utils.data import Sampler
 
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import SamplingEvent
+from dpledger.ledger.provenance import seeding_of
 from dpledger.sampling.draws import Draw, PendingDraws
 from dpledger.sampling.index_draws import host_generator
 from dpledger.sampling.schemes import BatchScheme
 from dpledger.sampling.validation import check_population_size
 
 __all__ = ["EpochBatchSampler", "RecordedBatchSampler"]
+
+_log = logging.getLogger(__name__)
 
 
 def _check_generator(generator: Any) -> torch.Generator | None:
@@ -97,6 +101,7 @@ class RecordedBatchSampler(Sampler[list[int]], abc.ABC):
     ) -> None:
         self._n = check_population_size(population_size)
         self._generator = _make_generator(generator, seed)
+        self._seeding = seeding_of(generator=generator, seed=seed)
         self._draws = PendingDraws()
 
     # ------------------------------------------------------------------ subclass hooks
@@ -190,13 +195,40 @@ class RecordedBatchSampler(Sampler[list[int]], abc.ABC):
         self._draws.clear()  # an abandoned pass's prefetched draws were not used
 
     # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """The generator's state, to resume the same stream of batches."""
+    @property
+    def seeding(self) -> str:
+        """How the generator was seeded: ``"os_entropy"``, ``"caller_seed"`` or
+        ``"caller_generator"`` (:data:`~dpledger.ledger.provenance.SEEDINGS`)."""
+        return self._seeding
+
+    def state_dict(self, *, include_generator_state: bool = False) -> dict[str, Any]:
+        """The sampler's state for a checkpoint.
+
+        By default it holds no generator state (``"generator_state": None``): which records
+        were drawn must stay secret for amplification by subsampling to hold, and whoever has
+        the state can replay the draws. ``include_generator_state=True`` keeps it, for a
+        bit-for-bit resume (the optimizer's opt-in,
+        :meth:`~dpledger.adapters.torch.checkpoint.OptimizerCheckpoint.enable_bit_for_bit_resume`).
+        """
+        if not include_generator_state:
+            return {"generator_state": None}
         return {"generator_state": self._generator.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a state from :meth:`state_dict`."""
+        """Restore a state from :meth:`state_dict`; one without a generator state continues
+        from a fresh state drawn from OS entropy (and says so in the log)."""
+        if state.get("generator_state") is None:
+            self._fresh_state()
+            return
         self._generator.set_state(state["generator_state"])
+
+    def _fresh_state(self) -> None:
+        _log.info(
+            "%s: the checkpoint holds no generator state; drawing a fresh one from OS entropy",
+            type(self).__name__,
+        )
+        self._generator.seed()
+        self._seeding = "os_entropy"
 
     def reseed(self, seed: int) -> None:
         """Continue from a fresh generator state (a resumed run that must not repeat draws)."""
@@ -312,15 +344,17 @@ class EpochBatchSampler(RecordedBatchSampler):
     def _event_of(self, draw: Draw) -> SamplingEvent:
         return self.sampling_event(epoch_start=self._draws.starts_epoch(draw))
 
-    def state_dict(self) -> dict[str, Any]:
-        """The generator's state and the position in the current epoch.
+    def state_dict(self, *, include_generator_state: bool = False) -> dict[str, Any]:
+        """The generator's state and the position in the current epoch (only with
+        ``include_generator_state=True``; by default neither, and a resume starts a new epoch
+        from a fresh OS-entropy state).
 
         ``epoch`` holds the generator's state before the current epoch was drawn, the batches of
         the epoch already consumed, and whether a step of the epoch was recorded; None before
         the first epoch. A sampler loaded with it continues that epoch at its next pass.
         """
-        state = super().state_dict()
-        if self._epoch_state is None:
+        state = super().state_dict(include_generator_state=include_generator_state)
+        if self._epoch_state is None or not include_generator_state:
             state["epoch"] = None
         else:
             state["epoch"] = {
@@ -333,7 +367,10 @@ class EpochBatchSampler(RecordedBatchSampler):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state from :meth:`state_dict`: the next pass continues its epoch."""
         epoch = state.get("epoch")
-        if epoch is not None and 0 < epoch["batches_done"] < len(self):
+        if epoch is None and state.get("generator_state") is None:
+            self._fresh_state()
+            self._resume = None
+        elif epoch is not None and 0 < epoch["batches_done"] < len(self):
             self._generator.set_state(epoch["generator_state"])
             self._resume = (int(epoch["batches_done"]), bool(epoch["start_recorded"]))
         elif epoch is not None and epoch["batches_done"] == 0:

@@ -198,9 +198,10 @@ class UserPoissonBatchSampler(StepwiseBatchSampler):
         return event, UserBatch(user_index, len(users), users)
 
     # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """The generator's state, with the number of users and records it was drawn for."""
-        state = super().state_dict()
+    def state_dict(self, *, include_generator_state: bool = False) -> dict[str, Any]:
+        """The number of users and records, with the generator's state only when
+        ``include_generator_state`` (see the base class)."""
+        state = super().state_dict(include_generator_state=include_generator_state)
         state["num_users"] = len(self._users)
         state["num_records"] = self._n
         return state

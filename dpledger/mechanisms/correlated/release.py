@@ -16,6 +16,7 @@ import numpy.typing as npt
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger.correlated import CorrelatedReleaseEvent, check_new_release_seed
 from dpledger.ledger.ledger import PrivacyLedger
+from dpledger.ledger.provenance import NoiseProvenance, note_noise_provenance
 from dpledger.mechanisms.clipping import rounding_clip_margin
 from dpledger.mechanisms.correlated.noise import CorrelatedNoise, noise_for
 from dpledger.mechanisms.correlated.rebuild import strategy_matrix
@@ -187,6 +188,15 @@ class CorrelatedNoiseRelease:
         self.index = len(ledger.correlated_releases)
         check_new_release_seed(self.index, fresh_seed=seed is None)
         self._ledger = ledger
+        note_noise_provenance(
+            ledger,
+            NoiseProvenance(
+                entry_point="numpy.CorrelatedNoiseRelease",
+                generator="numpy.random.Generator(PCG64)",
+                seeding="os_entropy" if seed is None else "caller_seed",
+                state_location="the process's memory (the stream's generator and buffers)",
+            ),
+        )
         ledger.record_correlated_release(self.event)
 
     def _record_step(self) -> None:

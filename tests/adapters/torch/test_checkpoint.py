@@ -70,6 +70,7 @@ def test_resumed_run_continues_the_ledger_and_spends_the_same_epsilon(tmp_path, 
     path = tmp_path / "run.dpl"
     ledger = PrivacyLedger(path)
     model, optimizer, loader = setup(ledger, seed=5, device=device)
+    optimizer.enable_bit_for_bit_resume()  # the explicit opt-in: generator states saved
     train(model, optimizer, loader, 3, device)
     save(tmp_path / "ckpt.pt", model, optimizer)
     del model, optimizer, loader, ledger  # the process ends (no close marker)
@@ -129,6 +130,7 @@ def test_resuming_behind_the_ledger_draws_fresh_noise_and_samples(tmp_path):
     path = tmp_path / "run.dpl"
     ledger = PrivacyLedger(path)
     model, optimizer, loader = setup(ledger, seed=1)
+    optimizer.enable_bit_for_bit_resume()  # even with the states in the checkpoint
     train(model, optimizer, loader, 3)
     save(tmp_path / "ckpt.pt", model, optimizer)
     lost = released_gradients(model, optimizer, loader, 2)
@@ -143,7 +145,8 @@ def test_resuming_behind_the_ledger_draws_fresh_noise_and_samples(tmp_path):
     # two empty batches).
     sampler = loader.batch_sampler
     assert not torch.equal(
-        sampler.state_dict()["generator_state"], checkpoint["sampler"]["generator_state"]
+        sampler.state_dict(include_generator_state=True)["generator_state"],
+        checkpoint["sampler"]["generator_state"],
     )
     assert not torch.equal(optimizer.generator.get_state(), checkpoint["noise_generator_state"])
     again = released_gradients(model, optimizer, loader, 2)

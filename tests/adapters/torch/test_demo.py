@@ -34,7 +34,9 @@ def _pld_oracle_epsilon(*, q: float, z: float, steps: int, delta: float) -> floa
 @pytest.mark.slow
 def test_demo_prints_the_epsilon_its_ledger_replays_to(tmp_path, capsys):
     path = tmp_path / "digits.dpl"
-    rows = DEMO["main"](["--ledger", str(path), "--epochs", "2", "--target-epsilon", "6"])
+    rows = DEMO["main"](
+        ["--ledger", str(path), "--epochs", "2", "--target-epsilon", "6", "--noise-seed", "0"]
+    )
     out = capsys.readouterr().out
     assert "test accuracy:" in out and str(path) in out
     printed = {r.accountant: r for r in rows}
@@ -63,7 +65,9 @@ def test_demo_prints_the_epsilon_its_ledger_replays_to(tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
 def test_each_wrapped_optimizer_learns_digits_at_epsilon_8(tmp_path, optimizer):
-    result = DEMO["train"](tmp_path / "run.dpl", optimizer=optimizer, target_epsilon=8.0, epochs=8)
+    result = DEMO["train"](
+        tmp_path / "run.dpl", optimizer=optimizer, target_epsilon=8.0, epochs=8, noise_seed=0
+    )
     ledger = PrivacyLedger.load(result.ledger_path)
     assert PrvAccountant().epsilon(ledger, delta=1e-5).upper <= 8.0  # the calibrating bound
     (run,) = ledger.runs()

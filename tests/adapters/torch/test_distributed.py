@@ -17,6 +17,7 @@ from dpledger import PrivacyLedger
 from dpledger.adapters.torch import DistributedPoissonBatchSampler, PoissonBatchSampler
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger import SamplingEvent
+from dpledger.ledger.provenance import provenance_of
 from tests.adapters.torch import distributed_worker as w
 
 
@@ -42,6 +43,9 @@ def test_two_gloo_ranks_equal_one_process_on_the_union(tmp_path):
         # rank 0 wrote each step to the file before its step() returned
         assert ranks[0]["on_disk"] == list(range(1, w.STEPS + 1))
         assert ranks[1]["on_disk"] == []  # no ledger on rank 1
+        (record,) = provenance_of(ledger.notes)  # rank 0 recorded where the noise came from
+        assert record.state_location.startswith("rank 0's memory")
+        assert (record.seeding, record.sampler_seeding) == ("caller_seed", "caller_seed")
     assert not list(tmp_path.glob("rank1*.dpl"))
     assert torch.load(tmp_path / "refusals0.pt") == [
         "sampler",

@@ -70,7 +70,7 @@ def test_reproducible_from_seed_and_resumable():
     assert a[0] != a[1]  # a new epoch continues the stream
     s = PoissonBatchSampler(population_size=30, sampling_probability=0.2, seed=7)
     first = list(s)
-    state = s.state_dict()
+    state = s.state_dict(include_generator_state=True)  # the bit-for-bit opt-in
     second = list(s)
     s.load_state_dict(state)
     assert list(s) == second and first == a[0]

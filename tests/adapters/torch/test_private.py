@@ -198,7 +198,9 @@ def test_a_ledger_the_user_created_records_the_intent_in_a_note(tmp_path, capsys
     assert main(["info", str(path)]) == 0
     out = capsys.readouterr().out
     assert "intent        target ε = 3 at δ = 1e-05; noise calibrated by prv" in out
-    assert PrivacyLedger.load(path).notes == ({"intent": given.intent},)
+    notes = PrivacyLedger.load(path).notes
+    assert notes[0] == {"intent": given.intent}
+    assert [list(n) for n in notes[1:]] == [["noise_provenance"]]  # the noise's source
     # a second run on the same ledger finds the intent and records no other note
     make_private(
         model,
@@ -210,7 +212,7 @@ def test_a_ledger_the_user_created_records_the_intent_in_a_note(tmp_path, capsys
         ledger=(again := PrivacyLedger(path, resume=True)),
         seed=0,
     )
-    assert len(again.notes) == 1
+    assert len(again.notes) == 2  # the intent and the noise's source, as before
     again.close()
 
 

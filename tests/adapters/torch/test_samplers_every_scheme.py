@@ -219,7 +219,7 @@ def test_a_batch_of_another_size_is_refused():
 def test_per_step_samplers_resume_the_same_stream(make):
     a = make(1)
     list(a)
-    state = a.state_dict()
+    state = a.state_dict(include_generator_state=True)  # the bit-for-bit opt-in
     rest = [list(a) for _ in range(2)]
     b = make(2)
     b.load_state_dict(state)
@@ -240,7 +240,7 @@ def test_epoch_samplers_resume_the_same_epoch_and_the_next(kind, done):
     epoch = [next(it) for _ in range(min(done + 2, 5))]  # drawn ahead of the steps
     claimed = _claim_all(a, epoch[:done])
     assert (claimed[:1] == [a.sampling_event(epoch_start=True)]) == (done > 0)
-    state = a.state_dict()
+    state = a.state_dict(include_generator_state=True)  # the bit-for-bit opt-in
     tail = epoch[done:] + list(it)
     next_epoch = list(a)
 
@@ -539,6 +539,7 @@ def test_a_checkpoint_in_the_middle_of_a_shuffled_epoch_resumes_the_same_run():
             ledger=ledger,
             seed=0,
         )
+        dp.enable_bit_for_bit_resume()  # the explicit opt-in: generator states saved
         if state is not None:  # the resumed run: the ledger and model as at the checkpoint
             model.load_state_dict(state["model"])
             for event in state["events"]:

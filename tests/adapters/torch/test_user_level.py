@@ -180,7 +180,7 @@ def test_a_sampler_state_resumes_the_same_draws():
     ids = _user_ids()
     sampler = UserPoissonBatchSampler(ids, 0.4, 3, seed=11, steps=3)
     list(sampler)
-    state = sampler.state_dict()
+    state = sampler.state_dict(include_generator_state=True)  # the bit-for-bit opt-in
     following = list(sampler)
     other = UserPoissonBatchSampler(ids, 0.4, 3, seed=99, steps=3)
     other.load_state_dict(state)
@@ -395,6 +395,7 @@ def test_a_checkpointed_user_level_run_resumes_the_same_steps():
         loader = private_data_loader(dataset, sampler=sampler)
         model, ledger = _model(), PrivacyLedger()
         dp = _optimizer(model, loader, ledger=ledger, noise_multiplier=1.0, lr=0.1)
+        dp.enable_bit_for_bit_resume()  # the explicit opt-in: generator states saved
         if state is not None:
             model.load_state_dict(state["model"])
             for event in state["events"]:
