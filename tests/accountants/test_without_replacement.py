@@ -9,7 +9,9 @@ References checked here:
   replace-one), which is its ``func`` at σ = z/2. For α > 256 it evaluates exactly Theorem 9's sum
   (its "Stirling" branch: the j = 2 term with min{4(e^{ε(2)} − 1), 2e^{ε(2)}} and
   2·γ^j C(α, j) e^{(j−1)ε(j)} for j ≥ 3); for α ≤ 256 each term is the smaller of that and a
-  Gaussian-specific forward-difference term, so there it can only be below Theorem 9.
+  Gaussian-specific forward-difference term (Theorem 27), so there it can only be below Theorem 9;
+  a fractional order interpolates log A between the integer orders around it. dpledger's public
+  value does the same and so equals it, rounded up.
 * The exact Rényi divergence of the two mixtures of Gaussians a tiny population produces
   (every subset of b of n scalar records, one record replaced), by mpmath quadrature.
 """
@@ -29,7 +31,9 @@ from hypothesis import strategies as st
 from scipy.special import logsumexp
 
 from dpledger.accountants.without_replacement import (
+    GAUSSIAN_TERMS_MAX_ORDER,
     MAX_ORDER,
+    _log_central_moments,
     _theorem_log_excess,
     rdp_without_replacement,
 )
@@ -94,8 +98,88 @@ def test_equals_dp_accounting_at_small_noise_for_every_order() -> None:
         assert ours == pytest.approx(theirs, rel=2.0 * _rounding(0.01, 0.3, alpha))
 
 
+@pytest.mark.parametrize("gamma", GRID_GAMMA)
+def test_equals_dp_accounting_up_to_order_256_fractional_orders_included(gamma: float) -> None:
+    # the public value takes Theorem 27's Gaussian-specific terms and interpolates fractional
+    # orders as dp-accounting does. Both evaluate the central moments' alternating sums, which
+    # for z ≤ 5 and these orders cancel by at most about 10⁴, so each is exact to about
+    # 10⁴·(its rounding margin) ≈ 1e-10: equal to rtol 1e-9. (At z = 20 the sums cancel by up
+    # to 10¹⁰⁰ and neither float64 evaluation is exact: the moments' own test covers it.)
+    orders = [1.001, 1.5, 2, 2.5, 3, 4, 7.5, 8, 32, 63.2, 64, GAUSSIAN_TERMS_MAX_ORDER]
+    for z in (0.3, 0.5, 1.0, 2.0, 5.0):
+        theirs = dp_rdp._compute_rdp_sample_wor_gaussian(gamma, z / 2.0, orders)
+        # ours is also capped by 2α/z² and by the bounds at higher requested orders
+        capped = np.minimum(theirs, 2.0 * np.array(orders) / z**2)
+        want = np.minimum.accumulate(capped[::-1])[::-1]
+        ours = rdp_without_replacement(gamma, z, orders)
+        np.testing.assert_allclose(ours, want, rtol=1e-9, err_msg=f"{gamma}, {z}")
+
+
+def _old_theorem_9(gamma: float, z: float, orders: list[float]) -> np.ndarray:
+    """The bound before Theorem 27's terms: Theorem 9 at ⌈α⌉, capped by 2⌈α⌉/z², and the
+    smallest over the requested orders ≥ α."""
+    at = [min(_theorem(gamma, z, math.ceil(a)), 2.0 * math.ceil(a) / z**2) for a in orders]
+    return np.minimum.accumulate(np.array(at)[::-1])[::-1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(1e-6, 1.0), st.floats(0.1, 100.0))
+def test_never_above_theorem_9_alone(gamma: float, z: float) -> None:
+    orders = [1.5, 2, 2.5, 3, 4, 5.5, 8, 16, 31.7, 64, 256, 300.5]
+    new = rdp_without_replacement(gamma, z, orders)
+    old = _old_theorem_9(gamma, z, orders)
+    slack = 2.0 * max(_rounding(gamma, z, a) for a in orders)
+    assert np.all(new <= old * (1.0 + slack)), (gamma, z, new, old)
+
+
+def test_central_moments_are_upper_bounds_on_the_exact_forward_differences() -> None:
+    # E_q[(p/q − 1)^m] = Σ_k C(m, k)(−1)^{m−k} e^{2k(k−1)/z²}, exactly in 200-digit mpmath; the
+    # margin added is a small multiple of 8u times the magnitudes the terms' logarithms are
+    # computed from (log-Gamma values, the largest exponent 2m(m − 1)/z²) of the terms' sum
+    mp.mp.dps = 200
+    for z in (0.5, 2.0, 5.0, 20.0, 100.0):
+        ours = _log_central_moments(z, 40)
+        for m in range(2, 41, 2):
+            terms = [
+                mp.binomial(m, k)
+                * (-1) ** (m - k)
+                * mp.exp(mp.mpf(2 * k * (k - 1)) / mp.mpf(z) ** 2)
+                for k in range(m + 1)
+            ]
+            exact, size = mp.fsum(terms), mp.fsum(abs(t) for t in terms)
+            assert exact > 0
+            assert mp.mpf(ours[m]) >= mp.log(exact), (z, m)
+            weight = 3.0 * math.lgamma(m + 1.0) + 8.0 * m * (m - 1) / z**2 + 10.0
+            margin = mp.mpf(4.0 * 8.0 * U * weight + 2.0 * (m + 4) * U)
+            assert mp.exp(mp.mpf(ours[m])) <= exact + margin * size, (z, m)
+        # m = 2 is taken in closed form: the moment to 1e-12 whatever z
+        assert float(ours[2] - mp.log(mp.expm1(mp.mpf(4) / mp.mpf(z) ** 2))) <= 1e-12
+
+
+# the two tiny populations and noise levels where Theorem 27's terms are below Theorem 9's
+TIGHTER = [(3, 1, 5.0), (4, 2, 4.0)]
+
+
+@pytest.mark.parametrize(("n", "b", "z"), TIGHTER)
+def test_tighter_bound_is_above_the_exact_divergence_of_tiny_populations(
+    n: int, b: int, z: float
+) -> None:
+    # every population of n scalar records (the replaced one +1 → −1, the others in {−1, 0, 1}),
+    # both directions, in float64 with the quadrature's error estimate added (see below)
+    orders = [2.5, 3, 4.5, 6]
+    bound = rdp_without_replacement(b / n, z, orders)
+    assert np.all(bound < _old_theorem_9(b / n, z, orders))  # the new terms are in play
+    others = list(itertools.combinations_with_replacement((-1.0, 0.0, 1.0), n - 1))
+    for alpha, value in zip(orders, bound, strict=True):
+        worst = 0.0
+        for rest in others:
+            p, q = _subset_sums((1.0, *rest), b), _subset_sums((-1.0, *rest), b)
+            worst = max(worst, _float_rdp(p, q, z, alpha), _float_rdp(q, p, z, alpha))
+        assert value >= worst, (n, b, z, alpha, value, worst)
+
+
 # --------------------------------------------------------------------------- exact divergence
-def _exact_rdp(means_p: list[float], means_q: list[float], z: float, alpha: int) -> mp.mpf:
+def _exact_rdp(means_p: list[float], means_q: list[float], z: float, alpha: float) -> mp.mpf:
     """D_α(P‖Q) for equal-weight mixtures of N(m, z²) (scalar), by 20-digit mpmath quadrature."""
     mp.mp.dps = 20
     sigma = mp.mpf(z)
@@ -115,7 +199,7 @@ def _exact_rdp(means_p: list[float], means_q: list[float], z: float, alpha: int)
     return mp.log(mp.quad(integrand, [-mp.inf, *mp.linspace(lo, hi, 8), mp.inf])) / (alpha - 1)
 
 
-def _float_rdp(means_p: list[float], means_q: list[float], z: float, alpha: int) -> float:
+def _float_rdp(means_p: list[float], means_q: list[float], z: float, alpha: float) -> float:
     """The same divergence in float64, to find the worst population for mpmath: the trapezoid
     rule on a grid of spacing z/64 (for an integrand analytic in a strip and decaying like a
     Gaussian its error falls exponentially with 1/spacing), with the difference from spacing
@@ -181,10 +265,11 @@ def test_exact_divergence_oracle_reproduces_the_gaussian() -> None:
 def test_edges() -> None:
     orders = [1.5, 2, 3, 10.5, 64]
     np.testing.assert_array_equal(rdp_without_replacement(0.0, 1.0, orders), 0.0)
+    # γ = 1: the unamplified Gaussian 2α/z², at fractional orders too
     full = rdp_without_replacement(1.0, 1.3, orders)
-    ceil = np.ceil(orders)
-    np.testing.assert_allclose(full, 2.0 * ceil / 1.3**2, rtol=16 * U)
-    assert np.all(full >= 2.0 * ceil / 1.3**2)
+    gaussian = 2.0 * np.array(orders) / 1.3**2
+    np.testing.assert_allclose(full, gaussian, rtol=16 * U)
+    assert np.all(full >= gaussian)
     assert np.all(np.isinf(rdp_without_replacement(0.5, 1e-170, orders)))
     # tiny but positive noise: finite where 2j(j − 1)/z² fits in a float64
     assert np.all(np.isfinite(rdp_without_replacement(0.5, 1e-100, [2, 3])))
@@ -193,20 +278,29 @@ def test_edges() -> None:
     assert np.all((big > 0.0) & np.isfinite(big))
 
 
-def test_fractional_orders_use_the_ceiling() -> None:
-    got = rdp_without_replacement(0.01, 1.0, [1.01, 2.5, 7.2])
-    want = [rdp_without_replacement(0.01, 1.0, [a])[0] for a in (2, 3, 8)]
-    np.testing.assert_array_equal(got, want)
+def test_fractional_orders_interpolate_log_a_between_integer_orders() -> None:
+    # (α − 1)·ε'(α) = log A(α) is convex in α (Hölder), and log A(1) = 0: at α = ⌊α⌋ + t the
+    # bound is ((1 − t)·log A(⌊α⌋) + t·log A(⌈α⌉))/(α − 1), below the bound at ⌈α⌉
+    gamma, z = 0.01, 1.0
+    got = rdp_without_replacement(gamma, z, [1.01, 2.5, 7.2])
+    at = {a: float(rdp_without_replacement(gamma, z, [a])[0]) for a in (2, 3, 7, 8)}
+    assert got[0] == pytest.approx(at[2], rel=1e-12)
+    assert got[1] == pytest.approx((0.5 * at[2] + 0.5 * 2 * at[3]) / 1.5, rel=1e-12)
+    assert got[2] == pytest.approx((0.8 * 6 * at[7] + 0.2 * 7 * at[8]) / 6.2, rel=1e-12)
+    assert got[1] < at[3] and got[2] < at[8]
+    # rounded up, never below the interpolation computed here
+    assert got[1] >= (0.5 * at[2] + 0.5 * 2 * at[3]) / 1.5
 
 
 def test_bounds_at_higher_requested_orders_are_used() -> None:
-    # Theorem 9 is not monotone in α, and here it is below 2α/z² at both orders: alone, the bound
-    # at 128 is above the bound at 256, so asked together the value at 128 is the one at 256
-    gamma, z = 0.0758, 54.7
-    single = [float(rdp_without_replacement(gamma, z, [a])[0]) for a in (128, 256)]
+    # Theorem 9 (alone above order 256) is not monotone in α, and here it is below 2α/z² at both
+    # orders: alone, the bound at 300 is above the bound at 600, so asked together the value at
+    # 300 is the one at 600
+    gamma, z = 0.05, 100.0
+    single = [float(rdp_without_replacement(gamma, z, [a])[0]) for a in (300, 600)]
     assert single[0] > single[1]
-    assert single[0] < 2.0 * 128 / z**2
-    joint = rdp_without_replacement(gamma, z, [256, 128, 64])
+    assert single[0] < 2.0 * 300 / z**2
+    joint = rdp_without_replacement(gamma, z, [600, 300, 64])
     assert joint[0] == joint[1] == single[1]
     assert joint[2] == float(rdp_without_replacement(gamma, z, [64])[0]) <= joint[1]
 
