@@ -137,7 +137,9 @@ def split_clip_equally(*, total_l2_norm_bound: float, num_groups: int) -> tuple[
     m = check_positive_int("num_groups", num_groups)
     if m > MAX_GROUPS:
         raise InvalidParameterError("num_groups", num_groups, f"an integer in [1, {MAX_GROUPS}]")
-    return _checked_tuple("l2_norm_bounds", (total / math.sqrt(m),) * m, positive=True)
+    # every group gets the same bound: check it once, not m times (m may be millions)
+    (bound,) = _checked_tuple("l2_norm_bounds", (total / math.sqrt(m),), positive=True)
+    return (bound,) * m
 
 
 def split_clip_by_dimension(

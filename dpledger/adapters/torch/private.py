@@ -13,9 +13,8 @@ The noise multiplier is given, or chosen for a target (ε, δ) by
 planned number of steps is at most the target. An *epoch* is round(1/q) steps (n records in
 expectation), the Poisson data loader's default length.
 
-:func:`make_private` is split along its work: the arguments (this module), the data side
-(:mod:`~dpledger.adapters.torch.private_loader`: what a DataLoader given to it is turned into,
-and the recorded batch sampler it builds).
+:func:`make_private`'s data side (what a DataLoader given to it is turned into, the recorded
+batch sampler it builds) is :mod:`~dpledger.adapters.torch.private_loader`.
 """
 
 from __future__ import annotations
@@ -179,9 +178,8 @@ def make_private(
             derive q (Poisson) or k (balls-in-bins).
         max_batch_size: the cap of ``"truncated_poisson"``.
         num_batches: k of ``"balls_in_bins"``.
-        noise_multiplier: z ≥ 0; or, for Poisson or balls-in-bins sampling, give
-            ``target_epsilon``, ``delta`` and ``epochs`` (or ``steps``) to calibrate it
-            (:func:`~dpledger.accountants.calibrate_noise_multiplier`; amplified for balls-in-bins).
+        noise_multiplier: z ≥ 0; or, for Poisson or balls-in-bins sampling (amplified), give
+            ``target_epsilon``, ``delta``, ``epochs`` or ``steps`` to calibrate it.
         target_epsilon: ε to meet at ``delta`` after the planned run.
         delta: δ of the target.
         epochs: planned epochs (round(1/q) steps each; k for balls-in-bins), for calibration.
@@ -190,10 +188,9 @@ def make_private(
             ``torch.distributed`` pass it on rank 0 only.
         accountant: the accountant of the calibration (None: ``"prv"``, its certified upper
             bound); it is written into the ledger's metadata.
-        seed: seeds the sampling and the noise (two independent streams), for tests and
-            research: the ledger records ``caller_seed`` and the CLI flags it (the ε holds
-            only while the seed stays secret). None (the default) draws both from OS entropy
-            (the sampling seed is then shared by rank 0 in distributed runs).
+        seed: seeds sampling and noise (two streams), for tests and research: the ledger
+            records ``caller_seed``, flagged by the CLI (ε holds only while it stays secret).
+            None (default): both from OS entropy (rank 0 shares the sampling seed).
             With ``noise=`` a spec, a checkpoint loaded later brings its own scheme and noise.
         max_physical_batch_size: split each logical batch into chunks of at most this many
             records (virtual batches; the loop stays the same).
@@ -213,10 +210,9 @@ def make_private(
         ``PrivateTraining(model, optimizer, data_loader)``.
 
     Raises:
-        InvalidParameterError: a bad argument, a loader whose sampling cannot be reproduced (see
-            above), a scheme other than Poisson under ``torch.distributed``, other than
-            Poisson or balls-in-bins with ``target_epsilon``, or a ledger whose relation the
-            scheme is not analysed under.
+        InvalidParameterError: a bad argument, a loader whose sampling cannot be reproduced
+            (above), a scheme other than Poisson under ``torch.distributed`` (or other than
+            Poisson and balls-in-bins with ``target_epsilon``), a ledger of another relation.
     """
     spec = check_noise(noise)
     if spec is not None:
@@ -251,8 +247,8 @@ def make_private(
         )
     b = settings.batch_size if batch_size is None else batch_size
     q = _sampling_probability(sampling, sampling_probability, b, n)
-    k = num_batches
-    if sampling == "balls_in_bins" and k is None and b is not None:  # as the sampler derives it
+    k = num_batches  # balls-in-bins: k, or as the sampler derives it from the batch size
+    if sampling == "balls_in_bins" and k is None and b is not None:
         k = -(-n // check_positive_int("batch_size", b))
     config, calibration = _calibrated(config, sampling, q, steps, epochs, k, n)
     sampling_seed, noise_seed = _seeds(seed)
