@@ -106,6 +106,12 @@ def _typed_or_success(name: str, fn: Callable[[], Any]) -> Any:
     return result
 
 
+def _length_and_first(bounds: tuple[float, ...]) -> tuple[int, float]:
+    """A split's size and first bound: its repr would be millions of floats (seconds) when the
+    fuzzed count is in the millions."""
+    return len(bounds), bounds[0]
+
+
 def _ledger_with_step() -> PrivacyLedger:
     ledger = PrivacyLedger()
     ledger.record_sample(sampling_probability=0.5)
@@ -157,7 +163,9 @@ CONSTRUCTORS: dict[str, Callable[[Any], Any]] = {
     "dimension_adjusted_noise": lambda v: dimension_adjusted_noise(
         noise_multiplier=1e300, l2_norm_bounds=(1e300, 1.0), dimensions=(v, 1)
     ),
-    "split_clip_equally": lambda v: split_clip_equally(total_l2_norm_bound=v, num_groups=v),
+    "split_clip_equally": lambda v: _length_and_first(
+        split_clip_equally(total_l2_norm_bound=v, num_groups=v)
+    ),
     "split_clip_by_dimension": lambda v: split_clip_by_dimension(
         total_l2_norm_bound=1e-300, dimensions=(v, 2)
     ),
