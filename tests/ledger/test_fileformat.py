@@ -127,7 +127,10 @@ def test_the_documented_example_verifies_with_a_reader_written_from_the_docs() -
     assert ledger.head_hash == prev
 
 
-def test_the_documented_minimal_verifier_works(tmp_path: Path) -> None:
+def test_the_documented_minimal_verifier_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the block writes its own small ledger where it runs
     text = DOCS.read_text(encoding="utf-8")
     blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
     (code,) = [b for b in blocks if "def verify(" in b]  # the minimal verifier's block
