@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from dpledger.adapters.tensorflow.backend import TensorFlowBackend
 from dpledger.adapters.tensorflow.cyclic_sampler import CyclicDatasetSampler
-from dpledger.adapters.tensorflow.dp_step import DPStep
+from dpledger.adapters.tensorflow.dp_step import KerasDPStep
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine
 from dpledger.errors import InvalidParameterError, SamplerMismatchError
 from dpledger.ledger import PrivacyLedger
@@ -159,12 +159,13 @@ class CorrelatedDatasetStream(CoreStream):
         self.load_state_dict(state, ledger=None)
 
 
-class CorrelatedDPStep(DPStep):
+class CorrelatedDPStep(KerasDPStep):
     """The DP step with a correlated-noise release instead of independent noise.
 
     Not constructed by users: :class:`~dpledger.adapters.tensorflow.DPKerasModel` builds it for
     ``noise=`` a correlated spec. Stages 1–3 (per-example norms, clip factors, clipped sums) are
-    :class:`DPStep`'s; stage 4 is :meth:`CorrelatedDatasetStream.step_noise` and stage 5 adds w_t.
+    :class:`KerasDPStep`'s; stage 4 is :meth:`CorrelatedDatasetStream.step_noise` and stage 5
+    adds w_t.
     """
 
     def __init__(
@@ -192,7 +193,7 @@ class CorrelatedDPStep(DPStep):
         self.set_queries(queries)
 
     def set_queries(self, queries: GradientQueries) -> None:
-        """As :meth:`DPStep.set_queries`; the release's S is fixed, so the group's bound must
+        """As :meth:`KerasDPStep.set_queries`; the release's S is fixed, so the group's bound must
         stay the recorded one."""
         bound = queries.queries[0].l2_norm_bound if len(queries.queries) == 1 else None
         if bound != self.stream.event.l2_norm_bound:

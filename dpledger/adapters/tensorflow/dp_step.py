@@ -80,7 +80,7 @@ from dpledger.mechanisms.dp_step import DPStep as CoreStep
 from dpledger.mechanisms.gradient_queries import GradientQueries
 from dpledger.mechanisms.step import StepEvents
 
-__all__ = ["DPStep", "default_clip_margin", "gradient_queries", "variable_layout"]
+__all__ = ["KerasDPStep", "default_clip_margin", "gradient_queries", "variable_layout"]
 
 
 def _path(variable: Any) -> str:
@@ -141,7 +141,7 @@ def default_clip_margin(dtype: Any) -> float:
     return rounding_clip_margin(float(np.finfo(tf.as_dtype(dtype).as_numpy_dtype).eps))
 
 
-class DPStep:
+class KerasDPStep:
     """The DP step's stages, shared by :class:`PrivateGradients` and the Keras model.
 
     Not constructed by users; see the module docstring for the stages.

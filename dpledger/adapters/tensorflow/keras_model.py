@@ -65,7 +65,7 @@ from dpledger.adapters.tensorflow.correlated_model import (
     stream_of,
 )
 from dpledger.adapters.tensorflow.correlated_step import CorrelatedDatasetStream, CorrelatedDPStep
-from dpledger.adapters.tensorflow.dp_step import DPStep, gradient_queries, variable_layout
+from dpledger.adapters.tensorflow.dp_step import KerasDPStep, gradient_queries, variable_layout
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
 from dpledger.adapters.tensorflow.fit_data import (
     BATCH_SOURCES,
@@ -244,7 +244,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
         self._dp_margin = settings.clip_margin
         self._dp_bias_callback = check_bias_callback(bias_callback)
         self._dp_loss: Any = None
-        self._dp_step: DPStep | None = None
+        self._dp_step: KerasDPStep | None = None
         self._dp_probed = not check_record_independence
         self._dp_check_record_independence = check_record_independence
         self.built = True
@@ -437,11 +437,11 @@ class DPKerasModel(SavedDPModel, keras.Model):
         return int(n)
 
     @property
-    def dp_step(self) -> DPStep | None:
+    def dp_step(self) -> KerasDPStep | None:
         """The compiled DP step (after the first ``fit`` / ``train_on_batch``), or None."""
         return self._dp_step
 
-    def _make_dp_step(self) -> DPStep:
+    def _make_dp_step(self) -> KerasDPStep:
         ledger = self._attached_ledger()
         if self._dp_loss is None:
             raise PerExampleLossError("compile the DPKerasModel with a loss before fit")
@@ -459,7 +459,7 @@ class DPKerasModel(SavedDPModel, keras.Model):
             return CorrelatedDPStep(
                 engine, queries, stream=self._dp_stream, ledger=ledger, clip_margin=self._dp_margin
             )
-        return DPStep(
+        return KerasDPStep(
             engine,
             queries=queries,
             events=self._dp_events,

@@ -1,6 +1,6 @@
 """Privatised gradients for a custom training loop: :class:`PrivateGradients`.
 
-Each call is one DP step (:class:`~dpledger.adapters.tensorflow.dp_step.DPStep`, shared with
+Each call is one DP step (:class:`~dpledger.adapters.tensorflow.dp_step.KerasDPStep`, shared with
 Keras ``fit``; its module docstring states the stages and their precision). Its sampling events
 are :class:`~dpledger.mechanisms.step.StepEvents`; the constructors' checks are in
 ``construction_checks``.
@@ -23,7 +23,7 @@ from dpledger.adapters.tensorflow.correlated_model import (
     stream_of,
 )
 from dpledger.adapters.tensorflow.correlated_step import CorrelatedDPStep
-from dpledger.adapters.tensorflow.dp_step import DPStep, variable_layout
+from dpledger.adapters.tensorflow.dp_step import KerasDPStep, variable_layout
 from dpledger.adapters.tensorflow.engine import PerExampleGradientEngine, check_built
 from dpledger.adapters.tensorflow.record_probe import (
     check_probe_switch,
@@ -166,7 +166,7 @@ class PrivateGradients:
             )
             return
         events = step_events_of(sampler, sampling_probability, population_size)
-        self._step = DPStep(
+        self._step = KerasDPStep(
             engine,
             queries=queries,
             events=events,

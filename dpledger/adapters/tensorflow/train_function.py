@@ -17,7 +17,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from dpledger.adapters.tensorflow.dp_step import DPStep
+from dpledger.adapters.tensorflow.dp_step import KerasDPStep
 
 __all__ = ["dp_train_function", "replica_logs"]
 
@@ -37,7 +37,7 @@ def replica_logs(
 
 
 def dp_train_function(
-    model: keras.Model, step: DPStep, position_of: Callable[[Any], tf.Tensor]
+    model: keras.Model, step: KerasDPStep, position_of: Callable[[Any], tf.Tensor]
 ) -> Callable[[Any], Any]:
     """The train function of ``model`` (a compiled DPKerasModel) for its DP ``step``.
 
