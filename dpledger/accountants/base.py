@@ -69,6 +69,7 @@ from dpledger.errors import (
 )
 from dpledger.ledger.events import SCHEME_RELATIONS, NeighboringRelation, SamplingScheme
 from dpledger.ledger.ledger import PrivacyLedger
+from dpledger.ledger.provenance import provenance_of
 from dpledger.ledger.steps import CompressedLedger, StepRun
 from dpledger.validation import check_delta, warn_if_delta_too_large
 
@@ -260,7 +261,7 @@ class Accountant(abc.ABC):
             answer = self._guarded(f"ε at δ={delta!r}", comp, self._epsilon, comp, delta)
         return self._result(
             "epsilon",
-            _with_sampling(answer, comp),
+            _with_noise_source(_with_sampling(answer, comp), ledger),
             comp.num_steps,
             start,
             epsilon=answer.value,
@@ -281,7 +282,7 @@ class Accountant(abc.ABC):
                 answer = self._guarded(f"δ at ε={epsilon!r}", comp, self._delta, comp, epsilon)
         return self._result(
             "delta",
-            _with_sampling(answer, comp),
+            _with_noise_source(_with_sampling(answer, comp), ledger),
             comp.num_steps,
             start,
             epsilon=epsilon,
@@ -376,7 +377,7 @@ class Accountant(abc.ABC):
         seconds_each = (time.perf_counter() - start) / len(counts)
         results = []
         for t in counts:
-            answer = _with_sampling(trivial(t) or computed[t], comp)
+            answer = _with_noise_source(_with_sampling(trivial(t) or computed[t], comp), ledger)
             results.append(
                 self._result(
                     "epsilon",
@@ -470,6 +471,31 @@ class Accountant(abc.ABC):
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={describe_value(v)}" for k, v in self.settings().items())
         return f"{type(self).__name__}({args})"
+
+
+SECURE_NOISE_UNPROVED = (
+    "the noise came from the secure sampler (the discrete Gaussian on a grid, "
+    "docs/concepts/noise.md): no accountant's analysis is proved for it yet (the continuous "
+    "Gaussian's dominance is argued, not proved, and the sampler's approximation term is not "
+    "added), so this number is an approximation, not an upper bound"
+)
+
+
+def _with_noise_source(answer: Answer, ledger: LedgerLike) -> Answer:
+    """The answer as an approximation without bounds when the ledger's noise provenance says the
+    secure sampler drew the noise (:data:`SECURE_NOISE_UNPROVED`); unchanged otherwise."""
+    records = provenance_of(getattr(ledger, "notes", ()))
+    if not any(r.secure_sampler for r in records):
+        return answer
+    return attrs.evolve(
+        answer,
+        kind=ResultKind.APPROXIMATION,
+        lower=None,
+        upper=None,
+        upper_confidence=None,
+        confidence=None,
+        warnings=(*answer.warnings, SECURE_NOISE_UNPROVED),
+    )
 
 
 def _with_sampling(answer: Answer, comp: CompressedLedger) -> Answer:

@@ -216,10 +216,11 @@ def provenance_findings(records: tuple[NoiseProvenance, ...]) -> list[str]:
         )
     if any(r.secure_sampler for r in records):
         out.append(
-            "secure noise (the discrete Gaussian on a grid): RDP's ε is sound for it (zCDP, "
-            "Canonne, Kamath & Steinke 2020); PLD and PRV, and RDP under subsampling, account it "
-            "as the continuous Gaussian with the recorded sensitivity S + γ√d, a dominance "
-            "docs/concepts/noise.md argues but does not prove"
+            "secure noise (the discrete Gaussian on a grid): every accountant reports an "
+            "approximation, not an upper bound. Without subsampling it is zCDP (Canonne, Kamath "
+            "& Steinke 2020), but the sampler's approximation term is not yet added; under "
+            "subsampling the accountants treat it as the continuous Gaussian with sensitivity "
+            "S + γ√d, a dominance docs/concepts/noise.md argues but does not prove"
         )
     if any(r.checkpoint == "included" for r in records):
         out.append(

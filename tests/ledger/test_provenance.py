@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from dpledger import PrivacyLedger
-from dpledger.accountants import RdpAccountant
+from dpledger.accountants import RdpAccountant, ResultKind, make_accountant
 from dpledger.cli import main
 from dpledger.errors import InvalidParameterError
 from dpledger.ledger.provenance import (
@@ -175,13 +175,31 @@ def test_a_numpy_correlated_release_records_its_seeding():
         assert (record.entry_point, record.seeding) == ("numpy.CorrelatedNoiseRelease", seeding)
 
 
-def test_secure_noise_says_which_accountants_are_proved_sound(tmp_path, capsys):
+def test_secure_noise_is_reported_as_an_approximation_by_every_accountant(tmp_path, capsys):
     path = tmp_path / "secure.dpl"
     _ledger(
         path,
         NoiseProvenance(entry_point="e", generator="chacha20", seeding="os_entropy",
                         secure_sampler=True),
     )  # fmt: skip
-    assert main(["epsilon", str(path), "--delta", "1e-5", "--accountant", "rdp", "--strict"]) == 0
+    main(["epsilon", str(path), "--delta", "1e-5", "--accountant", "rdp"])
     captured = capsys.readouterr()
-    assert "RDP's ε is sound" in captured.err and "secure discrete Gaussian" in captured.out
+    assert "every accountant reports an approximation" in captured.err
+    assert "secure discrete Gaussian" in captured.out
+    ledger = PrivacyLedger.load(path)
+    for name in ("rdp", "pld", "prv"):
+        for result in (
+            make_accountant(name).epsilon(ledger, delta=1e-5),
+            make_accountant(name).delta(ledger, epsilon=1.0),
+            make_accountant(name).epsilon_curve(ledger, delta=1e-5, steps=[1])[0],
+        ):
+            assert result.kind is ResultKind.APPROXIMATION, (name, result)
+            assert result.upper is None and result.lower is None
+            assert any("no accountant's analysis is proved" in w for w in result.warnings)
+
+
+def test_a_ledger_without_secure_noise_keeps_its_upper_bound(tmp_path):
+    path = tmp_path / "plain.dpl"
+    _ledger(path, NoiseProvenance(entry_point="e", generator="g", seeding="os_entropy"))
+    result = make_accountant("rdp").epsilon(PrivacyLedger.load(path), delta=1e-5)
+    assert result.kind is ResultKind.UPPER_BOUND
