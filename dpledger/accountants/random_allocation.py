@@ -420,8 +420,19 @@ def random_allocation_epsilon(
         noise_multiplier, num_steps, num_selected, epochs, grid_step
     )
     plain = gdp_epsilon(_no_amplification_mu(sigma, selected, n_epochs), target)
+    pld = _amplified_pld(noise_multiplier, num_steps, num_selected, epochs, grid_step)
+    if pld is None:
+        return plain
+    return min(max(float(pld.get_epsilon_for_delta(target)), 0.0), plain)
+
+
+def _amplified_pld(
+    noise_multiplier: float, num_steps: int, num_selected: int, epochs: int, grid_step: float
+) -> Any:
+    """:func:`random_allocation_pld`, or None when its grid would exceed the work budget (the
+    no-amplification bound then stands alone)."""
     try:
-        pld = random_allocation_pld(
+        return random_allocation_pld(
             noise_multiplier=noise_multiplier,
             num_steps=num_steps,
             num_selected=num_selected,
@@ -429,8 +440,7 @@ def random_allocation_epsilon(
             grid_step=grid_step,
         )
     except ComputationBudgetError:
-        return plain
-    return min(max(float(pld.get_epsilon_for_delta(target)), 0.0), plain)
+        return None
 
 
 def random_allocation_delta(
@@ -456,14 +466,7 @@ def random_allocation_delta(
         noise_multiplier, num_steps, num_selected, epochs, grid_step
     )
     plain = gdp_delta(_no_amplification_mu(sigma, selected, n_epochs), eps)
-    try:
-        pld = random_allocation_pld(
-            noise_multiplier=noise_multiplier,
-            num_steps=num_steps,
-            num_selected=num_selected,
-            epochs=epochs,
-            grid_step=grid_step,
-        )
-    except ComputationBudgetError:
+    pld = _amplified_pld(noise_multiplier, num_steps, num_selected, epochs, grid_step)
+    if pld is None:
         return plain
     return min(max(float(pld.get_delta_for_epsilon(eps)), 0.0), plain, 1.0)
